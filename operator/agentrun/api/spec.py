@@ -1,0 +1,331 @@
+"""The AgentRun spec: what the user declares with ``kubectl apply -f run.yaml``.
+
+These pydantic models are the source of truth: the CRD's openAPIV3Schema in ``crds/`` is
+generated from them (``make crds``), and a test fails when the two drift. The lap runner
+receives the same spec (as JSON in ``AGENTRUN_SPEC``) and parses it with these models.
+Secrets are referenced by name only; no secret value ever appears in a spec.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from .types import DNS_LABEL_PATTERN, TOOL_NAME_PATTERN, USD, APIModel, Duration
+
+
+class SecretKeyRef(APIModel):
+    """A key of a Secret in the AgentRun's namespace."""
+
+    name: str = Field(
+        description="Name of the Secret, in the AgentRun's namespace.",
+        min_length=1,
+        max_length=253,
+        pattern=DNS_LABEL_PATTERN.replace("[-a-z0-9]", "[-.a-z0-9]"),
+    )
+    key: str = Field(
+        description="Key within the Secret whose value is used.",
+        min_length=1,
+        max_length=253,
+    )
+
+
+class ModelPricing(APIModel):
+    """Prices of the model, used to compute each lap's cost from its token usage."""
+
+    input_per_million_tokens_usd: USD = Field(
+        default="0",
+        alias="inputPerMillionTokensUSD",
+        description="Price in USD per one million input (prompt) tokens, as a decimal string, e.g. \"2.50\".",
+    )
+    output_per_million_tokens_usd: USD = Field(
+        default="0",
+        alias="outputPerMillionTokensUSD",
+        description="Price in USD per one million output (completion) tokens, as a decimal string, e.g. \"10.00\".",
+    )
+
+
+class ScriptedToolCall(APIModel):
+    """A tool call that the scripted model asks for."""
+
+    name: str = Field(description="Name of the tool to call; should be one of spec.agent.tools.", max_length=64)
+    arguments: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Arguments of the call, a JSON object (validated against the tool's parameters schema).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class ScriptedUsage(APIModel):
+    """Token usage that the scripted model reports for a response."""
+
+    input_tokens: int = Field(default=0, ge=0, description="Input tokens reported for this response.")
+    output_tokens: int = Field(default=0, ge=0, description="Output tokens reported for this response.")
+
+
+class ScriptedResponse(APIModel):
+    """One response of the scripted model, consumed in order, one per lap."""
+
+    content: str | None = Field(
+        default=None, max_length=65536, description="Assistant text of this response."
+    )
+    tool_calls: list[ScriptedToolCall] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Tool calls of this response. A response without tool calls ends the run (done).",
+    )
+    usage: ScriptedUsage | None = Field(default=None, description="Token usage to report for this response.")
+
+
+class ModelSpec(APIModel):
+    """The model provider and its settings."""
+
+    provider: Literal["openai", "scripted"] = Field(
+        description=(
+            "Model provider. \"openai\": any OpenAI-compatible chat-completions API (OpenAI, vLLM, "
+            "Ollama, LiteLLM) with tool calling. \"scripted\": responses come from spec.agent.model.script "
+            "(tests and demos)."
+        )
+    )
+    name: str = Field(
+        default="scripted",
+        min_length=1,
+        max_length=256,
+        description="Model name sent to the provider, e.g. \"gpt-4o-mini\".",
+    )
+    base_url: str | None = Field(
+        default=None,
+        alias="baseURL",
+        max_length=2048,
+        pattern=r"^https?://",
+        description="Base URL of the OpenAI-compatible API, e.g. \"https://api.openai.com/v1\".",
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding the API key; passed to the lap pod as an environment variable, never stored.",
+    )
+    temperature: str | None = Field(
+        default=None,
+        pattern=r"^[0-9](\.[0-9]+)?$",
+        description="Sampling temperature as a decimal string, e.g. \"0.2\".",
+    )
+    max_output_tokens: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="Upper bound of output tokens per model call."
+    )
+    request_timeout: Duration = Field(
+        default="120s", description="Timeout of one model call. A timed-out call is a retryable lap failure."
+    )
+    pricing: ModelPricing = Field(
+        default_factory=ModelPricing, description="Per-token prices used to compute cost."
+    )
+    script: list[ScriptedResponse] = Field(
+        default_factory=list,
+        max_length=10000,
+        description="Responses of the \"scripted\" provider, one per lap, in order.",
+    )
+
+
+class HTTPToolTarget(APIModel):
+    """Where an http tool sends its call. Arguments are sent as the JSON body."""
+
+    url: str = Field(max_length=2048, pattern=r"^https?://", description="URL the call is sent to.")
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = Field(
+        default="POST",
+        description="HTTP method. For GET the arguments are sent as query parameters.",
+    )
+    timeout: Duration = Field(default="30s", description="Timeout of one call.")
+    headers_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description=(
+            "Optional Secret key holding extra headers as a JSON object (e.g. an Authorization header); "
+            "never stored or logged."
+        ),
+    )
+
+
+class ToolSpec(APIModel):
+    """A tool the model may call."""
+
+    name: str = Field(
+        pattern=TOOL_NAME_PATTERN,
+        description="Tool name shown to the model; never rename a tool under running runs: add a new one.",
+    )
+    description: str = Field(default="", max_length=4096, description="What the tool does, shown to the model.")
+    parameters: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object"},
+        description="JSON Schema of the arguments; arguments are validated against it before any call.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    http: HTTPToolTarget = Field(description="The HTTP endpoint that performs the call.")
+    side_effects: bool = Field(
+        default=True,
+        description=(
+            "Whether the call changes the world. Side-effecting calls carry an Idempotency-Key header "
+            "derived from the run, the lap and the call, stable across replays."
+        ),
+    )
+    requires_approval: bool = Field(
+        default=False,
+        description="Whether a human must approve each call before it runs (see spec.approval).",
+    )
+
+
+class WindowSpec(APIModel):
+    """How the model's context window is rebuilt from stored messages."""
+
+    max_tokens: int = Field(
+        default=16000,
+        ge=256,
+        le=2_000_000,
+        description=(
+            "Token budget of the window sent to the model. Older laps beyond it are compacted into a "
+            "summary plus pinned facts, stored in the checkpoint."
+        ),
+    )
+    system_prompt: str | None = Field(
+        default=None, max_length=65536, description="System prompt placed first in every window."
+    )
+
+
+class AgentSpec(APIModel):
+    """The agent: its version, image, model and tools."""
+
+    version: str = Field(
+        min_length=1,
+        max_length=63,
+        description=(
+            "Agent version, recorded with every checkpoint. A change mid-run takes effect at the next lap."
+        ),
+    )
+    image: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Container image of the lap runner. Defaults to the operator's configured lap image.",
+    )
+    model: ModelSpec = Field(description="The model provider and its settings.")
+    tools: list[ToolSpec] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Tools the model may call.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    window: WindowSpec = Field(default_factory=WindowSpec, description="Context window settings.")
+
+
+class BudgetSpec(APIModel):
+    """Limits of the run. The run ends BudgetExceeded before a lap would pass them."""
+
+    max_laps: int = Field(default=100, ge=1, le=1_000_000, description="Most laps the run may take.")
+    max_cost_usd: USD | None = Field(
+        default=None,
+        alias="maxCostUSD", description="Most the run may spend, in USD, as a decimal string, e.g. \"5.00\"."
+    )
+
+
+class ApprovalSpec(APIModel):
+    """Policy of human approvals for tools with requiresApproval."""
+
+    owner: str = Field(
+        default="unassigned",
+        min_length=1,
+        max_length=256,
+        description="Who must decide (a person, team or queue); shown in status and `kubectl get`.",
+    )
+    timeout: Duration = Field(default="72h", description="How long an approval may wait.")
+    on_timeout: Literal["reject", "fail"] = Field(
+        default="reject",
+        description=(
+            "What happens past the deadline: \"reject\" continues the run with the call rejected "
+            "(recorded as TimedOut, distinct from Rejected); \"fail\" ends the run Failed."
+        ),
+    )
+
+
+class BackoffSpec(APIModel):
+    """Exponential backoff between attempts of a lap."""
+
+    initial: Duration = Field(default="10s", description="Delay before the second attempt.")
+    max: Duration = Field(default="5m", description="Upper bound of the delay.")
+    factor: int = Field(default=2, ge=1, le=10, description="Multiplier of the delay after each failed attempt.")
+
+
+class RetrySpec(APIModel):
+    """Retries of a failed lap (pod crash, eviction, retryable exit, lap timeout)."""
+
+    attempts_per_lap: int = Field(
+        default=3, ge=1, le=100, description="Attempts of one lap, the first included, before the run fails."
+    )
+    backoff: BackoffSpec = Field(default_factory=BackoffSpec, description="Delay between attempts.")
+
+
+class CheckpointSpec(APIModel):
+    """Where checkpoints are stored. Unset fields take the operator's defaults."""
+
+    uri: str | None = Field(
+        default=None,
+        max_length=1024,
+        pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
+        description="Bucket and prefix, e.g. \"s3://agent-checkpoints/prod\".",
+    )
+    endpoint: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://",
+        description="S3-compatible endpoint URL (MinIO, Ceph, R2, ...). Empty means AWS.",
+    )
+    region: str | None = Field(default=None, max_length=64, description="S3 region.")
+    path_style: bool | None = Field(default=None, description="Use path-style addressing (most self-hosted S3).")
+    credentials_secret_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description=(
+            "Secret with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. Empty means the standard "
+            "credential chain of the lap pod (e.g. IRSA / workload identity)."
+        ),
+    )
+    snapshot_every: int = Field(
+        default=10, ge=1, le=1000, description="Write a snapshot every K laps; a resume reads at most K+1 objects."
+    )
+    retention: Literal["Retain", "Delete"] = Field(
+        default="Retain", description="What happens to the checkpoints when the AgentRun is deleted."
+    )
+
+
+class ResourcesSpec(APIModel):
+    """Compute resources of a lap pod, as Kubernetes quantities."""
+
+    requests: dict[str, str] = Field(
+        default_factory=dict, description="Requests, e.g. {cpu: 100m, memory: 256Mi}."
+    )
+    limits: dict[str, str] = Field(default_factory=dict, description="Limits, e.g. {memory: 512Mi}.")
+
+
+class AgentRunSpec(APIModel):
+    """Desired state of an AgentRun: the task, the agent, and the policies of the run."""
+
+    task: str = Field(min_length=1, max_length=65536, description="The task given to the agent. Immutable.")
+    agent: AgentSpec = Field(description="The agent: version, image, model and tools.")
+    budget: BudgetSpec = Field(default_factory=BudgetSpec, description="Limits of laps and cost.")
+    approval: ApprovalSpec = Field(default_factory=ApprovalSpec, description="Human approval policy.")
+    retry: RetrySpec = Field(default_factory=RetrySpec, description="Retry policy of failed laps.")
+    lap_timeout: Duration = Field(
+        default="10m", description="Most time one lap may take; a lap past it is killed and retried."
+    )
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoint store settings.")
+    resources: ResourcesSpec | None = Field(
+        default=None, description="Resources of lap pods. Defaults to the operator's configuration."
+    )
+    suspend: bool = Field(default=False, description="Pause the run between laps; set false to resume.")
+
+    @model_validator(mode="after")
+    def _tool_names_unique(self) -> AgentRunSpec:
+        names = [t.name for t in self.agent.tools]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"spec.agent.tools: duplicate tool name(s) {', '.join(dup)}")
+        return self
+
+    def tool(self, name: str) -> ToolSpec | None:
+        """The declared tool of that name, or None."""
+        return next((t for t in self.agent.tools if t.name == name), None)

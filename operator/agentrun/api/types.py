@@ -1,0 +1,62 @@
+"""Small shared types of the AgentRun API: durations, money, names, the model base class.
+
+Kubernetes API conventions avoid floats in specs, so money is a decimal *string*
+("0.25", "12.5") and durations are Go-style strings ("30s", "10m", "72h", "1h30m").
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, StringConstraints
+from pydantic.alias_generators import to_camel
+
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+USD_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,9})?$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+TOOL_NAME_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_-]{0,63}$"
+
+Duration = Annotated[str, StringConstraints(pattern=DURATION_PATTERN, max_length=32)]
+USD = Annotated[str, StringConstraints(pattern=USD_PATTERN, max_length=24)]
+
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+
+
+def parse_duration(value: str) -> float:
+    """Return the number of seconds in a Go-style duration string such as ``1h30m``."""
+    if not re.fullmatch(DURATION_PATTERN, value):
+        raise ValueError(f"invalid duration {value!r}: use a number and a unit, e.g. 30s, 10m, 72h")
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value))
+
+
+def parse_usd(value: str | None) -> Decimal | None:
+    """Decimal value of a money string, or None."""
+    return None if value is None else Decimal(value)
+
+
+def format_usd(value: Decimal) -> str:
+    """Canonical money string: at most 6 decimals, no exponent, no trailing zeros beyond 2."""
+    q = value.quantize(Decimal("0.000001"))
+    text = format(q, "f").rstrip("0")
+    if "." not in text:
+        return text + ".00"
+    whole, frac = text.split(".")
+    return f"{whole}.{frac.ljust(2, '0')}"
+
+
+class APIModel(BaseModel):
+    """Base of every API model: camelCase on the wire, unknown fields refused."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+    )
+
+    def to_api(self) -> dict:
+        """The wire form (camelCase, no unset optional fields)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")

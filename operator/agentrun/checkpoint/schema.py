@@ -1,0 +1,188 @@
+"""The checkpoint schema (current version): what one lap writes, and the state a resume rebuilds.
+
+Every stored object carries ``schemaVersion`` and the ``agentVersion`` that wrote it. Objects of
+older schema versions are read through ``agentrun.checkpoint.migrations``; an object of an unknown
+(newer) schema version is refused with an error naming both versions.
+
+A lap writes ONE ``LapRecord`` holding only that lap's delta. Every ``snapshotEvery`` laps a
+``Snapshot`` (a ``RunState``) is written too, so a resume reads at most K+1 objects. The run state is
+bounded: older messages are folded into ``summary`` / ``pinnedFacts`` by compaction, so a snapshot's
+size does not grow with the run's length. The full per-lap trace stays in the lap records.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import Field
+
+from agentrun.api.types import APIModel
+
+SCHEMA_VERSION = 2
+"""The schema version this code writes."""
+
+
+class RunRef(APIModel):
+    """Identity of a run: the AgentRun's namespace, name and UID."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    @property
+    def short_id(self) -> str:
+        """A short stable run id for idempotency keys, e.g. ``r_8f2a1c0d``."""
+        return "r_" + self.uid.replace("-", "")[:8]
+
+
+class ToolCall(APIModel):
+    """A tool call requested by the model."""
+
+    id: str = Field(description="Call id given by the model (or derived), unique within the lap.")
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class Message(APIModel):
+    """One message of the conversation."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    lap: int = Field(ge=0, description="The lap that appended this message (0: the task).")
+
+
+ToolCallStatus = Literal[
+    "ok",  # executed (or result reused from the journal), 2xx
+    "error",  # executed, failed (non-2xx, timeout): the error goes back to the model
+    "unknown-tool",  # the model asked for a tool that is not declared
+    "invalid-arguments",  # arguments did not validate against the tool's schema
+    "awaiting-approval",  # not executed: waits for a human
+    "rejected",  # not executed: a human rejected it
+    "timed-out",  # not executed: the approval deadline passed (onTimeout: reject)
+]
+
+
+class ToolCallRecord(APIModel):
+    """What happened to one tool call in a lap."""
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    idempotency_key: str = Field(description="run:lap:tool:call, stable across replays of the lap.")
+    status: ToolCallStatus
+    result: str | None = Field(default=None, description="Result text given back to the model.")
+    http_status: int | None = None
+    replayed: bool = Field(default=False, description="True if the result came from the journal, not a call.")
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class Usage(APIModel):
+    """Token usage."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class Outcome(APIModel):
+    """How the lap ended; the operator decides the next step from it."""
+
+    type: Literal["continue", "done", "awaiting-approval", "failed"]
+    message: str | None = None
+
+
+class PendingApproval(APIModel):
+    """A tool call that waits for a human decision. No process waits with it."""
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    idempotency_key: str
+    lap: int
+    requested_at: datetime
+
+
+class ApprovalDecision(APIModel):
+    """A human decision (or a timeout) applied to a pending call."""
+
+    call_id: str
+    decision: Literal["approved", "rejected", "timed-out"]
+    reason: str | None = None
+    decided_by: str | None = None
+    decided_at: datetime | None = None
+
+
+class Compaction(APIModel):
+    """Older laps folded into a bounded summary; messages of laps <= throughLap leave the window."""
+
+    through_lap: int
+    summary: str
+    pinned_facts: list[str] = Field(default_factory=list)
+
+
+class Totals(APIModel):
+    """Running totals of the run, through this lap."""
+
+    laps: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: str = Field(default="0.00", alias="costUSD")
+
+
+class Timings(APIModel):
+    """Timings of the lap."""
+
+    started_at: datetime
+    finished_at: datetime
+    model_seconds: float = 0.0
+    tools_seconds: float = 0.0
+
+
+class LapRecord(APIModel):
+    """One lap's delta: the only object a lap must write. Key: ``.../laps/<lap:08d>.json``."""
+
+    kind: Literal["LapRecord"] = "LapRecord"
+    schema_version: int = SCHEMA_VERSION
+    agent_version: str
+    run: RunRef
+    lap: int = Field(ge=1)
+    attempt: int = Field(ge=1)
+    prev_sha256: str | None = Field(
+        default=None, description="sha256 of the previous lap's object: a hash chain over the history."
+    )
+    outcome: Outcome
+    messages: list[Message] = Field(default_factory=list, description="Messages appended in this lap.")
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    plan: list[str] | None = Field(default=None, description="The plan after this lap, if it changed.")
+    pending_approval: PendingApproval | None = None
+    approval_decision: ApprovalDecision | None = None
+    usage: Usage = Field(default_factory=Usage)
+    cost_usd: str = Field(default="0.00", alias="costUSD")
+    totals: Totals = Field(default_factory=Totals)
+    compaction: Compaction | None = None
+    timings: Timings
+
+
+class RunState(APIModel):
+    """The state a lap starts from, folded from a snapshot plus the lap records after it.
+
+    Stored as a snapshot every K laps under ``.../snapshots/<lap:08d>.json``.
+    """
+
+    kind: Literal["Snapshot"] = "Snapshot"
+    schema_version: int = SCHEMA_VERSION
+    agent_version: str | None = None
+    run: RunRef
+    lap: int = Field(default=0, ge=0, description="Last lap folded into this state (0: none yet).")
+    last_sha256: str | None = None
+    summary: str | None = None
+    pinned_facts: list[str] = Field(default_factory=list)
+    compacted_through_lap: int = 0
+    messages: list[Message] = Field(default_factory=list, description="Messages not yet compacted.")
+    plan: list[str] = Field(default_factory=list)
+    pending_approval: PendingApproval | None = None
+    last_outcome: Outcome | None = None
+    totals: Totals = Field(default_factory=Totals)
