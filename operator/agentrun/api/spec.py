@@ -149,6 +149,7 @@ class ToolSpec(APIModel):
 
     name: str = Field(
         pattern=TOOL_NAME_PATTERN,
+        max_length=64,
         description="Tool name shown to the model; never rename a tool under running runs: add a new one.",
     )
     description: str = Field(default="", max_length=4096, description="What the tool does, shown to the model.")

@@ -1,0 +1,351 @@
+"""Generate the AgentRun CRD (and its field reference) from the pydantic models.
+
+``agentrun crd > crds/agentrun.dev_agentruns.yaml`` (or ``make crds``). The pydantic JSON schema
+is turned into a *structural* schema (https://kubernetes.io/docs/tasks/extend-kubernetes/
+custom-resources/custom-resource-definitions/#specifying-a-structural-schema):
+
+* ``$ref``/``$defs`` are inlined; ``Optional[X]`` (``anyOf: [X, null]``) becomes just ``X``
+  (optional = not in ``required``); ``Literal`` becomes ``enum``;
+* ``additionalProperties: false`` (pydantic's ``extra="forbid"``) is dropped: the API server
+  prunes unknown fields, and ``additionalProperties`` may not sit next to ``properties``;
+* ``title`` and ``default`` are dropped: defaults are applied by the models (the operator and
+  the lap runner parse the spec with them), and shown in the description instead;
+* every property must have a description (:func:`undocumented_fields` finds the ones that don't).
+
+CEL rules (``x-kubernetes-validations``) are attached at fixed paths (:data:`CEL_RULES`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from typing import Any
+
+import click
+import yaml
+
+from .spec import AgentRunSpec
+from .status import AgentRunStatus
+
+GROUP = "agentrun.dev"
+VERSION = "v1alpha1"
+KIND = "AgentRun"
+PLURAL = "agentruns"
+SINGULAR = "agentrun"
+SHORT_NAMES = ["ar"]
+CATEGORIES = ["all", "agentrun"]
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+# Path (dotted, from the resource root; "[]" for list items) -> CEL rules with messages that name
+# the field. Transition rules (oldSelf) only run on updates, when the field exists in both.
+CEL_RULES: dict[str, list[dict[str, str]]] = {
+    "spec": [
+        {
+            "rule": "!has(self.agent.tools) || !self.agent.tools.exists(t, has(t.requiresApproval)"
+            " && t.requiresApproval) || (has(self.approval) && has(self.approval.owner))",
+            "message": "spec.approval.owner is required when a tool in spec.agent.tools has "
+            "requiresApproval: true (someone must own the decision)",
+        },
+    ],
+    "spec.task": [
+        {"rule": "self == oldSelf", "message": "spec.task is immutable: create a new AgentRun for a new task"},
+    ],
+    "spec.agent.tools": [
+        {
+            "rule": "self.all(t, self.exists_one(u, u.name == t.name))",
+            "message": "spec.agent.tools: tool names must be unique",
+        },
+    ],
+    "spec.agent.model": [
+        {
+            "rule": "self.provider != 'scripted' || (has(self.script) && size(self.script) > 0)",
+            "message": "spec.agent.model.script must not be empty when spec.agent.model.provider is \"scripted\"",
+        },
+    ],
+    "spec.retry.backoff": [
+        {
+            "rule": "!has(self.initial) || !has(self.max) || duration(self.max) >= duration(self.initial)",
+            "message": "spec.retry.backoff.max must not be shorter than spec.retry.backoff.initial",
+        },
+    ],
+    "spec.checkpoint": [
+        {
+            "rule": "has(self.uri) == has(oldSelf.uri) && (!has(self.uri) || self.uri == oldSelf.uri)",
+            "message": "spec.checkpoint.uri is immutable: a run's checkpoints cannot move",
+        },
+        {
+            "rule": "has(self.endpoint) == has(oldSelf.endpoint) && (!has(self.endpoint) || "
+            "self.endpoint == oldSelf.endpoint)",
+            "message": "spec.checkpoint.endpoint is immutable: a run's checkpoints cannot move",
+        },
+    ],
+}
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Phase of the run."},
+    {"name": "Lap", "type": "integer", "jsonPath": ".status.lap", "description": "Last checkpointed lap."},
+    {
+        "name": "Version",
+        "type": "string",
+        "jsonPath": ".status.agentVersion",
+        "description": "Agent version that wrote the last checkpoint.",
+    },
+    {"name": "Cost", "type": "string", "jsonPath": ".status.cost.usd", "description": "Cost so far in USD."},
+    {
+        "name": "Waiting-On",
+        "type": "string",
+        "jsonPath": ".status.waitingOn",
+        "description": "Owner of the pending approval.",
+    },
+    {
+        "name": "Last-Checkpoint",
+        "type": "date",
+        "jsonPath": ".status.lastCheckpointTime",
+        "description": "When the last checkpoint was written.",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {
+        "name": "Retries",
+        "type": "integer",
+        "priority": 1,
+        "jsonPath": ".status.totalRetries",
+        "description": "Failed lap attempts over the run.",
+    },
+    {
+        "name": "Spec-Version",
+        "type": "string",
+        "priority": 1,
+        "jsonPath": ".spec.agent.version",
+        "description": "Agent version the next lap will run.",
+    },
+    {"name": "Message", "type": "string", "priority": 1, "jsonPath": ".status.message", "description": "Details."},
+]
+
+_DROP = {"title", "default", "additionalProperties", "$defs"}
+
+
+def _fmt_default(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, str) else f'"{value}"'
+
+
+def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Return the structural form of a pydantic JSON-schema node (see the module docstring)."""
+    node = dict(node)
+    default = node.get("default", None)
+    has_default = "default" in node and default not in (None, [], {}) and not isinstance(default, (dict, list))
+    if "$ref" in node:
+        target = defs[node.pop("$ref").split("/")[-1]]
+        merged = {**target, **{k: v for k, v in node.items()}}
+        return structural(merged, defs)
+    if "anyOf" in node:
+        options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"cannot make a structural schema of a union: {options}")
+        merged = {**options[0], **node}
+        if "$ref" in options[0]:
+            merged = {**defs[options[0]["$ref"].split("/")[-1]], **node}
+        return structural(merged, defs)
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP:
+            continue
+        if key == "const":
+            out["enum"] = [value]
+        elif key == "properties":
+            out["properties"] = {k: structural(v, defs) for k, v in value.items()}
+        elif key == "items":
+            out["items"] = structural(value, defs)
+        elif key == "format" and value == "date-time":
+            out["format"] = "date-time"
+        else:
+            out[key] = value
+    if "const" in node and "type" not in out:
+        out["type"] = "string"
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    add = node.get("additionalProperties")
+    if isinstance(add, dict) and "properties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = structural(add, defs)
+    if has_default and "description" in out:
+        out["description"] = f"{out['description'].rstrip()} Default: {_fmt_default(default)}."
+    return out
+
+
+def _attach(schema: dict[str, Any], path: str, key: str, value: Any) -> None:
+    node = schema
+    for part in path.split("."):
+        if part == "[]":
+            node = node["items"]
+        else:
+            node = node["properties"][part]
+    node[key] = value
+
+
+def openapi_schema() -> dict[str, Any]:
+    """The openAPIV3Schema of the AgentRun resource."""
+    spec = AgentRunSpec.model_json_schema(by_alias=True, mode="validation")
+    status = AgentRunStatus.model_json_schema(by_alias=True, mode="serialization")
+    spec_s = structural(spec, spec.get("$defs", {}))
+    status_s = structural(status, status.get("$defs", {}))
+    root: dict[str, Any] = {
+        "type": "object",
+        "description": "An AgentRun: one durable run of an AI agent, executed one lap (model call plus "
+        "tool calls) per Kubernetes Job, with a checkpoint per lap in S3-compatible storage.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "APIVersion of the object: agentrun.dev/v1alpha1."},
+            "kind": {"type": "string", "description": "Kind of the object: AgentRun."},
+            "metadata": {"type": "object", "description": "Standard object metadata."},
+            "spec": spec_s,
+            "status": status_s,
+        },
+    }
+    # Status fields written by the operator are all declared; "required" of the status is not
+    # enforced on partial patches, so drop it to keep merge patches simple.
+    status_s.pop("required", None)
+    wrapped = {"properties": root["properties"]}
+    for path, rules in CEL_RULES.items():
+        _attach(wrapped, path, "x-kubernetes-validations", copy.deepcopy(rules))
+    return root
+
+
+def crd() -> dict[str, Any]:
+    """The CustomResourceDefinition of AgentRun."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": CRD_NAME,
+            "annotations": {"agentrun.dev/generated-by": "agentrun crd (operator/agentrun/api/crdgen.py)"},
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": SHORT_NAMES,
+                "categories": CATEGORIES,
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                }
+            ],
+        },
+    }
+
+
+def undocumented_fields(schema: dict[str, Any], path: str = "") -> list[str]:
+    """Paths of properties without a non-empty description."""
+    missing: list[str] = []
+    for name, sub in schema.get("properties", {}).items():
+        p = f"{path}.{name}" if path else name
+        if not str(sub.get("description", "")).strip():
+            missing.append(p)
+        missing += undocumented_fields(sub, p)
+    if "items" in schema:
+        missing += undocumented_fields(schema["items"], path + "[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        missing += undocumented_fields(schema["additionalProperties"], path + ".*")
+    return missing
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str_repr(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data)
+
+
+_Dumper.add_representer(str, _str_repr)
+
+
+def render_crd() -> str:
+    """The CRD as YAML text (what ``crds/agentrun.dev_agentruns.yaml`` holds)."""
+    header = "# GENERATED by `agentrun crd` from operator/agentrun/api/{spec,status}.py: do not edit.\n"
+    return header + "---\n" + yaml.dump(crd(), Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
+
+
+def _type_of(node: dict[str, Any]) -> str:
+    t = node.get("type", "any")
+    if t == "array":
+        return f"[]{_type_of(node.get('items', {}))}"
+    if node.get("format") == "date-time":
+        return "date-time"
+    if t == "object" and isinstance(node.get("additionalProperties"), dict):
+        return f"map[string]{_type_of(node['additionalProperties'])}"
+    return str(t)
+
+
+def _constraints(node: dict[str, Any], required: bool) -> str:
+    parts = ["**required**"] if required else []
+    if "enum" in node:
+        parts.append("one of " + ", ".join(f"`{v}`" for v in node["enum"]))
+    for key, label in (("minimum", "min"), ("maximum", "max"), ("minLength", "minLength"),
+                       ("maxLength", "maxLength"), ("maxItems", "maxItems")):
+        if key in node:
+            parts.append(f"{label} {node[key]}")
+    if "pattern" in node:
+        parts.append(f"pattern `{node['pattern']}`")
+    if node.get("x-kubernetes-preserve-unknown-fields"):
+        parts.append("free-form")
+    if node.get("x-kubernetes-list-type") == "map":
+        parts.append("list-map keyed by " + ", ".join(node.get("x-kubernetes-list-map-keys", [])))
+    for rule in node.get("x-kubernetes-validations", []):
+        parts.append(f"rule: {rule['message']}")
+    return "; ".join(parts)
+
+
+def _rows(node: dict[str, Any], path: str, out: list[str]) -> None:
+    required = set(node.get("required", []))
+    for name, sub in node.get("properties", {}).items():
+        p = f"{path}.{name}"
+        desc = str(sub.get("description", "")).replace("|", "\\|").replace("\n", " ")
+        cons = _constraints(sub, name in required).replace("|", "\\|")
+        out.append(f"| `{p}` | {_type_of(sub)} | {desc} | {cons} |")
+        target = sub.get("items", sub) if sub.get("type") == "array" else sub
+        _rows(target, p + ("[]" if sub.get("type") == "array" else ""), out)
+
+
+def render_reference() -> str:
+    """docs/crd-reference.md: every field of the AgentRun resource."""
+    schema = openapi_schema()
+    lines = [
+        "<!-- GENERATED by `agentrun crd --reference` from the pydantic models: do not edit. -->",
+        "# AgentRun reference (`agentrun.dev/v1alpha1`)",
+        "",
+        f"Kind `{KIND}`, plural `{PLURAL}`, short name `{SHORT_NAMES[0]}`, categories "
+        + ", ".join(f"`{c}`" for c in CATEGORIES) + ". Namespaced, with a status subresource.",
+        "Defaults are applied by the operator and the lap runner (the pydantic models), not by the API "
+        "server, so `kubectl get -o yaml` shows the spec as written.",
+        "",
+        "## Validation rules (CEL, checked by the API server)",
+        "",
+    ]
+    for path, rules in CEL_RULES.items():
+        for r in rules:
+            lines.append(f"- `{path}`: {r['message']} — `{r['rule']}`")
+    lines += ["", "## Printer columns", "", "| column | JSONPath | wide only |", "|---|---|---|"]
+    for c in PRINTER_COLUMNS:
+        lines.append(f"| {c['name']} | `{c['jsonPath']}` | {'yes' if c.get('priority') else ''} |")
+    for part in ("spec", "status"):
+        lines += ["", f"## {part}", "", "| field | type | description | constraints |", "|---|---|---|---|"]
+        _rows(schema["properties"][part], part, lines)
+    return "\n".join(lines) + "\n"
+
+
+@click.command("crd")
+@click.option("--reference", is_flag=True, help="Print the Markdown field reference instead of the CRD.")
+def crd_command(reference: bool) -> None:
+    """Print the AgentRun CustomResourceDefinition (YAML), generated from the models."""
+    sys.stdout.write(render_reference() if reference else render_crd())
