@@ -186,3 +186,28 @@ class RunState(APIModel):
     pending_approval: PendingApproval | None = None
     last_outcome: Outcome | None = None
     totals: Totals = Field(default_factory=Totals)
+
+
+class JournalEntry(APIModel):
+    """Envelope of a journal object (``.../journal/<lap:08d>/<name>.json``): the model response of a
+    lap, or one tool call's result, written once (conditional put) before the lap checkpoint."""
+
+    kind: Literal["JournalEntry"] = "JournalEntry"
+    schema_version: int = SCHEMA_VERSION
+    agent_version: str | None = None
+    run: RunRef
+    lap: int = Field(ge=1)
+    name: str
+    body: dict[str, Any]
+
+
+class AttemptFailure(APIModel):
+    """Envelope of a lap attempt's failure report (``.../attempts/<lap:08d>-<attempt:03d>.json``)."""
+
+    kind: Literal["AttemptFailure"] = "AttemptFailure"
+    schema_version: int = SCHEMA_VERSION
+    agent_version: str | None = None
+    run: RunRef
+    lap: int = Field(ge=1)
+    attempt: int = Field(ge=1)
+    body: dict[str, Any]

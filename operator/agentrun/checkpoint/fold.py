@@ -1,0 +1,91 @@
+"""Folding lap records into the run state: a pure function, no I/O.
+
+``fold(state, record)`` is the only way a ``RunState`` advances, both in the lap runner (to build the
+state the next lap starts from, and the snapshot every K laps) and on resume (snapshot + the lap
+records after it). Folding N records one by one equals folding the snapshot taken at any lap K and
+then the records after K.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from agentrun.checkpoint.errors import CorruptCheckpoint
+from agentrun.checkpoint.schema import SCHEMA_VERSION, LapRecord, Message, RunRef, RunState
+
+
+def initial_state(run: RunRef) -> RunState:
+    """The state before lap 1."""
+    return RunState(run=run)
+
+
+def check_chain(state: RunState, record: LapRecord) -> None:
+    """Raise ``CorruptCheckpoint`` if ``record`` cannot follow ``state``: another run, a gap in the
+    laps, or a ``prevSha256`` that is not the sha256 of the previous lap's object."""
+    if record.run != state.run:
+        raise CorruptCheckpoint(
+            f"lap {record.lap} belongs to run {record.run.namespace}/{record.run.name} "
+            f"(uid {record.run.uid}), not to {state.run.namespace}/{state.run.name} (uid {state.run.uid})"
+        )
+    if record.lap != state.lap + 1:
+        raise CorruptCheckpoint(
+            f"cannot fold lap {record.lap} onto the state after lap {state.lap}: laps must follow each other"
+        )
+    if (
+        record.prev_sha256 is not None
+        and state.last_sha256 is not None
+        and record.prev_sha256 != state.last_sha256
+    ):
+        raise CorruptCheckpoint(
+            f"hash chain broken: lap {record.lap} has prevSha256 {record.prev_sha256} but lap "
+            f"{state.lap} has sha256 {state.last_sha256}"
+        )
+
+
+def _compact(messages: list[Message], through_lap: int) -> list[Message]:
+    """Drop the messages of laps 1..through_lap. Lap-0 messages (the task) are never dropped."""
+    return [m for m in messages if m.lap == 0 or m.lap > through_lap]
+
+
+def fold(state: RunState, record: LapRecord, sha256: str | None = None) -> RunState:
+    """The state after ``record``. ``sha256`` is the sha256 of the record's stored object (kept as
+    ``lastSha256`` so the next lap can chain to it); None when the record is not stored yet."""
+    check_chain(state, record)
+    messages = [*state.messages, *record.messages]
+    summary, pinned, compacted = state.summary, state.pinned_facts, state.compacted_through_lap
+    if record.compaction is not None:
+        messages = _compact(messages, record.compaction.through_lap)
+        summary = record.compaction.summary
+        pinned = list(record.compaction.pinned_facts)
+        compacted = max(compacted, record.compaction.through_lap)
+    pending = state.pending_approval
+    if record.approval_decision is not None:
+        pending = None
+    if record.pending_approval is not None:
+        pending = record.pending_approval
+    return state.model_copy(
+        update={
+            "schema_version": SCHEMA_VERSION,
+            "agent_version": record.agent_version,
+            "lap": record.lap,
+            "last_sha256": sha256,
+            "summary": summary,
+            "pinned_facts": pinned,
+            "compacted_through_lap": compacted,
+            "messages": messages,
+            "plan": list(record.plan) if record.plan is not None else state.plan,
+            "pending_approval": pending,
+            "last_outcome": record.outcome,
+            "totals": record.totals,
+        }
+    )
+
+
+def fold_all(
+    state: RunState, records: Iterable[LapRecord | tuple[LapRecord, str | None]]
+) -> RunState:
+    """Fold records (or ``(record, sha256)`` pairs) in order."""
+    for item in records:
+        record, sha = item if isinstance(item, tuple) else (item, None)
+        state = fold(state, record, sha)
+    return state

@@ -1,0 +1,596 @@
+"""The S3 checkpoint store (any S3-compatible endpoint), layout as in ``docs/contracts.md``::
+
+    PREFIX/<namespace>/<name>/<uid>/
+        laps/<lap:08d>.json                    LapRecord (conditional put, If-None-Match: *)
+        snapshots/<lap:08d>.json               RunState after that lap, every K laps (conditional put)
+        journal/<lap:08d>/<name>.json          JournalEntry (conditional put)
+        attempts/<lap:08d>-<attempt:03d>.json  AttemptFailure (best effort, overwrite)
+
+Every object is canonical JSON (sorted keys, compact separators) with its sha256 in the user
+metadata ``x-amz-meta-sha256``, verified on every read. Credentials come from boto3's standard chain;
+this module never reads, passes or logs them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    NoCredentialsError,
+    PartialCredentialsError,
+)
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from agentrun.checkpoint.errors import (
+    CheckpointError,
+    CheckpointNotFound,
+    CorruptCheckpoint,
+    LapAlreadyCheckpointed,
+    StoreConfigError,
+    StoreUnavailable,
+)
+from agentrun.checkpoint.fold import fold
+from agentrun.checkpoint.migrations import migrate, schema_version_of
+from agentrun.checkpoint.schema import (
+    SCHEMA_VERSION,
+    AttemptFailure,
+    JournalEntry,
+    LapRecord,
+    RunRef,
+    RunState,
+)
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?$")
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+_JOURNAL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+_LAP_FILE = re.compile(r"(\d{8})\.json$")
+_RETRYABLE_CODES = {
+    "Throttling", "ThrottlingException", "SlowDown", "RequestTimeout", "RequestTimeTooSkewed",
+    "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "TooManyRequests",
+}  # fmt: skip
+_NOT_FOUND_CODES = {"NoSuchKey", "NotFound", "404"}
+_CONDITION_FAILED = {412, 409}
+
+
+# --------------------------------------------------------------------------------------------
+# configuration
+# --------------------------------------------------------------------------------------------
+
+
+class StoreConfig(BaseModel):
+    """Where the checkpoints of a run live and how to reach the store."""
+
+    uri: str = Field(description='"s3://bucket/prefix" (the prefix may be empty).')
+    endpoint_url: str | None = Field(default=None, description="S3 endpoint URL; None: AWS.")
+    region: str | None = None
+    path_style: bool = Field(default=False, description="Path-style addressing (MinIO, moto, Ceph).")
+    snapshot_every: int = Field(default=10, ge=1, le=1000, description="Snapshot every K laps.")
+
+    @field_validator("uri")
+    @classmethod
+    def _check_uri(cls, value: str) -> str:
+        if not _URI.match(value):
+            raise ValueError(
+                f"checkpoint uri {value!r} is not of the form s3://bucket/prefix "
+                "(bucket: 3-63 lower-case letters, digits, dots, hyphens)"
+            )
+        return value
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _check_endpoint(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"S3 endpoint {_redact_url(value)!r} is not an http(s) URL")
+        return value
+
+    @property
+    def bucket(self) -> str:
+        match = _URI.match(self.uri)
+        assert match is not None
+        return match["bucket"]
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix without leading/trailing slashes ("" for none)."""
+        match = _URI.match(self.uri)
+        assert match is not None
+        return (match["prefix"] or "").strip("/")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], snapshot_every: int | None = None) -> StoreConfig:
+        """Read ``AGENTRUN_CHECKPOINT_URI``, ``AGENTRUN_S3_ENDPOINT``, ``AGENTRUN_S3_REGION`` and
+        ``AGENTRUN_S3_PATH_STYLE``; ``snapshot_every`` comes from the spec (default 10)."""
+        uri = env.get("AGENTRUN_CHECKPOINT_URI", "").strip()
+        if not uri:
+            raise StoreConfigError("AGENTRUN_CHECKPOINT_URI is not set (expected s3://bucket/prefix)")
+        flag = env.get("AGENTRUN_S3_PATH_STYLE", "").strip().lower()
+        if flag not in ("", "true", "false", "1", "0", "yes", "no"):
+            raise StoreConfigError(f"AGENTRUN_S3_PATH_STYLE must be true or false, got {flag!r}")
+        try:
+            return cls(
+                uri=uri,
+                endpoint_url=env.get("AGENTRUN_S3_ENDPOINT", "").strip() or None,
+                region=env.get("AGENTRUN_S3_REGION", "").strip() or None,
+                path_style=flag in ("true", "1", "yes"),
+                snapshot_every=snapshot_every if snapshot_every is not None else 10,
+            )
+        except ValidationError as e:
+            err = e.errors()[0]
+            names = {"uri": "AGENTRUN_CHECKPOINT_URI", "endpoint_url": "AGENTRUN_S3_ENDPOINT"}
+            field = names.get(str(err["loc"][0]), str(err["loc"][0])) if err["loc"] else "store config"
+            raise StoreConfigError(f"{field}: {err['msg']}") from None
+
+
+def make_client(config: StoreConfig) -> Any:
+    """A boto3 S3 client using the standard credential chain."""
+    botocore_config = Config(
+        s3={"addressing_style": "path" if config.path_style else "auto"},
+        retries={"mode": "standard", "max_attempts": 4},
+        connect_timeout=5,
+        read_timeout=30,
+    )
+    session = boto3.session.Session()
+    return session.client(
+        "s3", endpoint_url=config.endpoint_url, region_name=config.region, config=botocore_config
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# pure helpers
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """A stored checkpoint object: its key, the sha256 of its bytes, size and write time."""
+
+    key: str
+    sha256: str
+    size: int
+    written_at: datetime
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """The state of a run through a lap, and how many objects were read to build it."""
+
+    state: RunState
+    objects_read: int
+    keys_read: tuple[str, ...] = ()
+
+
+def canonical_json(doc: Any) -> bytes:
+    """Canonical JSON bytes (sorted keys, compact, UTF-8) so that sha256 is reproducible."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def run_prefix(prefix: str, run: RunRef) -> str:
+    """``PREFIX/<namespace>/<name>/<uid>/`` (no leading slash when the prefix is empty)."""
+    for field in ("namespace", "name", "uid"):
+        value = getattr(run, field)
+        if not _SEGMENT.match(value):
+            raise ValueError(f"run {field} {value!r} cannot be used in a checkpoint key")
+    head = f"{prefix}/" if prefix else ""
+    return f"{head}{run.namespace}/{run.name}/{run.uid}/"
+
+
+def _check_lap(lap: int) -> int:
+    if isinstance(lap, bool) or not isinstance(lap, int) or not 1 <= lap <= 99_999_999:
+        raise ValueError(f"lap must be an integer in 1..99999999, got {lap!r}")
+    return lap
+
+
+def lap_of_key(key: str) -> int | None:
+    """The lap number of a ``laps/`` or ``snapshots/`` key, None for other keys."""
+    match = _LAP_FILE.search(key)
+    return int(match[1]) if match else None
+
+
+def _redact_url(url: str) -> str:
+    """The URL without user info (credentials must never reach a message)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _field_path(err: Mapping[str, Any]) -> str:
+    loc = err.get("loc") or ()
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(document)"
+
+
+def parse_model(model: type[M], doc: Mapping[str, Any], key: str) -> M:
+    """Validate a (migrated) document, or raise ``CorruptCheckpoint`` naming the key and field."""
+    try:
+        return model.model_validate(doc)
+    except ValidationError as e:
+        err = e.errors()[0]
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise CorruptCheckpoint(
+            f"checkpoint {key}: field {_field_path(err)}: {err['msg']}{more}", key
+        ) from None
+
+
+def decode_document(data: bytes, key: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptCheckpoint(f"checkpoint {key} is not valid JSON: {e}", key) from None
+    if not isinstance(doc, dict):
+        raise CorruptCheckpoint(f"checkpoint {key} is not a JSON object", key)
+    return doc
+
+
+def verify_sha256(data: bytes, expected: str | None, key: str) -> str:
+    actual = sha256_hex(data)
+    if not expected:
+        raise CorruptCheckpoint(f"checkpoint {key} has no sha256 user metadata (x-amz-meta-sha256)", key)
+    if actual != expected:
+        raise CorruptCheckpoint(
+            f"checkpoint {key}: sha256 of its {len(data)} bytes is {actual} but its x-amz-meta-sha256 "
+            f"says {expected}; the object was changed or truncated after it was written",
+            key,
+        )
+    return actual
+
+
+# --------------------------------------------------------------------------------------------
+# the store
+# --------------------------------------------------------------------------------------------
+
+
+class _ConditionFailed(Exception):
+    """A conditional put was refused because the object exists (412 / 409)."""
+
+
+class CheckpointStore:
+    """Reads and writes the checkpoint objects of runs. Thread-safe (one boto3 client)."""
+
+    def __init__(self, config: StoreConfig, client: Any = None) -> None:
+        self.config = config
+        self.client = client if client is not None else make_client(config)
+
+    # ---- keys ------------------------------------------------------------------------------
+
+    def run_prefix(self, run: RunRef) -> str:
+        return run_prefix(self.config.prefix, run)
+
+    def lap_key(self, run: RunRef, lap: int) -> str:
+        return f"{self.run_prefix(run)}laps/{_check_lap(lap):08d}.json"
+
+    def snapshot_key(self, run: RunRef, lap: int) -> str:
+        return f"{self.run_prefix(run)}snapshots/{_check_lap(lap):08d}.json"
+
+    def journal_key(self, run: RunRef, lap: int, name: str) -> str:
+        if not _JOURNAL_NAME.match(name):
+            raise ValueError(
+                f"journal name {name!r} must be 1-200 characters of letters, digits, '.', '_', ':', '-'"
+            )
+        return f"{self.run_prefix(run)}journal/{_check_lap(lap):08d}/{name}.json"
+
+    def attempt_key(self, run: RunRef, lap: int, attempt: int) -> str:
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or not 1 <= attempt <= 999:
+            raise ValueError(f"attempt must be an integer in 1..999, got {attempt!r}")
+        return f"{self.run_prefix(run)}attempts/{_check_lap(lap):08d}-{attempt:03d}.json"
+
+    # ---- raw S3 ----------------------------------------------------------------------------
+
+    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        """Run one S3 call, translating botocore errors into checkpoint errors."""
+        try:
+            return fn()
+        except ClientError as e:
+            raise self._client_error(op, key, e) from None
+        except (NoCredentialsError, PartialCredentialsError):
+            raise StoreConfigError(
+                f"S3 {op} {key}: no usable credentials found by the standard AWS credential chain", key
+            ) from None
+        except BotoCoreError as e:
+            where = _redact_url(self.config.endpoint_url or "AWS S3")
+            raise StoreUnavailable(
+                f"S3 {op} {key}: cannot reach the store at {where} ({type(e).__name__})", key
+            ) from None
+
+    def _client_error(self, op: str, key: str, e: ClientError) -> CheckpointError | _ConditionFailed:
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if status in _CONDITION_FAILED or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+            return _ConditionFailed()
+        what = f"S3 {op} {key}: {code or 'error'} (HTTP {status})"
+        if code == "NoSuchBucket":
+            return StoreConfigError(f"{what}: bucket {self.config.bucket!r} does not exist", key)
+        if code in _NOT_FOUND_CODES or status == 404:
+            return CheckpointNotFound(key)
+        if status >= 500 or status in (408, 429) or code in _RETRYABLE_CODES:
+            return StoreUnavailable(what, key)
+        return StoreConfigError(what, key)
+
+    def _put(self, key: str, data: bytes, sha: str, *, create_only: bool) -> None:
+        kwargs: dict[str, Any] = {
+            "Bucket": self.config.bucket,
+            "Key": key,
+            "Body": data,
+            "ContentType": "application/json",
+            "Metadata": {"sha256": sha},
+        }
+        if create_only:
+            kwargs["IfNoneMatch"] = "*"
+        self._call("PutObject", key, lambda: self.client.put_object(**kwargs))
+
+    def _put_once(self, key: str, data: bytes) -> tuple[StoredObject, bool]:
+        """Conditional put. Returns (object, True) if we wrote it, or (existing object, False)
+        if it existed. A retried put whose first try landed (same bytes) counts as written."""
+        sha = sha256_hex(data)
+        try:
+            self._put(key, data, sha, create_only=True)
+        except _ConditionFailed:
+            existing = self._head(key)
+            if existing is not None and existing.sha256 == sha:
+                return existing, True
+            return existing or StoredObject(key, "", 0, _now()), False
+        return StoredObject(key, sha, len(data), _now()), True
+
+    def _head(self, key: str) -> StoredObject | None:
+        try:
+            resp = self._call(
+                "HeadObject", key, lambda: self.client.head_object(Bucket=self.config.bucket, Key=key)
+            )
+        except CheckpointNotFound:
+            return None
+        return StoredObject(
+            key=key,
+            sha256=str(resp.get("Metadata", {}).get("sha256", "")),
+            size=int(resp.get("ContentLength", 0)),
+            written_at=resp.get("LastModified") or _now(),
+        )
+
+    def _read(self, key: str) -> tuple[dict[str, Any], StoredObject, int]:
+        """GET, verify sha256, parse JSON, migrate to the current schema. Returns the migrated
+        document, the object, and the schema version it was written with."""
+
+        def get() -> tuple[bytes, dict[str, Any]]:
+            resp = self.client.get_object(Bucket=self.config.bucket, Key=key)
+            return resp["Body"].read(), resp
+
+        data, resp = self._call("GetObject", key, get)
+        sha = verify_sha256(data, resp.get("Metadata", {}).get("sha256"), key)
+        raw = decode_document(data, key)
+        version = schema_version_of(raw, key)
+        doc = migrate(raw, key)
+        return doc, StoredObject(key, sha, len(data), resp.get("LastModified") or _now()), version
+
+    def _read_optional(self, key: str) -> tuple[dict[str, Any], StoredObject, int] | None:
+        try:
+            return self._read(key)
+        except CheckpointNotFound:
+            return None
+
+    def _list_keys(self, prefix: str, start_after: str | None = None) -> Iterator[str]:
+        kwargs: dict[str, Any] = {"Bucket": self.config.bucket, "Prefix": prefix}
+        if start_after:
+            kwargs["StartAfter"] = start_after
+        while True:
+            resp = self._call("ListObjectsV2", prefix, lambda: self.client.list_objects_v2(**kwargs))
+            for item in resp.get("Contents", []):
+                yield item["Key"]
+            if not resp.get("IsTruncated"):
+                return
+            kwargs["ContinuationToken"] = resp["NextContinuationToken"]
+            kwargs.pop("StartAfter", None)
+
+    def _list_laps(self, prefix: str, start_after: str | None = None) -> list[int]:
+        laps = (lap_of_key(k) for k in self._list_keys(prefix, start_after))
+        return sorted(lap for lap in laps if lap is not None)
+
+    def _snapshot_laps(self, run: RunRef) -> list[int]:
+        return self._list_laps(self.run_prefix(run) + "snapshots/")
+
+    # ---- laps ------------------------------------------------------------------------------
+
+    def put_lap(self, record: LapRecord, state_before: RunState | None = None) -> StoredObject:
+        """Write a lap's record once (If-None-Match: *). Raises ``LapAlreadyCheckpointed`` if
+        another writer has written this lap. When ``record.lap`` is a multiple of K, also writes
+        the snapshot (``fold(state_before, record)``; ``state_before`` is loaded when not given).
+        """
+        if record.schema_version != SCHEMA_VERSION:
+            raise ValueError(
+                f"put_lap writes schema version {SCHEMA_VERSION}, the record says {record.schema_version}"
+            )
+        key = self.lap_key(record.run, record.lap)
+        data = canonical_json(record.to_api())
+        stored, written = self._put_once(key, data)
+        if not written:
+            raise LapAlreadyCheckpointed(key)
+        if record.lap % self.config.snapshot_every == 0:
+            self._write_snapshot_after(record, stored, state_before)
+        return stored
+
+    def _write_snapshot_after(
+        self, record: LapRecord, stored: StoredObject, state_before: RunState | None
+    ) -> None:
+        """Best effort: a missing snapshot only makes the next resume read more objects."""
+        try:
+            if state_before is None or state_before.lap != record.lap - 1 or state_before.run != record.run:
+                state_before = self.load_state(record.run, through_lap=record.lap - 1).state
+            self.put_snapshot(fold(state_before, record, stored.sha256))
+        except CheckpointError as e:
+            log.warning("snapshot after %s not written: %s", stored.key, e)
+
+    def put_snapshot(self, state: RunState) -> StoredObject | None:
+        """Write the snapshot of ``state`` (conditional). None if a snapshot of that lap exists."""
+        stored, written = self._put_once(self.snapshot_key(state.run, state.lap), canonical_json(state.to_api()))
+        return stored if written else None
+
+    def get_lap(self, run: RunRef, lap: int) -> tuple[LapRecord, StoredObject]:
+        """Read, verify, migrate and validate a lap record. Raises ``CheckpointNotFound``,
+        ``CorruptCheckpoint``, ``UnsupportedSchemaVersion`` or ``StoreUnavailable``."""
+        record, stored, _ = self._get_lap(run, lap)
+        return record, stored
+
+    def _get_lap(self, run: RunRef, lap: int) -> tuple[LapRecord, StoredObject, int]:
+        key = self.lap_key(run, lap)
+        doc, stored, version = self._read(key)
+        record = parse_model(LapRecord, doc, key)
+        if record.run != run or record.lap != lap:
+            raise CorruptCheckpoint(
+                f"checkpoint {key} holds lap {record.lap} of {record.run.namespace}/{record.run.name} "
+                f"(uid {record.run.uid}): not the object this key names",
+                key,
+            )
+        return record, stored, version
+
+    def get_snapshot(self, run: RunRef, lap: int) -> tuple[RunState, StoredObject]:
+        key = self.snapshot_key(run, lap)
+        doc, stored, _ = self._read(key)
+        state = parse_model(RunState, doc, key)
+        if state.run != run or state.lap != lap:
+            raise CorruptCheckpoint(f"checkpoint {key} holds the state of another run or lap", key)
+        return state, stored
+
+    def head_lap(self, run: RunRef, lap: int) -> StoredObject | None:
+        return self._head(self.lap_key(run, lap))
+
+    def latest_lap(self, run: RunRef) -> int:
+        """The newest checkpointed lap (0: none). Lists the snapshots (one per K laps) and then
+        only the lap keys after the newest snapshot: cost does not grow with laps per snapshot."""
+        return self._latest(run, self._snapshot_laps(run))
+
+    def _latest(self, run: RunRef, snapshots: list[int]) -> int:
+        start_after = self.lap_key(run, snapshots[-1]) if snapshots else None
+        laps = self._list_laps(self.run_prefix(run) + "laps/", start_after)
+        if laps:
+            return laps[-1]
+        return snapshots[-1] if snapshots else 0
+
+    def load_state(self, run: RunRef, through_lap: int | None = None) -> LoadResult:
+        """The state after ``through_lap`` (default: the latest lap): the newest snapshot at or
+        before it, then the lap records after the snapshot, folded with the hash chain checked."""
+        snapshots = self._snapshot_laps(run)
+        through = self._latest(run, snapshots) if through_lap is None else through_lap
+        if through < 0:
+            raise ValueError(f"through_lap must be >= 0, got {through}")
+        base = max((s for s in snapshots if s <= through), default=0)
+        state, keys = RunState(run=run), []
+        if base:
+            state, stored = self.get_snapshot(run, base)
+            keys.append(stored.key)
+        for lap in range(base + 1, through + 1):
+            record, stored, version = self._get_lap(run, lap)
+            self._check_link(run, state, record, version)
+            state = fold(state, record, stored.sha256)
+            keys.append(stored.key)
+        return LoadResult(state=state, objects_read=len(keys), keys_read=tuple(keys))
+
+    def _check_link(self, run: RunRef, state: RunState, record: LapRecord, version: int) -> None:
+        """Records written with the hash chain (schema >= 2) must point at the previous lap."""
+        if version < 2 or state.last_sha256 is None or record.prev_sha256 == state.last_sha256:
+            return
+        prev_key = self.lap_key(run, state.lap) if state.lap else "(none)"
+        key = self.lap_key(run, record.lap)
+        raise CorruptCheckpoint(
+            f"hash chain broken: {key} has prevSha256 {record.prev_sha256 or '(none)'} but "
+            f"{prev_key} has sha256 {state.last_sha256}",
+            key,
+        )
+
+    def iter_laps(self, run: RunRef, start: int = 1) -> Iterator[tuple[LapRecord, StoredObject]]:
+        """The lap records from ``start`` on, in order (for the trace reader)."""
+        start_after = self.lap_key(run, start - 1) if start > 1 else None
+        for lap in self._list_laps(self.run_prefix(run) + "laps/", start_after):
+            if lap >= start:
+                yield self.get_lap(run, lap)
+
+    # ---- journal and attempt reports -------------------------------------------------------
+
+    def put_journal(
+        self, run: RunRef, lap: int, name: str, body: dict[str, Any], agent_version: str | None = None
+    ) -> bool:
+        """Write a journal entry once. True if written; False if it already existed (then use
+        ``get_journal``'s value, never ours)."""
+        key = self.journal_key(run, lap, name)
+        entry = JournalEntry(agent_version=agent_version, run=run, lap=lap, name=name, body=body)
+        _, written = self._put_once(key, canonical_json(entry.to_api()))
+        return written
+
+    def get_journal(self, run: RunRef, lap: int, name: str) -> dict[str, Any] | None:
+        key = self.journal_key(run, lap, name)
+        found = self._read_optional(key)
+        if found is None:
+            return None
+        return parse_model(JournalEntry, found[0], key).body
+
+    def put_attempt_failure(
+        self, run: RunRef, lap: int, attempt: int, body: dict[str, Any], agent_version: str | None = None
+    ) -> None:
+        """Best effort (overwrites; store errors are logged, not raised)."""
+        key = self.attempt_key(run, lap, attempt)
+        entry = AttemptFailure(agent_version=agent_version, run=run, lap=lap, attempt=attempt, body=body)
+        data = canonical_json(entry.to_api())
+        try:
+            self._put(key, data, sha256_hex(data), create_only=False)
+        except (CheckpointError, _ConditionFailed) as e:
+            log.warning("attempt report %s not written: %s", key, e)
+
+    def get_attempt_failure(self, run: RunRef, lap: int, attempt: int) -> dict[str, Any] | None:
+        key = self.attempt_key(run, lap, attempt)
+        found = self._read_optional(key)
+        if found is None:
+            return None
+        return parse_model(AttemptFailure, found[0], key).body
+
+    # ---- retention -------------------------------------------------------------------------
+
+    def delete_run(self, run: RunRef) -> int:
+        """Delete every object of the run (retention: Delete). Returns how many were deleted."""
+        prefix = self.run_prefix(run)
+        keys = list(self._list_keys(prefix))
+        for i in range(0, len(keys), 1000):
+            batch = {"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True}
+            resp = self._call(
+                "DeleteObjects",
+                prefix,
+                lambda b=batch: self.client.delete_objects(Bucket=self.config.bucket, Delete=b),  # type: ignore[misc]
+            )
+            errors = resp.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise StoreUnavailable(
+                    f"S3 DeleteObjects {prefix}: {len(errors)} objects not deleted, e.g. "
+                    f"{first.get('Key')}: {first.get('Code')}",
+                    prefix,
+                )
+        return len(keys)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
