@@ -1,0 +1,61 @@
+"""The HTTP endpoint of the operator: ``/metrics`` (Prometheus text format), ``/healthz`` and
+``/readyz`` (200 while the process serves; the optional checks registered by the controller can
+turn them 503)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+log = logging.getLogger(__name__)
+
+HealthCheck = Callable[[], bool]
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+        pass  # scrapes and probes every few seconds would flood the operator's log
+
+
+def make_app(registry: CollectorRegistry, checks: dict[str, HealthCheck]) -> Callable:
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path in ("/healthz", "/readyz"):
+            check = checks.get(path.lstrip("/"))
+            ok = True
+            if check is not None:
+                try:
+                    ok = bool(check())
+                except Exception:
+                    log.exception("health check %s raised", path)
+                    ok = False
+            status = "200 OK" if ok else "503 Service Unavailable"
+            start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"ok\n" if ok else b"not ok\n"]
+        if path in ("/metrics", "/"):
+            return metrics_app(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"not found: try /metrics, /healthz, /readyz\n"]
+
+    return app
+
+
+def serve(registry: CollectorRegistry, port: int, addr: str, checks: dict[str, HealthCheck]) -> WSGIServer:
+    """Start serving in a daemon thread; returns the server (``server.server_port`` is the bound
+    port, useful with ``port=0``)."""
+    httpd = make_server(addr, port, make_app(registry, checks), _ThreadingWSGIServer, handler_class=_QuietHandler)
+    thread = threading.Thread(target=httpd.serve_forever, name="agentrun-metrics", daemon=True)
+    thread.start()
+    log.info("metrics: serving /metrics, /healthz, /readyz on %s:%d", addr, httpd.server_port)
+    return httpd
