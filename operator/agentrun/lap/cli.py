@@ -1,0 +1,78 @@
+"""``agentrun lap``: run exactly one lap of an AgentRun, configured by the environment.
+
+Exit codes (docs/contracts.md): 0 checkpoint written; 3 lap already checkpointed; 75 retryable;
+2 permanent. Needs no Kubernetes API access (imports neither kubernetes nor kopf).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping
+
+import click
+
+from agentrun.checkpoint.errors import CheckpointError
+from agentrun.checkpoint.store import CheckpointStore, StoreConfig
+from agentrun.lap.config import log_format, parse_env, parse_identity
+from agentrun.lap.errors import LapError
+from agentrun.lap.logs import LapLogger, redact
+from agentrun.lap.models import API_KEY_ENV
+from agentrun.lap.runner import EXIT_PERMANENT, execute_lap, exit_for, report_failure
+
+CRASH_ENV = "AGENTRUN_TEST_CRASH_AT"
+"""TEST HOOK: kill this process with SIGKILL at a named point of the lap (see docs/lap-runner.md)."""
+
+
+def crash_hook(env: Mapping[str, str]) -> Callable[[str], None]:
+    """The one place ``AGENTRUN_TEST_CRASH_AT`` is read: SIGKILL ourselves at that point."""
+    target = env.get(CRASH_ENV, "").strip()
+
+    def crash(point: str) -> None:
+        if target and point == target:
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return crash
+
+
+def run_from_env(env: Mapping[str, str]) -> int:
+    """Parse the environment, run the lap, return the exit code."""
+    context: dict[str, object] = {
+        "namespace": env.get("AGENTRUN_NAMESPACE", ""),
+        "name": env.get("AGENTRUN_NAME", ""),
+        "lap": env.get("AGENTRUN_LAP", ""),
+        "attempt": env.get("AGENTRUN_ATTEMPT", "1"),
+    }
+    log = LapLogger(context, fmt=log_format(env), secrets=[env.get(API_KEY_ENV, "")])
+    store: CheckpointStore | None = None
+    try:
+        cfg = parse_env(env)
+        store = CheckpointStore(StoreConfig.from_env(env, snapshot_every=cfg.spec.checkpoint.snapshot_every))
+    except (LapError, CheckpointError) as e:
+        message = redact(str(e), log.secrets)
+        code = EXIT_PERMANENT if isinstance(e, LapError) else exit_for(e)
+        log("lap configuration refused", level="error", exit_code=code, error=message)
+        _report_config_failure(env, code, message, log)
+        return code
+    log.context.update(lap=cfg.lap, attempt=cfg.attempt)
+    log("lap starting", agent_version=cfg.agent_version, decision=cfg.decision.decision if cfg.decision else None)
+    result = execute_lap(cfg, store, env, log, crash=crash_hook(env))
+    return result.code
+
+
+def _report_config_failure(env: Mapping[str, str], code: int, message: str, log: LapLogger) -> None:
+    """Best effort: report a configuration failure if identity and store are readable."""
+    try:
+        run, lap, attempt = parse_identity(env)
+        store = CheckpointStore(StoreConfig.from_env(env))
+    except Exception:
+        return
+    report_failure(store, run, lap, attempt, code, message, env.get("AGENTRUN_AGENT_VERSION") or None, log)
+
+
+@click.command("lap")
+def lap_command() -> None:
+    """Run one lap of an AgentRun (configured by AGENTRUN_* environment variables)."""
+    sys.exit(run_from_env(os.environ))

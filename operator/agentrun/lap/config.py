@@ -1,0 +1,103 @@
+"""The lap Job's environment, parsed into a LapConfig (pure). See docs/contracts.md."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from agentrun.api.spec import AgentRunSpec
+from agentrun.checkpoint.schema import ApprovalDecision, RunRef
+from agentrun.lap.errors import ConfigError
+
+DECISIONS = ("approved", "rejected", "timed-out")
+
+
+@dataclass(frozen=True)
+class LapConfig:
+    run: RunRef
+    lap: int
+    attempt: int
+    spec: AgentRunSpec
+    agent_version: str
+    decision: ApprovalDecision | None
+    log_format: str
+
+
+def _required(env: Mapping[str, str], name: str) -> str:
+    value = env.get(name, "").strip()
+    if not value:
+        raise ConfigError(f"{name} is not set")
+    return value
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    raw = env.get(name, "").strip()
+    if not raw and default is not None:
+        return default
+    if not raw:
+        raise ConfigError(f"{name} is not set")
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {raw[:40]!r}")
+    return int(raw)
+
+
+def parse_spec(raw: str) -> AgentRunSpec:
+    """The AgentRun spec from AGENTRUN_SPEC (JSON). Errors name the field."""
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"AGENTRUN_SPEC is not valid JSON ({e.msg} at char {e.pos})") from None
+    try:
+        return AgentRunSpec.model_validate(doc)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(root)"
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise ConfigError(f"AGENTRUN_SPEC: spec.{where}: {first['msg']}{more}") from None
+
+
+def parse_decision(env: Mapping[str, str]) -> ApprovalDecision | None:
+    raw = env.get("AGENTRUN_APPROVAL_DECISION", "").strip()
+    if not raw:
+        return None
+    if raw not in DECISIONS:
+        raise ConfigError(f"AGENTRUN_APPROVAL_DECISION must be one of {', '.join(DECISIONS)}, got {raw[:40]!r}")
+    return ApprovalDecision(
+        call_id=env.get("AGENTRUN_APPROVAL_CALL_ID", "").strip(),
+        decision=raw,  # type: ignore[arg-type]
+        reason=env.get("AGENTRUN_APPROVAL_REASON") or None,
+        decided_by=env.get("AGENTRUN_APPROVAL_BY") or None,
+    )
+
+
+def parse_identity(env: Mapping[str, str]) -> tuple[RunRef, int, int]:
+    """Run identity, lap and attempt: the part needed to report a failure."""
+    run = RunRef(
+        namespace=_required(env, "AGENTRUN_NAMESPACE"),
+        name=_required(env, "AGENTRUN_NAME"),
+        uid=_required(env, "AGENTRUN_UID"),
+    )
+    return run, _positive_int(env, "AGENTRUN_LAP"), _positive_int(env, "AGENTRUN_ATTEMPT", default=1)
+
+
+def parse_env(env: Mapping[str, str]) -> LapConfig:
+    """Everything the lap needs from its environment; ConfigError names the bad variable."""
+    run, lap, attempt = parse_identity(env)
+    spec = parse_spec(_required(env, "AGENTRUN_SPEC"))
+    return LapConfig(
+        run=run,
+        lap=lap,
+        attempt=attempt,
+        spec=spec,
+        agent_version=env.get("AGENTRUN_AGENT_VERSION", "").strip() or spec.agent.version,
+        decision=parse_decision(env),
+        log_format=log_format(env),
+    )
+
+
+def log_format(env: Mapping[str, str]) -> str:
+    fmt = env.get("AGENTRUN_LOG_FORMAT", "json").strip() or "json"
+    return fmt if fmt in ("json", "text") else "json"

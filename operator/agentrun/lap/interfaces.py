@@ -1,0 +1,111 @@
+"""The effects a lap needs, as small Protocols: a model, a tool runner and a journal.
+
+The step logic (:mod:`agentrun.lap.step`) only talks to these; the CLI wires the real ones
+(OpenAI-compatible or scripted model, HTTP tools, the S3 journal), tests wire in-memory fakes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from agentrun.api.spec import ToolSpec
+from agentrun.checkpoint.schema import Message, Usage
+
+JOURNAL_KIND_MODEL = "ModelResponse"
+JOURNAL_KIND_TOOL = "ToolResult"
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """A tool call asked for by the model, as parsed from the provider's response."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    argument_error: str | None = None
+    """Set when the provider's arguments were not a JSON object; the error goes back to the model."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "name": self.name, "arguments": self.arguments}
+        if self.argument_error is not None:
+            out["argumentError"] = self.argument_error
+        return out
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> ModelCall:
+        return ModelCall(
+            id=str(d["id"]),
+            name=str(d["name"]),
+            arguments=dict(d.get("arguments") or {}),
+            argument_error=d.get("argumentError"),
+        )
+
+
+@dataclass(frozen=True)
+class ModelResponse:
+    """One model response: text, tool calls (ids already normalized) and token usage."""
+
+    content: str | None
+    tool_calls: tuple[ModelCall, ...] = ()
+    usage: Usage = field(default_factory=Usage)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "content": self.content,
+            "toolCalls": [c.to_json() for c in self.tool_calls],
+            "usage": self.usage.to_api(),
+        }
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> ModelResponse:
+        return ModelResponse(
+            content=d.get("content"),
+            tool_calls=tuple(ModelCall.from_json(c) for c in d.get("toolCalls", [])),
+            usage=Usage.model_validate(d.get("usage") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """What the lap sends to the model: the window and the declared tools."""
+
+    lap: int
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...]
+
+
+class Model(Protocol):
+    """A chat model with tool calling. Raises RetryableLapError / PermanentLapError."""
+
+    def complete(self, request: ModelRequest) -> ModelResponse: ...
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """Result of one executed tool call."""
+
+    status: Literal["ok", "error"]
+    result: str
+    http_status: int | None = None
+
+
+class ToolRunner(Protocol):
+    """Executes a declared tool with validated arguments.
+
+    ``idempotency_key`` is sent to side-effecting tools (HTTP: ``Idempotency-Key`` header).
+    Raises RetryableLapError when the call may or may not have happened (timeout, 5xx): the lap
+    is retried and the replay sends the same key.
+    """
+
+    def call(self, tool: ToolSpec, arguments: dict[str, Any], idempotency_key: str) -> ToolOutcome: ...
+
+
+class Journal(Protocol):
+    """The journal of one lap (``journal/<lap>/<name>.json``): write-once entries."""
+
+    def get(self, name: str) -> dict[str, Any] | None: ...
+
+    def put(self, name: str, body: dict[str, Any]) -> bool:
+        """Write the entry if absent; False if it already existed (nothing written)."""
+        ...

@@ -1,0 +1,53 @@
+"""Idempotency keys and call ids: stable across replays of a lap.
+
+The key of a tool call is ``<run short id>:<lap>:<tool>:<callId>``, e.g.
+``r_8f2a1c0d:301:extract_invoice:call_2``. The call id comes from the model response, which is
+journaled before any tool call, so a replayed lap sees the same ids and derives the same keys.
+"""
+
+from __future__ import annotations
+
+import re
+
+from agentrun.checkpoint.schema import RunRef
+
+CALL_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def idempotency_key(run: RunRef, lap: int, tool: str, call_id: str) -> str:
+    """The idempotency key of a tool call; the same inputs always give the same key."""
+    return f"{run.short_id}:{lap}:{tool}:{call_id}"
+
+
+def normalize_call_ids(raw_ids: list[str | None]) -> list[str]:
+    """Call ids safe for object names and unique within the response.
+
+    An id that is missing, not ``[A-Za-z0-9_-]{1,64}`` or a duplicate of an earlier one is replaced
+    by ``call_<n>`` (n: 1-based position). Applied before the model response is journaled, so the
+    ids a replay sees are these.
+    """
+    out: list[str] = []
+    for i, rid in enumerate(raw_ids, start=1):
+        cid = rid if rid is not None and CALL_ID_PATTERN.match(rid) else f"call_{i}"
+        suffix = 0
+        while cid in out:
+            suffix += 1
+            cid = f"call_{i}" if suffix == 1 else f"call_{i}_{suffix}"
+        out.append(cid)
+    return out
+
+
+def tool_journal_name(call_id: str) -> str:
+    """Journal entry of a tool call of this lap's model response: ``tool-<callId>``."""
+    return f"tool-{call_id}"
+
+
+def approved_journal_name(call_id: str) -> str:
+    """Journal entry of the approved call of the previous lap, executed in this lap.
+
+    Distinct from :func:`tool_journal_name` because this lap's model may reuse the same call id.
+    """
+    return f"tool-approved-{call_id}"
+
+
+MODEL_JOURNAL_NAME = "model"

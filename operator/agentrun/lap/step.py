@@ -1,0 +1,345 @@
+"""One lap, as a function of the state it starts from: ``run_lap(ctx, state, effects) -> LapRecord``.
+
+The only effects go through the injected Model, ToolRunner and Journal (and a crash hook used by
+tests). Replay safety inside the lap:
+
+1. The model response is journaled (``model``) before any tool call; a replay reuses it, so the call
+   ids, hence the idempotency keys, are the same.
+2. Each executed tool call's result is journaled (``tool-<callId>``) right after the call; a replay
+   reuses it (``replayed=True``) instead of calling again. A call that ran but whose result was not
+   journaled (crash in between) is sent again with the same ``Idempotency-Key``: the tool dedupes.
+3. If a journal put finds an entry already there (a racing runner), that entry wins.
+
+Tool calls of one response are handled in order. Calls that need no approval run; the FIRST call
+that needs approval becomes the lap's pending approval (not run); any further call needing
+approval in the same response is answered "not executed: ask again after the decision" (status
+error). The lap then ends ``awaiting-approval``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
+
+from agentrun.api.spec import AgentRunSpec, ToolSpec
+from agentrun.api.types import format_usd
+from agentrun.checkpoint.schema import (
+    ApprovalDecision,
+    Compaction,
+    LapRecord,
+    Message,
+    Outcome,
+    PendingApproval,
+    RunRef,
+    RunState,
+    Timings,
+    ToolCall,
+    ToolCallRecord,
+    Totals,
+)
+from agentrun.lap.errors import PermanentLapError
+from agentrun.lap.interfaces import (
+    JOURNAL_KIND_MODEL,
+    JOURNAL_KIND_TOOL,
+    Journal,
+    Model,
+    ModelCall,
+    ModelRequest,
+    ModelResponse,
+    ToolRunner,
+)
+from agentrun.lap.keys import MODEL_JOURNAL_NAME, approved_journal_name, idempotency_key, tool_journal_name
+from agentrun.lap.models import lap_cost_usd
+from agentrun.lap.tools.validate import argument_errors
+from agentrun.lap.window import APPROVAL_PREFIX, apply_compaction, build_window, plan_compaction
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _no_crash(point: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class LapContext:
+    """Who and what this lap is."""
+
+    spec: AgentRunSpec
+    run: RunRef
+    lap: int
+    attempt: int
+    agent_version: str
+    decision: ApprovalDecision | None = None
+
+
+@dataclass
+class Effects:
+    """The effects of a lap. ``crash`` is called at named points (test hook; a no-op normally)."""
+
+    model: Model
+    tools: ToolRunner
+    journal: Journal
+    crash: Callable[[str], None] = _no_crash
+    log: Callable[..., None] = lambda msg, **kw: None
+    clock: Callable[[], datetime] = _utcnow
+
+
+@dataclass
+class _Acc:
+    """What the lap has produced so far (local, mutable while the lap runs)."""
+
+    messages: list[Message] = field(default_factory=list)
+    calls: list[ToolCallRecord] = field(default_factory=list)
+    executed: int = 0
+    tools_seconds: float = 0.0
+
+
+# ---------------------------------------------------------------------------- checks
+
+
+def check_start(ctx: LapContext, state: RunState) -> None:
+    """Refuse to run a lap that does not follow the state (PermanentLapError, named)."""
+    if state.lap != ctx.lap - 1:
+        raise PermanentLapError(f"lap {ctx.lap} cannot run on the state after lap {state.lap}")
+    if state.last_outcome is not None and state.last_outcome.type in ("done", "failed"):
+        raise PermanentLapError(
+            f"lap {ctx.lap} cannot run: lap {state.lap} ended the run ({state.last_outcome.type})"
+        )
+
+
+def opening_messages(spec: AgentRunSpec) -> list[Message]:
+    """Lap 1 starts the conversation: the system prompt (if set) and the task, both lap 0."""
+    system = spec.agent.window.system_prompt
+    head = [Message(role="system", content=system, lap=0)] if system else []
+    return [*head, Message(role="user", content=spec.task, lap=0)]
+
+
+# ---------------------------------------------------------------------------- tool calls
+
+
+def _tool_record_from_journal(body: dict[str, Any], replayed: bool) -> ToolCallRecord:
+    return ToolCallRecord.model_validate({**body["record"], "replayed": replayed})
+
+
+def execute_call(
+    ctx: LapContext, fx: Effects, acc: _Acc, tool: ToolSpec, call_id: str, arguments: dict[str, Any],
+    key: str, journal_name: str,
+) -> ToolCallRecord:
+    """Run one validated call exactly once per lap: reuse the journal, else call and journal."""
+    found = fx.journal.get(journal_name)
+    if found is not None:
+        fx.log("tool result reused from the journal", tool=tool.name, call_id=call_id, key=key)
+        return _tool_record_from_journal(found, replayed=True)
+    acc.executed += 1
+    started, t0 = fx.clock(), time.monotonic()
+    outcome = fx.tools.call(tool, arguments, key)
+    acc.tools_seconds += time.monotonic() - t0
+    fx.crash(f"after-tool-call-{acc.executed}")
+    record = ToolCallRecord(
+        call_id=call_id, tool=tool.name, arguments=arguments, idempotency_key=key, status=outcome.status,
+        result=outcome.result, http_status=outcome.http_status, started_at=started, finished_at=fx.clock(),
+    )
+    body = {"kind": JOURNAL_KIND_TOOL, "record": record.to_api()}
+    if not fx.journal.put(journal_name, body):
+        winner = fx.journal.get(journal_name)
+        if winner is not None:
+            record = _tool_record_from_journal(winner, replayed=True)
+    fx.crash(f"after-tool-journal-{acc.executed}")
+    fx.log("tool called", tool=tool.name, call_id=call_id, key=key, status=record.status, http_status=record.http_status)
+    return record
+
+
+def _not_run(call: ModelCall, key: str, status: str, result: str | None) -> ToolCallRecord:
+    return ToolCallRecord(
+        call_id=call.id, tool=call.name, arguments=call.arguments, idempotency_key=key,
+        status=status, result=result,  # type: ignore[arg-type]
+    )
+
+
+def _tool_message(record: ToolCallRecord, lap: int) -> Message:
+    """The answer the model sees: the result, or ``error: ...`` / ``<status>: ...``."""
+    text = record.result if record.result is not None else ""
+    if record.status != "ok":
+        text = f"{record.status}: {text}"
+    return Message(role="tool", content=text, tool_call_id=record.call_id, lap=lap)
+
+
+def handle_call(
+    ctx: LapContext, fx: Effects, acc: _Acc, call: ModelCall, pending: PendingApproval | None
+) -> tuple[ToolCallRecord, PendingApproval | None]:
+    """Decide and (maybe) run one call of the model response. Returns its record and the pending approval."""
+    key = idempotency_key(ctx.run, ctx.lap, call.name, call.id)
+    tool = ctx.spec.tool(call.name)
+    if tool is None:
+        names = ", ".join(t.name for t in ctx.spec.agent.tools) or "(none)"
+        return _not_run(call, key, "unknown-tool", f"unknown tool '{call.name}'; declared tools: {names}"), pending
+    problem = call.argument_error or argument_errors(tool, call.arguments)
+    if problem:
+        return _not_run(call, key, "invalid-arguments", f"invalid arguments for '{tool.name}': {problem}"), pending
+    if tool.requires_approval and pending is None:
+        approval = PendingApproval(
+            call_id=call.id, tool=tool.name, arguments=call.arguments, idempotency_key=key,
+            lap=ctx.lap, requested_at=fx.clock(),
+        )
+        return _not_run(call, key, "awaiting-approval", None), approval
+    if tool.requires_approval:
+        msg = f"not executed: call {pending.call_id if pending else '?'} of this response already awaits approval; ask again after the decision"
+        return _not_run(call, key, "error", msg), pending
+    return execute_call(ctx, fx, acc, tool, call.id, call.arguments, key, tool_journal_name(call.id)), pending
+
+
+# ---------------------------------------------------------------------------- approvals
+
+
+def _decision_text(pending: PendingApproval, decision: ApprovalDecision) -> str:
+    who = f" by {decision.decided_by}" if decision.decided_by else ""
+    why = f": {decision.reason}" if decision.reason else ""
+    verb = {"approved": "approved", "rejected": "rejected", "timed-out": "timed out (no decision before the deadline)"}
+    tail = "" if decision.decision == "approved" else "; the call was not executed"
+    return f"call {pending.call_id} of tool {pending.tool} {verb[decision.decision]}{who}{why}{tail}"
+
+
+def resolve_pending(
+    ctx: LapContext, fx: Effects, acc: _Acc, pending: PendingApproval
+) -> tuple[ApprovalDecision, Outcome | None]:
+    """Apply the decision to the pending call (run it if approved, with the recorded key).
+
+    Returns the decision and an outcome that ends the lap early (timed-out with onTimeout: fail).
+    """
+    decision = ctx.decision
+    if decision is None:
+        raise PermanentLapError(
+            f"lap {ctx.lap} started without a decision for pending approval of tool {pending.tool} "
+            f"(call {pending.call_id}): set AGENTRUN_APPROVAL_DECISION"
+        )
+    if decision.call_id and decision.call_id != pending.call_id:
+        raise PermanentLapError(
+            f"the decision is for call {decision.call_id} but the pending approval is call {pending.call_id} "
+            f"of tool {pending.tool}"
+        )
+    decision = decision.model_copy(update={"call_id": pending.call_id})
+    tool = ctx.spec.tool(pending.tool)
+    if tool is None:
+        raise PermanentLapError(
+            f"tool '{pending.tool}' of the pending approval is not declared by agent version {ctx.agent_version}"
+        )
+    text = APPROVAL_PREFIX + _decision_text(pending, decision)
+    if decision.decision != "approved":
+        status = "rejected" if decision.decision == "rejected" else "timed-out"
+        record = ToolCallRecord(
+            call_id=pending.call_id, tool=pending.tool, arguments=pending.arguments,
+            idempotency_key=pending.idempotency_key, status=status, result=text[len(APPROVAL_PREFIX):],
+        )
+        acc.calls.append(record)
+        acc.messages.append(Message(role="tool", content=text, tool_call_id=pending.call_id, lap=ctx.lap))
+        if decision.decision == "timed-out" and ctx.spec.approval.on_timeout == "fail":
+            return decision, Outcome(type="failed", message=f"approval of tool {pending.tool} timed out (onTimeout: fail)")
+        return decision, None
+    problem = argument_errors(tool, pending.arguments)
+    if problem:
+        record = ToolCallRecord(
+            call_id=pending.call_id, tool=pending.tool, arguments=pending.arguments,
+            idempotency_key=pending.idempotency_key, status="invalid-arguments",
+            result=f"invalid arguments for '{tool.name}' under agent version {ctx.agent_version}: {problem}",
+        )
+    else:
+        record = execute_call(
+            ctx, fx, acc, tool, pending.call_id, pending.arguments, pending.idempotency_key,
+            approved_journal_name(pending.call_id),
+        )
+    acc.calls.append(record)
+    result = record.result if record.status == "ok" else f"{record.status}: {record.result}"
+    acc.messages.append(
+        Message(role="tool", content=f"{text}\nresult: {result}", tool_call_id=pending.call_id, lap=ctx.lap)
+    )
+    return decision, None
+
+
+# ---------------------------------------------------------------------------- the model
+
+
+def journaled_model_call(ctx: LapContext, fx: Effects, window: list[Message]) -> tuple[ModelResponse, bool]:
+    """The lap's model response: from the journal if recorded, else asked and journaled first."""
+    found = fx.journal.get(MODEL_JOURNAL_NAME)
+    if found is not None:
+        fx.log("model response reused from the journal")
+        return ModelResponse.from_json(found["response"]), True
+    request = ModelRequest(lap=ctx.lap, messages=tuple(window), tools=tuple(ctx.spec.agent.tools))
+    response = fx.model.complete(request)
+    body = {"kind": JOURNAL_KIND_MODEL, "response": response.to_json()}
+    if not fx.journal.put(MODEL_JOURNAL_NAME, body):
+        winner = fx.journal.get(MODEL_JOURNAL_NAME)
+        if winner is not None:
+            return ModelResponse.from_json(winner["response"]), True
+    return response, False
+
+
+def assistant_message(response: ModelResponse, lap: int) -> Message:
+    calls = [ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in response.tool_calls]
+    return Message(role="assistant", content=response.content, tool_calls=calls, lap=lap)
+
+
+# ---------------------------------------------------------------------------- the lap
+
+
+def totals_after(state: RunState, usage_in: int, usage_out: int, cost_usd: str) -> Totals:
+    prev = state.totals
+    return Totals(
+        laps=prev.laps + 1,
+        input_tokens=prev.input_tokens + usage_in,
+        output_tokens=prev.output_tokens + usage_out,
+        cost_usd=format_usd(Decimal(prev.cost_usd) + Decimal(cost_usd)),
+    )
+
+
+def run_lap(ctx: LapContext, state: RunState, fx: Effects) -> LapRecord:
+    """Run lap ``ctx.lap`` on ``state`` (the state after lap - 1) and return its LapRecord."""
+    started = fx.clock()
+    check_start(ctx, state)
+    acc = _Acc(messages=opening_messages(ctx.spec) if ctx.lap == 1 else [])
+    decision: ApprovalDecision | None = None
+    early: Outcome | None = None
+    if state.pending_approval is not None:
+        decision, early = resolve_pending(ctx, fx, acc, state.pending_approval)
+    elif ctx.decision is not None:
+        fx.log("approval decision ignored: no approval is pending", decision=ctx.decision.decision)
+    compaction: Compaction | None = plan_compaction(state, ctx.spec, ctx.lap, acc.messages)
+    window = build_window(apply_compaction(state, compaction), ctx.spec, acc.messages)
+    pending: PendingApproval | None = None
+    response = ModelResponse(content=None)
+    model_seconds = 0.0
+    if early is None:
+        t0 = time.monotonic()
+        response, reused = journaled_model_call(ctx, fx, window)
+        model_seconds = 0.0 if reused else time.monotonic() - t0
+        fx.crash("after-model-journal")
+        acc.messages.append(assistant_message(response, ctx.lap))
+        for call in response.tool_calls:
+            record, pending = handle_call(ctx, fx, acc, call, pending)
+            acc.calls.append(record)
+            if record.status != "awaiting-approval":
+                acc.messages.append(_tool_message(record, ctx.lap))
+    outcome = early or _outcome(response, pending)
+    cost = lap_cost_usd(response.usage, ctx.spec.agent.model.pricing)
+    return LapRecord(
+        agent_version=ctx.agent_version, run=ctx.run, lap=ctx.lap, attempt=ctx.attempt,
+        prev_sha256=state.last_sha256, outcome=outcome, messages=acc.messages, tool_calls=acc.calls,
+        pending_approval=pending, approval_decision=decision, usage=response.usage, cost_usd=cost,
+        totals=totals_after(state, response.usage.input_tokens, response.usage.output_tokens, cost),
+        compaction=compaction,
+        timings=Timings(started_at=started, finished_at=fx.clock(), model_seconds=model_seconds, tools_seconds=acc.tools_seconds),
+    )
+
+
+def _outcome(response: ModelResponse, pending: PendingApproval | None) -> Outcome:
+    if pending is not None:
+        return Outcome(type="awaiting-approval", message=f"tool {pending.tool} (call {pending.call_id}) awaits approval")
+    if not response.tool_calls:
+        return Outcome(type="done", message=None)
+    return Outcome(type="continue", message=None)

@@ -1,0 +1,1 @@
+"""Tools: argument validation and the HTTP tool runner."""

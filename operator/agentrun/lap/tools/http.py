@@ -1,0 +1,124 @@
+"""HTTP tools: the call's arguments go as the JSON body (GET: query parameters).
+
+Side-effecting tools carry ``Idempotency-Key: <run>:<lap>:<tool>:<callId>``. Extra headers come
+from ``AGENTRUN_TOOL_HEADERS_<TOOL>`` (a JSON object) and are never logged or stored.
+
+Failure policy (see docs/lap-runner.md): a 2xx is ``ok``; another 4xx (except 408, 409, 429) is an
+``error`` result given back to the model; a timeout, connection error, 408, 409, 429 or 5xx means
+the call may or may not have happened, so it is retried inside the lap with the SAME key and, if
+it still fails, the lap fails retryably (exit 75) with nothing journaled: the replay sends the same
+key again and the provider dedupes. Giving a 5xx to the model instead would invite it to retry
+under a new call id, hence a new key, and a possible double side effect.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+
+from agentrun.api.spec import ToolSpec
+from agentrun.api.types import parse_duration
+from agentrun.lap.errors import ConfigError, RetryableLapError
+from agentrun.lap.interfaces import ToolOutcome
+
+HEADERS_ENV_PREFIX = "AGENTRUN_TOOL_HEADERS_"
+RESULT_MAX_CHARS = 16000
+RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
+
+
+def headers_env_name(tool: str) -> str:
+    """``AGENTRUN_TOOL_HEADERS_<TOOL>``: upper-cased, ``-`` -> ``_``."""
+    return HEADERS_ENV_PREFIX + tool.upper().replace("-", "_")
+
+
+def tool_headers_from_env(tools: list[ToolSpec], env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """Extra headers per tool. A malformed value is a ConfigError naming the variable, not the value."""
+    out: dict[str, dict[str, str]] = {}
+    for t in tools:
+        var = headers_env_name(t.name)
+        raw = env.get(var)
+        if not raw:
+            continue
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            raise ConfigError(f"{var} is not a JSON object of header names to values") from None
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise ConfigError(f"{var} must be a JSON object of string header names to string values")
+        out[t.name] = value
+    return out
+
+
+def _query(arguments: dict[str, Any]) -> dict[str, str]:
+    return {k: v if isinstance(v, str) else json.dumps(v, separators=(",", ":")) for k, v in arguments.items()}
+
+
+def _result_text(body: str) -> str:
+    if len(body) <= RESULT_MAX_CHARS:
+        return body
+    return body[:RESULT_MAX_CHARS] + f" ...[{len(body) - RESULT_MAX_CHARS} chars truncated]"
+
+
+class HTTPToolRunner:
+    """Runs ``http`` tools with httpx; retries transient failures with the same key."""
+
+    def __init__(
+        self,
+        headers: dict[str, dict[str, str]] | None = None,
+        *,
+        tries: int = 3,
+        backoff_seconds: float = 0.5,
+        client: httpx.Client | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._headers = headers or {}
+        self._tries = max(1, tries)
+        self._backoff = backoff_seconds
+        self._client = client or httpx.Client(follow_redirects=False)
+        self._sleep = sleep
+
+    def secrets(self) -> list[str]:
+        """Header values, for redaction of log lines and failure messages."""
+        return [v for h in self._headers.values() for v in h.values() if v]
+
+    def call(self, tool: ToolSpec, arguments: dict[str, Any], idempotency_key: str) -> ToolOutcome:
+        last = ""
+        for attempt in range(1, self._tries + 1):
+            if attempt > 1:
+                self._sleep(self._backoff * 2 ** (attempt - 2))
+            try:
+                response = self._send(tool, arguments, idempotency_key)
+            except httpx.TimeoutException:
+                last = f"timed out after {tool.http.timeout}"
+                continue
+            except httpx.TransportError as e:
+                last = f"connection failed ({type(e).__name__})"
+                continue
+            if response.status_code in RETRYABLE_STATUS or response.status_code >= 500:
+                last = f"returned HTTP {response.status_code}"
+                continue
+            status = "ok" if 200 <= response.status_code < 300 else "error"
+            text = response.text if status == "ok" else f"HTTP {response.status_code}: {response.text}"
+            return ToolOutcome(status=status, result=_result_text(text), http_status=response.status_code)
+        raise RetryableLapError(
+            f"tool '{tool.name}' {last} ({self._tries} tries with key {idempotency_key}); "
+            "the lap is retried with the same key"
+        )
+
+    def _send(self, tool: ToolSpec, arguments: dict[str, Any], key: str) -> httpx.Response:
+        headers = {"Accept": "application/json", **self._headers.get(tool.name, {})}
+        if tool.side_effects:
+            headers["Idempotency-Key"] = key
+        timeout = parse_duration(tool.http.timeout)
+        if tool.http.method == "GET":
+            return self._client.request("GET", tool.http.url, params=_query(arguments), headers=headers, timeout=timeout)
+        return self._client.request(tool.http.method, tool.http.url, json=arguments, headers=headers, timeout=timeout)
+
+    @classmethod
+    def from_env(cls, tools: list[ToolSpec], env: Mapping[str, str] = os.environ) -> HTTPToolRunner:
+        return cls(tool_headers_from_env(tools, env))

@@ -1,0 +1,40 @@
+"""Validation of tool arguments against the tool's JSON Schema, before any call."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+import json
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from agentrun.api.spec import ToolSpec
+from agentrun.lap.errors import ConfigError
+
+
+@lru_cache(maxsize=256)
+def _validator(schema_json: str, tool: str) -> Draft202012Validator:
+    schema = json.loads(schema_json)
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as e:
+        raise ConfigError(f"spec.agent.tools[{tool}].parameters is not a valid JSON Schema: {e.message}") from e
+    return Draft202012Validator(schema)
+
+
+def check_tool_schemas(tools: list[ToolSpec]) -> None:
+    """Raise ConfigError naming the first tool whose parameters schema is invalid."""
+    for t in tools:
+        _validator(json.dumps(t.parameters, sort_keys=True), t.name)
+
+
+def argument_errors(tool: ToolSpec, arguments: dict[str, Any]) -> str | None:
+    """A readable description of what is wrong with the arguments, or None if they validate."""
+    validator = _validator(json.dumps(tool.parameters, sort_keys=True), tool.name)
+    errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
+    if not errors:
+        return None
+    return "; ".join(
+        f"{'/'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}" for e in errors[:5]
+    )
