@@ -88,7 +88,7 @@ RECONCILE_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 
 #: Longest label value kept for ``owner`` (approval owner); longer values are truncated.
 MAX_OWNER_LABEL_LENGTH = 128
 
-_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
 
 def normalize_label(value: object, allowed: Iterable[str], default: str = "other") -> str:
