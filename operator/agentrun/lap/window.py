@@ -206,7 +206,8 @@ def plan_compaction(
     budget = message_budget(spec)
     stored = [m for m in state.messages if m.role != "system"]
     memory = memory_text(state.summary, state.pinned_facts)
-    total = text_tokens(memory) + messages_tokens(stored) + messages_tokens(lap_messages)
+    memory_tokens = message_tokens(Message(role="system", content=memory, lap=0)) if memory else 0
+    total = memory_tokens + messages_tokens(stored) + messages_tokens(lap_messages)
     if total <= budget:
         return None
     candidates = compaction_candidates(state.messages, lap)
@@ -222,7 +223,7 @@ def plan_compaction(
     by_lap = sorted({m.lap for m in dropped})
     new_lines = [line for n in by_lap if (line := summarize_lap(n, [m for m in dropped if m.lap == n]))]
     old_lines = state.summary.splitlines() if state.summary else []
-    quarter_chars = budget  # a quarter of the budget in tokens, times 4 chars per token
+    quarter_chars = max(64, budget - 64)  # ~ a quarter of the budget in tokens (4 chars per token), less headers
     return Compaction(
         through_lap=through,
         summary=bound_summary(old_lines + new_lines, quarter_chars),
