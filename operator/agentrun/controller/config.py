@@ -1,0 +1,139 @@
+"""Operator configuration, read from the environment (the Helm chart sets these variables).
+
+Every field documents its variable. Nothing here is a secret: the S3 credentials are referenced
+by Secret *name* only and reach lap pods through ``secretKeyRef``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+def _bool(value: str | None, default: bool) -> bool:
+    if value is None or value == "":
+        return default
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true/false, got {value!r}")
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Configuration of the operator."""
+
+    lap_image: str = "ghcr.io/agentrun/agentrun:latest"
+    """AGENTRUN_LAP_IMAGE: default image of lap pods (spec.agent.image overrides)."""
+    lap_command: tuple[str, ...] = ("agentrun", "lap")
+    """AGENTRUN_LAP_COMMAND (JSON list): command of the lap container."""
+    checkpoint_uri: str | None = None
+    """AGENTRUN_CHECKPOINT_URI: default s3://bucket/prefix of runs without spec.checkpoint.uri."""
+    s3_endpoint: str | None = None
+    """AGENTRUN_S3_ENDPOINT: default S3 endpoint URL (empty: AWS)."""
+    s3_region: str | None = None
+    """AGENTRUN_S3_REGION: default S3 region."""
+    s3_path_style: bool = False
+    """AGENTRUN_S3_PATH_STYLE: default path-style addressing."""
+    credentials_secret: str | None = None
+    """AGENTRUN_S3_CREDENTIALS_SECRET: default Secret (in the run's namespace) with
+    AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for lap pods."""
+    lap_service_account: str = "agentrun-lap"
+    """AGENTRUN_LAP_SERVICE_ACCOUNT: ServiceAccount of lap pods (needs no permissions; its token is
+    not mounted)."""
+    default_requests: Mapping[str, str] = field(default_factory=lambda: {"cpu": "100m", "memory": "256Mi"})
+    """AGENTRUN_LAP_REQUESTS (JSON object): default resource requests of lap pods."""
+    default_limits: Mapping[str, str] = field(default_factory=lambda: {"memory": "1Gi"})
+    """AGENTRUN_LAP_LIMITS (JSON object): default resource limits of lap pods."""
+    job_ttl_seconds: int | None = 3600
+    """AGENTRUN_JOB_TTL_SECONDS: ttlSecondsAfterFinished of lap Jobs (empty or -1: keep)."""
+    namespaces: tuple[str, ...] = ()
+    """AGENTRUN_NAMESPACES (comma-separated): namespaces to watch; empty: cluster-wide."""
+    metrics_port: int = 9090
+    """AGENTRUN_METRICS_PORT: port of the Prometheus /metrics endpoint (0: off)."""
+    health_port: int = 8080
+    """AGENTRUN_HEALTH_PORT: port of the liveness endpoint /healthz (0: off)."""
+    log_format: str = "json"
+    """AGENTRUN_LOG_FORMAT: json or text (also passed to lap pods)."""
+    lease_name: str = "agentrun-operator"
+    """AGENTRUN_LEASE_NAME: coordination.k8s.io Lease that elects the active replica."""
+    lease_namespace: str = "default"
+    """AGENTRUN_LEASE_NAMESPACE (or POD_NAMESPACE): namespace of the Lease."""
+    lease_duration_seconds: float = 15.0
+    """AGENTRUN_LEASE_DURATION: seconds a standby waits after the leader's last renewal."""
+    resync_seconds: float = 30.0
+    """AGENTRUN_RESYNC_SECONDS: every run is reconciled at least this often (safety net)."""
+    store_retry_seconds: float = 10.0
+    """AGENTRUN_STORE_RETRY_SECONDS: requeue delay when the checkpoint store is unavailable."""
+    identity: str = ""
+    """AGENTRUN_IDENTITY (or POD_NAME): this replica's name in the Lease (default host-pid)."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        """Read the configuration; a bad value raises ValueError naming the variable."""
+        env = os.environ if env is None else env
+        kw: dict = {}
+
+        def get(name: str) -> str | None:
+            value = env.get(name)
+            return value if value not in (None, "") else None
+
+        def parse(name: str, conv, attr: str) -> None:
+            raw = get(name)
+            if raw is None:
+                return
+            try:
+                kw[attr] = conv(raw)
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{name}: {exc}") from None
+
+        def json_map(raw: str) -> dict[str, str]:
+            value = json.loads(raw)
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                raise ValueError("expected a JSON object of strings")
+            return value
+
+        def json_list(raw: str) -> tuple[str, ...]:
+            value = json.loads(raw)
+            if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+                raise ValueError("expected a non-empty JSON list of strings")
+            return tuple(value)
+
+        def ttl(raw: str) -> int | None:
+            n = int(raw)
+            return None if n < 0 else n
+
+        def log_format(raw: str) -> str:
+            if raw not in ("json", "text"):
+                raise ValueError("expected json or text")
+            return raw
+
+        parse("AGENTRUN_LAP_IMAGE", str, "lap_image")
+        parse("AGENTRUN_LAP_COMMAND", json_list, "lap_command")
+        parse("AGENTRUN_CHECKPOINT_URI", str, "checkpoint_uri")
+        parse("AGENTRUN_S3_ENDPOINT", str, "s3_endpoint")
+        parse("AGENTRUN_S3_REGION", str, "s3_region")
+        parse("AGENTRUN_S3_PATH_STYLE", lambda v: _bool(v, False), "s3_path_style")
+        parse("AGENTRUN_S3_CREDENTIALS_SECRET", str, "credentials_secret")
+        parse("AGENTRUN_LAP_SERVICE_ACCOUNT", str, "lap_service_account")
+        parse("AGENTRUN_LAP_REQUESTS", json_map, "default_requests")
+        parse("AGENTRUN_LAP_LIMITS", json_map, "default_limits")
+        parse("AGENTRUN_JOB_TTL_SECONDS", ttl, "job_ttl_seconds")
+        parse("AGENTRUN_NAMESPACES", lambda v: tuple(n.strip() for n in v.split(",") if n.strip()), "namespaces")
+        parse("AGENTRUN_METRICS_PORT", int, "metrics_port")
+        parse("AGENTRUN_HEALTH_PORT", int, "health_port")
+        parse("AGENTRUN_LOG_FORMAT", log_format, "log_format")
+        parse("AGENTRUN_LEASE_NAME", str, "lease_name")
+        parse("POD_NAMESPACE", str, "lease_namespace")
+        parse("AGENTRUN_LEASE_NAMESPACE", str, "lease_namespace")
+        parse("AGENTRUN_LEASE_DURATION", float, "lease_duration_seconds")
+        parse("AGENTRUN_RESYNC_SECONDS", float, "resync_seconds")
+        parse("AGENTRUN_STORE_RETRY_SECONDS", float, "store_retry_seconds")
+        parse("POD_NAME", str, "identity")
+        parse("AGENTRUN_IDENTITY", str, "identity")
+        if not kw.get("identity"):
+            kw["identity"] = f"{os.uname().nodename}-{os.getpid()}"
+        return cls(**kw)

@@ -1,0 +1,618 @@
+"""The reconcile decision, pure: ``decide(observed) -> Decision``.
+
+Everything the operator knows about a run is passed in (:class:`Observed`: the spec, the status,
+annotations, the lap Jobs seen, the result of a checkpoint read, the time); everything it does is
+returned as a list of actions. The I/O shell (``handlers.py``) performs them in order. When the
+decision needs data first (``ReadCheckpoint`` / ``ReadAttemptFailure``), that is the ONLY action
+returned: the shell reads, adds the result to ``Observed`` and calls ``decide`` again.
+
+Invariants (tested with hypothesis in tests/controller):
+* at most one ``CreateJob`` per decision, never for a lap attempt whose Job exists or is in
+  ``status.activeJob``; applying the decision's status and calling ``decide`` again creates nothing;
+* no Job while AwaitingApproval (undecided), Suspended, or terminal;
+* attempts of a lap never exceed ``spec.retry.attemptsPerLap``;
+* terminal phases do nothing (except removing a stray approval annotation and a leftover Job).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal, Mapping, Union
+
+from agentrun.api.spec import AgentRunSpec
+from agentrun.api.status import (
+    TERMINAL_PHASES,
+    ActiveJob,
+    AgentRunStatus,
+    ApprovalStatus,
+    CheckpointRef,
+    Condition,
+    CostStatus,
+    LapRetries,
+)
+from agentrun.api.types import format_usd, parse_duration
+from agentrun.checkpoint.schema import LapRecord
+
+from .jobs import ApprovalEnv, job_name
+
+FINALIZER = "agentrun.dev/checkpoints"
+ANN_APPROVED = "approved"
+ANN_REASON = "agentrun.dev/reason"
+ANN_REASON_SHORT = "reason"
+ANN_DECIDED_BY = "agentrun.dev/decided-by"
+MAX_RETRY_ENTRIES = 20
+CONDITION_TYPES = ("Progressing", "AwaitingApproval", "Suspended", "Complete", "Failed")
+
+JobState = Literal["active", "succeeded", "failed"]
+
+
+# ----------------------------------------------------------------------------- observations
+
+
+@dataclass(frozen=True)
+class ObservedJob:
+    """A lap Job of the run, as seen in the cluster (with its pod's exit, when finished)."""
+
+    name: str
+    lap: int
+    attempt: int
+    state: JobState
+    exit_code: int | None = None
+    reason: str | None = None  # DeadlineExceeded, Evicted, OOMKilled, BackoffLimitExceeded, ...
+    message: str | None = None
+    agent_version: str | None = None
+    started_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointRead:
+    """Result of reading ``laps/<lap>.json``."""
+
+    lap: int
+    kind: Literal["ok", "missing", "unavailable", "unreadable"]
+    record: LapRecord | None = None
+    key: str | None = None
+    uri: str | None = None
+    sha256: str | None = None
+    written_at: datetime | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class AttemptFailureRead:
+    """Result of reading ``attempts/<lap>-<attempt>.json`` (best effort: may be None)."""
+
+    lap: int
+    attempt: int
+    report: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Observed:
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    spec: AgentRunSpec | None
+    status: AgentRunStatus
+    now: datetime
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    finalizers: tuple[str, ...] = ()
+    deleting: bool = False
+    spec_error: str | None = None
+    jobs: tuple[ObservedJob, ...] = ()
+    checkpoint: CheckpointRead | None = None
+    attempt_failure: AttemptFailureRead | None = None
+
+
+# ----------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class CreateJob:
+    lap: int
+    attempt: int
+    agent_version: str
+    name: str
+    approval: ApprovalEnv | None = None
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    name: str
+
+
+@dataclass(frozen=True)
+class PatchStatus:
+    status: AgentRunStatus
+
+
+@dataclass(frozen=True)
+class RemoveAnnotations:
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class RequeueAfter:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ReadCheckpoint:
+    lap: int
+
+
+@dataclass(frozen=True)
+class ReadAttemptFailure:
+    lap: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class AddFinalizer:
+    name: str = FINALIZER
+
+
+@dataclass(frozen=True)
+class RemoveFinalizer:
+    name: str = FINALIZER
+
+
+@dataclass(frozen=True)
+class DeleteCheckpoints:
+    """Delete the run's objects from the store (retention Delete), then remove the finalizer."""
+
+
+@dataclass(frozen=True)
+class LapFinished:
+    """Metric: a lap ended with an outcome."""
+
+    lap: int
+    outcome: str
+    duration_seconds: float
+
+
+@dataclass(frozen=True)
+class LapRetried:
+    """Metric: a lap attempt failed and will be retried (or exhausted the attempts)."""
+
+    lap: int
+    reason: str
+
+
+Action = Union[
+    CreateJob, DeleteJob, PatchStatus, RemoveAnnotations, Event, RequeueAfter, ReadCheckpoint,
+    ReadAttemptFailure, AddFinalizer, RemoveFinalizer, DeleteCheckpoints, LapFinished, LapRetried,
+]
+
+
+@dataclass
+class Decision:
+    actions: list[Action] = field(default_factory=list)
+
+    def of(self, kind: type) -> list[Any]:
+        return [a for a in self.actions if isinstance(a, kind)]
+
+    @property
+    def status(self) -> AgentRunStatus | None:
+        patches = self.of(PatchStatus)
+        return patches[-1].status if patches else None
+
+    @property
+    def requeue_after(self) -> float | None:
+        delays = [a.seconds for a in self.of(RequeueAfter)]
+        return min(delays) if delays else None
+
+    @property
+    def needs_read(self) -> bool:
+        return bool(self.of(ReadCheckpoint) or self.of(ReadAttemptFailure))
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def next_lap_attempt(status: AgentRunStatus) -> tuple[int, int]:
+    """The lap and attempt the next Job would run."""
+    lap = status.lap + 1
+    entry = next((r for r in status.retries if r.lap == lap), None)
+    return lap, (entry.retries if entry else 0) + 1
+
+
+def backoff_seconds(spec: AgentRunSpec, failed_attempt: int) -> float:
+    """Delay after the ``failed_attempt``-th failed attempt: initial * factor^(n-1), capped."""
+    b = spec.retry.backoff
+    delay = parse_duration(b.initial) * (b.factor ** max(0, failed_attempt - 1))
+    return min(delay, parse_duration(b.max))
+
+
+def _truncate(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class _Ctx:
+    def __init__(self, o: Observed) -> None:
+        self.o = o
+        self.st = o.status.model_copy(deep=True)
+        self.actions: list[Action] = []
+
+    def act(self, a: Action) -> None:
+        self.actions.append(a)
+
+    def event(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
+        self.actions.append(Event(type_, reason, _truncate(message, 1024)))
+
+    def phase(self, phase: str, reason: str, message: str) -> None:
+        st, now = self.st, self.o.now
+        st.phase = phase  # type: ignore[assignment]
+        st.message = _truncate(message, 4096)
+        truth = {
+            "Progressing": phase in ("Pending", "Running", "Retrying"),
+            "AwaitingApproval": phase == "AwaitingApproval",
+            "Suspended": phase == "Suspended",
+            "Complete": phase == "Succeeded",
+            "Failed": phase in ("Failed", "BudgetExceeded"),
+        }
+        by_type = {c.type: c for c in st.conditions}
+        conds = []
+        for ctype in CONDITION_TYPES:
+            value = "True" if truth[ctype] else "False"
+            old = by_type.get(ctype)
+            changed = old is None or old.status != value
+            conds.append(
+                Condition(
+                    type=ctype,
+                    status=value,
+                    reason=reason,
+                    message=_truncate(message, 1024),
+                    observed_generation=self.o.generation,
+                    last_transition_time=now if changed else old.last_transition_time,
+                )
+            )
+        conds += [c for c in st.conditions if c.type not in CONDITION_TYPES]
+        st.conditions = conds[:16]
+        if phase in TERMINAL_PHASES:
+            st.completed_at = st.completed_at or now
+            st.waiting_on = None
+            st.active_job = None
+            st.next_attempt_at = None
+        elif phase != "AwaitingApproval":
+            st.waiting_on = None
+
+    def fail(self, reason: str, message: str, phase: str = "Failed") -> Decision:
+        self.phase(phase, reason, message)
+        self.event("Warning", reason, message)
+        return self.finish()
+
+    def finish(self, touch_generation: bool = True) -> Decision:
+        st = self.st
+        if touch_generation:
+            st.observed_generation = self.o.generation
+        if st.model_dump() != self.o.status.model_dump():
+            self.actions.append(PatchStatus(st))
+        return Decision(self.actions)
+
+
+# ----------------------------------------------------------------------------- decide
+
+
+def decide(o: Observed) -> Decision:
+    """What to do next for one AgentRun. Pure: no I/O, no clock (``o.now``)."""
+    c = _Ctx(o)
+    st = c.st
+    spec = o.spec
+
+    # Deletion: the Job goes with the owner (GC); the checkpoints only when retention is Delete.
+    if o.deleting:
+        return Decision([DeleteCheckpoints(), RemoveFinalizer()] if FINALIZER in o.finalizers else [])
+    if spec is not None:
+        if spec.checkpoint.retention == "Delete" and FINALIZER not in o.finalizers:
+            c.act(AddFinalizer())
+        elif spec.checkpoint.retention == "Retain" and FINALIZER in o.finalizers:
+            c.act(RemoveFinalizer())
+
+    terminal = st.phase in TERMINAL_PHASES
+    waiting = st.phase == "AwaitingApproval" and st.approval is not None and st.approval.state == "Pending"
+
+    # Approval deadline first: a decision that arrives after the deadline is too late.
+    if waiting and spec is not None and o.now >= st.approval.deadline:  # type: ignore[union-attr]
+        ap = st.approval
+        assert ap is not None
+        if spec.approval.on_timeout == "fail":
+            ap.state = "TimedOut"
+            ap.decided_at = o.now
+            ap.reason = "approval deadline passed"
+            _consume_annotation(c, "the approval deadline passed before it was read")
+            return c.fail(
+                "ApprovalTimedOut",
+                f"approval of tool {ap.tool} (call {ap.call_id}, lap {ap.lap}) was not decided by "
+                f"{ap.owner} before {ap.deadline.isoformat()}; spec.approval.onTimeout is fail",
+            )
+        ap.state = "TimedOut"
+        ap.decided_at = o.now
+        ap.reason = "approval deadline passed"
+        c.event(
+            "Warning",
+            "ApprovalTimedOut",
+            f"approval of tool {ap.tool} (call {ap.call_id}, lap {ap.lap}) timed out; the call is "
+            "rejected (onTimeout: reject) and the run continues",
+        )
+        waiting = False
+
+    # Decisions: the `approved` annotation, or status.approval.decision set by a status patch.
+    if waiting:
+        ap = st.approval
+        assert ap is not None
+        if ANN_APPROVED in o.annotations:
+            raw = o.annotations[ANN_APPROVED].strip().lower()
+            if raw in ("true", "false"):
+                ap.decision = "approved" if raw == "true" else "rejected"
+                reason = o.annotations.get(ANN_REASON) or o.annotations.get(ANN_REASON_SHORT)
+                ap.reason = _truncate(reason, 1024) if reason else None
+                ap.decided_by = o.annotations.get(ANN_DECIDED_BY) or None
+                _remove_annotation_keys(c)
+            else:
+                _consume_annotation(c, f"its value {raw!r} is neither true nor false")
+        if ap.decision is not None:
+            ap.state = "Approved" if ap.decision == "approved" else "Rejected"
+            ap.decided_at = ap.decided_at or o.now
+            by = f" by {ap.decided_by}" if ap.decided_by else ""
+            why = f": {ap.reason}" if ap.reason else ""
+            c.event(
+                "Normal",
+                "ApprovalDecided",
+                f"call {ap.call_id} of tool {ap.tool} (lap {ap.lap}) {ap.decision}{by}{why}",
+            )
+            waiting = False
+    elif ANN_APPROVED in o.annotations:
+        _consume_annotation(c, f"the run is not awaiting approval (phase {st.phase})")
+
+    if terminal:
+        for j in o.jobs:
+            if j.state == "active":
+                c.act(DeleteJob(j.name))
+        return c.finish(touch_generation=False)
+
+    if spec is None:
+        return c.fail("InvalidSpec", f"the spec cannot be used: {o.spec_error or 'unknown error'}")
+
+    jobs = {j.name: j for j in o.jobs}
+
+    # Adopt a Job whose creation was not recorded (lost status write, restart).
+    if st.active_job is None and not waiting:
+        lap, attempt = next_lap_attempt(st)
+        name = job_name(o.name, o.uid, lap, attempt)
+        if name in jobs:
+            j = jobs[name]
+            st.active_job = ActiveJob(
+                name=name, lap=lap, attempt=attempt,
+                agent_version=j.agent_version or spec.agent.version, started_at=j.started_at or o.now,
+            )
+
+    # Fence stray Jobs: an active Job that is not the run's current attempt must not write.
+    for j in o.jobs:
+        if j.state == "active" and (st.active_job is None or j.name != st.active_job.name):
+            c.act(DeleteJob(j.name))
+
+    if st.active_job is not None:
+        result = _observe_active(c, jobs.get(st.active_job.name))
+        if result is not None:
+            return result
+
+    return _next_step(c, waiting)
+
+
+def _remove_annotation_keys(c: _Ctx) -> None:
+    keys = [k for k in (ANN_APPROVED, ANN_REASON, ANN_REASON_SHORT, ANN_DECIDED_BY) if k in c.o.annotations]
+    c.act(RemoveAnnotations(tuple(keys)))
+
+
+def _consume_annotation(c: _Ctx, why: str) -> None:
+    if ANN_APPROVED not in c.o.annotations:
+        return
+    _remove_annotation_keys(c)
+    c.event(
+        "Warning",
+        "ApprovalIgnored",
+        f"annotation approved={c.o.annotations[ANN_APPROVED]!r} ignored and removed: {why} "
+        "(it cannot approve a future request in advance)",
+    )
+
+
+def _observe_active(c: _Ctx, job: ObservedJob | None) -> Decision | None:
+    """Handle the Job in flight. Returns a Decision to stop, or None to go on to the next step."""
+    o, st = c.o, c.st
+    aj = st.active_job
+    assert aj is not None and o.spec is not None
+    if job is not None and job.state == "active":
+        if st.phase not in ("Running",):
+            c.phase("Running", "LapRunning", f"lap {aj.lap} attempt {aj.attempt} running (agent {aj.agent_version})")
+        return c.finish()
+    checkpointed = job is None or job.state == "succeeded" or job.exit_code == 3
+    if checkpointed:
+        cp = o.checkpoint
+        if cp is None or cp.lap != aj.lap:
+            return Decision([ReadCheckpoint(aj.lap)])
+        if cp.kind == "ok" and cp.record is not None:
+            if cp.record.lap != aj.lap:
+                return c.fail("CheckpointUnreadable", f"{cp.key} holds lap {cp.record.lap}, expected lap {aj.lap}")
+            _apply_lap(c, cp)
+            return None
+        if cp.kind == "unreadable":
+            return c.fail(
+                "CheckpointUnreadable",
+                f"lap {aj.lap} checkpoint cannot be read: {cp.error}. The store was left untouched; "
+                "fix or migrate the object (or upgrade agentrun), then recreate the run",
+            )
+        if cp.kind == "unavailable":
+            c.event("Warning", "StoreUnavailable", f"cannot read lap {aj.lap} checkpoint yet: {cp.error}")
+            c.act(RequeueAfter(10.0))
+            return c.finish()
+        # missing
+        if job is None:
+            return _retry(c, aj.lap, aj.attempt, "JobMissing: the lap Job disappeared before a checkpoint was written")
+        return _retry(c, aj.lap, aj.attempt, f"CheckpointMissing: lap Job ended (exit {job.exit_code or 0}) "
+                      "but no checkpoint was written")
+    if job.exit_code == 2:
+        af = o.attempt_failure
+        if af is None or (af.lap, af.attempt) != (aj.lap, aj.attempt):
+            return Decision([ReadAttemptFailure(aj.lap, aj.attempt)])
+        detail = None
+        if af.report:
+            detail = af.report.get("message") or af.report.get("error")
+        detail = detail or job.message or "no failure report was written"
+        c.act(LapRetried(aj.lap, "Permanent"))
+        return c.fail("LapFailedPermanently", f"lap {aj.lap} attempt {aj.attempt} failed permanently: {detail}")
+    reason = job.reason or (f"exit code {job.exit_code}" if job.exit_code is not None else "Failed")
+    if job.exit_code == 75:
+        reason = "RetryableError"
+    if job.message:
+        reason = f"{reason}: {job.message}"
+    return _retry(c, aj.lap, aj.attempt, reason)
+
+
+def _retry(c: _Ctx, lap: int, attempt: int, reason: str) -> Decision:
+    o, st = c.o, c.st
+    assert o.spec is not None
+    reason = _truncate(reason, 512)
+    entries = {r.lap: r for r in st.retries}
+    entry = entries.get(lap) or LapRetries(lap=lap, retries=0)
+    entry.retries = max(entry.retries, attempt)
+    entry.last_reason = reason
+    entries[lap] = entry
+    st.retries = sorted(entries.values(), key=lambda r: r.lap)[-MAX_RETRY_ENTRIES:]
+    st.total_retries += 1
+    st.active_job = None
+    c.act(LapRetried(lap, reason.split(":")[0]))
+    allowed = o.spec.retry.attempts_per_lap
+    if attempt >= allowed:
+        return c.fail("RetriesExhausted", f"lap {lap} failed {attempt} of {allowed} attempt(s); last: {reason}")
+    delay = backoff_seconds(o.spec, attempt)
+    st.next_attempt_at = o.now + timedelta(seconds=delay)
+    c.phase("Retrying", "LapRetry", f"lap {lap} attempt {attempt} failed ({reason}); attempt {attempt + 1} in {delay:g}s")
+    c.event("Warning", "LapRetry", f"lap {lap} attempt {attempt} failed ({reason}); retrying in {delay:g}s")
+    c.act(RequeueAfter(delay))
+    return c.finish()
+
+
+def _apply_lap(c: _Ctx, cp: CheckpointRead) -> None:
+    o, st = c.o, c.st
+    rec = cp.record
+    assert rec is not None and o.spec is not None
+    st.lap = rec.lap
+    st.agent_version = rec.agent_version
+    st.checkpoint = CheckpointRef(
+        lap=rec.lap, key=cp.key or "", uri=cp.uri, sha256=cp.sha256 or "", written_at=cp.written_at,
+        agent_version=rec.agent_version, schema_version=rec.schema_version,
+    )
+    st.last_checkpoint_time = cp.written_at or o.now
+    try:
+        usd = format_usd(Decimal(rec.totals.cost_usd))
+    except (InvalidOperation, ValueError):
+        usd = st.cost.usd
+    st.cost = CostStatus(usd=usd, input_tokens=rec.totals.input_tokens, output_tokens=rec.totals.output_tokens)
+    st.active_job = None
+    st.next_attempt_at = None
+    duration = max(0.0, (rec.timings.finished_at - rec.timings.started_at).total_seconds())
+    c.act(LapFinished(rec.lap, rec.outcome.type, duration))
+    c.event(
+        "Normal", "LapCheckpointed",
+        f"lap {rec.lap} checkpointed ({rec.outcome.type}) by agent {rec.agent_version}; cost so far ${usd}",
+    )
+    outcome = rec.outcome
+    if outcome.type == "done":
+        c.phase("Succeeded", "AgentDone", outcome.message or f"the agent finished after {rec.lap} lap(s)")
+        c.event("Normal", "Succeeded", st.message or "")
+    elif outcome.type == "failed":
+        c.phase("Failed", "AgentFailed", f"lap {rec.lap}: {outcome.message or 'the agent reported failure'}")
+        c.event("Warning", "AgentFailed", st.message or "")
+    elif outcome.type == "awaiting-approval":
+        pa = rec.pending_approval
+        if pa is None:
+            c.phase("Failed", "CheckpointUnreadable", f"lap {rec.lap} awaits approval but names no pending call")
+            c.event("Warning", "CheckpointUnreadable", st.message or "")
+            return
+        spec = o.spec
+        deadline = pa.requested_at + timedelta(seconds=parse_duration(spec.approval.timeout))
+        args = json.dumps(pa.arguments, sort_keys=True)
+        st.approval = ApprovalStatus(
+            state="Pending", lap=rec.lap, tool=pa.tool, call_id=pa.call_id, idempotency_key=pa.idempotency_key,
+            arguments=_truncate(args, 4096), owner=spec.approval.owner, requested_at=pa.requested_at,
+            deadline=deadline,
+        )
+        st.waiting_on = spec.approval.owner
+        msg = (f"lap {rec.lap}: tool {pa.tool} (call {pa.call_id}) waits for {spec.approval.owner} until "
+               f"{deadline.isoformat()}; decide with `kubectl annotate agentrun {o.name} approved=true|false`")
+        c.phase("AwaitingApproval", "ApprovalRequested", msg)
+        c.event("Normal", "ApprovalRequested", msg)
+
+
+def _next_step(c: _Ctx, waiting: bool) -> Decision:
+    """No Job in flight: wait, stop, or start the next lap attempt."""
+    o, st = c.o, c.st
+    spec = o.spec
+    assert spec is not None
+    if st.phase in TERMINAL_PHASES:
+        return c.finish()
+    if waiting:
+        ap = st.approval
+        assert ap is not None
+        c.act(RequeueAfter(max(0.5, (ap.deadline - o.now).total_seconds())))
+        return c.finish()
+    if st.phase == "AwaitingApproval" and (st.approval is None or st.approval.state == "Pending"):
+        return c.finish()
+
+    approval_env = None
+    ap = st.approval
+    if ap is not None and ap.lap == st.lap and ap.state in ("Approved", "Rejected", "TimedOut"):
+        decision = {"Approved": "approved", "Rejected": "rejected", "TimedOut": "timed-out"}[ap.state]
+        approval_env = ApprovalEnv(decision=decision, call_id=ap.call_id, reason=ap.reason, decided_by=ap.decided_by)
+
+    if spec.suspend:
+        if st.phase != "Suspended":
+            c.phase("Suspended", "Suspended", f"suspended after lap {st.lap}; set spec.suspend=false to resume")
+            c.event("Normal", "Suspended", f"run suspended after lap {st.lap}")
+        return c.finish()
+    if st.phase == "Suspended":
+        c.event("Normal", "Resumed", f"run resumed at lap {st.lap + 1}")
+
+    if st.next_attempt_at is not None and o.now < st.next_attempt_at and st.phase in ("Retrying", "Suspended"):
+        if st.phase != "Retrying":
+            c.phase("Retrying", "LapRetry", f"waiting for the backoff until {st.next_attempt_at.isoformat()}")
+        c.act(RequeueAfter(max(0.5, (st.next_attempt_at - o.now).total_seconds())))
+        return c.finish()
+
+    lap, attempt = next_lap_attempt(st)
+    if attempt > spec.retry.attempts_per_lap:
+        return c.fail("RetriesExhausted", f"lap {lap} already failed {attempt - 1} attempt(s)")
+    if lap > spec.budget.max_laps:
+        return c.fail(
+            "BudgetExceeded", f"lap {lap} would pass spec.budget.maxLaps={spec.budget.max_laps}",
+            phase="BudgetExceeded",
+        )
+    if spec.budget.max_cost_usd is not None and Decimal(st.cost.usd) >= Decimal(spec.budget.max_cost_usd):
+        return c.fail(
+            "BudgetExceeded",
+            f"cost ${st.cost.usd} reached spec.budget.maxCostUSD=${spec.budget.max_cost_usd} before lap {lap}",
+            phase="BudgetExceeded",
+        )
+
+    version = spec.agent.version
+    if attempt == 1 and st.agent_version and st.agent_version != version:
+        c.event("Normal", "VersionChanged", f"lap {lap} runs agent version {version} (lap {st.lap} ran {st.agent_version})")
+    name = job_name(o.name, o.uid, lap, attempt)
+    c.act(CreateJob(lap=lap, attempt=attempt, agent_version=version, name=name, approval=approval_env))
+    st.active_job = ActiveJob(name=name, lap=lap, attempt=attempt, agent_version=version, started_at=o.now)
+    st.started_at = st.started_at or o.now
+    st.next_attempt_at = None
+    c.phase("Running", "LapRunning", f"lap {lap} attempt {attempt} running (agent {version})")
+    return c.finish()

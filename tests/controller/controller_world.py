@@ -1,0 +1,135 @@
+"""A tiny in-memory world for driving ``decide``: it applies actions the way the I/O shell does."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from agentrun.api.spec import AgentRunSpec
+from agentrun.api.status import AgentRunStatus
+from agentrun.checkpoint.schema import LapRecord, Outcome, PendingApproval, RunRef, Timings, Totals
+from agentrun.controller import decide as d
+
+T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
+UID = "0f9e8d7c-1111-2222-3333-444455556666"
+
+
+def make_spec(**over: Any) -> AgentRunSpec:
+    base: dict[str, Any] = {
+        "task": "do it",
+        "agent": {"version": "v1", "model": {"provider": "scripted", "script": [{"content": "x"}]}},
+        "budget": {"maxLaps": 10},
+        "retry": {"attemptsPerLap": 3, "backoff": {"initial": "2s", "max": "10s", "factor": 2}},
+        "approval": {"owner": "ops", "timeout": "3s", "onTimeout": "reject"},
+        "lapTimeout": "30s",
+    }
+    for k, v in over.items():
+        base[k] = v
+    return AgentRunSpec.model_validate(base)
+
+
+def record(lap: int, outcome: str = "continue", version: str = "v1", cost: str = "0.10", attempt: int = 1,
+           pending: bool = False, message: str | None = None) -> LapRecord:
+    return LapRecord(
+        agent_version=version,
+        run=RunRef(namespace="ns", name="run", uid=UID),
+        lap=lap,
+        attempt=attempt,
+        outcome=Outcome(type=outcome, message=message),
+        pending_approval=PendingApproval(
+            call_id="c1", tool="refund", arguments={"x": 1}, idempotency_key=f"k:{lap}", lap=lap,
+            requested_at=T0,
+        ) if pending else None,
+        totals=Totals(laps=lap, input_tokens=10 * lap, output_tokens=lap, cost_usd=cost),
+        timings=Timings(started_at=T0, finished_at=T0 + timedelta(seconds=2)),
+    )
+
+
+def ok_read(rec: LapRecord) -> d.CheckpointRead:
+    return d.CheckpointRead(
+        lap=rec.lap, kind="ok", record=rec, key=f"p/ns/run/{UID}/laps/{rec.lap:08d}.json",
+        sha256="ab" * 32, written_at=T0 + timedelta(seconds=rec.lap),
+    )
+
+
+@dataclasses.dataclass
+class World:
+    """What the cluster and store hold for one run."""
+
+    spec: AgentRunSpec
+    status: AgentRunStatus = dataclasses.field(default_factory=AgentRunStatus)
+    now: datetime = T0
+    jobs: dict[str, d.ObservedJob] = dataclasses.field(default_factory=dict)
+    created: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    create_actions: list[d.CreateJob] = dataclasses.field(default_factory=list)
+    store: dict[int, d.CheckpointRead] = dataclasses.field(default_factory=dict)
+    annotations: dict[str, str] = dataclasses.field(default_factory=dict)
+    finalizers: list[str] = dataclasses.field(default_factory=list)
+    events: list[d.Event] = dataclasses.field(default_factory=list)
+    generation: int = 1
+    deleting: bool = False
+    failure_reports: dict[tuple[int, int], dict] = dataclasses.field(default_factory=dict)
+
+    def observed(self, checkpoint=None, attempt_failure=None) -> d.Observed:
+        return d.Observed(
+            namespace="ns", name="run", uid=UID, generation=self.generation, spec=self.spec,
+            status=self.status, now=self.now, annotations=dict(self.annotations),
+            finalizers=tuple(self.finalizers), deleting=self.deleting, jobs=tuple(self.jobs.values()),
+            checkpoint=checkpoint, attempt_failure=attempt_failure,
+        )
+
+    def reconcile(self) -> d.Decision:
+        """One reconcile, reads included, applying every action (like handlers.reconcile)."""
+        cp = af = None
+        for _ in range(4):
+            dec = d.decide(self.observed(cp, af))
+            if not dec.needs_read:
+                break
+            for a in dec.actions:
+                if isinstance(a, d.ReadCheckpoint):
+                    cp = self.store.get(a.lap) or d.CheckpointRead(lap=a.lap, kind="missing")
+                if isinstance(a, d.ReadAttemptFailure):
+                    af = d.AttemptFailureRead(a.lap, a.attempt, self.failure_reports.get((a.lap, a.attempt)))
+        else:
+            raise AssertionError("decide kept asking for reads")
+        for a in dec.actions:
+            if isinstance(a, d.CreateJob):
+                self.created.append((a.lap, a.attempt))
+                self.create_actions.append(a)
+                if a.name not in self.jobs:
+                    self.jobs[a.name] = d.ObservedJob(a.name, a.lap, a.attempt, "active", agent_version=a.agent_version)
+            elif isinstance(a, d.DeleteJob):
+                self.jobs.pop(a.name, None)
+            elif isinstance(a, d.PatchStatus):
+                self.status = a.status
+            elif isinstance(a, d.RemoveAnnotations):
+                for k in a.keys:
+                    self.annotations.pop(k, None)
+            elif isinstance(a, d.Event):
+                self.events.append(a)
+            elif isinstance(a, d.AddFinalizer):
+                self.finalizers.append(a.name)
+            elif isinstance(a, d.RemoveFinalizer):
+                self.finalizers.remove(a.name)
+        return dec
+
+    def active(self) -> d.ObservedJob:
+        aj = self.status.active_job
+        assert aj is not None, self.status
+        return self.jobs[aj.name]
+
+    def finish_job(self, outcome: str = "continue", exit_code: int = 0, **kw: Any) -> None:
+        """The active Job ends; with exit 0 it wrote the lap's checkpoint first."""
+        j = self.active()
+        if exit_code in (0, 3) and j.lap not in self.store:
+            self.store[j.lap] = ok_read(record(j.lap, outcome, version=j.agent_version or "v1", attempt=j.attempt, **kw))
+        state = "succeeded" if exit_code == 0 else "failed"
+        self.jobs[j.name] = dataclasses.replace(j, state=state, exit_code=exit_code)
+
+    def fail_job(self, exit_code: int | None = 75, reason: str | None = None) -> None:
+        j = self.active()
+        self.jobs[j.name] = dataclasses.replace(j, state="failed", exit_code=exit_code, reason=reason)
+
+    def reasons(self) -> list[str]:
+        return [e.reason for e in self.events]

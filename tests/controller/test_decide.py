@@ -1,0 +1,350 @@
+"""decide(): the reconcile logic, driven through an in-memory world (no cluster, no store)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from agentrun.controller import decide as d
+from agentrun.controller.jobs import job_name
+
+from controller_world import T0, UID, World, make_spec, ok_read, record
+
+
+def test_new_run_creates_lap_one_job_and_is_idempotent():
+    w = World(make_spec())
+    dec = w.reconcile()
+    (create,) = dec.of(d.CreateJob)
+    assert (create.lap, create.attempt, create.agent_version) == (1, 1, "v1")
+    assert create.name == job_name("run", UID, 1, 1)
+    assert w.status.phase == "Running" and w.status.active_job.name == create.name
+    assert w.status.observed_generation == 1
+    assert {c.type: c.status for c in w.status.conditions}["Progressing"] == "True"
+    again = w.reconcile()
+    assert again.of(d.CreateJob) == [] and again.of(d.PatchStatus) == []
+
+
+def test_laps_progress_to_succeeded_with_cost_and_checkpoint():
+    w = World(make_spec())
+    w.reconcile()
+    w.finish_job("continue", cost="0.10")
+    w.reconcile()
+    assert w.status.lap == 1 and w.status.cost.usd == "0.10" and w.status.checkpoint.lap == 1
+    assert w.status.checkpoint.sha256 == "ab" * 32 and w.status.last_checkpoint_time == T0 + timedelta(seconds=1)
+    assert w.status.active_job.lap == 2
+    w.finish_job("done", cost="0.25")
+    w.reconcile()
+    assert w.status.phase == "Succeeded" and w.status.lap == 2 and w.status.cost.usd == "0.25"
+    assert w.status.cost.input_tokens == 20 and w.status.completed_at is not None
+    conds = {c.type: c for c in w.status.conditions}
+    assert conds["Complete"].status == "True" and conds["Progressing"].status == "False"
+    assert all(c.observed_generation == 1 for c in conds.values())
+    assert w.created == [(1, 1), (2, 1)]
+    assert w.reasons().count("LapCheckpointed") == 2
+    w.now += timedelta(hours=1)
+    assert w.reconcile().actions == []
+
+
+def test_failed_outcome_fails_the_run():
+    w = World(make_spec())
+    w.reconcile()
+    w.finish_job("failed", message="tool removed")
+    w.reconcile()
+    assert w.status.phase == "Failed" and "tool removed" in w.status.message
+
+
+def test_first_decision_reads_checkpoint_and_nothing_else():
+    w = World(make_spec())
+    w.reconcile()
+    w.finish_job()
+    dec = d.decide(w.observed())
+    assert dec.actions == [d.ReadCheckpoint(1)]
+
+
+def test_exit_3_reads_the_checkpoint_not_a_failure():
+    w = World(make_spec())
+    w.reconcile()
+    w.finish_job("continue", exit_code=3)
+    w.reconcile()
+    assert w.status.lap == 1 and w.status.total_retries == 0 and w.status.active_job.lap == 2
+
+
+def test_budget_max_laps_before_the_lap():
+    w = World(make_spec(budget={"maxLaps": 2}))
+    w.reconcile()
+    w.finish_job()
+    w.reconcile()
+    w.finish_job()
+    w.reconcile()
+    assert w.status.phase == "BudgetExceeded" and "spec.budget.maxLaps=2" in w.status.message
+    assert w.created == [(1, 1), (2, 1)]
+
+
+def test_budget_max_cost():
+    w = World(make_spec(budget={"maxLaps": 10, "maxCostUSD": "0.50"}))
+    w.reconcile()
+    w.finish_job(cost="0.60")
+    w.reconcile()
+    assert w.status.phase == "BudgetExceeded" and "maxCostUSD" in w.status.message
+    assert w.created == [(1, 1)]
+
+
+@pytest.mark.parametrize("exit_code,reason", [(75, None), (None, "DeadlineExceeded"), (137, "Evicted"), (1, None)])
+def test_retryable_failures_retry_with_backoff(exit_code, reason):
+    w = World(make_spec())
+    w.reconcile()
+    w.fail_job(exit_code, reason)
+    dec = w.reconcile()
+    assert w.status.phase == "Retrying" and w.status.total_retries == 1
+    assert w.status.retries[0].lap == 1 and w.status.retries[0].retries == 1
+    assert dec.requeue_after == 2.0 and w.status.next_attempt_at == T0 + timedelta(seconds=2)
+    assert dec.of(d.LapRetried) and "LapRetry" in w.reasons()
+    w.now += timedelta(seconds=1)
+    assert w.reconcile().of(d.CreateJob) == []
+    w.now += timedelta(seconds=1)
+    (create,) = w.reconcile().of(d.CreateJob)
+    assert (create.lap, create.attempt) == (1, 2)
+    w.fail_job(75)
+    dec = w.reconcile()
+    assert dec.requeue_after == 4.0  # initial * factor
+    w.now += timedelta(seconds=4)
+    w.reconcile()
+    w.fail_job(75)
+    w.reconcile()
+    assert w.status.phase == "Failed" and "3 of 3" in w.status.message
+    assert w.created == [(1, 1), (1, 2), (1, 3)]
+
+
+def test_backoff_is_capped():
+    spec = make_spec(retry={"attemptsPerLap": 10, "backoff": {"initial": "2s", "max": "5s", "factor": 3}})
+    assert [d.backoff_seconds(spec, n) for n in (1, 2, 3)] == [2.0, 5.0, 5.0]
+
+
+def test_exit_2_fails_with_message_from_store():
+    w = World(make_spec())
+    w.reconcile()
+    w.failure_reports[(1, 1)] = {"exitClass": "permanent", "message": "tool 'refund' was removed from the spec"}
+    w.fail_job(2)
+    w.reconcile()
+    assert w.status.phase == "Failed" and "tool 'refund' was removed" in w.status.message
+    assert w.created == [(1, 1)]
+
+
+def test_exit_2_without_report_still_fails_readably():
+    w = World(make_spec())
+    w.reconcile()
+    w.fail_job(2)
+    w.reconcile()
+    assert w.status.phase == "Failed" and "no failure report" in w.status.message
+
+
+def test_unreadable_checkpoint_fails_once_no_crash_loop():
+    w = World(make_spec())
+    w.reconcile()
+    w.finish_job()
+    w.store[1] = d.CheckpointRead(lap=1, kind="unreadable", error="schemaVersion 9 is newer than 2")
+    w.reconcile()
+    assert w.status.phase == "Failed" and "schemaVersion 9" in w.status.message
+    assert {c.type: c.reason for c in w.status.conditions}["Failed"] == "CheckpointUnreadable"
+    assert w.reconcile().actions == [] and w.created == [(1, 1)]
+
+
+def test_store_unavailable_requeues_without_failing():
+    w = World(make_spec())
+    w.reconcile()
+    w.finish_job()
+    w.store[1] = d.CheckpointRead(lap=1, kind="unavailable", error="connection refused")
+    dec = w.reconcile()
+    assert dec.requeue_after and w.status.phase == "Running" and w.status.active_job is not None
+
+
+def test_job_missing_after_restart_reads_checkpoint():
+    w = World(make_spec())
+    w.reconcile()
+    w.finish_job()
+    w.jobs.clear()  # finished and TTL-deleted while the operator was down
+    w.reconcile()
+    assert w.status.lap == 1 and w.created == [(1, 1), (2, 1)]
+
+
+def test_job_missing_without_checkpoint_is_a_retry():
+    w = World(make_spec())
+    w.reconcile()
+    w.jobs.clear()
+    w.reconcile()
+    assert w.status.phase == "Retrying" and "JobMissing" in w.status.retries[0].last_reason
+
+
+def test_lost_status_write_adopts_existing_job():
+    w = World(make_spec())
+    dec = d.decide(w.observed())
+    (create,) = dec.of(d.CreateJob)
+    w.jobs[create.name] = d.ObservedJob(create.name, 1, 1, "active", agent_version="v1")  # created; status lost
+    w.reconcile()
+    assert w.created == [] and w.status.active_job.name == create.name
+
+
+def test_stray_active_job_is_deleted():
+    w = World(make_spec())
+    w.reconcile()
+    w.jobs["zombie"] = d.ObservedJob("zombie", 1, 9, "active")
+    dec = w.reconcile()
+    assert d.DeleteJob("zombie") in dec.actions
+
+
+def _await_approval(w: World) -> None:
+    w.reconcile()
+    w.finish_job("continue")
+    w.reconcile()
+    w.finish_job("awaiting-approval", pending=True)
+    w.reconcile()
+    assert w.status.phase == "AwaitingApproval"
+
+
+def test_awaiting_approval_no_job_and_requeue_at_deadline():
+    w = World(make_spec())
+    _await_approval(w)
+    ap = w.status.approval
+    assert ap.state == "Pending" and ap.owner == "ops" and ap.lap == 2 and ap.call_id == "c1"
+    assert ap.deadline == T0 + timedelta(seconds=3) and w.status.waiting_on == "ops"
+    assert "ApprovalRequested" in w.reasons()
+    dec = w.reconcile()
+    assert dec.of(d.CreateJob) == [] and dec.requeue_after == 3.0
+
+
+@pytest.mark.parametrize("value,state,decision", [("true", "Approved", "approved"), ("false", "Rejected", "rejected")])
+def test_annotation_decides_and_is_removed(value, state, decision):
+    w = World(make_spec())
+    _await_approval(w)
+    w.annotations.update({"approved": value, "agentrun.dev/reason": "checked", "other": "x"})
+    w.now += timedelta(seconds=1)
+    dec = w.reconcile()
+    assert w.annotations == {"other": "x"}
+    assert w.status.approval.state == state and w.status.approval.reason == "checked"
+    assert w.status.approval.decided_at == w.now and w.status.waiting_on is None
+    (create,) = dec.of(d.CreateJob)
+    assert create.lap == 3 and create.approval.decision == decision and create.approval.call_id == "c1"
+    assert create.approval.reason == "checked" and "ApprovalDecided" in w.reasons()
+    w.finish_job("continue")
+    w.reconcile()
+    assert w.create_actions[-1].approval is None  # delivered once
+
+
+def test_plain_reason_annotation_accepted():
+    w = World(make_spec())
+    _await_approval(w)
+    w.annotations.update({"approved": "true", "reason": "ok by me"})
+    w.reconcile()
+    assert w.status.approval.reason == "ok by me" and w.annotations == {}
+
+
+def test_status_patch_decision():
+    w = World(make_spec())
+    _await_approval(w)
+    w.status.approval.decision = "rejected"
+    w.status.approval.decided_by = "alice"
+    dec = w.reconcile()
+    assert w.status.approval.state == "Rejected" and dec.of(d.CreateJob)[0].approval.decided_by == "alice"
+
+
+def test_timeout_reject_is_timed_out_not_rejected():
+    w = World(make_spec())
+    _await_approval(w)
+    w.now += timedelta(seconds=3)
+    dec = w.reconcile()
+    assert w.status.approval.state == "TimedOut"
+    assert dec.of(d.CreateJob)[0].approval.decision == "timed-out"
+    assert "ApprovalTimedOut" in w.reasons()
+
+
+def test_timeout_fail():
+    w = World(make_spec(approval={"owner": "ops", "timeout": "3s", "onTimeout": "fail"}))
+    _await_approval(w)
+    w.now += timedelta(seconds=5)
+    w.annotations["approved"] = "true"  # too late
+    w.reconcile()
+    assert w.status.phase == "Failed" and w.status.approval.state == "TimedOut"
+    assert w.annotations == {} and "onTimeout is fail" in w.status.message
+
+
+def test_annotation_on_a_run_not_waiting_is_ignored_and_removed():
+    w = World(make_spec())
+    w.reconcile()
+    w.annotations["approved"] = "true"
+    dec = w.reconcile()
+    assert w.annotations == {} and "ApprovalIgnored" in w.reasons()
+    assert dec.of(d.CreateJob) == []
+    w.finish_job("awaiting-approval", pending=True)
+    w.reconcile()
+    assert w.status.approval.state == "Pending"  # not approved in advance
+
+
+def test_invalid_annotation_value_is_removed_and_still_waiting():
+    w = World(make_spec())
+    _await_approval(w)
+    w.annotations["approved"] = "maybe"
+    w.reconcile()
+    assert w.annotations == {} and w.status.approval.state == "Pending"
+    assert any("neither true nor false" in e.message for e in w.events)
+
+
+def test_suspend_between_laps_and_resume():
+    w = World(make_spec())
+    w.reconcile()
+    w.spec = make_spec(suspend=True)
+    w.generation = 2
+    assert w.reconcile().of(d.CreateJob) == []  # the running lap finishes
+    w.finish_job()
+    w.reconcile()
+    assert w.status.phase == "Suspended" and w.status.lap == 1 and w.created == [(1, 1)]
+    assert {c.type: c.status for c in w.status.conditions}["Suspended"] == "True"
+    assert w.reconcile().actions == []
+    w.spec = make_spec(suspend=False)
+    w.generation = 3
+    dec = w.reconcile()
+    assert dec.of(d.CreateJob)[0].lap == 2 and "Resumed" in w.reasons()
+    assert w.status.observed_generation == 3
+
+
+def test_version_change_takes_effect_next_lap_with_event():
+    w = World(make_spec())
+    w.reconcile()
+    w.spec = make_spec(agent={"version": "v2", "model": {"provider": "scripted", "script": [{"content": "x"}]}})
+    assert w.reconcile().of(d.CreateJob) == []
+    w.finish_job()
+    dec = w.reconcile()
+    assert dec.of(d.CreateJob)[0].agent_version == "v2"
+    (ev,) = [e for e in w.events if e.reason == "VersionChanged"]
+    assert "v2" in ev.message and "v1" in ev.message
+
+
+def test_terminal_does_nothing():
+    w = World(make_spec())
+    w.status = w.status.model_copy(update={"phase": "Succeeded"})
+    assert w.reconcile().actions == []
+
+
+def test_invalid_spec_fails_readably():
+    w = World(make_spec())
+    obs = w.observed()
+    obs = d.Observed(**{**obs.__dict__, "spec": None, "spec_error": "spec.agent.model.script: field required"})
+    dec = d.decide(obs)
+    assert dec.status.phase == "Failed" and "spec.agent.model.script" in dec.status.message
+
+
+def test_retention_delete_finalizer_lifecycle():
+    w = World(make_spec(checkpoint={"retention": "Delete"}))
+    dec = w.reconcile()
+    assert d.AddFinalizer() in dec.actions and w.finalizers == [d.FINALIZER]
+    w.deleting = True
+    dec = d.decide(w.observed())
+    assert dec.actions == [d.DeleteCheckpoints(), d.RemoveFinalizer()]
+
+
+def test_retention_retain_adds_no_finalizer():
+    w = World(make_spec())
+    dec = w.reconcile()
+    assert not dec.of(d.AddFinalizer) and w.finalizers == []
+    w.deleting = True
+    assert d.decide(w.observed()).actions == []
