@@ -9,7 +9,6 @@ boto3 client (path-style) for tests that poke at objects directly.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -72,11 +71,31 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# moto 5.2.1 checks If-None-Match / If-Match and then writes, without a lock, while its server
+# handles requests in threads: two racing conditional PUTs of one key can BOTH succeed (seen in
+# tests/checkpoint/test_store.py::test_racing_writers_of_the_same_lap_exactly_one_wins). Real S3
+# (and MinIO) decide conditional writes atomically. So we serve moto's own WSGI app with werkzeug,
+# exactly as `moto_server` does, but run requests carrying a precondition header one at a time.
+_MOTO_LAUNCHER = """
+import sys, threading
+from werkzeug.serving import run_simple
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+app = DomainDispatcherApplication(create_backend_app)
+lock = threading.Lock()
+
+def atomic_conditional_writes(environ, start_response):
+    if "HTTP_IF_NONE_MATCH" in environ or "HTTP_IF_MATCH" in environ:
+        with lock:
+            return list(app(environ, start_response))
+    return app(environ, start_response)
+
+run_simple(sys.argv[1], int(sys.argv[2]), atomic_conditional_writes, threaded=True)
+"""
+
+
 def _moto_command(port: int) -> list[str]:
-    exe = shutil.which("moto_server")
-    if exe:
-        return [exe, "-H", "127.0.0.1", "-p", str(port)]
-    return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    return [sys.executable, "-c", _MOTO_LAUNCHER, "127.0.0.1", str(port)]
 
 
 def start_moto_server(timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
@@ -99,7 +118,7 @@ def start_moto_server(timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], s
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
-    """A real S3 API server over HTTP for the whole session (moto server mode). Sets dummy AWS
+    """A real S3 API server over HTTP for the whole session (moto's server app, see above). Sets dummy AWS
     credentials in the environment so boto3's standard chain finds some."""
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")

@@ -426,6 +426,12 @@ class CheckpointStore:
             raise ValueError(
                 f"put_lap writes schema version {SCHEMA_VERSION}, the record says {record.schema_version}"
             )
+        if state_before is not None and state_before.lap == record.lap - 1:
+            if record.prev_sha256 != state_before.last_sha256:
+                raise ValueError(
+                    f"lap {record.lap}: prevSha256 {record.prev_sha256} is not the sha256 of lap "
+                    f"{state_before.lap} ({state_before.last_sha256}): set it from state_before.last_sha256"
+                )
         key = self.lap_key(record.run, record.lap)
         data = canonical_json(record.to_api())
         stored, written = self._put_once(key, data)

@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "lap": "agentrun.lap.cli:lap_command",
     "operator": "agentrun.controller.cli:operator_command",
     "crd": "agentrun.api.crdgen:crd_command",
+    "trace": "agentrun.checkpoint.cli:trace_command",
 }
 
 
