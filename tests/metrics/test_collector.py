@@ -343,3 +343,30 @@ def test_module_level_api_is_what_the_controller_calls():
         assert "process_cpu_seconds_total" in text or "python_info" in text
     finally:
         metrics.forget_run("api-test-ns", "api-test")
+
+
+def test_last_progress_includes_the_end_of_a_wait(m, clock):
+    run = {"namespace": "ns1", "name": "r"}
+    waiting = running_status(phase="AwaitingApproval", activeJob=None,
+                             approval={"state": "Pending", "owner": "o", "requestedAt": iso(T0 + 600),
+                                       "deadline": iso(T0 + 90000)})
+    m.observe_run("ns1", "r", SPEC, waiting)
+    assert val(scrape(m), "agentrun_run_last_progress_timestamp_seconds", **run) == T0 + 600  # the checkpoint
+    # decided two days later: the decision time counts as progress, the checkpoint is old
+    decided = dict(waiting, phase="Running",
+                   approval=dict(waiting["approval"], state="Approved", decidedAt=iso(T0 + 172800)))
+    m.observe_run("ns1", "r", SPEC, decided)
+    s = scrape(m)
+    assert val(s, "agentrun_run_last_progress_timestamp_seconds", **run) == T0 + 172800
+    assert val(s, "agentrun_run_last_checkpoint_timestamp_seconds", **run) == T0 + 600
+
+
+def test_leaving_suspension_is_progress_even_without_a_status_time(m, clock):
+    run = {"namespace": "ns1", "name": "r"}
+    m.observe_run("ns1", "r", SPEC, running_status(phase="Suspended", activeJob=None))
+    clock.now = T0 + 50_000
+    m.observe_run("ns1", "r", SPEC, running_status(phase="Running"))
+    assert val(scrape(m), "agentrun_run_last_progress_timestamp_seconds", **run) == T0 + 50_000
+    clock.now += 10
+    m.observe_run("ns1", "r", SPEC, running_status(phase="Running"))  # kept on later observations
+    assert val(scrape(m), "agentrun_run_last_progress_timestamp_seconds", **run) == T0 + 50_000

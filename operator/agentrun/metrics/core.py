@@ -17,6 +17,7 @@ See docs/operations.md for every metric.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
@@ -49,6 +50,7 @@ PHASES: tuple[str, ...] = (
     "BudgetExceeded",
 )
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "BudgetExceeded"})
+WAIT_PHASES: frozenset[str] = frozenset({"AwaitingApproval", "Suspended"})
 ACTIVE_PHASES: tuple[str, ...] = tuple(p for p in PHASES if p not in TERMINAL_PHASES)
 
 #: Values of the ``outcome`` label of ``agentrun_lap_duration_seconds``.
@@ -189,6 +191,14 @@ class RunView:
     approval_owner: str | None
     approval_requested_at: float | None
     approval_deadline: float | None
+    # latest status time that shows the run moving: approval decided, resumed from suspension
+    resumed_at: float | None = None
+
+    @property
+    def last_progress_at(self) -> float | None:
+        """Latest of: last checkpoint, start, end of a wait (approval decision, resume)."""
+        times = [t for t in (self.last_checkpoint_at, self.started_at, self.resumed_at) if t is not None]
+        return max(times) if times else None
 
     @property
     def terminal(self) -> bool:
@@ -221,6 +231,11 @@ class RunView:
             owner = str(approval.get("owner") or status.get("waitingOn") or "unassigned")
             owner = owner[:MAX_OWNER_LABEL_LENGTH]
         cost = status.get("cost") if isinstance(status.get("cost"), Mapping) else {}
+        resumed = [parse_timestamp(approval.get("decidedAt"))] if approval else []
+        for cond in status.get("conditions") or []:
+            if isinstance(cond, Mapping) and cond.get("type") == "Suspended" and cond.get("status") == "False":
+                resumed.append(parse_timestamp(cond.get("lastTransitionTime")))
+        resumed_times = [t for t in resumed if t is not None]
         return cls(
             namespace=namespace,
             name=name,
@@ -243,6 +258,7 @@ class RunView:
             approval_owner=owner,
             approval_requested_at=parse_timestamp(approval.get("requestedAt")) if pending else None,
             approval_deadline=parse_timestamp(approval.get("deadline")) if pending else None,
+            resumed_at=max(resumed_times) if resumed_times else None,
         )
 
 
@@ -270,6 +286,7 @@ class RunStateCollector(Collector):
             _gauge("run_max_laps", "spec.budget.maxLaps of the run.", run),
             _gauge("run_started_timestamp_seconds", "Unix time the first lap of the run started.", run),
             _gauge("run_last_checkpoint_timestamp_seconds", "Unix time the run's last lap checkpoint was written.", run),
+            _gauge("run_last_progress_timestamp_seconds", "Unix time the run last moved: latest of its last checkpoint, its start, the end of its last wait (approval decided, resumed).", run),
             _gauge("run_last_checkpoint_age_seconds", "Seconds since the run's last checkpoint (since its start if none yet), at scrape time.", run),
             _gauge("run_lap_timeout_seconds", "spec.lapTimeout of the run in seconds.", run),
             _gauge("run_lap_attempts_max", "spec.retry.attemptsPerLap of the run (the first attempt included).", run),
@@ -303,6 +320,8 @@ class RunStateCollector(Collector):
                 fam["run_started_timestamp_seconds"].add_metric(key, r.started_at)
             if r.last_checkpoint_at is not None:
                 fam["run_last_checkpoint_timestamp_seconds"].add_metric(key, r.last_checkpoint_at)
+            if r.last_progress_at is not None:
+                fam["run_last_progress_timestamp_seconds"].add_metric(key, r.last_progress_at)
             since = r.last_checkpoint_at if r.last_checkpoint_at is not None else r.started_at
             if since is not None:
                 fam["run_last_checkpoint_age_seconds"].add_metric(key, max(0.0, now - since))
@@ -379,6 +398,7 @@ class OperatorMetrics:
             self.reconcile_total.labels(res)
         for d in TOKEN_DIRECTIONS:
             self.tokens_total.labels(d)
+        self._clock = clock
         self.collector = RunStateCollector(self.snapshot, clock)
         r.register(self.collector)
         if process_metrics:
@@ -396,6 +416,17 @@ class OperatorMetrics:
             log.exception("metrics: cannot index %s/%s", namespace, name)
             return
         key = (namespace, name)
+        with self._lock:
+            prev = self._runs.get(key)
+        if prev is not None:
+            resumed = view.resumed_at
+            if prev.phase in WAIT_PHASES and view.phase not in WAIT_PHASES:
+                # seen leaving a wait; the status may carry no time for it
+                resumed = max(self._clock(), resumed or 0.0)
+            if prev.resumed_at is not None:
+                resumed = max(prev.resumed_at, resumed or 0.0)
+            if resumed != view.resumed_at:
+                view = dataclasses.replace(view, resumed_at=resumed)
         now = (view.cost_usd, view.input_tokens, view.output_tokens)
         with self._lock:
             self._runs[key] = view
