@@ -324,29 +324,11 @@ def decide(o: Observed) -> Decision:
     waiting = st.phase == "AwaitingApproval" and st.approval is not None and st.approval.state == "Pending"
 
     # Approval deadline first: a decision that arrives after the deadline is too late.
-    if waiting and spec is not None and o.now >= st.approval.deadline:  # type: ignore[union-attr]
-        ap = st.approval
-        assert ap is not None
-        if spec.approval.on_timeout == "fail":
-            ap.state = "TimedOut"
-            ap.decided_at = o.now
-            ap.reason = "approval deadline passed"
-            _consume_annotation(c, "the approval deadline passed before it was read")
-            return c.fail(
-                "ApprovalTimedOut",
-                f"approval of tool {ap.tool} (call {ap.call_id}, lap {ap.lap}) was not decided by "
-                f"{ap.owner} before {ap.deadline.isoformat()}; spec.approval.onTimeout is fail",
-            )
-        ap.state = "TimedOut"
-        ap.decided_at = o.now
-        ap.reason = "approval deadline passed"
-        c.event(
-            "Warning",
-            "ApprovalTimedOut",
-            f"approval of tool {ap.tool} (call {ap.call_id}, lap {ap.lap}) timed out; the call is "
-            "rejected (onTimeout: reject) and the run continues",
-        )
-        waiting = False
+    if waiting and spec is not None:
+        timed_out = _apply_timeout(c)
+        if timed_out is not None:
+            return timed_out
+        waiting = st.approval is not None and st.approval.state == "Pending"
 
     # Decisions: the `approved` annotation, or status.approval.decision set by a status patch.
     if waiting:
@@ -409,6 +391,35 @@ def decide(o: Observed) -> Decision:
             return result
 
     return _next_step(c, waiting)
+
+
+def _apply_timeout(c: _Ctx) -> Decision | None:
+    """Past the deadline of a pending approval, apply spec.approval.onTimeout.
+
+    Returns the final Decision when the run fails, else None (the approval is TimedOut, or
+    still pending before its deadline)."""
+    o, st, spec = c.o, c.st, c.o.spec
+    ap = st.approval
+    assert ap is not None and spec is not None
+    if ap.state != "Pending" or o.now < ap.deadline:
+        return None
+    ap.state = "TimedOut"
+    ap.decided_at = o.now
+    ap.reason = "approval deadline passed"
+    if spec.approval.on_timeout == "fail":
+        _consume_annotation(c, "the approval deadline passed before it was read")
+        return c.fail(
+            "ApprovalTimedOut",
+            f"approval of tool {ap.tool} (call {ap.call_id}, lap {ap.lap}) was not decided by "
+            f"{ap.owner} before {ap.deadline.isoformat()}; spec.approval.onTimeout is fail",
+        )
+    c.event(
+        "Warning",
+        "ApprovalTimedOut",
+        f"approval of tool {ap.tool} (call {ap.call_id}, lap {ap.lap}) timed out; the call is "
+        "rejected (onTimeout: reject) and the run continues",
+    )
+    return None
 
 
 def _remove_annotation_keys(c: _Ctx) -> None:
@@ -500,8 +511,7 @@ def _retry(c: _Ctx, lap: int, attempt: int, reason: str) -> Decision:
     st.next_attempt_at = o.now + timedelta(seconds=delay)
     c.phase("Retrying", "LapRetry", f"lap {lap} attempt {attempt} failed ({reason}); attempt {attempt + 1} in {delay:g}s")
     c.event("Warning", "LapRetry", f"lap {lap} attempt {attempt} failed ({reason}); retrying in {delay:g}s")
-    c.act(RequeueAfter(delay))
-    return c.finish()
+    return _next_step(c, False)
 
 
 def _apply_lap(c: _Ctx, cp: CheckpointRead) -> None:
@@ -563,12 +573,14 @@ def _next_step(c: _Ctx, waiting: bool) -> Decision:
     assert spec is not None
     if st.phase in TERMINAL_PHASES:
         return c.finish()
-    if waiting:
-        ap = st.approval
-        assert ap is not None
-        c.act(RequeueAfter(max(0.5, (ap.deadline - o.now).total_seconds())))
-        return c.finish()
-    if st.phase == "AwaitingApproval" and (st.approval is None or st.approval.state == "Pending"):
+    if st.phase == "AwaitingApproval" and st.approval is not None and st.approval.state == "Pending":
+        timed_out = _apply_timeout(c)
+        if timed_out is not None:
+            return timed_out
+        if st.approval.state == "Pending":
+            c.act(RequeueAfter(max(0.5, (st.approval.deadline - o.now).total_seconds())))
+            return c.finish()
+    elif st.phase == "AwaitingApproval" and st.approval is None:
         return c.finish()
 
     approval_env = None

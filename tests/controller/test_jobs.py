@@ -1,0 +1,114 @@
+"""The lap Job builder and the operator configuration."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentrun.api.spec import AgentRunSpec
+from agentrun.controller.config import OperatorConfig
+from agentrun.controller.jobs import ApprovalEnv, RunIdentity, build_job, job_name, label_value
+
+from controller_world import UID, make_spec
+
+RUN = RunIdentity("ns", "run", UID)
+CFG = OperatorConfig(checkpoint_uri="s3://bucket/prefix", s3_endpoint="http://127.0.0.1:9000",
+                     s3_path_style=True, credentials_secret="s3-creds", job_ttl_seconds=60)
+
+
+def _env(job: dict) -> dict:
+    return {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def test_job_name_deterministic_and_bounded():
+    assert job_name("run", UID, 3, 2) == "run-0f9e8-l3-a2"
+    long = job_name("a" * 253, UID, 123456, 99)
+    assert len(long) <= 63 and long.endswith("-0f9e8-l123456-a99") and long == job_name("a" * 253, UID, 123456, 99)
+    assert job_name("a.b", UID, 1, 1) == "a-b-0f9e8-l1-a1"
+
+
+def test_label_value_bounded():
+    assert label_value("x") == "x"
+    v = label_value("y" * 100)
+    assert len(v) <= 63 and v != label_value("y" * 99)
+
+
+def test_job_shape():
+    job = build_job(RUN, make_spec(), 3, 2, "v7", CFG)
+    meta, spec = job["metadata"], job["spec"]
+    assert meta["name"] == "run-0f9e8-l3-a2"
+    assert meta["labels"]["agentrun.dev/run"] == "run" and meta["labels"]["agentrun.dev/lap"] == "3"
+    assert meta["labels"]["agentrun.dev/attempt"] == "2" and meta["labels"]["agentrun.dev/run-uid"] == UID
+    (owner,) = meta["ownerReferences"]
+    assert owner == {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "name": "run", "uid": UID,
+                     "controller": True, "blockOwnerDeletion": True}
+    assert spec["backoffLimit"] == 0 and spec["activeDeadlineSeconds"] == 30 and spec["ttlSecondsAfterFinished"] == 60
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    assert pod["serviceAccountName"] == "agentrun-lap"
+    (c,) = pod["containers"]
+    assert c["command"] == ["agentrun", "lap"] and c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert c["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+
+
+def test_env_per_contract_and_secrets_only_by_reference():
+    spec = AgentRunSpec.model_validate({
+        "task": "t",
+        "agent": {
+            "version": "v1",
+            "model": {"provider": "openai", "name": "m", "apiKeySecretRef": {"name": "model-key", "key": "token"}},
+            "tools": [{"name": "pay-out", "http": {"url": "http://x", "headersSecretRef": {"name": "hdr", "key": "h"}}}],
+        },
+        "resources": {"requests": {"cpu": "1"}},
+    })
+    job = build_job(RUN, spec, 1, 1, "v1", CFG, approval=ApprovalEnv("timed-out", "c9", "deadline", None))
+    env = _env(job)
+    assert env["AGENTRUN_LAP"]["value"] == "1" and env["AGENTRUN_ATTEMPT"]["value"] == "1"
+    assert env["AGENTRUN_UID"]["value"] == UID and env["AGENTRUN_NAMESPACE"]["value"] == "ns"
+    assert env["AGENTRUN_CHECKPOINT_URI"]["value"] == "s3://bucket/prefix"
+    assert env["AGENTRUN_S3_ENDPOINT"]["value"] == "http://127.0.0.1:9000"
+    assert env["AGENTRUN_S3_PATH_STYLE"]["value"] == "true"
+    assert env["AGENTRUN_AGENT_VERSION"]["value"] == "v1"
+    assert AgentRunSpec.model_validate(json.loads(env["AGENTRUN_SPEC"]["value"])) == spec
+    assert env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"] == {"name": "s3-creds", "key": "AWS_ACCESS_KEY_ID"}
+    assert env["AGENTRUN_MODEL_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "model-key", "key": "token"}
+    assert env["AGENTRUN_TOOL_HEADERS_PAY_OUT"]["valueFrom"]["secretKeyRef"] == {"name": "hdr", "key": "h"}
+    assert env["AGENTRUN_APPROVAL_DECISION"]["value"] == "timed-out" and env["AGENTRUN_APPROVAL_CALL_ID"]["value"] == "c9"
+    assert "AGENTRUN_APPROVAL_BY" not in env
+    for e in env.values():
+        assert "value" in e or set(e["valueFrom"]) == {"secretKeyRef"}
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"] == {"requests": {"cpu": "1"}}
+
+
+def test_spec_checkpoint_overrides_operator_defaults():
+    spec = make_spec(checkpoint={"uri": "s3://other/p", "pathStyle": False, "credentialsSecretName": "mine"})
+    env = _env(build_job(RUN, spec, 1, 1, "v1", CFG))
+    assert env["AGENTRUN_CHECKPOINT_URI"]["value"] == "s3://other/p"
+    assert env["AGENTRUN_S3_PATH_STYLE"]["value"] == "false"
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "mine"
+
+
+def test_missing_checkpoint_uri_names_the_field():
+    with pytest.raises(ValueError, match="spec.checkpoint.uri"):
+        build_job(RUN, make_spec(), 1, 1, "v1", OperatorConfig())
+
+
+def test_config_from_env():
+    cfg = OperatorConfig.from_env({
+        "AGENTRUN_CHECKPOINT_URI": "s3://b/p", "AGENTRUN_JOB_TTL_SECONDS": "-1", "AGENTRUN_NAMESPACES": "a, b",
+        "AGENTRUN_LAP_REQUESTS": '{"cpu": "50m"}', "AGENTRUN_S3_PATH_STYLE": "true", "AGENTRUN_IDENTITY": "me",
+    })
+    assert cfg.checkpoint_uri == "s3://b/p" and cfg.job_ttl_seconds is None and cfg.namespaces == ("a", "b")
+    assert cfg.default_requests == {"cpu": "50m"} and cfg.s3_path_style and cfg.identity == "me"
+
+
+@pytest.mark.parametrize("var,value", [("AGENTRUN_METRICS_PORT", "x"), ("AGENTRUN_LAP_REQUESTS", "[1]"),
+                                       ("AGENTRUN_S3_PATH_STYLE", "maybe"), ("AGENTRUN_LOG_FORMAT", "xml")])
+def test_config_errors_name_the_variable(var, value):
+    with pytest.raises(ValueError, match=var):
+        OperatorConfig.from_env({var: value})
