@@ -1,0 +1,28 @@
+# Helm chart, alerts and dashboard (issue 5). Included by the top-level Makefile.
+CHART := helm/agentrun-operator
+HELM_BIN = $(shell tools/install-helm.sh)
+
+.PHONY: helm-tools helm-crds helm-alerts helm-lint helm-test helm-check
+
+helm-tools:
+	tools/install-helm.sh
+	tools/install-promtool.sh
+
+## copy the generated CRD into the chart (Helm installs crds/ but never upgrades them)
+helm-crds:
+	cp crds/agentrun.dev_agentruns.yaml $(CHART)/crds/agentrun.dev_agentruns.yaml
+
+## render the chart's alerts with default values into the plain promtool/Prometheus rules file
+helm-alerts:
+	$(PYTHON) tools/render_alerts.py --helm $(HELM_BIN)
+
+helm-lint:
+	$(HELM_BIN) lint --strict $(CHART)
+	for f in $(CHART)/ci/*-values.yaml; do $(HELM_BIN) lint --strict $(CHART) -f $$f \
+	  --api-versions monitoring.coreos.com/v1/ServiceMonitor --api-versions monitoring.coreos.com/v1/PrometheusRule || exit 1; done
+
+## chart, alert and dashboard tests (unit; e2e ones need the local control plane)
+helm-test:
+	$(PYTHON) -m pytest -q tests/helm tests/metrics
+
+helm-check: helm-lint helm-test
