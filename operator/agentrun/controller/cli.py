@@ -1,0 +1,57 @@
+"""``agentrun operator``: run the controller (Kopf), the metrics server and the health endpoints."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import click
+
+
+@click.command("operator")
+@click.option("--namespace", "-n", "namespaces", multiple=True,
+              help="Namespace to watch (repeatable). Default: AGENTRUN_NAMESPACES, else cluster-wide.")
+@click.option("--metrics-port", type=int, default=None, help="Port of /metrics, /healthz, /readyz (0: off).")
+@click.option("--log-format", type=click.Choice(["json", "text"]), default=None, help="Log format.")
+@click.option("--verbose", "-v", is_flag=True, help="Debug logs.")
+def operator_command(namespaces: tuple[str, ...], metrics_port: int | None, log_format: str | None, verbose: bool) -> None:
+    """Run the AgentRun operator until SIGTERM. Configuration: AGENTRUN_* environment variables
+    (see agentrun.controller.config). Only the holder of the Lease acts; other replicas wait."""
+    import dataclasses
+
+    import kopf
+
+    from agentrun import metrics
+
+    from . import handlers
+    from .config import OperatorConfig
+    from .logs import setup_logging
+
+    try:
+        cfg = OperatorConfig.from_env()
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    overrides = {}
+    if namespaces:
+        overrides["namespaces"] = tuple(namespaces)
+    if metrics_port is not None:
+        overrides["metrics_port"] = metrics_port
+    if log_format:
+        overrides["log_format"] = log_format
+    cfg = dataclasses.replace(cfg, **overrides)
+    setup_logging(cfg.log_format, logging.DEBUG if verbose else logging.INFO)
+    controller = handlers.Controller(cfg)
+    handlers.CONTROLLER = controller
+    if cfg.metrics_port:
+        metrics.set_health_check("healthz", lambda: controller.elector is None
+                                 or (__import__("time").monotonic() - controller.elector.last_tick) < 3 * cfg.lease_duration_seconds + 30)
+        metrics.set_health_check("readyz", lambda: controller.ready)
+        metrics.start_server(cfg.metrics_port)
+    logging.getLogger("agentrun.controller").info(
+        "starting agentrun operator %s (pid %d), namespaces=%s", cfg.identity, os.getpid(),
+        ",".join(cfg.namespaces) or "<cluster-wide>")
+    kopf.run(
+        standalone=True,  # leader election is our Lease (agentrun.controller.lease), not Kopf peering
+        clusterwide=not cfg.namespaces,
+        namespaces=list(cfg.namespaces),
+    )

@@ -1,0 +1,492 @@
+"""Kopf handlers: a thin I/O shell around :func:`agentrun.controller.decide.decide`.
+
+Design: level-based and timer/daemon-free. Kopf's watches only *enqueue* a run:
+``@kopf.on.event`` for AgentRuns and for the lap Jobs (mapped to their owner). A reconcile reads
+the run fresh from the API server, lists its Jobs (deterministic names, so a Job that finished
+while the operator was down is found), asks ``decide`` what to do, performs the actions, and
+schedules itself again for backoffs and approval deadlines (``RequeueAfter``). A periodic resync
+reconciles every run as a safety net. No state is kept in memory: an operator restart resumes
+every run from its status. Only the holder of the Lease (``lease.py``) acts.
+
+Kopf keeps no progress/diff-base state for these handlers (no on.create/update handlers), and it
+is configured to store any it would need in annotations, never in the pruned status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Any
+
+import kopf
+import pydantic
+
+from agentrun import metrics
+from agentrun.api.spec import AgentRunSpec
+from agentrun.api.status import AgentRunStatus
+from agentrun.checkpoint.schema import RunRef
+
+from . import decide as d
+from .config import OperatorConfig
+from .jobs import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID, ANNOTATION_AGENT_VERSION, RunIdentity, build_job
+from .lease import LeaseElector
+from .logs import run_logger
+
+GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
+log = logging.getLogger("agentrun.controller")
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def spec_error_text(exc: pydantic.ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        parts.append(f"spec.{loc}: {err.get('msg')}" if loc else f"spec: {err.get('msg')}")
+    return "; ".join(parts)
+
+
+def _job_state(job: dict[str, Any]) -> tuple[str, str | None]:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("status") == "True" and cond.get("type") == "Complete":
+            return "succeeded", None
+        if cond.get("status") == "True" and cond.get("type") == "Failed":
+            return "failed", cond.get("reason")
+    return "active", None
+
+
+def _pod_exit(pods: list[dict[str, Any]]) -> tuple[int | None, str | None]:
+    """Exit code and reason of the (newest) finished pod of a Job."""
+    pods = sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "")
+    for pod in reversed(pods):
+        status = pod.get("status") or {}
+        for cs in status.get("containerStatuses") or []:
+            term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+            if term:
+                reason = status.get("reason") or term.get("reason")
+                return term.get("exitCode"), reason
+        if status.get("reason"):
+            return None, status.get("reason")
+    return None, None
+
+
+@dataclass
+class Controller:
+    config: OperatorConfig
+    elector: LeaseElector | None = None
+
+    def __post_init__(self) -> None:
+        self._timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        self._timer_due: dict[tuple[str, str], float] = {}
+        self._running: dict[tuple[str, str], asyncio.Task] = {}
+        self._dirty: set[tuple[str, str]] = set()
+        self._stores: dict[tuple, Any] = {}
+        self._tasks: list[asyncio.Task] = []
+        self.ready = False
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        from kubernetes import config as kconfig
+
+        try:
+            kconfig.load_incluster_config()
+        except kconfig.ConfigException:
+            kconfig.load_kube_config()
+        cfg = self.config
+        if self.elector is None:
+            self.elector = LeaseElector(cfg.lease_name, cfg.lease_namespace, cfg.identity,
+                                        cfg.lease_duration_seconds, on_acquire=self.resync)
+        self._tasks.append(asyncio.create_task(self.elector.run()))
+        self._tasks.append(asyncio.create_task(self._resync_loop()))
+        self.ready = True
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for h in self._timers.values():
+            h.cancel()
+        if self.elector is not None:
+            await self.elector.release()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.elector is not None and self.elector.is_leader
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.resync_seconds)
+            try:
+                await self.resync()
+            except Exception as exc:
+                log.warning("resync failed: %s", exc)
+
+    async def resync(self) -> None:
+        """Reconcile every run (on becoming leader, and periodically)."""
+        if not self.is_leader:
+            return
+        from kubernetes import client
+
+        api = client.CustomObjectsApi()
+        items: list[dict[str, Any]] = []
+        if self.config.namespaces:
+            for ns in self.config.namespaces:
+                items += (await asyncio.to_thread(api.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL))["items"]
+        else:
+            items = (await asyncio.to_thread(api.list_cluster_custom_object, GROUP, VERSION, PLURAL))["items"]
+        for it in items:
+            self.enqueue(it["metadata"]["namespace"], it["metadata"]["name"])
+
+    # ---------------------------------------------------------------- scheduling
+
+    def enqueue(self, namespace: str, name: str, delay: float = 0.0) -> None:
+        key = (namespace, name)
+        loop = asyncio.get_running_loop()
+        if delay > 0:
+            due = loop.time() + delay
+            if key in self._timers and self._timer_due[key] <= due:
+                return
+            if key in self._timers:
+                self._timers[key].cancel()
+            self._timers[key] = loop.call_later(delay, self._fire, key)
+            self._timer_due[key] = due
+            return
+        if key in self._running:
+            self._dirty.add(key)
+            return
+        self._running[key] = asyncio.create_task(self._worker(key))
+
+    def _fire(self, key: tuple[str, str]) -> None:
+        self._timers.pop(key, None)
+        self._timer_due.pop(key, None)
+        self.enqueue(*key)
+
+    def forget(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        h = self._timers.pop(key, None)
+        self._timer_due.pop(key, None)
+        if h:
+            h.cancel()
+
+    async def _worker(self, key: tuple[str, str]) -> None:
+        try:
+            while True:
+                self._dirty.discard(key)
+                started = time.monotonic()
+                result = "success"
+                try:
+                    delay = await self.reconcile(*key)
+                    if delay is not None:
+                        result = "requeue"
+                        self.enqueue(*key, delay=delay)
+                except Exception as exc:  # never crash: log, count, retry later
+                    result = "error"
+                    run_logger(*key).error("reconcile failed: %s", exc, exc_info=True)
+                    self.enqueue(*key, delay=5.0)
+                metrics.reconcile_finished(result, time.monotonic() - started)
+                if key not in self._dirty:
+                    break
+        finally:
+            self._running.pop(key, None)
+
+    # ---------------------------------------------------------------- reconcile
+
+    def _store(self, spec: AgentRunSpec) -> Any:
+        from agentrun.checkpoint.store import CheckpointStore, StoreConfig
+
+        ck, cfg = spec.checkpoint, self.config
+        uri = ck.uri or cfg.checkpoint_uri
+        if not uri:
+            raise ValueError("spec.checkpoint.uri is not set and the operator has no default (AGENTRUN_CHECKPOINT_URI)")
+        sc = StoreConfig(
+            uri=uri,
+            endpoint_url=ck.endpoint or cfg.s3_endpoint,
+            region=ck.region or cfg.s3_region,
+            path_style=cfg.s3_path_style if ck.path_style is None else ck.path_style,
+            snapshot_every=ck.snapshot_every,
+        )
+        key = (sc.uri, sc.endpoint_url, sc.region, sc.path_style)
+        if key not in self._stores:
+            self._stores[key] = CheckpointStore(sc)
+        return self._stores[key]
+
+    async def reconcile(self, namespace: str, name: str) -> float | None:
+        """One reconcile of one run. Returns the requeue delay, if any."""
+        if not self.is_leader:
+            return None
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        custom = client.CustomObjectsApi()
+        try:
+            body = await asyncio.to_thread(custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        meta = body["metadata"]
+        uid = meta["uid"]
+        rlog = run_logger(namespace, name)
+        spec, spec_error = None, None
+        try:
+            spec = AgentRunSpec.model_validate(body.get("spec") or {})
+        except pydantic.ValidationError as exc:
+            spec_error = spec_error_text(exc)
+        try:
+            status = AgentRunStatus.model_validate(body.get("status") or {})
+        except pydantic.ValidationError as exc:
+            rlog.error("status unreadable, starting from an empty status: %s", spec_error_text(exc))
+            status = AgentRunStatus()
+        jobs = await self._observe_jobs(namespace, uid)
+        observed = d.Observed(
+            namespace=namespace, name=name, uid=uid, generation=int(meta.get("generation") or 1),
+            spec=spec, spec_error=spec_error, status=status, now=_now(),
+            annotations=dict(meta.get("annotations") or {}), finalizers=tuple(meta.get("finalizers") or ()),
+            deleting=bool(meta.get("deletionTimestamp")), jobs=tuple(jobs),
+        )
+        run = RunRef(namespace=namespace, name=name, uid=uid)
+        decision = d.decide(observed)
+        for _ in range(3):
+            if not decision.needs_read:
+                break
+            observed = await self._read(observed, decision, run, spec)
+            decision = d.decide(observed)
+        if decision.needs_read:
+            raise RuntimeError("decide kept asking for reads")
+        return await self._execute(body, observed, decision, run, spec)
+
+    async def _observe_jobs(self, namespace: str, uid: str) -> list[d.ObservedJob]:
+        from kubernetes import client
+
+        batch, core = client.BatchV1Api(), client.CoreV1Api()
+        api_client = client.ApiClient()
+        resp = await asyncio.to_thread(batch.list_namespaced_job, namespace, label_selector=f"{LABEL_RUN_UID}={uid}")
+        out = []
+        for job_obj in resp.items:
+            job = api_client.sanitize_for_serialization(job_obj)
+            meta = job["metadata"]
+            labels = meta.get("labels") or {}
+            try:
+                lap, attempt = int(labels[LABEL_LAP]), int(labels[LABEL_ATTEMPT])
+            except (KeyError, ValueError):
+                continue
+            state, job_reason = _job_state(job)
+            exit_code = reason = None
+            if state != "active":
+                pods = await asyncio.to_thread(core.list_namespaced_pod, namespace, label_selector=f"job-name={meta['name']}")
+                exit_code, reason = _pod_exit(api_client.sanitize_for_serialization(pods)["items"])
+                if job_reason == "DeadlineExceeded":
+                    reason = "DeadlineExceeded: the lap ran longer than spec.lapTimeout"
+                elif reason is None:
+                    reason = job_reason if exit_code is None else None
+                if exit_code is None and reason == "BackoffLimitExceeded":
+                    reason = "PodGone: the lap pod was deleted or lost"
+            started = (job.get("status") or {}).get("startTime") or meta.get("creationTimestamp")
+            out.append(d.ObservedJob(
+                name=meta["name"], lap=lap, attempt=attempt, state=state, exit_code=exit_code, reason=reason,
+                agent_version=(meta.get("annotations") or {}).get(ANNOTATION_AGENT_VERSION),
+                started_at=datetime.fromisoformat(started.replace("Z", "+00:00")) if isinstance(started, str) else None,
+            ))
+        return out
+
+    async def _read(self, o: d.Observed, decision: d.Decision, run: RunRef, spec: AgentRunSpec | None) -> d.Observed:
+        from agentrun.checkpoint import errors as ce
+
+        assert spec is not None
+        store = self._store(spec)
+        for a in decision.actions:
+            if isinstance(a, d.ReadCheckpoint):
+                try:
+                    record, stored = await asyncio.to_thread(store.get_lap, run, a.lap)
+                    cp = d.CheckpointRead(
+                        lap=a.lap, kind="ok", record=record, key=stored.key, sha256=stored.sha256,
+                        written_at=stored.written_at, uri=f"s3://{store.config.bucket}/{stored.key}",
+                    )
+                except ce.CheckpointNotFound as exc:
+                    cp = d.CheckpointRead(lap=a.lap, kind="missing", error=str(exc))
+                except (ce.CorruptCheckpoint, ce.UnsupportedSchemaVersion) as exc:
+                    cp = d.CheckpointRead(lap=a.lap, kind="unreadable", error=str(exc))
+                except ce.CheckpointError as exc:
+                    cp = d.CheckpointRead(lap=a.lap, kind="unavailable", error=str(exc))
+                o = replace(o, checkpoint=cp)
+            elif isinstance(a, d.ReadAttemptFailure):
+                try:
+                    report = await asyncio.to_thread(store.get_attempt_failure, run, a.lap, a.attempt)
+                except ce.CheckpointError as exc:
+                    report = {"message": f"(failure report unreadable: {exc})"}
+                o = replace(o, attempt_failure=d.AttemptFailureRead(a.lap, a.attempt, report))
+        return o
+
+    async def _execute(self, body: dict[str, Any], o: d.Observed, decision: d.Decision, run: RunRef,
+                       spec: AgentRunSpec | None) -> float | None:
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        ns, name = o.namespace, o.name
+        batch, custom = client.BatchV1Api(), client.CustomObjectsApi()
+        rlog = run_logger(ns, name)
+        requeue = decision.requeue_after
+        # Jobs first: a lost status write is repaired by adopting the Job (deterministic name).
+        for a in decision.of(d.DeleteJob):
+            try:
+                await asyncio.to_thread(batch.delete_namespaced_job, a.name, ns, propagation_policy="Background")
+                rlog.info("deleted stray Job %s", a.name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        status = decision.status
+        for a in decision.of(d.CreateJob):
+            alog = run_logger(ns, name, a.lap, a.attempt)
+            assert spec is not None
+            try:
+                job = build_job(RunIdentity(ns, name, o.uid), spec, a.lap, a.attempt, a.agent_version, self.config,
+                                approval=a.approval)
+                await asyncio.to_thread(batch.create_namespaced_job, ns, job)
+                alog.info("created lap Job %s (agent %s)", a.name, a.agent_version)
+            except ApiException as exc:
+                if exc.status == 409:
+                    alog.info("lap Job %s exists already: adopted", a.name)
+                elif exc.status in (400, 403, 422):
+                    status = _failed(o, status, "JobRefused", f"the lap Job was refused by the API server: {exc.reason}")
+                    decision.actions.append(d.Event("Warning", "JobRefused", status.message or ""))
+                else:
+                    raise
+            except ValueError as exc:
+                status = _failed(o, status, "InvalidConfiguration", str(exc))
+                decision.actions.append(d.Event("Warning", "InvalidConfiguration", str(exc)))
+        if status is not None:
+            patch = [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": body["metadata"]["resourceVersion"]},
+                {"op": "add", "path": "/status", "value": status.model_dump(by_alias=True, exclude_none=True, mode="json")},
+            ]
+            try:
+                await asyncio.to_thread(custom.patch_namespaced_custom_object_status, GROUP, VERSION, ns, PLURAL, name, patch,
+                                        _content_type="application/json-patch+json")
+            except ApiException as exc:
+                if exc.status in (409, 422):  # changed since we read it (e.g. a decision): redo
+                    rlog.info("run changed while reconciling; reconciling again")
+                    return 0.2
+                raise
+            metrics.observe_run(ns, name, body.get("spec") or {}, status.model_dump(by_alias=True, exclude_none=True, mode="json"))
+            if status.phase != o.status.phase:
+                rlog.info("phase %s -> %s: %s", o.status.phase, status.phase, status.message)
+        for a in decision.of(d.RemoveAnnotations):
+            await asyncio.to_thread(custom.patch_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name,
+                                    {"metadata": {"annotations": {k: None for k in a.keys}}})
+        if decision.of(d.DeleteCheckpoints):
+            try:
+                assert spec is not None
+                n = await asyncio.to_thread(self._store(spec).delete_run, run)
+                rlog.info("retention Delete: deleted %d checkpoint objects", n)
+            except Exception as exc:
+                rlog.warning("retention Delete: cannot delete checkpoints yet: %s", exc)
+                await self._event(body, "Warning", "CheckpointDeleteFailed", f"cannot delete checkpoints yet: {exc}")
+                return 10.0
+        for a in decision.actions:
+            if isinstance(a, (d.AddFinalizer, d.RemoveFinalizer)):
+                fins = [f for f in (body["metadata"].get("finalizers") or []) if f != a.name]
+                if isinstance(a, d.AddFinalizer):
+                    fins.append(a.name)
+                await asyncio.to_thread(custom.patch_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name,
+                                        {"metadata": {"finalizers": fins}})
+        for a in decision.actions:
+            if isinstance(a, d.Event):
+                await self._event(body, a.type, a.reason, a.message)
+                run_logger(ns, name, status.lap if status else None).log(
+                    logging.WARNING if a.type == "Warning" else logging.INFO, "%s: %s", a.reason, a.message)
+            elif isinstance(a, d.LapFinished):
+                metrics.lap_finished(ns, name, a.outcome, a.duration_seconds)
+            elif isinstance(a, d.LapRetried):
+                metrics.lap_retried(ns, name, a.reason)
+        return requeue
+
+    async def _event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        meta = body["metadata"]
+        now = _now().strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta['name'][:200]}.{secrets.token_hex(8)}", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRun", "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"],
+                               "resourceVersion": meta.get("resourceVersion")},
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": "agentrun-operator"},
+            "reportingComponent": "agentrun.dev/operator",
+            "reportingInstance": self.config.identity[:128],
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await asyncio.to_thread(client.CoreV1Api().create_namespaced_event, meta["namespace"], event)
+        except ApiException as exc:  # events are best effort
+            log.warning("cannot post event %s: %s", reason, exc.reason)
+
+
+def _failed(o: d.Observed, status: AgentRunStatus | None, reason: str, message: str) -> AgentRunStatus:
+    ctx = d._Ctx(o)
+    if status is not None:
+        ctx.st = status.model_copy(deep=True)
+    ctx.phase("Failed", reason, message)
+    ctx.st.observed_generation = o.generation
+    return ctx.st
+
+
+# ---------------------------------------------------------------------------- Kopf wiring
+
+CONTROLLER: Controller | None = None
+
+
+def _controller() -> Controller:
+    assert CONTROLLER is not None, "the controller was not started"
+    return CONTROLLER
+
+
+@kopf.on.startup()
+async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    global CONTROLLER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.agentrun.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="kopf.agentrun.dev", key="last-handled-configuration")
+    settings.persistence.finalizer = "kopf.agentrun.dev/finalizer"
+    settings.posting.enabled = False  # Events are posted by the controller, with our reasons
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150
+    if CONTROLLER is None:
+        CONTROLLER = Controller(OperatorConfig.from_env())
+    await CONTROLLER.start()
+
+
+@kopf.on.cleanup()
+async def _cleanup(**_: Any) -> None:
+    if CONTROLLER is not None:
+        await CONTROLLER.stop()
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def _on_run(type: str | None, name: str, namespace: str, **_: Any) -> None:
+    c = _controller()
+    if type == "DELETED":
+        c.forget(namespace, name)
+        metrics.forget_run(namespace, name)
+        return
+    c.enqueue(namespace, name)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={LABEL_RUN_UID: kopf.PRESENT})
+async def _on_job(body: kopf.Body, namespace: str, **_: Any) -> None:
+    for ref in body.metadata.get("ownerReferences") or []:
+        if ref.get("kind") == "AgentRun" and str(ref.get("apiVersion", "")).startswith(GROUP + "/"):
+            _controller().enqueue(namespace, ref["name"])
