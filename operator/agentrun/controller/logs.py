@@ -8,6 +8,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 RUN_FIELDS = ("namespace", "name", "lap", "attempt")
+# LogRecord attributes holding them ("name" is taken by the logger's name)
+_ATTR = {"namespace": "run_namespace", "name": "run_name", "lap": "lap", "attempt": "attempt"}
 
 
 class JSONFormatter(logging.Formatter):
@@ -20,7 +22,7 @@ class JSONFormatter(logging.Formatter):
         }
         ref = getattr(record, "k8s_ref", None) or {}
         for key in RUN_FIELDS:
-            value = getattr(record, key, None)
+            value = getattr(record, _ATTR[key], None)
             if value is None and key in ("namespace", "name"):
                 value = ref.get(key)
             doc[key] = value
@@ -32,7 +34,7 @@ class JSONFormatter(logging.Formatter):
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         base = super().format(record)
-        parts = [f"{k}={getattr(record, k)}" for k in RUN_FIELDS if getattr(record, k, None) is not None]
+        parts = [f"{k}={getattr(record, _ATTR[k])}" for k in RUN_FIELDS if getattr(record, _ATTR[k], None) is not None]
         return base + (" " + " ".join(parts) if parts else "")
 
 
@@ -50,5 +52,5 @@ def setup_logging(fmt: str = "json", level: int = logging.INFO) -> None:
 def run_logger(namespace: str, name: str, lap: int | None = None, attempt: int | None = None) -> logging.LoggerAdapter:
     return logging.LoggerAdapter(
         logging.getLogger("agentrun.controller"),
-        {"namespace": namespace, "name": name, "lap": lap, "attempt": attempt},
+        {"run_namespace": namespace, "run_name": name, "lap": lap, "attempt": attempt},
     )

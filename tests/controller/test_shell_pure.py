@@ -1,0 +1,67 @@
+"""Pure parts of the I/O shell: lease decisions, Job/pod state mapping, logs, spec errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timedelta, timezone
+
+import pydantic
+import pytest
+
+from agentrun.api.spec import AgentRunSpec
+from agentrun.controller.handlers import _job_state, _pod_exit, spec_error_text
+from agentrun.controller.lease import lease_action
+from agentrun.controller.logs import JSONFormatter, run_logger
+
+NOW = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize("spec,expected", [
+    (None, "create"),
+    ({"holderIdentity": "me", "renewTime": NOW}, "renew"),
+    ({"holderIdentity": None}, "take"),
+    ({"holderIdentity": "other", "renewTime": NOW - timedelta(seconds=5), "leaseDurationSeconds": 15}, "wait"),
+    ({"holderIdentity": "other", "renewTime": NOW - timedelta(seconds=16), "leaseDurationSeconds": 15}, "take"),
+    ({"holderIdentity": "other", "renewTime": "2029-12-31T23:59:59.000000Z", "leaseDurationSeconds": 15}, "wait"),
+])
+def test_lease_action(spec, expected):
+    assert lease_action(spec, "me", NOW, 15) == expected
+
+
+def test_job_state():
+    assert _job_state({"status": {}}) == ("active", None)
+    assert _job_state({"status": {"conditions": [{"type": "FailureTarget", "status": "True"}]}}) == ("active", None)
+    assert _job_state({"status": {"conditions": [{"type": "Complete", "status": "True"}]}}) == ("succeeded", None)
+    assert _job_state({"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]}}) \
+        == ("failed", "DeadlineExceeded")
+
+
+def test_pod_exit():
+    pod = {"metadata": {"creationTimestamp": "2030-01-01T00:00:00Z"},
+           "status": {"containerStatuses": [{"state": {"terminated": {"exitCode": 75, "reason": "Error"}}}]}}
+    assert _pod_exit([pod]) == (75, "Error")
+    evicted = {"metadata": {"creationTimestamp": "2030-01-01T00:00:01Z"}, "status": {"reason": "Evicted"}}
+    assert _pod_exit([pod, evicted]) == (None, "Evicted")
+    assert _pod_exit([]) == (None, None)
+
+
+def test_spec_error_names_the_field():
+    with pytest.raises(pydantic.ValidationError) as err:
+        AgentRunSpec.model_validate({"task": "t", "agent": {"version": "1", "model": {"provider": "nope"}}})
+    assert "spec.agent.model.provider" in spec_error_text(err.value)
+
+
+def test_json_log_lines_carry_run_fields():
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("agentrun.controller")
+    logger.addHandler(handler)
+    try:
+        run_logger("ns", "run", 3).warning("hello %s", "x")
+    finally:
+        logger.removeHandler(handler)
+    doc = json.loads(JSONFormatter().format(records[0]))
+    assert doc["msg"] == "hello x" and doc["namespace"] == "ns" and doc["name"] == "run"
+    assert doc["lap"] == 3 and "attempt" in doc and doc["attempt"] is None
