@@ -64,10 +64,10 @@ def test_rbac_least_privilege(helm, values):
                 granted.add((res, v))
     assert granted == {
         ("events", "create"),
-        *{("agentruns", v) for v in ("get", "list", "watch", "patch")},
+        *{("agentruns", v) for v in ("list", "watch", "patch")},
         ("agentruns/status", "patch"),
-        *{("jobs", v) for v in ("create", "get", "list", "watch", "delete")},
-        *{("pods", v) for v in ("get", "list", "watch")},
+        *{("jobs", v) for v in ("create", "list", "watch", "delete")},
+        ("pods", "list"),
         ("customresourcedefinitions", "list"), ("customresourcedefinitions", "watch"),
         *{("leases", v) for v in ("create", "get", "update", "patch")},
     }
@@ -128,7 +128,8 @@ def test_deployment_security_and_env_names_match_the_operator_config(helm):
     assert sc["capabilities"]["drop"] == ["ALL"] and sc["seccompProfile"]["type"] == "RuntimeDefault"
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     assert c["resources"]["requests"] and c["resources"]["limits"]
-    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     env = {e["name"]: e for e in c["env"]}
     assert env["AGENTRUN_LOG_FORMAT"]["value"] == "json"
     # every AGENTRUN_* variable the chart sets is one the operator reads (controller/config.py)
@@ -137,8 +138,8 @@ def test_deployment_security_and_env_names_match_the_operator_config(helm):
         assert f'"{name}"' in config_src, f"{name} is not read by controller/config.py"
     assert json.loads(env["AGENTRUN_LAP_REQUESTS"]["value"]) == {"cpu": "100m", "memory": "256Mi"}
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"metrics": 9090, "health": 8080}
-    assert env["AGENTRUN_METRICS_PORT"]["value"] == "9090" and env["AGENTRUN_HEALTH_PORT"]["value"] == "8080"
+    assert ports == {"metrics": 9090}  # /metrics, /healthz, /readyz are all served there
+    assert env["AGENTRUN_METRICS_PORT"]["value"] == "9090"
     svc = one(docs, "Service")
     assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
 
