@@ -3,7 +3,8 @@
 Every request is answered with a JSON echo and recorded (one JSON line per *executed* call) in
 ``--record`` (default: stdout only). Requests that carry an ``Idempotency-Key`` header already
 seen are answered with the original response and NOT executed again, the way a payment provider
-does. ``GET /_calls`` lists the executed calls.
+does. ``GET /_calls`` lists the executed calls. An argument ``sleepSeconds`` delays the answer (a slow
+tool, to kill a lap mid-call in tests).
 
     python examples/tool_server.py --port 8765 --record /tmp/tool-calls.jsonl
 """
@@ -36,6 +37,8 @@ def make_handler(record: str | None) -> type[BaseHTTPRequestHandler]:
             except json.JSONDecodeError:
                 return self._send(400, b'{"error": "body is not JSON"}')
             key = self.headers.get("Idempotency-Key")
+            if isinstance(args, dict) and isinstance(args.get("sleepSeconds"), (int, float)):
+                time.sleep(min(float(args["sleepSeconds"]), 60.0))  # a slow tool, for kill-mid-lap tests
             with _lock:
                 if key and key in _responses:
                     return self._send(200, _responses[key], replay=True)

@@ -1,0 +1,288 @@
+"""The operator on the real local control plane (kube-apiserver + etcd, kube-controller-manager,
+process kubelet) with a real S3 server: ``agentrun operator`` runs as a subprocess.
+
+Fixtures ``cluster`` and ``s3`` come from tests/e2e/conftest.py (e2e/cluster.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+import tool_server  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _wait(what: str, fn: Callable[[], Any], timeout: float = 60, interval: float = 0.5) -> Any:
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+class Env:
+    def __init__(self, cluster: Any, s3: Any, tmp: Path) -> None:
+        self.cluster, self.s3, self.tmp = cluster, s3, tmp
+        self.ns = f"e2e-{uuid.uuid4().hex[:6]}"
+        self.proc: subprocess.Popen | None = None
+        self.log = tmp / "operator.log"
+        self.record = tmp / "tool-calls.jsonl"
+        self.tools = tool_server.serve(0, str(self.record))
+        self.tool_url = f"http://127.0.0.1:{self.tools.server_address[1]}"
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+        return self.cluster.kubectl_run(*args, check=check, input=input)
+
+    def apply(self, doc: dict, check: bool = True) -> subprocess.CompletedProcess:
+        return self.kubectl("apply", "-n", self.ns, "-f", "-", input=yaml.safe_dump(doc), check=check)
+
+    def get(self, name: str) -> dict:
+        r = self.kubectl("get", "agentrun", name, "-n", self.ns, "-o", "json", check=False)
+        return json.loads(r.stdout) if r.returncode == 0 else {}
+
+    def status(self, name: str) -> dict:
+        return self.get(name).get("status") or {}
+
+    def wait_phase(self, name: str, *phases: str, timeout: float = 90) -> dict:
+        return _wait(f"{name} phase in {phases}", lambda: (s := self.status(name)).get("phase") in phases and s,
+                     timeout=timeout)
+
+    def jobs(self, name: str) -> list[dict]:
+        r = self.kubectl("get", "jobs", "-n", self.ns, "-l", f"agentrun.dev/run={name}", "-o", "json")
+        return json.loads(r.stdout)["items"]
+
+    def events(self, name: str) -> list[dict]:
+        r = self.kubectl("get", "events", "-n", self.ns, "--field-selector", f"involvedObject.name={name}", "-o", "json")
+        return json.loads(r.stdout)["items"]
+
+    def calls(self, path: str) -> list[dict]:
+        if not self.record.exists():
+            return []
+        return [c for c in map(json.loads, self.record.read_text().splitlines()) if c["path"] == path]
+
+    def start_operator(self) -> None:
+        env = self.cluster.env()
+        env.update({
+            "AGENTRUN_CHECKPOINT_URI": f"s3://{self.s3.bucket}/e2e-{self.ns}",
+            "AGENTRUN_S3_ENDPOINT": self.s3.endpoint_url,
+            "AGENTRUN_S3_REGION": self.s3.region,
+            "AGENTRUN_S3_PATH_STYLE": "true",
+            "AGENTRUN_S3_CREDENTIALS_SECRET": "s3-creds",
+            "AWS_ACCESS_KEY_ID": self.s3.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.s3.secret_key,
+            "AWS_DEFAULT_REGION": self.s3.region,
+            "AGENTRUN_LAP_COMMAND": json.dumps([shutil.which("agentrun") or "agentrun", "lap"]),
+            "AGENTRUN_LEASE_NAMESPACE": self.ns,
+            "AGENTRUN_LEASE_DURATION": "3",
+            "AGENTRUN_RESYNC_SECONDS": "5",
+            "AGENTRUN_JOB_TTL_SECONDS": "-1",
+            "AGENTRUN_METRICS_PORT": "0",
+            "AGENTRUN_NAMESPACES": self.ns,
+        })
+        fh = open(self.log, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "agentrun.cli.main", "operator"], env=env,
+                                     stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill_operator(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def run_doc(self, name: str, script: list[dict], **spec: Any) -> dict:
+        tools = [
+            {"name": "note", "http": {"url": f"{self.tool_url}/note", "timeout": "20s"}},
+            {"name": "refund", "requiresApproval": True, "http": {"url": f"{self.tool_url}/refund", "timeout": "5s"}},
+        ]
+        body = {
+            "task": f"e2e {name}",
+            "agent": {"version": spec.pop("version", "v1"),
+                      "model": {"provider": "scripted", "script": script}, "tools": tools},
+            "approval": {"owner": "e2e-team", "timeout": spec.pop("approval_timeout", "1h"),
+                         "onTimeout": spec.pop("on_timeout", "reject")},
+            "budget": {"maxLaps": 10},
+            "lapTimeout": "60s",
+            "retry": {"attemptsPerLap": 3, "backoff": {"initial": "1s", "max": "2s", "factor": 2}},
+            **spec,
+        }
+        return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name}, "spec": body}
+
+
+@pytest.fixture(scope="module")
+def env(cluster, s3, tmp_path_factory):
+    e = Env(cluster, s3, tmp_path_factory.mktemp("operator"))
+    cluster.kubectl_run("apply", "-f", str(ROOT / "crds" / "agentrun.dev_agentruns.yaml"))
+    cluster.kubectl_run("wait", "--for=condition=Established", "crd/agentruns.agentrun.dev", "--timeout=60s")
+    cluster.kubectl_run("create", "namespace", e.ns)
+    cluster.kubectl_run("create", "serviceaccount", "agentrun-lap", "-n", e.ns)
+    cluster.kubectl_run("create", "secret", "generic", "s3-creds", "-n", e.ns,
+                        f"--from-literal=AWS_ACCESS_KEY_ID={s3.access_key}",
+                        f"--from-literal=AWS_SECRET_ACCESS_KEY={s3.secret_key}")
+    e.start_operator()
+    yield e
+    e.kill_operator()
+    e.tools.shutdown()
+    if os.environ.get("AGENTRUN_E2E_KEEP") is None:
+        cluster.kubectl_run("delete", "namespace", e.ns, "--wait=false", check=False)
+
+
+def _one_job_per_attempt(jobs: list[dict]) -> None:
+    keys = [(j["metadata"]["labels"]["agentrun.dev/lap"], j["metadata"]["labels"]["agentrun.dev/attempt"]) for j in jobs]
+    assert len(keys) == len(set(keys)), keys
+
+
+def test_invalid_specs_are_refused_naming_the_field(env):
+    r = env.kubectl("apply", "-n", env.ns, "-f", str(ROOT / "examples" / "invalid-run.yaml"), check=False)
+    assert r.returncode != 0
+    assert "spec.budget.maxLaps" in r.stderr
+    assert "spec.approval.owner" in r.stderr
+    doc = env.run_doc("immutable", [{"content": "hi"}], suspend=True)
+    env.apply(doc)
+    doc["spec"]["task"] = "another task"
+    r = env.apply(doc, check=False)
+    assert r.returncode != 0 and "spec.task is immutable" in r.stderr
+
+
+def test_happy_path_to_succeeded(env):
+    script = [
+        {"content": "noting", "toolCalls": [{"name": "note", "arguments": {"text": "hello"}}],
+         "usage": {"inputTokens": 100, "outputTokens": 10}},
+        {"content": "done", "usage": {"inputTokens": 100, "outputTokens": 10}},
+    ]
+    env.apply(env.run_doc("happy", script))
+    st = env.wait_phase("happy", "Succeeded", "Failed", "BudgetExceeded")
+    assert st["phase"] == "Succeeded", st
+    assert st["lap"] == 2 and st["checkpoint"]["key"].endswith("laps/00000002.json")
+    assert st["agentVersion"] == "v1" and st["lastCheckpointTime"]
+    assert {c["type"]: c["status"] for c in st["conditions"]}["Complete"] == "True"
+    jobs = env.jobs("happy")
+    _one_job_per_attempt(jobs)
+    assert len(jobs) == 2
+    reasons = [e["reason"] for e in env.events("happy")]
+    assert reasons.count("LapCheckpointed") == 2
+    assert len(env.calls("/note")) == 1
+
+
+def _approval_run(env, name: str, **kw) -> None:
+    script = [
+        {"content": "refunding", "toolCalls": [{"name": "refund", "arguments": {"order": name}}]},
+        {"content": "finished"},
+    ]
+    env.apply(env.run_doc(name, script, **kw))
+    st = env.wait_phase(name, "AwaitingApproval", "Failed", "Succeeded")
+    assert st["phase"] == "AwaitingApproval", st
+    assert st["waitingOn"] == "e2e-team" and st["approval"]["state"] == "Pending"
+    assert not [j for j in env.jobs(name) if not (j.get("status") or {}).get("conditions")]  # no Job running
+
+
+def test_approval_approved_by_annotation(env):
+    _approval_run(env, "approve")
+    env.kubectl("annotate", "agentrun", "approve", "-n", env.ns, "approved=true", "agentrun.dev/reason=verified")
+    st = env.wait_phase("approve", "Succeeded", "Failed")
+    assert st["phase"] == "Succeeded", st
+    assert st["approval"]["state"] == "Approved" and st["approval"]["reason"] == "verified"
+    assert "approved" not in (env.get("approve")["metadata"].get("annotations") or {})
+    assert len([c for c in env.calls("/refund") if c["arguments"].get("order") == "approve"]) == 1
+
+
+def test_approval_rejected(env):
+    _approval_run(env, "reject")
+    env.kubectl("annotate", "agentrun", "reject", "-n", env.ns, "approved=false")
+    st = env.wait_phase("reject", "Succeeded", "Failed")
+    assert st["approval"]["state"] == "Rejected"
+    assert not [c for c in env.calls("/refund") if c["arguments"].get("order") == "reject"]
+
+
+def test_approval_timeout_is_timed_out(env):
+    _approval_run(env, "timeout", approval_timeout="3s")
+    st = env.wait_phase("timeout", "Succeeded", "Failed", timeout=60)
+    assert st["approval"]["state"] == "TimedOut"
+    assert not [c for c in env.calls("/refund") if c["arguments"].get("order") == "timeout"]
+
+
+def test_annotation_on_a_run_not_waiting_is_removed(env):
+    env.apply(env.run_doc("early", [{"content": "x"}], suspend=True))
+    env.wait_phase("early", "Suspended")
+    env.kubectl("annotate", "agentrun", "early", "-n", env.ns, "approved=true")
+    _wait("annotation removed", lambda: "approved" not in (env.get("early")["metadata"].get("annotations") or {}))
+    assert "ApprovalIgnored" in [e["reason"] for e in env.events("early")]
+
+
+def test_suspend_and_resume(env):
+    env.apply(env.run_doc("suspended", [{"content": "a", "toolCalls": [{"name": "note", "arguments": {"t": 1}}]},
+                                        {"content": "b"}], suspend=True))
+    st = env.wait_phase("suspended", "Suspended")
+    assert st["lap"] == 0 and env.jobs("suspended") == []
+    env.kubectl("patch", "agentrun", "suspended", "-n", env.ns, "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    st = env.wait_phase("suspended", "Succeeded", "Failed")
+    assert st["phase"] == "Succeeded" and st["lap"] == 2
+
+
+def test_lap_pod_deleted_mid_lap_is_retried_side_effect_once(env):
+    script = [{"content": "slow", "toolCalls": [{"name": "note", "arguments": {"order": "podkill", "sleepSeconds": 4}}]},
+              {"content": "done"}]
+    env.apply(env.run_doc("podkill", script))
+    pod = _wait("lap pod running", lambda: next(iter(json.loads(env.kubectl(
+        "get", "pods", "-n", env.ns, "-l", "agentrun.dev/run=podkill", "-o", "json").stdout)["items"]), None))
+    time.sleep(1.5)  # inside the slow tool call
+    env.kubectl("delete", "pod", pod["metadata"]["name"], "-n", env.ns, "--wait=false")
+    st = env.wait_phase("podkill", "Succeeded", "Failed", timeout=120)
+    assert st["phase"] == "Succeeded", st
+    assert st["totalRetries"] >= 1
+    jobs = env.jobs("podkill")
+    _one_job_per_attempt(jobs)
+    assert len([c for c in env.calls("/note") if c["arguments"].get("order") == "podkill"]) == 1
+
+
+def test_version_bump_mid_run(env):
+    script = [{"content": "slow", "toolCalls": [{"name": "note", "arguments": {"order": "bump", "sleepSeconds": 3}}]},
+              {"content": "done"}]
+    env.apply(env.run_doc("bump", script))
+    _wait("lap 1 running", lambda: env.status("bump").get("activeJob"))
+    env.kubectl("patch", "agentrun", "bump", "-n", env.ns, "--type=merge", "-p", '{"spec":{"agent":{"version":"v2"}}}')
+    st = env.wait_phase("bump", "Succeeded", "Failed", timeout=90)
+    assert st["phase"] == "Succeeded" and st["agentVersion"] == "v2" and st["checkpoint"]["agentVersion"] == "v2"
+    assert "VersionChanged" in [e["reason"] for e in env.events("bump")]
+
+
+def test_operator_killed_mid_run_resumes_exactly_one_job_per_attempt(env):
+    script = [{"content": "slow", "toolCalls": [{"name": "note", "arguments": {"order": "restart", "sleepSeconds": 3}}]},
+              {"content": "two", "toolCalls": [{"name": "note", "arguments": {"order": "restart2"}}]},
+              {"content": "done"}]
+    env.apply(env.run_doc("restart", script))
+    _wait("lap 1 running", lambda: env.status("restart").get("activeJob"))
+    env.kill_operator()
+    # the lap finishes while the operator is down
+    _wait("lap 1 Job finished", lambda: all((j.get("status") or {}).get("conditions") for j in env.jobs("restart")),
+          timeout=60)
+    env.start_operator()
+    st = env.wait_phase("restart", "Succeeded", "Failed", timeout=120)
+    assert st["phase"] == "Succeeded", st
+    jobs = env.jobs("restart")
+    _one_job_per_attempt(jobs)
+    assert len(jobs) == 3
+
+
+def test_deletion_garbage_collects_the_job(env):
+    script = [{"content": "slow", "toolCalls": [{"name": "note", "arguments": {"order": "gc", "sleepSeconds": 20}}]}]
+    env.apply(env.run_doc("gc", script))
+    _wait("lap Job", lambda: env.jobs("gc"))
+    env.kubectl("delete", "agentrun", "gc", "-n", env.ns, "--wait=true", "--timeout=60s")
+    _wait("Job garbage-collected", lambda: env.jobs("gc") == [], timeout=60)
