@@ -420,7 +420,10 @@ class CheckpointStore:
     def put_lap(self, record: LapRecord, state_before: RunState | None = None) -> StoredObject:
         """Write a lap's record once (If-None-Match: *). Raises ``LapAlreadyCheckpointed`` if
         another writer has written this lap. When ``record.lap`` is a multiple of K, also writes
-        the snapshot (``fold(state_before, record)``; ``state_before`` is loaded when not given).
+        the snapshot (``fold(state_before, record)``; ``state_before`` is loaded when not given;
+        a snapshot that cannot be written is logged, not raised). Writing byte-identical content
+        again (a retried PUT whose first try landed) returns the existing object instead of raising.
+        With ``state_before``, ``record.prevSha256`` must equal ``state_before.lastSha256``.
         """
         if record.schema_version != SCHEMA_VERSION:
             raise ValueError(
