@@ -105,7 +105,8 @@ class LeaseElector:
             return True
         if action == "take":
             body_spec.update(acquireTime=_now_micro(), leaseTransitions=int((spec or {}).get("leaseTransitions") or 0) + 1)
-        body = {"metadata": {"name": self.name, "namespace": self.namespace,
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace,
                              "resourceVersion": lease.metadata.resource_version},
                 "spec": {**(spec and {k: v for k, v in {
                     "acquireTime": spec.get("acquireTime"), "leaseTransitions": spec.get("leaseTransitions")}.items()
