@@ -1,0 +1,447 @@
+"""Start/stop agentrun's local Kubernetes control plane and S3 server.
+
+Python API (used by ``mk/cluster.mk`` and by ``tests/e2e/conftest.py``)::
+
+    from e2e.cluster import start_cluster, start_s3, sa_kubeconfig
+
+    c = start_cluster("/tmp/kube")      # etcd + kube-apiserver + kube-controller-manager
+                                         # + process kubelet, ready to run Jobs
+    c.kubeconfig, c.server, c.admin_token, c.bin_dir, c.kubectl, c.ca_file
+    c.kubectl_run("get", "nodes")       # CompletedProcess (text, checked)
+    path = sa_kubeconfig(c, "ns", "sa")  # kubeconfig with a TokenRequest token
+    c.stop()                             # stops everything, no process left
+
+    s = start_s3("/tmp/s3")              # moto S3 on 127.0.0.1, bucket "agentrun"
+    s.endpoint_url, s.bucket, s.access_key, s.secret_key, s.region
+    s.stop()
+
+CLI (what ``make cluster-up`` & co. call)::
+
+    python3 e2e/cluster.py up   [--dir .localkube]
+    python3 e2e/cluster.py down [--dir .localkube]
+    python3 e2e/cluster.py s3-up|s3-down [--dir .localkube/s3]
+    python3 e2e/cluster.py sa-kubeconfig [--dir .localkube] NAMESPACE SA OUT
+    python3 e2e/cluster.py build        # print the localkube binary path
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+try:
+    from . import proc_kubelet  # type: ignore[no-redef]
+except ImportError:  # run as a script: e2e/ is on sys.path
+    import proc_kubelet  # type: ignore[no-redef]
+
+E2E_DIR = Path(__file__).resolve().parent
+BUILD_SH = E2E_DIR / "localkube" / "build.sh"
+S3_SERVER = E2E_DIR / "s3_server.py"
+PROC_KUBELET = E2E_DIR / "proc_kubelet.py"
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _tail(path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return f"(no {path})"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is dead for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _terminate(pid: int, grace: float, group: bool = True) -> None:
+    """SIGTERM pid (its process group if group), SIGKILL after grace seconds."""
+    if not pid or not _alive(pid):
+        return
+    try:
+        (os.killpg if group else os.kill)(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    end = time.time() + grace
+    while time.time() < end and _alive(pid):
+        time.sleep(0.1)
+    if _alive(pid) or group:
+        try:
+            (os.killpg if group else os.kill)(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    end = time.time() + 5
+    while time.time() < end and _alive(pid):
+        time.sleep(0.05)
+
+
+def _read_pid(path: Path) -> int:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def leftover_processes(base_dir: str | os.PathLike) -> list[tuple[int, str]]:
+    """Live processes that belong to the cluster/S3 server in base_dir.
+
+    Matches processes whose command line mentions base_dir (localkube and its
+    children, the process kubelet, the S3 server) or whose environment carries
+    the process kubelet's pod marker for base_dir.
+    """
+    d = str(Path(base_dir).resolve())
+    marker = f"{proc_kubelet.DIR_ENV}={d}".encode()
+    me = os.getpid()
+    found = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit() or int(p) == me:
+            continue
+        pid = int(p)
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        hit = d in cmd
+        if not hit:
+            try:
+                hit = marker in open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            except OSError:
+                pass
+        if hit and _alive(pid):
+            found.append((pid, cmd.strip()))
+    return found
+
+
+def build_localkube() -> str:
+    """Build (or reuse the cached) localkube binary; return its path."""
+    t0 = time.time()
+    r = subprocess.run(["bash", str(BUILD_SH)], stdout=subprocess.PIPE, stderr=None, text=True)
+    if r.returncode != 0:
+        raise ClusterError(f"building localkube failed (exit {r.returncode}); see the output above")
+    path = r.stdout.strip().splitlines()[-1]
+    if time.time() - t0 > 5:
+        print(f"localkube built in {time.time() - t0:.0f}s: {path}", file=sys.stderr)
+    return path
+
+
+# ------------------------------------------------------------------ cluster
+
+
+@dataclass
+class Cluster:
+    dir: Path
+    kubeconfig: str
+    server: str
+    admin_token: str
+    bin_dir: str
+    ca_file: str
+    version: str = ""
+    pids: dict = field(default_factory=dict)
+
+    @property
+    def kubectl(self) -> str:
+        return os.path.join(self.bin_dir, "kubectl")
+
+    @property
+    def pods_dir(self) -> Path:
+        return self.dir / "pods"
+
+    def env(self, base: dict | None = None) -> dict:
+        """An environment with KUBECONFIG and the cluster's bin dir first on PATH."""
+        e = dict(os.environ if base is None else base)
+        e["KUBECONFIG"] = self.kubeconfig
+        e["PATH"] = self.bin_dir + os.pathsep + e.get("PATH", "")
+        return e
+
+    def kubectl_run(self, *args: str, check: bool = True, input: str | None = None,
+                    kubeconfig: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+        env = self.env()
+        if kubeconfig:
+            env["KUBECONFIG"] = kubeconfig
+        r = subprocess.run([self.kubectl, *args], env=env, input=input, capture_output=True, text=True,
+                           timeout=timeout)
+        if check and r.returncode != 0:
+            raise ClusterError(f"kubectl {' '.join(args)} failed ({r.returncode}): {r.stderr.strip()}")
+        return r
+
+    def stop(self) -> None:
+        stop_cluster(self.dir)
+
+    @classmethod
+    def load(cls, d: str | os.PathLike) -> "Cluster":
+        d = Path(d).resolve()
+        st = json.loads((d / "cluster.json").read_text())
+        return cls(dir=d, kubeconfig=st["kubeconfig"], server=st["server"], admin_token=st["admin_token"],
+                   bin_dir=st["bin_dir"], ca_file=st["ca_file"], version=st.get("version", ""),
+                   pids=dict(st.get("pids") or {}))
+
+
+def start_cluster(dir: str | os.PathLike, *, kubelet: bool = True, timeout: float = 240,
+                  fresh: bool = True, binary: str | None = None) -> Cluster:
+    """Start etcd, kube-apiserver, kube-controller-manager (and the process kubelet) in dir.
+
+    Returns once /readyz is OK, the node is Ready and the default ServiceAccount
+    exists. Raises ClusterError (with log tails) on failure, after cleaning up.
+    """
+    d = Path(dir).resolve()
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "logs").mkdir(exist_ok=True)
+    if (d / "localkube.pid").exists() and _alive(_read_pid(d / "localkube.pid")):
+        raise ClusterError(f"a cluster is already running in {d} (pid {_read_pid(d / 'localkube.pid')}); "
+                           "stop it first (make cluster-down)")
+    for stale in ("ready", "cluster.json", "kubelet.ready", "localkube.pid", "kubelet.pid"):
+        try:
+            (d / stale).unlink()
+        except FileNotFoundError:
+            pass
+    binary = binary or os.environ.get("LOCALKUBE_BIN") or build_localkube()
+    t0 = time.time()
+    args = [binary, "up", "--dir", str(d), "--timeout", f"{int(timeout)}s"]
+    if fresh:
+        args.append("--fresh")
+    with open(d / "logs" / "localkube.log", "ab") as logf:
+        sup = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               start_new_session=True, cwd=d)
+    (d / "localkube.pid").write_text(f"{sup.pid}\n")
+    try:
+        end = time.time() + timeout + 10
+        while not (d / "ready").exists():
+            if sup.poll() is not None:
+                raise ClusterError(f"localkube up exited with {sup.returncode}:\n{_tail(d / 'logs' / 'localkube.log')}"
+                                   f"\n--- apiserver.log:\n{_tail(d / 'logs' / 'apiserver.log', 20)}")
+            if time.time() > end:
+                raise ClusterError(f"control plane not ready after {timeout}s:\n{_tail(d / 'logs' / 'localkube.log')}")
+            time.sleep(0.2)
+        c = Cluster.load(d)
+        c.pids["localkube"] = sup.pid
+        if kubelet:
+            with open(d / "logs" / "kubelet.log", "ab") as logf:
+                # pods inherit this env: the cluster's bin dir (version-matched kubectl) first on PATH
+                kenv = c.env()
+                kenv.pop("KUBECONFIG", None)
+                kl = subprocess.Popen([sys.executable, str(PROC_KUBELET), "--kubeconfig", c.kubeconfig,
+                                       "--dir", str(d)], stdout=logf, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, start_new_session=True, cwd=d, env=kenv)
+            (d / "kubelet.pid").write_text(f"{kl.pid}\n")
+            c.pids["kubelet"] = kl.pid
+            while not (d / "kubelet.ready").exists():
+                if kl.poll() is not None:
+                    raise ClusterError(f"process kubelet exited with {kl.returncode}:\n{_tail(d / 'logs' / 'kubelet.log')}")
+                if time.time() > end:
+                    raise ClusterError(f"process kubelet not ready:\n{_tail(d / 'logs' / 'kubelet.log')}")
+                time.sleep(0.2)
+        # Pods can't be created before the namespace's default ServiceAccount exists.
+        while True:
+            r = c.kubectl_run("get", "serviceaccount", "default", "-n", "default", "-o", "name", check=False)
+            if r.returncode == 0:
+                break
+            if time.time() > end:
+                raise ClusterError(f"default ServiceAccount never appeared: {r.stderr}\n"
+                                   f"{_tail(d / 'logs' / 'controller-manager.log')}")
+            time.sleep(0.3)
+        (d / "startup-seconds").write_text(f"{time.time() - t0:.2f}\n")
+        return c
+    except BaseException:
+        stop_cluster(d)
+        raise
+
+
+def stop_cluster(dir: str | os.PathLike, check: bool = True) -> None:
+    """Stop the process kubelet (killing pod processes), then the control plane.
+
+    Raises ClusterError if any process of the cluster is still alive afterwards
+    (check=True), after SIGKILLing it.
+    """
+    d = Path(dir).resolve()
+    _terminate(_read_pid(d / "kubelet.pid"), grace=25, group=True)
+    _terminate(_read_pid(d / "localkube.pid"), grace=30, group=True)
+    proc_kubelet.kill_orphans(str(d), grace=2)
+    left = leftover_processes(d)
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for f in ("ready", "kubelet.ready", "localkube.pid", "kubelet.pid"):
+        try:
+            (d / f).unlink()
+        except FileNotFoundError:
+            pass
+    if left and check:
+        raise ClusterError(f"processes were left behind in {d} and had to be SIGKILLed: {left}")
+
+
+def sa_kubeconfig(cluster: Cluster, namespace: str, sa: str, out: str | os.PathLike | None = None,
+                  duration: str = "24h") -> str:
+    """Write a kubeconfig for ServiceAccount namespace/sa with a TokenRequest token; return its path."""
+    token = cluster.kubectl_run("create", "token", sa, "-n", namespace, f"--duration={duration}").stdout.strip()
+    out = Path(out) if out else cluster.dir / "sa" / f"{namespace}_{sa}.kubeconfig"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    ca = Path(cluster.ca_file).read_text()
+    out.write_text(proc_kubelet.make_kubeconfig(cluster.server, ca, f"system:serviceaccount:{namespace}:{sa}",
+                                                token, namespace))
+    out.chmod(0o600)
+    return str(out)
+
+
+# ------------------------------------------------------------------ S3
+
+
+@dataclass
+class S3Server:
+    dir: Path
+    endpoint_url: str
+    bucket: str = "agentrun"
+    access_key: str = "agentrun"
+    secret_key: str = "agentrun-secret"
+    region: str = "us-east-1"
+    pid: int = 0
+
+    def env(self) -> dict:
+        return {"AWS_ENDPOINT_URL": self.endpoint_url, "AWS_ACCESS_KEY_ID": self.access_key,
+                "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_DEFAULT_REGION": self.region,
+                "AGENTRUN_S3_BUCKET": self.bucket}
+
+    def stop(self) -> None:
+        stop_s3(self.dir)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_s3(dir: str | os.PathLike, port: int = 0, bucket: str = "agentrun", timeout: float = 30) -> S3Server:
+    """Start moto's S3 server on 127.0.0.1 (conditional writes serialized) and create the bucket."""
+    d = Path(dir).resolve()
+    d.mkdir(parents=True, exist_ok=True)
+    pidf = d / "s3.pid"
+    if pidf.exists() and _alive(_read_pid(pidf)):
+        raise ClusterError(f"an S3 server is already running from {d} (pid {_read_pid(pidf)})")
+    port = port or _free_port()
+    with open(d / "s3.log", "ab") as logf:
+        p = subprocess.Popen([sys.executable, str(S3_SERVER), "--host", "127.0.0.1", "--port", str(port),
+                              "--bucket", bucket, "--dir", str(d)],
+                             stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
+    pidf.write_text(f"{p.pid}\n")
+    s = S3Server(dir=d, endpoint_url=f"http://127.0.0.1:{port}", bucket=bucket, pid=p.pid)
+    end = time.time() + timeout
+    while True:
+        if p.poll() is not None:
+            raise ClusterError(f"S3 server exited with {p.returncode}:\n{_tail(d / 's3.log')}")
+        try:
+            with urllib.request.urlopen(f"{s.endpoint_url}/{bucket}?list-type=2", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except Exception:  # noqa: BLE001
+            pass
+        if time.time() > end:
+            stop_s3(d)
+            raise ClusterError(f"S3 server not ready after {timeout}s:\n{_tail(d / 's3.log')}")
+        time.sleep(0.2)
+    (d / "s3.json").write_text(json.dumps({"endpoint_url": s.endpoint_url, "bucket": bucket,
+                                           "access_key": s.access_key, "secret_key": s.secret_key,
+                                           "region": s.region, "pid": p.pid}, indent=2))
+    return s
+
+
+def stop_s3(dir: str | os.PathLike) -> None:
+    d = Path(dir).resolve()
+    _terminate(_read_pid(d / "s3.pid"), grace=5, group=True)
+    for f in ("s3.pid",):
+        try:
+            (d / f).unlink()
+        except FileNotFoundError:
+            pass
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def _main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="e2e/cluster.py", description="agentrun local cluster")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    default_dir = os.environ.get("LOCALKUBE_DIR", ".localkube")
+    for name in ("up", "down", "status"):
+        p = sub.add_parser(name)
+        p.add_argument("--dir", default=default_dir)
+        if name == "up":
+            p.add_argument("--keep-data", action="store_true", help="reuse etcd data from a previous run")
+            p.add_argument("--no-kubelet", action="store_true")
+    for name in ("s3-up", "s3-down"):
+        p = sub.add_parser(name)
+        p.add_argument("--dir", default=os.path.join(default_dir, "s3"))
+        p.add_argument("--port", type=int, default=int(os.environ.get("S3_PORT", "0")))
+    p = sub.add_parser("sa-kubeconfig")
+    p.add_argument("--dir", default=default_dir)
+    p.add_argument("namespace")
+    p.add_argument("sa")
+    p.add_argument("out")
+    sub.add_parser("build")
+    a = ap.parse_args(argv)
+
+    if a.cmd == "build":
+        print(build_localkube())
+    elif a.cmd == "up":
+        c = start_cluster(a.dir, fresh=not a.keep_data, kubelet=not a.no_kubelet)
+        secs = (c.dir / "startup-seconds").read_text().strip()
+        print(f"# agentrun local cluster {c.version} at {c.server} (started in {secs}s)", file=sys.stderr)
+        print(f"# logs: {c.dir}/logs  pods: {c.dir}/pods  stop: make cluster-down", file=sys.stderr)
+        print(f"export KUBECONFIG={c.kubeconfig}")
+        print(f"export PATH={c.bin_dir}:$PATH")
+    elif a.cmd == "down":
+        d = Path(a.dir)
+        if not d.exists():
+            print(f"no cluster dir {d}", file=sys.stderr)
+            return 0
+        stop_cluster(d)
+        print(f"cluster in {d.resolve()} stopped", file=sys.stderr)
+    elif a.cmd == "status":
+        d = Path(a.dir).resolve()
+        for n in ("localkube", "kubelet"):
+            pid = _read_pid(d / f"{n}.pid")
+            print(f"{n}: {'running pid %d' % pid if pid and _alive(pid) else 'stopped'}")
+    elif a.cmd == "s3-up":
+        s = start_s3(a.dir, port=a.port)
+        print(f"# S3 (moto) at {s.endpoint_url}, bucket {s.bucket}; stop: make s3-down", file=sys.stderr)
+        for k, v in s.env().items():
+            print(f"export {k}={v}")
+    elif a.cmd == "s3-down":
+        stop_s3(a.dir)
+    elif a.cmd == "sa-kubeconfig":
+        print(sa_kubeconfig(Cluster.load(a.dir), a.namespace, a.sa, a.out))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(_main())
+    except ClusterError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,83 @@
+"""Fixtures for end-to-end tests on a real local control plane (e2e/cluster.py).
+
+``cluster`` (session): etcd + kube-apiserver + kube-controller-manager (one
+``localkube`` binary, built and cached by e2e/localkube/build.sh) and the
+process kubelet (e2e/proc_kubelet.py), started once per session in a temp dir,
+stopped at the end; the teardown fails if any process was left behind.
+
+``s3`` (session): moto's S3 server on loopback with the bucket ``agentrun``.
+
+Tests are marked ``@pytest.mark.e2e``. They are skipped only when
+``AGENTRUN_SKIP_E2E=1``; otherwise a failure to build or start the cluster is
+an error of every test that needs it, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from e2e.cluster import Cluster, S3Server, leftover_processes, start_cluster, start_s3  # noqa: E402
+
+SKIP_E2E = os.environ.get("AGENTRUN_SKIP_E2E") == "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not SKIP_E2E:
+        return
+    skip = pytest.mark.skip(reason="AGENTRUN_SKIP_E2E=1")
+    for item in items:
+        if item.get_closest_marker("e2e") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if SKIP_E2E:
+        pytest.skip("AGENTRUN_SKIP_E2E=1")
+    d = tmp_path_factory.mktemp("localkube")
+    c = start_cluster(d)  # raises (test error) on any failure: no silent skip
+    try:
+        yield c
+    finally:
+        c.stop()  # raises if processes had to be SIGKILLed as leftovers
+        left = leftover_processes(d)
+        assert not left, f"processes left behind after cluster stop: {left}"
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    if SKIP_E2E:
+        pytest.skip("AGENTRUN_SKIP_E2E=1")
+    d = tmp_path_factory.mktemp("s3")
+    s = start_s3(d)
+    try:
+        yield s
+    finally:
+        s.stop()
+        left = leftover_processes(d)
+        assert not left, f"S3 server processes left behind: {left}"
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace whose default ServiceAccount exists (pods can be created)."""
+    import time
+
+    ns = f"e2e-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl_run("create", "namespace", ns)
+    deadline = time.time() + 60
+    while cluster.kubectl_run("get", "sa", "default", "-n", ns, check=False).returncode != 0:
+        assert time.time() < deadline, f"default ServiceAccount never appeared in {ns}"
+        time.sleep(0.2)
+    yield ns
+    cluster.kubectl_run("delete", "namespace", ns, "--wait=false", check=False)
