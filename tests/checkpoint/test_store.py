@@ -420,11 +420,14 @@ def test_from_env_errors_name_the_variable(env: dict[str, str], message: str) ->
 
 
 def test_unreachable_store_is_retryable_and_leaks_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
-    from conftest import free_port
+    import socket
 
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIASECRETIDENTIFIER")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "very-secret-key-value")
-    config = StoreConfig(uri="s3://nowhere-bucket/p", endpoint_url=f"http://127.0.0.1:{free_port()}", region="us-east-1", path_style=True)
+    config = StoreConfig(uri="s3://nowhere-bucket/p", endpoint_url=f"http://127.0.0.1:{port}", region="us-east-1", path_style=True)
     store = CheckpointStore(config)
     with pytest.raises(StoreUnavailable) as info:
         store.put_lap(make_record(1))
