@@ -360,7 +360,7 @@ class ProcKubelet:
                     lst = self.v1.list_pod_for_all_namespaces(_request_timeout=REQ_TIMEOUT)
                     rv = lst.metadata.resource_version
                     for p in lst.items:
-                        self.queue.put((p.metadata.namespace, p.metadata.name))
+                        self.enqueue(p)
                 w = watch.Watch()
                 for ev in w.stream(self.v1.list_pod_for_all_namespaces, resource_version=rv,
                                    timeout_seconds=120, allow_watch_bookmarks=True, _request_timeout=150):
@@ -374,7 +374,7 @@ class ProcKubelet:
                     rv = obj.metadata.resource_version
                     if ev["type"] == "BOOKMARK":
                         continue
-                    self.queue.put((obj.metadata.namespace, obj.metadata.name))
+                    self.enqueue(obj, deleted=ev["type"] == "DELETED")
                 backoff = 0.5
             except ApiException as e:
                 if e.status == 410:
@@ -395,18 +395,25 @@ class ProcKubelet:
             try:
                 lst = self.v1.list_pod_for_all_namespaces(_request_timeout=REQ_TIMEOUT)
                 for p in lst.items:
-                    self.queue.put((p.metadata.namespace, p.metadata.name))
+                    self.enqueue(p)
             except Exception as e:  # noqa: BLE001
                 log.warning("resync list failed: %s", e)
+
+    def enqueue(self, pod_obj: Any, deleted: bool = False) -> None:
+        d = self.api_client.sanitize_for_serialization(pod_obj)
+        self.queue.put((d["metadata"]["namespace"], d["metadata"]["name"], d, deleted))
 
     def worker_loop(self) -> None:
         while True:
             item = self.queue.get()
             if item is None:
                 return
-            ns, name = item
+            ns, name, obj, deleted = item
             try:
-                self.reconcile(ns, name)
+                if deleted:
+                    self.forget(obj)
+                else:
+                    self.reconcile(ns, name, obj)
             except Exception:  # noqa: BLE001
                 log.exception("reconcile %s/%s failed", ns, name)
 
@@ -421,8 +428,17 @@ class ProcKubelet:
         import json
         return json.loads(resp.data)
 
-    def reconcile(self, ns: str, name: str) -> None:
-        pod = self.get_pod(ns, name)
+    def forget(self, pod: dict) -> None:
+        """The pod object is gone (e.g. force-deleted): make sure its processes are too."""
+        with self.lock:
+            run = self.runs.get(pod["metadata"]["uid"])
+        if run is not None and not run.stopping:
+            log.info("pod %s/%s deleted from the API while running: killing it", run.namespace, run.name)
+            self.stop_pod(run, 2.0, reason="Deleted", message="pod object deleted")
+
+    def reconcile(self, ns: str, name: str, pod: dict | None = None) -> None:
+        if pod is None:
+            pod = self.get_pod(ns, name)
         if pod is None:
             return
         md, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
@@ -478,7 +494,7 @@ class ProcKubelet:
         except ApiException as e:
             if e.status not in (404, 409):
                 raise
-        self.queue.put((md["namespace"], md["name"]))
+        self.queue.put((md["namespace"], md["name"], None, False))
 
     def delete_pod(self, pod: dict) -> None:
         md = pod["metadata"]
@@ -774,7 +790,7 @@ class ProcKubelet:
             if deadline_at is not None and time.time() >= deadline_at:
                 self.stop_pod(run, float((run.pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)),
                               reason="DeadlineExceeded",
-                              message=f"Pod was active on the node longer than the specified deadline")
+                              message="Pod was active on the node longer than the specified deadline")
                 return False
             run.wake.wait(0.2)
 
@@ -914,7 +930,8 @@ class ProcKubelet:
         log.info("process kubelet for node %s running (pods dir %s)", self.node, self.pods_dir)
         with open(os.path.join(self.base_dir, "kubelet.ready"), "w") as f:
             f.write(now() + "\n")
-        self.stop_event.wait()
+        while not self.stop_event.wait(1.0):
+            pass
 
     def shutdown(self) -> None:
         """Stop: kill every pod process (SIGTERM, then SIGKILL after 5s), mark pods Failed."""

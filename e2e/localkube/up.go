@@ -59,7 +59,7 @@ const (
 		"namespace-controller,ttl-after-finished-controller,serviceaccount-controller," +
 		"serviceaccount-token-controller,root-ca-certificate-publisher-controller," +
 		"replicaset-controller,deployment-controller,pod-garbage-collector-controller," +
-		"resourcequota-controller,disruption-controller"
+		"resourcequota-controller,disruption-controller,clusterrole-aggregation-controller"
 )
 
 func runUp(args []string) int {
