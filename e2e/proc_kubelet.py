@@ -872,7 +872,8 @@ class ProcKubelet:
             "hostIP": POD_IP, "hostIPs": [{"ip": POD_IP}],
             "podIP": POD_IP, "podIPs": [{"ip": POD_IP}],
             "startTime": run.start_time,
-            "qosClass": "BestEffort",
+            # status.qosClass is immutable (set by the apiserver from the resources): keep it
+            "qosClass": (run.pod.get("status") or {}).get("qosClass") or "BestEffort",
             "conditions": [
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": run.start_time},
                 {"type": "Initialized", "status": "True" if phase != "Pending" else "False", "lastTransitionTime": t},
