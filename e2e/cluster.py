@@ -106,7 +106,7 @@ def _read_pid(path: Path) -> int:
         return 0
 
 
-def leftover_processes(base_dir: str | os.PathLike) -> list[tuple[int, str]]:
+def leftover_processes(base_dir: str | os.PathLike, ignore: tuple[str, ...] = ()) -> list[tuple[int, str]]:
     """Live processes that belong to the cluster/S3 server in base_dir.
 
     Matches processes whose command line mentions base_dir (localkube and its
@@ -124,6 +124,8 @@ def leftover_processes(base_dir: str | os.PathLike) -> list[tuple[int, str]]:
         try:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
+            continue
+        if any(i in cmd for i in ignore):
             continue
         hit = d in cmd
         if not hit:
@@ -191,6 +193,50 @@ class Cluster:
     def stop(self) -> None:
         stop_cluster(self.dir)
 
+    def start_kubelet(self, timeout: float = 60) -> int:
+        """Start the process kubelet (again); return its pid once the node is registered."""
+        d = self.dir
+        try:
+            (d / "kubelet.ready").unlink()
+        except FileNotFoundError:
+            pass
+        with open(d / "logs" / "kubelet.log", "ab") as logf:
+            # pods inherit this env: the cluster's bin dir (version-matched kubectl) first on PATH
+            kenv = self.env()
+            kenv.pop("KUBECONFIG", None)
+            kl = subprocess.Popen([sys.executable, str(PROC_KUBELET), "--kubeconfig", self.kubeconfig,
+                                   "--dir", str(d)], stdout=logf, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, start_new_session=True, cwd=d, env=kenv)
+        (d / "kubelet.pid").write_text(f"{kl.pid}\n")
+        self.pids["kubelet"] = kl.pid
+        end = time.time() + timeout
+        while not (d / "kubelet.ready").exists():
+            if kl.poll() is not None:
+                raise ClusterError(f"process kubelet exited with {kl.returncode}:\n{_tail(d / 'logs' / 'kubelet.log')}")
+            if time.time() > end:
+                raise ClusterError(f"process kubelet not ready:\n{_tail(d / 'logs' / 'kubelet.log')}")
+            time.sleep(0.2)
+        self._kubelet_proc = kl
+        return kl.pid
+
+    def stop_kubelet(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        """Stop the process kubelet with sig (SIGKILL simulates a crash: pod processes survive it)."""
+        pid = _read_pid(self.dir / "kubelet.pid")
+        if not pid or not _alive(pid):
+            return
+        os.kill(pid, sig)
+        kl = getattr(self, "_kubelet_proc", None)
+        end = time.time() + timeout
+        while time.time() < end:
+            if kl is not None and kl.pid == pid:
+                if kl.poll() is not None:
+                    break
+            elif not _alive(pid):
+                break
+            time.sleep(0.05)
+        else:
+            raise ClusterError(f"process kubelet {pid} did not stop on signal {sig}")
+
     @classmethod
     def load(cls, d: str | os.PathLike) -> "Cluster":
         d = Path(d).resolve()
@@ -239,21 +285,7 @@ def start_cluster(dir: str | os.PathLike, *, kubelet: bool = True, timeout: floa
         c = Cluster.load(d)
         c.pids["localkube"] = sup.pid
         if kubelet:
-            with open(d / "logs" / "kubelet.log", "ab") as logf:
-                # pods inherit this env: the cluster's bin dir (version-matched kubectl) first on PATH
-                kenv = c.env()
-                kenv.pop("KUBECONFIG", None)
-                kl = subprocess.Popen([sys.executable, str(PROC_KUBELET), "--kubeconfig", c.kubeconfig,
-                                       "--dir", str(d)], stdout=logf, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True, cwd=d, env=kenv)
-            (d / "kubelet.pid").write_text(f"{kl.pid}\n")
-            c.pids["kubelet"] = kl.pid
-            while not (d / "kubelet.ready").exists():
-                if kl.poll() is not None:
-                    raise ClusterError(f"process kubelet exited with {kl.returncode}:\n{_tail(d / 'logs' / 'kubelet.log')}")
-                if time.time() > end:
-                    raise ClusterError(f"process kubelet not ready:\n{_tail(d / 'logs' / 'kubelet.log')}")
-                time.sleep(0.2)
+            c.start_kubelet(timeout=max(10.0, end - time.time()))
         # Pods can't be created before the namespace's default ServiceAccount exists.
         while True:
             r = c.kubectl_run("get", "serviceaccount", "default", "-n", "default", "-o", "name", check=False)
@@ -280,7 +312,7 @@ def stop_cluster(dir: str | os.PathLike, check: bool = True) -> None:
     _terminate(_read_pid(d / "kubelet.pid"), grace=25, group=True)
     _terminate(_read_pid(d / "localkube.pid"), grace=30, group=True)
     proc_kubelet.kill_orphans(str(d), grace=2)
-    left = leftover_processes(d)
+    left = leftover_processes(d, ignore=(S3_SERVER.name,))  # an S3 server may live in DIR/s3
     for pid, _ in left:
         try:
             os.kill(pid, signal.SIGKILL)

@@ -311,3 +311,24 @@ def test_service_account_kubeconfig_rbac(cluster: Cluster, namespace: str, tmp_p
     assert denied.returncode != 0 and "forbidden" in denied.stderr.lower(), denied.stderr
     denied = cluster.kubectl_run("get", "configmaps", "-n", "default", kubeconfig=kc, check=False)
     assert denied.returncode != 0 and "forbidden" in denied.stderr.lower(), denied.stderr
+
+
+def test_kubelet_crash_and_restart(cluster: Cluster, namespace: str) -> None:
+    """A SIGKILLed process kubelet leaves its pod processes behind; the next one kills them and
+    marks their pods Failed (KubeletRestarted), then runs new pods as usual."""
+    import signal
+
+    apply(cluster, pod("survivor", ["sleep", "300"]), namespace)
+    p = wait_for("pod Running", lambda: (x := get(cluster, "pod", "survivor", namespace)) and
+                 x["status"].get("phase") == "Running" and x)
+    pid = container_pid(p)
+    cluster.stop_kubelet(signal.SIGKILL)
+    assert pid_alive(pid), "the pod process should outlive a crashed kubelet"
+    cluster.start_kubelet()
+    got = wait_for("pod marked KubeletRestarted", lambda: (x := get(cluster, "pod", "survivor", namespace)) and
+                   x["status"].get("reason") == "KubeletRestarted" and x)
+    assert got["status"]["phase"] == "Failed"
+    assert not pid_alive(pid)
+    apply(cluster, pod("after", ["true"]), namespace)
+    wait_for("new pod Succeeded", lambda: (x := get(cluster, "pod", "after", namespace)) and
+             x["status"].get("phase") == "Succeeded")
