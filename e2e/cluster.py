@@ -127,7 +127,7 @@ def leftover_processes(base_dir: str | os.PathLike, ignore: tuple[str, ...] = ()
             continue
         if any(i in cmd for i in ignore):
             continue
-        hit = d in cmd
+        hit = (d + "/") in cmd or (d + " ") in cmd or cmd.rstrip("\0").endswith(d)
         if not hit:
             try:
                 hit = marker in open(f"/proc/{pid}/environ", "rb").read().split(b"\0")

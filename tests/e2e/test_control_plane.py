@@ -332,3 +332,17 @@ def test_kubelet_crash_and_restart(cluster: Cluster, namespace: str) -> None:
     apply(cluster, pod("after", ["true"]), namespace)
     wait_for("new pod Succeeded", lambda: (x := get(cluster, "pod", "after", namespace)) and
              x["status"].get("phase") == "Succeeded")
+
+
+def test_restart_policy_on_failure_restarts_in_place(cluster: Cluster, namespace: str) -> None:
+    # the working dir is the pod's dir, so a marker file survives the in-place restart
+    script = "if [ -f marker ]; then echo second-try-ok; else touch marker; echo first-try-fails; exit 1; fi"
+    apply(cluster, job("flaky", ["sh", "-c", script], backoff_limit=3, restartPolicy="OnFailure"), namespace)
+    wait_for("job Complete", lambda: job_condition(get(cluster, "job", "flaky", namespace), "Complete"), timeout=60)
+    pods = pods_of_job(cluster, namespace, "flaky")
+    assert len(pods) == 1
+    cs = pods[0]["status"]["containerStatuses"][0]
+    assert cs["restartCount"] == 1
+    assert cs["state"]["terminated"]["exitCode"] == 0
+    log = open(os.path.join(pod_dir(cluster, pods[0]), "main.log")).read()
+    assert log == "first-try-fails\nsecond-try-ok\n"
