@@ -42,7 +42,7 @@ echo "build.sh: building localkube $k8s_version (this takes a while on a cold ca
 start=$(date +%s)
 (
     cd "$here"
-    CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly" \
+    CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" \
         go build -trimpath -ldflags "$ldflags" -o "$tmp" .
 )
 mv -f "$tmp" "$bin"
