@@ -1,7 +1,8 @@
 """A tiny recording HTTP tool server for the examples and the e2e tests.
 
 Every request is answered with a JSON echo and recorded (one JSON line per *executed* call) in
-``--record`` (default: stdout only). Requests that carry an ``Idempotency-Key`` header already
+``--record`` (default: stdout only). ``GET /_inflight`` lists the arguments of the calls being
+answered right now (a test can kill a lap while its call is in flight). Requests that carry an ``Idempotency-Key`` header already
 seen are answered with the original response and NOT executed again, the way a payment provider
 does. ``GET /_calls`` lists the executed calls. An argument ``sleepSeconds`` delays the answer (a slow
 tool, to kill a lap mid-call in tests).
@@ -21,14 +22,15 @@ from typing import Any
 _lock = threading.Lock()
 _responses: dict[str, bytes] = {}
 _calls: list[dict[str, Any]] = []
+_inflight: list[Any] = []
 
 
 def make_handler(record: str | None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def _handle(self) -> None:
-            if self.path == "/_calls":
+            if self.path in ("/_calls", "/_inflight"):
                 with _lock:
-                    body = json.dumps(_calls).encode()
+                    body = json.dumps(_calls if self.path == "/_calls" else _inflight).encode()
                 return self._send(200, body)
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
@@ -37,8 +39,15 @@ def make_handler(record: str | None) -> type[BaseHTTPRequestHandler]:
             except json.JSONDecodeError:
                 return self._send(400, b'{"error": "body is not JSON"}')
             key = self.headers.get("Idempotency-Key")
-            if isinstance(args, dict) and isinstance(args.get("sleepSeconds"), (int, float)):
-                time.sleep(min(float(args["sleepSeconds"]), 60.0))  # a slow tool, for kill-mid-lap tests
+            entry = {"path": self.path, "arguments": args, "idempotencyKey": key}
+            with _lock:
+                _inflight.append(entry)
+            try:
+                if isinstance(args, dict) and isinstance(args.get("sleepSeconds"), (int, float)):
+                    time.sleep(min(float(args["sleepSeconds"]), 60.0))  # a slow tool, for kill-mid-lap tests
+            finally:
+                with _lock:
+                    _inflight.remove(entry)
             with _lock:
                 if key and key in _responses:
                     return self._send(200, _responses[key], replay=True)

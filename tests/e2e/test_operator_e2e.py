@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -77,6 +78,12 @@ class Env:
         if not self.record.exists():
             return []
         return [c for c in map(json.loads, self.record.read_text().splitlines()) if c["path"] == path]
+
+    def inflight(self, order: str) -> bool:
+        """True while the tool server is answering a call with arguments.order == order."""
+        with urllib.request.urlopen(f"{self.tool_url}/_inflight", timeout=5) as r:
+            return any(isinstance(a.get("arguments"), dict) and a["arguments"].get("order") == order
+                       for a in json.load(r))
 
     def start_operator(self) -> None:
         env = self.cluster.env()
@@ -143,6 +150,35 @@ def env(cluster, s3, tmp_path_factory):
         cluster.kubectl_run("delete", "namespace", e.ns, "--wait=false", check=False)
 
 
+@pytest.fixture(autouse=True)
+def _diagnostics_on_failure(request, env):
+    """On failure, print what CI needs to diagnose it: the operator's log since the test started,
+    the runs/Jobs/pods/events of the namespace, and the output of every lap pod of the test."""
+    log_offset = env.log.stat().st_size if env.log.exists() else 0
+    pods_before = set(env.cluster.pods_dir.iterdir()) if env.cluster.pods_dir.exists() else set()
+    failed_before = request.session.testsfailed
+    yield
+    if request.session.testsfailed == failed_before:
+        return
+    out = [f"\n===== diagnostics of {request.node.name} (namespace {env.ns}) ====="]
+    with open(env.log, "rb") as fh:
+        fh.seek(log_offset)
+        lines = fh.read().decode(errors="replace").splitlines()
+    out.append(f"--- operator log ({env.log}), last 300 lines of this test ---")
+    out += lines[-300:]
+    for what in (["get", "agentruns,jobs,pods", "-o", "wide"], ["get", "events", "--sort-by=.lastTimestamp"],
+                 ["get", "agentruns", "-o", "yaml"]):
+        r = env.kubectl(*what, "-n", env.ns, check=False)
+        out += [f"--- kubectl {' '.join(what)} ---", r.stdout + r.stderr]
+    new_pods = sorted(set(env.cluster.pods_dir.iterdir()) - pods_before) if env.cluster.pods_dir.exists() else []
+    for d in new_pods:
+        for f in sorted(d.glob("*.log")):
+            out.append(f"--- pod log {f} (last 60 lines) ---")
+            out += f.read_text(errors="replace").splitlines()[-60:]
+    sys.__stderr__.write("\n".join(out) + "\n")
+    sys.__stderr__.flush()
+
+
 def _one_job_per_attempt(jobs: list[dict]) -> None:
     keys = [(j["metadata"]["labels"]["agentrun.dev/lap"], j["metadata"]["labels"]["agentrun.dev/attempt"]) for j in jobs]
     assert len(keys) == len(set(keys)), keys
@@ -166,7 +202,11 @@ def test_happy_path_to_succeeded(env):
          "usage": {"inputTokens": 100, "outputTokens": 10}},
         {"content": "done", "usage": {"inputTokens": 100, "outputTokens": 10}},
     ]
-    env.apply(env.run_doc("happy", script))
+    model_key = f"sk-e2e-{uuid.uuid4().hex}"
+    env.kubectl("create", "secret", "generic", "model-key", "-n", env.ns, f"--from-literal=api-key={model_key}")
+    doc = env.run_doc("happy", script)
+    doc["spec"]["agent"]["model"]["apiKeySecretRef"] = {"name": "model-key", "key": "api-key"}
+    env.apply(doc)
     st = env.wait_phase("happy", "Succeeded", "Failed", "BudgetExceeded")
     assert st["phase"] == "Succeeded", st
     assert st["lap"] == 2 and st["checkpoint"]["key"].endswith("laps/00000002.json")
@@ -178,6 +218,27 @@ def test_happy_path_to_succeeded(env):
     reasons = [e["reason"] for e in env.events("happy")]
     assert reasons.count("LapCheckpointed") == 2
     assert len(env.calls("/note")) == 1
+    # kubectl get agentruns: the printer columns, with this run's values
+    out = env.kubectl("get", "agentruns", "-n", env.ns).stdout.splitlines()
+    assert out[0].split() == ["NAME", "PHASE", "LAP", "VERSION", "COST", "WAITING-ON", "LAST-CHECKPOINT", "AGE"], out[0]
+    row = next(line.split() for line in out if line.split()[0] == "happy")
+    assert row[1:4] == ["Succeeded", "2", "v1"] and row[4] == st["cost"]["usd"], row
+    # no secret value in the status, the Events, the Jobs or the operator log (secretKeyRef only)
+    jobs_json = json.dumps(jobs)
+    assert '"secretKeyRef"' in jobs_json
+    for where, text in (("status", json.dumps(st)), ("events", json.dumps(env.events("happy"))),
+                        ("jobs", jobs_json), ("operator log", env.log.read_text(errors="replace"))):
+        assert model_key not in text, f"model API key leaked into the {where}"
+        assert env.s3.secret_key not in text, f"S3 secret key leaked into the {where}"
+
+
+def test_kubectl_explain_documents_the_approval_fields(env):
+    r = env.kubectl("explain", "agentrun.spec.approval")
+    assert "KIND:" in r.stdout and "AgentRun" in r.stdout
+    for field in ("owner", "timeout", "onTimeout"):
+        assert field in r.stdout, r.stdout
+    r = env.kubectl("explain", "agentrun.spec.approval.onTimeout")
+    assert "reject" in r.stdout and "fail" in r.stdout, r.stdout
 
 
 def _approval_run(env, name: str, **kw) -> None:
@@ -241,7 +302,7 @@ def test_lap_pod_deleted_mid_lap_is_retried_side_effect_once(env):
     env.apply(env.run_doc("podkill", script))
     pod = _wait("lap pod running", lambda: next(iter(json.loads(env.kubectl(
         "get", "pods", "-n", env.ns, "-l", "agentrun.dev/run=podkill", "-o", "json").stdout)["items"]), None))
-    time.sleep(1.5)  # inside the slow tool call
+    _wait("the slow tool call in flight", lambda: env.inflight("podkill"), timeout=60, interval=0.2)
     env.kubectl("delete", "pod", pod["metadata"]["name"], "-n", env.ns, "--wait=false")
     st = env.wait_phase("podkill", "Succeeded", "Failed", timeout=120)
     assert st["phase"] == "Succeeded", st
@@ -259,7 +320,12 @@ def test_version_bump_mid_run(env):
     env.kubectl("patch", "agentrun", "bump", "-n", env.ns, "--type=merge", "-p", '{"spec":{"agent":{"version":"v2"}}}')
     st = env.wait_phase("bump", "Succeeded", "Failed", timeout=90)
     assert st["phase"] == "Succeeded" and st["agentVersion"] == "v2" and st["checkpoint"]["agentVersion"] == "v2"
-    assert "VersionChanged" in [e["reason"] for e in env.events("bump")]
+    events = env.events("bump")
+    assert "VersionChanged" in [e["reason"] for e in events]
+    checkpointed = sorted(e["message"] for e in events if e["reason"] == "LapCheckpointed")
+    assert len(checkpointed) == 2, checkpointed
+    assert "lap 1 " in checkpointed[0] and "agent v1" in checkpointed[0], checkpointed  # the lap in flight kept v1
+    assert "lap 2 " in checkpointed[1] and "agent v2" in checkpointed[1], checkpointed
 
 
 def test_operator_killed_mid_run_resumes_exactly_one_job_per_attempt(env):
@@ -278,6 +344,8 @@ def test_operator_killed_mid_run_resumes_exactly_one_job_per_attempt(env):
     jobs = env.jobs("restart")
     _one_job_per_attempt(jobs)
     assert len(jobs) == 3
+    for order in ("restart", "restart2"):  # each side effect once at the tool server
+        assert len([c for c in env.calls("/note") if c["arguments"].get("order") == order]) == 1, order
 
 
 def test_deletion_garbage_collects_the_job(env):
@@ -286,3 +354,5 @@ def test_deletion_garbage_collects_the_job(env):
     _wait("lap Job", lambda: env.jobs("gc"))
     env.kubectl("delete", "agentrun", "gc", "-n", env.ns, "--wait=true", "--timeout=60s")
     _wait("Job garbage-collected", lambda: env.jobs("gc") == [], timeout=60)
+    _wait("lap pod gone", lambda: json.loads(env.kubectl(
+        "get", "pods", "-n", env.ns, "-l", "agentrun.dev/run=gc", "-o", "json").stdout)["items"] == [], timeout=60)
