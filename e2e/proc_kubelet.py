@@ -46,6 +46,9 @@ scheduler:
   ``/var/run/secrets/kubernetes.io/serviceaccount`` mount and no
   ``KUBERNETES_SERVICE_HOST``: in-cluster config is NOT available, a
   kubeconfig is;
+* serves pod logs to the apiserver (``kubectl logs``, also ``-f``) from the
+  log files, on a free loopback HTTPS port advertised in the Node's
+  ``daemonEndpoints`` (no authentication: loopback only);
 * survives restarts: on start it kills leftover processes of a previous
   incarnation (found via the pid files and an env marker) and marks pods bound
   to the node that are ``Running`` but have no process here as Failed with
@@ -300,13 +303,14 @@ class ProcKubelet:
         self.node_status = {
             "capacity": cap,
             "allocatable": cap,
-            "addresses": [{"type": "InternalIP", "address": POD_IP}, {"type": "Hostname", "address": self.node}],
+            # no Hostname address: the apiserver would try to resolve it to reach the logs endpoint
+            "addresses": [{"type": "InternalIP", "address": POD_IP}],
             "nodeInfo": {
                 "architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "proc-kubelet",
                 "kubeProxyVersion": "", "containerRuntimeVersion": "proc://0", "osImage": "host",
                 "kernelVersion": os.uname().release, "machineID": "", "systemUUID": "", "bootID": "",
             },
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.logs_port}},
         }
         self.heartbeat()
 
@@ -909,7 +913,110 @@ class ProcKubelet:
                                {"type": "ContainersReady", "status": "False", "lastTransitionTime": t}]}
 
     # ---------------------------------------------------------------- lifecycle
+    # ---------------------------------------------------------------- logs endpoint
+    def start_logs_server(self) -> None:
+        """Serve GET /containerLogs/<ns>/<pod>/<container> over HTTPS on 127.0.0.1 so that
+        `kubectl logs` / read_namespaced_pod_log work through the apiserver (which connects to
+        the node's InternalIP and kubeletEndpoint port, not verifying the cert and presenting no
+        client cert in this setup: the endpoint does not authenticate; loopback only)."""
+        import http.server
+        import ssl
+        import urllib.parse
+
+        self.logs_port = 0
+        crt, key = os.path.join(self.base_dir, "pki", "apiserver.crt"), os.path.join(self.base_dir, "pki", "apiserver.key")
+        if not (os.path.exists(crt) and os.path.exists(key)):
+            log.info("no %s: pod logs endpoint disabled", crt)
+            return
+        kubelet = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, fmt: str, *args: Any) -> None:  # noqa: D102
+                log.debug("logs endpoint: " + fmt, *args)
+
+            def do_GET(self) -> None:  # noqa: N802
+                u = urllib.parse.urlsplit(self.path)
+                parts = u.path.strip("/").split("/")
+                if len(parts) != 4 or parts[0] != "containerLogs":
+                    self.send_error(404)
+                    return
+                _, ns, name, container = parts
+                q = urllib.parse.parse_qs(u.query)
+                path = kubelet.log_path(ns, name, container)
+                if path is None:
+                    self.send_error(404, f"no logs for {ns}/{name}/{container}")
+                    return
+                data = open(path, "rb").read()
+                if "tailLines" in q:
+                    n = int(q["tailLines"][0])
+                    lines = data.splitlines(keepends=True)
+                    data = b"".join(lines[-n:]) if n > 0 else b""
+                if "limitBytes" in q:
+                    data = data[: int(q["limitBytes"][0])]
+                follow = q.get("follow", ["false"])[0] == "true"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                if not follow:
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                pos = os.path.getsize(path)
+                try:
+                    self._chunk(data)
+                    while True:
+                        with open(path, "rb") as f:
+                            f.seek(pos)
+                            more = f.read()
+                        pos += len(more)
+                        if more:
+                            self._chunk(more)
+                        elif not kubelet.is_running(ns, name):
+                            break
+                        else:
+                            time.sleep(0.2)
+                    self.wfile.write(b"0\r\n\r\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def _chunk(self, b: bytes) -> None:
+                if b:
+                    self.wfile.write(f"{len(b):x}\r\n".encode() + b + b"\r\n")
+                    self.wfile.flush()
+
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        srv.daemon_threads = True
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(crt, key)
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+        self.logs_port = srv.server_address[1]
+        threading.Thread(target=srv.serve_forever, name="logs-server", daemon=True).start()
+        log.info("pod logs endpoint on https://127.0.0.1:%d", self.logs_port)
+
+    def log_path(self, ns: str, name: str, container: str) -> str | None:
+        prefix = f"{ns}_{name}_"
+        best = None
+        for d in os.listdir(self.pods_dir):
+            if d.startswith(prefix) and "_" not in d[len(prefix):]:
+                p = os.path.join(self.pods_dir, d, f"{container}.log")
+                if os.path.exists(p) and (best is None or os.path.getmtime(p) > os.path.getmtime(best)):
+                    best = p
+        return best
+
+    def is_running(self, ns: str, name: str) -> bool:
+        with self.lock:
+            return any(r.namespace == ns and r.name == name and not r.done for r in self.runs.values())
+
     def run_forever(self) -> None:
+        try:
+            self.start_logs_server()
+        except Exception as e:  # noqa: BLE001
+            log.warning("pod logs endpoint disabled: %s", e)
+            self.logs_port = 0
         killed = kill_orphans(self.base_dir)
         if killed:
             log.info("killed %d leftover process group(s) from a previous run", len(killed))

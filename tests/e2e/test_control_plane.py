@@ -123,6 +123,8 @@ def test_job_runs_to_complete(cluster: Cluster, namespace: str) -> None:
                                                            or {}).get("metadata", {}).get("finalizers"))
     with open(os.path.join(pod_dir(cluster, p), "main.log")) as f:
         assert f.read() == "hi\n"
+    # kubectl logs goes apiserver -> the process kubelet's logs endpoint
+    assert cluster.kubectl_run("logs", "-n", namespace, "job/hello").stdout == "hi\n"
     logs = cluster.kubectl_run("get", "pod", p["metadata"]["name"], "-n", namespace,
                                "-o", "jsonpath={.status.podIP}").stdout
     assert logs == "127.0.0.1"
