@@ -28,6 +28,8 @@ say "example tool server on 127.0.0.1:8765"
 nohup python3 examples/tool_server.py --port 8765 --record "$DEV_DIR/tool-calls.jsonl" \
   > "$DEV_DIR/tool-server.log" 2>&1 & echo $! > "$DEV_DIR/tool-server.pid"
 
+# The operator reads the checkpoints itself: it keeps the S3 credentials of s3-up in its
+# environment (the standard AWS chain); lap pods get them from the Secret (secretKeyRef).
 say "operator (log: $DEV_DIR/operator.log, metrics: http://127.0.0.1:9090/metrics)"
 AGENTRUN_CHECKPOINT_URI="s3://$AGENTRUN_S3_BUCKET/dev" \
 AGENTRUN_S3_ENDPOINT="$AWS_ENDPOINT_URL" \
@@ -35,7 +37,6 @@ AGENTRUN_S3_REGION="$AWS_DEFAULT_REGION" \
 AGENTRUN_S3_PATH_STYLE=true \
 AGENTRUN_S3_CREDENTIALS_SECRET=agentrun-s3 \
 AGENTRUN_LOG_FORMAT=text \
-  env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY \
   nohup agentrun operator > "$DEV_DIR/operator.log" 2>&1 & echo $! > "$DEV_DIR/operator.pid"
 
 say "kubectl apply -f examples/approval-run.yaml"
