@@ -226,8 +226,11 @@ def test_happy_path_to_succeeded(env):
     # no secret value in the status, the Events, the Jobs or the operator log (secretKeyRef only)
     jobs_json = json.dumps(jobs)
     assert '"secretKeyRef"' in jobs_json
+    pod_logs = "".join(f.read_text(errors="replace") for f in env.cluster.pods_dir.glob(f"{env.ns}_happy-*/*.log"))
+    assert "lap checkpointed" in pod_logs  # the lap pods' output is there to be checked
     for where, text in (("status", json.dumps(st)), ("events", json.dumps(env.events("happy"))),
-                        ("jobs", jobs_json), ("operator log", env.log.read_text(errors="replace"))):
+                        ("jobs", jobs_json), ("operator log", env.log.read_text(errors="replace")),
+                        ("lap pod logs", pod_logs)):
         assert model_key not in text, f"model API key leaked into the {where}"
         assert env.s3.secret_key not in text, f"S3 secret key leaked into the {where}"
 
@@ -267,14 +270,18 @@ def test_approval_rejected(env):
     _approval_run(env, "reject")
     env.kubectl("annotate", "agentrun", "reject", "-n", env.ns, "approved=false")
     st = env.wait_phase("reject", "Succeeded", "Failed")
+    assert st["phase"] == "Succeeded", st  # a rejected call is not executed; the agent goes on
     assert st["approval"]["state"] == "Rejected"
     assert not [c for c in env.calls("/refund") if c["arguments"].get("order") == "reject"]
 
 
 def test_approval_timeout_is_timed_out(env):
-    _approval_run(env, "timeout", approval_timeout="3s")
+    # the deadline counts from the model's request inside lap 1: leave room to observe the pause
+    _approval_run(env, "timeout", approval_timeout="8s")
     st = env.wait_phase("timeout", "Succeeded", "Failed", timeout=60)
+    assert st["phase"] == "Succeeded", st
     assert st["approval"]["state"] == "TimedOut"
+    assert "ApprovalTimedOut" in [e["reason"] for e in env.events("timeout")]
     assert not [c for c in env.calls("/refund") if c["arguments"].get("order") == "timeout"]
 
 
@@ -294,6 +301,25 @@ def test_suspend_and_resume(env):
     env.kubectl("patch", "agentrun", "suspended", "-n", env.ns, "--type=merge", "-p", '{"spec":{"suspend":false}}')
     st = env.wait_phase("suspended", "Succeeded", "Failed")
     assert st["phase"] == "Succeeded" and st["lap"] == 2
+    assert "Resumed" in [e["reason"] for e in env.events("suspended")]
+
+
+def test_suspend_mid_lap_finishes_the_lap_then_pauses(env):
+    script = [{"content": "slow", "toolCalls": [{"name": "note", "arguments": {"order": "midsuspend", "sleepSeconds": 3}}]},
+              {"content": "b", "toolCalls": [{"name": "note", "arguments": {"order": "midsuspend2"}}]},
+              {"content": "done"}]
+    env.apply(env.run_doc("midsuspend", script))
+    _wait("lap 1 running", lambda: env.status("midsuspend").get("activeJob"))
+    env.kubectl("patch", "agentrun", "midsuspend", "-n", env.ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    st = env.wait_phase("midsuspend", "Suspended", "Succeeded", "Failed")
+    assert st["phase"] == "Suspended" and st["lap"] == 1, st  # the lap in flight finished and was checkpointed
+    assert not st.get("activeJob") and len(env.jobs("midsuspend")) == 1
+    assert len([c for c in env.calls("/note") if c["arguments"].get("order") == "midsuspend"]) == 1
+    env.kubectl("patch", "agentrun", "midsuspend", "-n", env.ns, "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    st = env.wait_phase("midsuspend", "Succeeded", "Failed")
+    assert st["phase"] == "Succeeded" and st["lap"] == 3, st
+    _one_job_per_attempt(env.jobs("midsuspend"))
+    assert len(env.jobs("midsuspend")) == 3
 
 
 def test_lap_pod_deleted_mid_lap_is_retried_side_effect_once(env):
