@@ -15,6 +15,9 @@ fi
 
 "$PYTHON" -m pip install -q 'kubernetes>=30' 'moto[server]>=5' boto3 PyYAML pytest pytest-timeout
 
+if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
+    export PATH="/usr/local/go/bin:$PATH"
+fi
 if ! command -v go >/dev/null 2>&1; then
     echo "ci-install: Go is not installed; localkube needs Go >= 1.26 (e.g. the machine's /usr/local/go)" >&2
     exit 1
