@@ -348,3 +348,41 @@ def test_retention_retain_adds_no_finalizer():
     assert not dec.of(d.AddFinalizer) and w.finalizers == []
     w.deleting = True
     assert d.decide(w.observed()).actions == []
+
+
+def test_store_unavailable_posts_one_event_per_lap_attempt_while_requeueing():
+    w = World(make_spec())
+    w.reconcile()
+    w.finish_job()
+    good = w.store[1]
+    w.store[1] = d.CheckpointRead(lap=1, kind="unavailable", error="connection refused")
+    for i in range(5):  # five requeues while the store is down
+        w.now += timedelta(seconds=10)
+        dec = w.reconcile()
+        assert dec.requeue_after, i
+        if i > 0:
+            assert dec.of(d.PatchStatus) == [], i  # nothing changes: no status write, no Event
+    assert w.reasons().count("StoreUnavailable") == 1
+    (ev,) = [e for e in w.events if e.reason == "StoreUnavailable"]
+    assert ev.lap == 1 and ev.attempt == 1 and "connection refused" in ev.message
+    assert w.status.phase == "Running" and {c.type: c.reason for c in w.status.conditions}["Progressing"] == "StoreUnavailable"
+    w.store[1] = good  # the store is back
+    w.reconcile()
+    assert w.status.lap == 1 and w.status.active_job.lap == 2
+    assert {c.type: c.reason for c in w.status.conditions}["Progressing"] == "LapRunning"
+    w.finish_job()
+    w.store[2] = d.CheckpointRead(lap=2, kind="unavailable", error="timeout")
+    w.reconcile()
+    w.reconcile()
+    assert w.reasons().count("StoreUnavailable") == 2  # once more, for lap 2
+
+
+def test_lap_retry_event_names_the_failing_lap_for_the_log():
+    w = World(make_spec())
+    w.reconcile()
+    w.finish_job()
+    w.reconcile()  # lap 1 checkpointed; lap 2 running
+    w.fail_job(75)
+    w.reconcile()
+    (ev,) = [e for e in w.events if e.reason == "LapRetry"]
+    assert (ev.lap, ev.attempt) == (2, 1) and w.status.lap == 1

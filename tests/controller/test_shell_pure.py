@@ -65,3 +65,31 @@ def test_json_log_lines_carry_run_fields():
     doc = json.loads(JSONFormatter().format(records[0]))
     assert doc["msg"] == "hello x" and doc["namespace"] == "ns" and doc["name"] == "run"
     assert doc["lap"] == 3 and "attempt" in doc and doc["attempt"] is None
+
+
+def test_exact_namespaces():
+    from agentrun.controller.handlers import exact_namespaces
+
+    assert exact_namespaces(("team-a",)) and exact_namespaces(["a", "b"])
+    assert not exact_namespaces(())
+    assert not exact_namespaces(("team-*",)) and not exact_namespaces(("a", "!b")) and not exact_namespaces(("a?",))
+
+
+@pytest.mark.parametrize("namespaces,disabled", [(("team-a", "team-b"), True), ((), False), (("team-*",), False)])
+def test_startup_disables_kopf_scanning_for_exact_namespaces(monkeypatch, namespaces, disabled):
+    import asyncio
+
+    import kopf
+
+    from agentrun.controller import handlers
+    from agentrun.controller.config import OperatorConfig
+
+    class _Started(handlers.Controller):
+        async def start(self) -> None:  # no cluster: only the settings are under test
+            self.ready = True
+
+    monkeypatch.setattr(handlers, "CONTROLLER", _Started(OperatorConfig(namespaces=namespaces)))
+    settings = kopf.OperatorSettings()
+    asyncio.run(handlers._startup(settings=settings))
+    assert settings.scanning.disabled is disabled
+    assert settings.persistence.finalizer == "kopf.agentrun.dev/finalizer"

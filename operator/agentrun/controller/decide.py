@@ -140,6 +140,9 @@ class Event:
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
+    lap: int | None = field(default=None, compare=False)
+    """The lap the Event is about, for the log line (default: status.lap, the last checkpointed)."""
+    attempt: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -248,8 +251,9 @@ class _Ctx:
     def act(self, a: Action) -> None:
         self.actions.append(a)
 
-    def event(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
-        self.actions.append(Event(type_, reason, _truncate(message, 1024)))
+    def event(self, type_: Literal["Normal", "Warning"], reason: str, message: str,
+              lap: int | None = None, attempt: int | None = None) -> None:
+        self.actions.append(Event(type_, reason, _truncate(message, 1024), lap, attempt))
 
     def phase(self, phase: str, reason: str, message: str) -> None:
         st, now = self.st, self.o.now
@@ -288,9 +292,10 @@ class _Ctx:
         elif phase != "AwaitingApproval":
             st.waiting_on = None
 
-    def fail(self, reason: str, message: str, phase: str = "Failed") -> Decision:
+    def fail(self, reason: str, message: str, phase: str = "Failed",
+             lap: int | None = None, attempt: int | None = None) -> Decision:
         self.phase(phase, reason, message)
-        self.event("Warning", reason, message)
+        self.event("Warning", reason, message, lap, attempt)
         return self.finish()
 
     def finish(self, touch_generation: bool = True) -> Decision:
@@ -465,7 +470,14 @@ def _observe_active(c: _Ctx, job: ObservedJob | None) -> Decision | None:
                 "fix or migrate the object (or upgrade agentrun), then recreate the run",
             )
         if cp.kind == "unavailable":
-            c.event("Warning", "StoreUnavailable", f"cannot read lap {aj.lap} checkpoint yet: {cp.error}")
+            # Once per lap attempt (the status remembers it), not on every requeue.
+            progressing = next((x for x in st.conditions if x.type == "Progressing"), None)
+            prefix = f"lap {aj.lap} attempt {aj.attempt} ended; its checkpoint cannot be read yet"
+            if not (progressing is not None and progressing.reason == "StoreUnavailable"
+                    and (progressing.message or "").startswith(prefix)):
+                msg = f"{prefix} (store unavailable, retrying): {cp.error}"
+                c.phase("Running", "StoreUnavailable", msg)
+                c.event("Warning", "StoreUnavailable", msg, aj.lap, aj.attempt)
             c.act(RequeueAfter(10.0))
             return c.finish()
         # missing
@@ -482,7 +494,8 @@ def _observe_active(c: _Ctx, job: ObservedJob | None) -> Decision | None:
             detail = af.report.get("message") or af.report.get("error")
         detail = detail or job.message or "no failure report was written"
         c.act(LapRetried(aj.lap, "Permanent"))
-        return c.fail("LapFailedPermanently", f"lap {aj.lap} attempt {aj.attempt} failed permanently: {detail}")
+        return c.fail("LapFailedPermanently", f"lap {aj.lap} attempt {aj.attempt} failed permanently: {detail}",
+                      lap=aj.lap, attempt=aj.attempt)
     reason = job.reason or (f"exit code {job.exit_code}" if job.exit_code is not None else "Failed")
     if job.exit_code == 75:
         reason = "RetryableError"
@@ -506,11 +519,13 @@ def _retry(c: _Ctx, lap: int, attempt: int, reason: str) -> Decision:
     c.act(LapRetried(lap, reason.split(":")[0]))
     allowed = o.spec.retry.attempts_per_lap
     if attempt >= allowed:
-        return c.fail("RetriesExhausted", f"lap {lap} failed {attempt} of {allowed} attempt(s); last: {reason}")
+        return c.fail("RetriesExhausted", f"lap {lap} failed {attempt} of {allowed} attempt(s); last: {reason}",
+                      lap=lap, attempt=attempt)
     delay = backoff_seconds(o.spec, attempt)
     st.next_attempt_at = o.now + timedelta(seconds=delay)
     c.phase("Retrying", "LapRetry", f"lap {lap} attempt {attempt} failed ({reason}); attempt {attempt + 1} in {delay:g}s")
-    c.event("Warning", "LapRetry", f"lap {lap} attempt {attempt} failed ({reason}); retrying in {delay:g}s")
+    c.event("Warning", "LapRetry", f"lap {lap} attempt {attempt} failed ({reason}); retrying in {delay:g}s",
+            lap, attempt)
     return _next_step(c, False)
 
 
@@ -620,7 +635,8 @@ def _next_step(c: _Ctx, waiting: bool) -> Decision:
 
     version = spec.agent.version
     if attempt == 1 and st.agent_version and st.agent_version != version:
-        c.event("Normal", "VersionChanged", f"lap {lap} runs agent version {version} (lap {st.lap} ran {st.agent_version})")
+        c.event("Normal", "VersionChanged", f"lap {lap} runs agent version {version} (lap {st.lap} ran {st.agent_version})",
+                lap, attempt)
     name = job_name(o.name, o.uid, lap, attempt)
     c.act(CreateJob(lap=lap, attempt=attempt, agent_version=version, name=name, approval=approval_env))
     st.active_job = ActiveJob(name=name, lap=lap, attempt=attempt, agent_version=version, started_at=o.now)

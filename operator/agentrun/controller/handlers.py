@@ -398,7 +398,8 @@ class Controller:
         for a in decision.actions:
             if isinstance(a, d.Event):
                 await self._event(body, a.type, a.reason, a.message)
-                run_logger(ns, name, status.lap if status else None).log(
+                lap = a.lap if a.lap is not None else (status.lap if status else o.status.lap)
+                run_logger(ns, name, lap, a.attempt).log(
                     logging.WARNING if a.type == "Warning" else logging.INFO, "%s: %s", a.reason, a.message)
             elif isinstance(a, d.LapFinished):
                 metrics.lap_finished(ns, name, a.outcome, a.duration_seconds)
@@ -446,6 +447,12 @@ def _failed(o: d.Observed, status: AgentRunStatus | None, reason: str, message: 
 
 # ---------------------------------------------------------------------------- Kopf wiring
 
+
+def exact_namespaces(namespaces: tuple[str, ...] | list[str]) -> bool:
+    """True when ``namespaces`` is a non-empty list of plain names (no Kopf glob or negation)."""
+    return bool(namespaces) and all(
+        ns and not ns.startswith("!") and not any(ch in ns for ch in "*?[]") for ns in namespaces)
+
 CONTROLLER: Controller | None = None
 
 
@@ -466,6 +473,11 @@ async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 150
     if CONTROLLER is None:
         CONTROLLER = Controller(OperatorConfig.from_env())
+    if exact_namespaces(CONTROLLER.config.namespaces):
+        # Exact namespace names: nothing to discover. Without this Kopf lists and watches
+        # namespaces (and CRDs) cluster-wide, which a namespaced RBAC does not grant: a string of
+        # 403s and ~55 s before the AgentRun watch starts.
+        settings.scanning.disabled = True
     await CONTROLLER.start()
 
 
