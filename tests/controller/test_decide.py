@@ -386,3 +386,19 @@ def test_lap_retry_event_names_the_failing_lap_for_the_log():
     w.reconcile()
     (ev,) = [e for e in w.events if e.reason == "LapRetry"]
     assert (ev.lap, ev.attempt) == (2, 1) and w.status.lap == 1
+
+
+def test_exit_2_with_an_unreadable_checkpoint_report_fails_checkpoint_unreadable():
+    w = World(make_spec())
+    w.reconcile()
+    w.finish_job()
+    w.reconcile()  # lap 2 running
+    key = "p/ns/run/uid/laps/00000001.json"
+    w.failure_reports[(2, 1)] = {"exitClass": "permanent", "reason": "CheckpointUnreadable",
+                                 "message": f"checkpoint {key}: sha256 mismatch"}
+    w.fail_job(2)
+    w.reconcile()
+    assert w.status.phase == "Failed" and key in w.status.message
+    assert {c.type: c.reason for c in w.status.conditions}["Failed"] == "CheckpointUnreadable"
+    assert "CheckpointUnreadable" in w.reasons() and w.status.total_retries == 0
+    assert w.reconcile().actions == [] and w.created == [(1, 1), (2, 1)]

@@ -93,3 +93,31 @@ def test_startup_disables_kopf_scanning_for_exact_namespaces(monkeypatch, namesp
     asyncio.run(handlers._startup(settings=settings))
     assert settings.scanning.disabled is disabled
     assert settings.persistence.finalizer == "kopf.agentrun.dev/finalizer"
+
+
+def test_lease_standby_logs_the_holder_once(monkeypatch, caplog):
+    import asyncio
+
+    from agentrun.controller.lease import LeaseElector
+
+    e = LeaseElector("l", "ns", "me", 0.3)
+    calls = {"n": 0}
+
+    def fake_try() -> bool:
+        calls["n"] += 1
+        e.holder = "other"
+        return False
+
+    monkeypatch.setattr(e, "_try", fake_try)
+
+    async def run() -> None:
+        task = asyncio.create_task(e.run())
+        while calls["n"] < 3:
+            await asyncio.sleep(0.05)
+        task.cancel()
+
+    with caplog.at_level(logging.INFO, logger="agentrun.lease"):
+        asyncio.run(run())
+    standby = [r.getMessage() for r in caplog.records if "standby" in r.getMessage()]
+    assert standby == ["lease ns/l held by other: this replica (me) is standby"]
+    assert not e.is_leader

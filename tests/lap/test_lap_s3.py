@@ -203,6 +203,7 @@ def test_a_spec_that_removed_the_pending_tool_fails_permanently_naming_it(s3_env
     after = _keys(s3_client, s3_bucket.name)
     assert {k: v for k, v in after.items() if "/attempts/" not in k} == before
     assert _store(s3_env).get_attempt_failure(RUN, 2, 1)["message"].startswith("tool 'pay'")  # type: ignore[index]
+    assert "reason" not in _store(s3_env).get_attempt_failure(RUN, 2, 1)  # type: ignore[operator]
 
 
 @pytest.mark.parametrize("damage", ["garbage", "unknown-version"])
@@ -228,6 +229,8 @@ def test_a_corrupt_or_unknown_version_checkpoint_fails_permanently_and_is_left_i
     assert ("schemaVersion 99" if damage == "unknown-version" else key) in p.stderr
     after = _keys(s3_client, s3_bucket.name)
     assert {k: v for k, v in after.items() if "/attempts/" not in k} == before
+    report = _store(s3_env).get_attempt_failure(RUN, 2, 1)
+    assert report is not None and report["reason"] == "CheckpointUnreadable", report  # the operator's condition
 
 
 def test_bad_configuration_exits_2_naming_the_variable(s3_env: dict[str, str]) -> None:

@@ -494,6 +494,12 @@ def _observe_active(c: _Ctx, job: ObservedJob | None) -> Decision | None:
             detail = af.report.get("message") or af.report.get("error")
         detail = detail or job.message or "no failure report was written"
         c.act(LapRetried(aj.lap, "Permanent"))
+        if af.report and af.report.get("reason") == "CheckpointUnreadable":
+            return c.fail(
+                "CheckpointUnreadable",
+                f"lap {aj.lap} attempt {aj.attempt} cannot read the run's checkpoints: {detail}. The store was "
+                "left untouched; fix or migrate the object (or upgrade agentrun), then recreate the run",
+                lap=aj.lap, attempt=aj.attempt)
         return c.fail("LapFailedPermanently", f"lap {aj.lap} attempt {aj.attempt} failed permanently: {detail}",
                       lap=aj.lap, attempt=aj.attempt)
     reason = job.reason or (f"exit code {job.exit_code}" if job.exit_code is not None else "Failed")

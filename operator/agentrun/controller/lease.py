@@ -55,6 +55,8 @@ class LeaseElector:
         self._renewed_at = 0.0  # monotonic time of our last successful acquire/renew
         self._leader = False
         self.last_tick = time.monotonic()
+        self.holder: str | None = None  # the other replica holding the Lease, when we wait
+        self._standby_logged: str | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -86,6 +88,7 @@ class LeaseElector:
             lease, spec = None, None
         action = lease_action(spec, self.identity, datetime.now(timezone.utc), self.duration)
         if action == "wait":
+            self.holder = (spec or {}).get("holderIdentity")
             return False
         body_spec = {
             "holderIdentity": self.identity,
@@ -141,6 +144,12 @@ class LeaseElector:
             elif self._leader and not self.is_leader:
                 self._leader = False
                 log.warning("lease %s/%s lost: this replica stops acting", self.namespace, self.name)
+            if not ok and not self._leader and self.holder and self.holder != self._standby_logged:
+                self._standby_logged = self.holder
+                log.info("lease %s/%s held by %s: this replica (%s) is standby", self.namespace, self.name,
+                         self.holder, self.identity)
+            if ok:
+                self._standby_logged = None
             await asyncio.sleep(max(0.5, self.duration / 3))
 
     async def release(self) -> None:

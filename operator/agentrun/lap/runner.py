@@ -7,7 +7,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun.checkpoint.errors import CheckpointError, CheckpointNotFound, LapAlreadyCheckpointed
+from agentrun.checkpoint.errors import (
+    CheckpointError,
+    CheckpointNotFound,
+    CorruptCheckpoint,
+    LapAlreadyCheckpointed,
+    UnsupportedSchemaVersion,
+)
 from agentrun.checkpoint.schema import LapRecord, RunRef
 from agentrun.checkpoint.store import CheckpointStore, StoredObject
 from agentrun.lap.config import LapConfig
@@ -53,12 +59,15 @@ def exit_for(error: BaseException) -> int:
 
 def report_failure(
     store: CheckpointStore | None, cfg_run: RunRef, lap: int, attempt: int, code: int, message: str,
-    agent_version: str | None, log: LapLogger,
+    agent_version: str | None, log: LapLogger, reason: str | None = None,
 ) -> None:
-    """Best effort ``attempts/<lap>-<attempt>.json``; the message is already redacted."""
+    """Best effort ``attempts/<lap>-<attempt>.json``; the message is already redacted. ``reason``
+    (e.g. ``CheckpointUnreadable``) lets the operator name the failure in its condition."""
     if store is None:
         return
     body = {"exitCode": code, "exitClass": "permanent" if code == EXIT_PERMANENT else "retryable", "message": message}
+    if reason:
+        body["reason"] = reason
     try:
         store.put_attempt_failure(cfg_run, lap, attempt, body, agent_version=agent_version)
     except Exception as e:  # best effort by contract
@@ -82,12 +91,14 @@ def execute_lap(
         msg = f"lap {cfg.lap} already checkpointed by another writer; nothing written"
         log(msg, level="warning")
         return LapExit(EXIT_ALREADY, msg)
+    except (CorruptCheckpoint, UnsupportedSchemaVersion) as e:  # permanent; named for the operator
+        code, message, reason = exit_for(e), redact(str(e), log.secrets), "CheckpointUnreadable"
     except (LapError, CheckpointError) as e:
-        code, message = exit_for(e), redact(str(e), log.secrets)
+        code, message, reason = exit_for(e), redact(str(e), log.secrets), None
     except Exception as e:  # an unexpected bug: retryable by the contract (any other exit)
-        code, message = EXIT_RETRYABLE, redact(f"unexpected {type(e).__name__}: {e}", log.secrets)
+        code, message, reason = EXIT_RETRYABLE, redact(f"unexpected {type(e).__name__}: {e}", log.secrets), None
     log("lap failed", level="error", exit_code=code, error=message)
-    report_failure(store, cfg.run, cfg.lap, cfg.attempt, code, message, cfg.agent_version, log)
+    report_failure(store, cfg.run, cfg.lap, cfg.attempt, code, message, cfg.agent_version, log, reason=reason)
     return LapExit(code, message)
 
 
