@@ -7,6 +7,7 @@ Fixtures ``cluster`` and ``s3`` come from tests/e2e/conftest.py (e2e/cluster.py)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -163,39 +164,46 @@ def test_budget_max_cost_reached(env):
 # ------------------------------------------------------------------------ unreadable checkpoint
 
 
-def test_corrupt_checkpoint_stops_failed_store_untouched_no_crash_loop(env):
-    env.apply(env.run_doc("corrupt", [_note("corrupt1", sleepSeconds=3), _note("corrupt2"), {"content": "done"}]))
-    _wait("lap 1 running", lambda: env.status("corrupt").get("activeJob"))
-    env.kubectl("patch", "agentrun", "corrupt", "-n", env.ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
-    st = env.wait_phase("corrupt", "Suspended", "Failed", "Succeeded")
+@pytest.mark.parametrize("damage", ["garbage", "future-schema"])
+def test_unreadable_checkpoint_stops_failed_store_untouched_no_crash_loop(env, damage):
+    name = "corrupt" if damage == "garbage" else "future"
+    env.apply(env.run_doc(name, [_note(f"{name}1", sleepSeconds=3), _note(f"{name}2"), {"content": "done"}]))
+    _wait("lap 1 running", lambda: env.status(name).get("activeJob"))
+    env.kubectl("patch", "agentrun", name, "-n", env.ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    st = env.wait_phase(name, "Suspended", "Failed", "Succeeded")
     assert st["phase"] == "Suspended" and st["lap"] == 1, st
     key = st["checkpoint"]["key"]
     assert key.endswith("laps/00000001.json"), key
     head = env.s3c.head_object(Bucket=env.s3.bucket, Key=key)
     assert head["Metadata"].get("sha256") == st["checkpoint"]["sha256"]
-    # overwrite the body, keep the metadata (the sha256 no longer matches)
-    env.s3c.put_object(Bucket=env.s3.bucket, Key=key, Body=b'{"schemaVersion": 2, "lap": 1, "corrupt": tru',
-                       Metadata=head["Metadata"])
-    prefix = env.run_prefix("corrupt")
+    if damage == "garbage":  # overwrite the body, keep the metadata (the sha256 no longer matches)
+        data, expect = b'{"schemaVersion": 2, "lap": 1, "broken": tru', "sha256"
+    else:  # a well-formed object of a schema version this agentrun does not know, with its true sha256
+        doc = json.loads(env.s3c.get_object(Bucket=env.s3.bucket, Key=key)["Body"].read())
+        doc["schemaVersion"] = 99
+        data, expect = json.dumps(doc, sort_keys=True).encode(), "schemaVersion 99"
+        head["Metadata"]["sha256"] = hashlib.sha256(data).hexdigest()
+    env.s3c.put_object(Bucket=env.s3.bucket, Key=key, Body=data, Metadata=head["Metadata"])
+    prefix = env.run_prefix(name)
     before = env.objects(prefix)
-    env.kubectl("patch", "agentrun", "corrupt", "-n", env.ns, "--type=merge", "-p", '{"spec":{"suspend":false}}')
-    st = env.wait_phase("corrupt", "Failed", "Succeeded", timeout=90)
+    env.kubectl("patch", "agentrun", name, "-n", env.ns, "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    st = env.wait_phase(name, "Failed", "Succeeded", timeout=90)
     assert st["phase"] == "Failed", st
-    cond = env.condition("corrupt")
+    cond = env.condition(name)
     assert cond["status"] == "True" and cond["reason"] == "CheckpointUnreadable", cond
-    assert "laps/00000001.json" in cond["message"] and "sha256" in cond["message"], cond
-    assert "CheckpointUnreadable" in [e["reason"] for e in env.events("corrupt")]
+    assert "laps/00000001.json" in cond["message"] and expect in cond["message"], cond
+    assert "CheckpointUnreadable" in [e["reason"] for e in env.events(name)]
     # the store is left intact: nothing deleted or rewritten, no lap 2 written
     after = env.objects(prefix)
     assert {k: v for k, v in after.items() if k in before} == before, (before, after)
-    assert env.s3c.get_object(Bucket=env.s3.bucket, Key=key)["Body"].read().endswith(b'"corrupt": tru')
+    assert env.s3c.get_object(Bucket=env.s3.bucket, Key=key)["Body"].read() == data
     assert not [k for k in after if k.endswith("laps/00000002.json")], after
-    assert not [c for c in env.calls("/note") if c["arguments"].get("order") == "corrupt2"]
+    assert not [c for c in env.calls("/note") if c["arguments"].get("order") == f"{name}2"]
     # no crash loop: no new Job attempt, still Failed, across more than one resync (5 s)
-    n_jobs = len(env.jobs("corrupt"))
-    assert n_jobs == 2, env.jobs("corrupt")  # lap 1, then the one attempt of lap 2 that found the corruption
-    _stays("Failed, no new Job", lambda: env.status("corrupt").get("phase") == "Failed"
-           and len(env.jobs("corrupt")) == n_jobs, seconds=8)
+    n_jobs = len(env.jobs(name))
+    assert n_jobs == 2, env.jobs(name)  # lap 1, then the one attempt of lap 2 that found the corruption
+    _stays("Failed, no new Job", lambda: env.status(name).get("phase") == "Failed"
+           and len(env.jobs(name)) == n_jobs, seconds=8)
 
 
 # ------------------------------------------------------------------------------- lap timeout
