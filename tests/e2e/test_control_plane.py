@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from e2e_support import wait_for as _wait_for
 import yaml
 
 from e2e.cluster import Cluster, sa_kubeconfig
@@ -19,14 +19,7 @@ pytestmark = pytest.mark.e2e
 
 
 def wait_for(what: str, fn: Callable[[], Any], timeout: float = 90, interval: float = 0.3) -> Any:
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+    return _wait_for(what, fn, timeout, interval)
 
 
 def apply(cluster: Cluster, obj: dict, ns: str | None = None) -> None:

@@ -25,14 +25,14 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
+from e2e_support import wait_for
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,15 +47,7 @@ OPERATOR_SA = RELEASE
 LAP_SA = "agentrun-lap"
 
 
-def _wait(what: str, fn: Callable[[], Any], timeout: float = 60, interval: float = 0.5) -> Any:
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+_wait = wait_for
 
 
 def _free_port() -> int:

@@ -12,13 +12,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
+from e2e_support import wait_for
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,15 +28,7 @@ import tool_server  # noqa: E402
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def _wait(what: str, fn: Callable[[], Any], timeout: float = 60, interval: float = 0.5) -> Any:
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+_wait = wait_for
 
 
 class Env:
