@@ -25,6 +25,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from decimal import Decimal
@@ -79,17 +80,13 @@ def parse_can_i(text: str) -> dict[str, set[str]]:
     return rules
 
 
-# Known, reported: with AGENTRUN_NAMESPACES set, Kopf's namespace scanning lists namespaces at the
-# cluster scope, which the chart deliberately does not grant; Kopf retries 8 times (~55 s) and then
-# falls back to the exact namespaces (kopf/_core/reactor/observation.py). The fix belongs in the
-# controller (settings.scanning.disabled = True when the namespaces are exact names).
-KOPF_NAMESPACE_SCAN = re.compile(r'cannot list resource \\?"namespaces\\?" in API group \\?"\\?" at the cluster scope')
-
-
 def forbidden_requests(log_text: str) -> list[str]:
-    """Log lines of the operator reporting a 403, except Kopf's known namespace scan."""
-    return [ln for ln in log_text.splitlines()
-            if "forbidden" in ln.lower() and not KOPF_NAMESPACE_SCAN.search(ln)]
+    """Log lines of the operator reporting a refused request (403 / Forbidden), none tolerated.
+
+    With exact ``watchNamespaces`` the operator disables Kopf's scanning, so Kopf no longer lists
+    namespaces at the cluster scope (it used to: eight 403s and ~55 s before the watches started).
+    """
+    return [ln for ln in log_text.splitlines() if "403" in ln or "forbidden" in ln.lower()]
 
 
 class HelmEnv:
@@ -162,6 +159,11 @@ class HelmEnv:
                 out.append(f"===== {d.name}/{f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-80:]))
         return "\n".join(out) or "(no operator pod logs)"
 
+    def full_operator_logs(self) -> str:
+        """Every line of every operator pod's log (operator_logs keeps only the last 80 per file)."""
+        return "\n".join(f.read_text(errors="replace") for d in sorted(self.cluster.pods_dir.glob(f"{self.sys_ns}_*"))
+                         for f in sorted(d.glob("*.log")))
+
     def diagnostics(self) -> str:
         parts = ["--- operator pod logs:", self.operator_logs()]
         if self.scrapes:
@@ -199,7 +201,9 @@ class HelmEnv:
             "watchNamespaces": [self.ns],
             "logFormat": "json",
             "leaderElection": {"leaseDurationSeconds": 5},
-            "resyncSeconds": 5,
+            # Longer than the first-Job deadline of test_approval_run_...: the run must be picked up
+            # by Kopf's watch, not by the periodic resync.
+            "resyncSeconds": 60,
             "storeRetrySeconds": 2,
             "checkpoint": {
                 "uri": f"s3://{self.s3.bucket}/{self.prefix}",
@@ -278,19 +282,18 @@ def diag(henv, request):
 # ---------------------------------------------------------------------------------------------- RBAC
 
 # What the controller calls (operator/agentrun/controller/handlers.py, lease.py) and what Kopf
-# needs to watch (list/watch AgentRuns and Jobs, CRD discovery). Nothing else.
+# needs to watch (list/watch AgentRuns and Jobs). Nothing else, and nothing cluster-scoped: with
+# exact watchNamespaces Kopf's scanning is disabled (no namespace list, no CRD list/watch).
 EXPECTED_RUN_NS = {
     "agentruns.agentrun.dev []": {"get", "list", "watch", "patch"},
     "agentruns.agentrun.dev/status []": {"patch"},
     "jobs.batch []": {"create", "list", "watch", "delete"},
     "pods []": {"list"},
     "events []": {"create"},
-    "customresourcedefinitions.apiextensions.k8s.io []": {"list", "watch"},
 }
 EXPECTED_RELEASE_NS = {
     "leases.coordination.k8s.io []": {"create"},
     f"leases.coordination.k8s.io [{RELEASE}]": {"get", "update", "patch"},
-    "customresourcedefinitions.apiextensions.k8s.io []": {"list", "watch"},
 }
 
 
@@ -314,6 +317,16 @@ def test_rbac_is_exactly_what_the_operator_uses(henv, diag):
     for verb in ("get", "list", "watch"):
         r = henv.kubectl("auth", "can-i", verb, "secrets", f"--as={sa_user}", "--all-namespaces", check=False)
         assert r.stdout.strip() == "no", (verb, r.stdout, r.stderr)
+    # nothing cluster-scoped: no CRD or namespace access, no ClusterRoleBinding of the chart
+    for verb, res in (("list", "customresourcedefinitions.apiextensions.k8s.io"),
+                      ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
+                      ("list", "namespaces"), ("list", "agentruns.agentrun.dev")):
+        r = henv.kubectl("auth", "can-i", verb, res, f"--as={sa_user}", "--all-namespaces", check=False)
+        assert r.stdout.strip() == "no", (verb, res, r.stdout, r.stderr)
+    crbs = json.loads(henv.kubectl("get", "clusterrolebindings", "-o", "json").stdout)["items"]
+    assert not [b["metadata"]["name"] for b in crbs
+                if any(sj.get("name") == OPERATOR_SA and sj.get("namespace") == henv.sys_ns
+                       for sj in b.get("subjects") or [])]
     # leases in the watched namespace or another name: no
     r = henv.kubectl("auth", "can-i", "update", "leases/someone-else", f"--as={sa_user}", "-n", henv.sys_ns,
                      check=False)
@@ -351,7 +364,15 @@ def _excerpt(text: str, *needles: str) -> str:
 def test_approval_run_succeeds_under_chart_rbac_with_metrics(henv, diag):
     doc = _approval_doc(henv)
     name = doc["metadata"]["name"]
+    applied = time.monotonic()
     henv.kubectl("apply", "-n", henv.ns, "-f", "-", input=yaml.safe_dump(doc))
+    # Kopf's watch starts as soon as the operator is up (no namespace scan to wait out, which
+    # delayed it ~55 s) and resyncSeconds is 60: lap 1's Job must come from the watch, promptly.
+    try:
+        _wait("lap 1's Job", lambda: henv.jobs(name), timeout=20)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{henv.diagnostics()}") from None
+    print(f"\n--- lap 1's Job created {time.monotonic() - applied:.1f}s after apply")
     st = henv.wait_phase(name, "AwaitingApproval", "Failed", "Succeeded", "BudgetExceeded")
     assert st["phase"] == "AwaitingApproval", st
     owner = doc["spec"]["approval"]["owner"]
@@ -424,7 +445,8 @@ def test_approval_run_succeeds_under_chart_rbac_with_metrics(henv, diag):
     assert finished == len(jobs) == len(records), (laps, len(jobs), len(records))
     assert laps["done"] == 1 and laps["awaiting_approval"] == 1, laps
     # the operator ran under its ServiceAccount token: no request it makes was refused
-    logs = henv.operator_logs()
+    logs = henv.full_operator_logs()
+    assert logs.strip(), "no operator log to check"
     assert not forbidden_requests(logs), forbidden_requests(logs)
     assert henv.secret_key not in logs and henv.access_key not in logs
     assert henv.secret_key not in json.dumps(henv.get("agentrun", name, henv.ns))

@@ -52,6 +52,7 @@ def all_rules(docs):
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
 def test_rbac_least_privilege(helm, values):
     _, docs = template(helm, "-f", str(values), *MONITORING_APIS)
+    namespaced = bool((yaml.safe_load(values.read_text()) or {}).get("watchNamespaces"))
     rules = all_rules(docs)
     assert rules
     granted = set()
@@ -68,7 +69,8 @@ def test_rbac_least_privilege(helm, values):
         ("agentruns/status", "patch"),
         *{("jobs", v) for v in ("create", "list", "watch", "delete")},
         ("pods", "list"),
-        ("customresourcedefinitions", "list"), ("customresourcedefinitions", "watch"),
+        # Kopf watches CRDs only cluster-wide; with exact watchNamespaces its scanning is disabled
+        *(() if namespaced else (("customresourcedefinitions", "list"), ("customresourcedefinitions", "watch"))),
         *{("leases", v) for v in ("create", "get", "update", "patch")},
     }
     lease_rules = [r for _, ns, r in rules if "leases" in r["resources"]]
@@ -86,7 +88,14 @@ def test_every_rbac_rule_is_commented_framework_or_application():
 
 def test_cluster_wide_vs_namespaced_rbac(helm):
     _, docs = template(helm)
-    assert one(docs, "ClusterRole", "agentrun-operator")["rules"]
+    crds = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]}
+    assert crds in one(docs, "ClusterRole", "agentrun-operator")["rules"]  # Kopf watches CRDs cluster-wide
+    assert one(docs, "ClusterRoleBinding", "agentrun-operator")["subjects"][0]["name"] == "agentrun-operator"
+    assert [d["metadata"]["name"] for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")] == [
+        "agentrun-operator", "agentrun-operator"]
+    _, docs = template(helm, "--set", "rbac.crdWatch=false")
+    assert crds not in one(docs, "ClusterRole", "agentrun-operator")["rules"]
+    _, docs = template(helm)
     assert not [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "agentrun-operator"]
     env = {e["name"]: e.get("value") for e in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["AGENTRUN_NAMESPACES"] == ""
@@ -96,9 +105,9 @@ def test_cluster_wide_vs_namespaced_rbac(helm):
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     bindings = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "agentrun-operator"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
-    cluster = [d for d in docs if d["kind"] == "ClusterRole"]
-    assert [c["metadata"]["name"] for c in cluster] == ["agentrun-operator-crds"]
-    assert {res for c in cluster for r in c["rules"] for res in r["resources"]} == {"customresourcedefinitions"}
+    # nothing cluster-scoped: no ClusterRole(Binding), not even CRD read access (Kopf scanning is off)
+    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")], kinds(docs)
+    assert "customresourcedefinitions" not in yaml.safe_dump_all(docs)
     env = {e["name"]: e.get("value") for e in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["AGENTRUN_NAMESPACES"] == "team-a,team-b"
     assert env["AGENTRUN_S3_CREDENTIALS_SECRET"] == "agentrun-s3"
@@ -187,6 +196,9 @@ def test_monitoring_on_without_the_crds_fails_clearly(helm):
     (["--set", "logFormat=xml"], "/logFormat"),
     (["--set", "replicaCount=2"], "replicaCount"),
     (["--set", "watchNamespaces[0]=Bad_NS"], "/watchNamespaces/0"),
+    # exact names only: Kopf globs/negations would need namespace scanning (cluster-scoped list)
+    (["--set", "watchNamespaces[0]=team-*"], "/watchNamespaces/0"),
+    (["--set", "watchNamespaces[0]=!kube-system"], "/watchNamespaces/0"),
     (["--set", "checkpoint.uri=http://not-s3"], "/checkpoint/uri"),
     (["--set", "prometheusRule.thresholds.costBudgetFraction=1.5"], "/prometheusRule/thresholds/costBudgetFraction"),
     (["--set", "image.pullPolicy=Sometimes"], "/image/pullPolicy"),
