@@ -68,7 +68,6 @@ class LeaseElector:
         return client.CoordinationV1Api()
 
     def _try(self) -> bool:
-        from kubernetes import client
         from kubernetes.client.rest import ApiException
 
         api = self._api()
