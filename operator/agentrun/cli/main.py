@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "operator": "agentrun.controller.cli:operator_command",
     "crd": "agentrun.api.crdgen:crd_command",
     "trace": "agentrun.checkpoint.cli:trace_command",
+    "approvals": "agentrun.cli.approvals:approvals_command",
 }
 
 

@@ -1,0 +1,298 @@
+"""``agentrun approvals``: the approval queue from the command line.
+
+``list`` shows the runs in phase AwaitingApproval, oldest request first; ``show`` prints one
+pending call (its arguments and deadline); ``approve`` / ``reject`` set exactly the annotations a
+user would type with kubectl (``approved=true|false`` and ``agentrun.dev/reason``), and only on
+a run that is waiting right now, so a decision is never queued in advance.
+
+The formatting (``queue_rows``, ``format_table``, ``human_duration``) is pure: rows are built from
+AgentRun dicts and ``now``; the Kubernetes I/O lives in ``_api`` and the click commands.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from agentrun.api.crdgen import GROUP, PLURAL, VERSION
+from agentrun.controller.decide import ANN_APPROVED, ANN_REASON
+
+AWAITING = "AwaitingApproval"
+COLUMNS = ("NAMESPACE", "NAME", "OWNER", "TOOL", "LAP", "AGE", "DEADLINE", "ON-TIMEOUT")
+_SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+# ------------------------------------------------------------------------------- pure formatting
+
+def parse_time(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp as written by the API server (``...Z``, fractions allowed), or None."""
+    if not value or not isinstance(value, str):
+        return None
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def human_duration(seconds: float) -> str:
+    """kubectl-style: ``45s``, ``3m12s``, ``2h5m``, ``3d4h`` (two units at most, floor)."""
+    s = max(0, int(seconds))
+    d, rem = divmod(s, 86400)
+    h, rem = divmod(rem, 3600)
+    m, sec = divmod(rem, 60)
+    if d:
+        return f"{d}d{h}h" if h else f"{d}d"
+    if h:
+        return f"{h}h{m}m" if m else f"{h}h"
+    if m:
+        return f"{m}m{sec}s" if sec else f"{m}m"
+    return f"{sec}s"
+
+
+def queue_rows(runs: list[dict], now: datetime, owner: str | None = None) -> list[dict]:
+    """The approval queue: one row per run in phase AwaitingApproval (optionally of one owner),
+    oldest request first (then namespace, name). ``now`` must be timezone-aware."""
+    rows = []
+    for run in runs:
+        st = run.get("status") or {}
+        if st.get("phase") != AWAITING:
+            continue
+        meta = run.get("metadata") or {}
+        spec_ap = (run.get("spec") or {}).get("approval") or {}
+        ap = st.get("approval") or {}
+        who = ap.get("owner") or st.get("waitingOn") or spec_ap.get("owner") or "unassigned"
+        if owner is not None and who != owner:
+            continue
+        requested = parse_time(ap.get("requestedAt")) or parse_time(meta.get("creationTimestamp"))
+        deadline = parse_time(ap.get("deadline"))
+        rows.append({
+            "namespace": meta.get("namespace", ""),
+            "name": meta.get("name", ""),
+            "owner": who,
+            "tool": ap.get("tool") or "",
+            "lap": ap.get("lap", st.get("lap")),
+            "callId": ap.get("callId"),
+            "requestedAt": ap.get("requestedAt"),
+            "deadline": ap.get("deadline"),
+            "ageSeconds": int((now - requested).total_seconds()) if requested else None,
+            "secondsLeft": int((deadline - now).total_seconds()) if deadline else None,
+            "onTimeout": spec_ap.get("onTimeout", "reject"),
+            "_sort": requested or datetime.max.replace(tzinfo=UTC),
+        })
+    rows.sort(key=lambda r: (r["_sort"], r["namespace"], r["name"]))
+    for r in rows:
+        del r["_sort"]
+    return rows
+
+
+def deadline_cell(seconds_left: int | None) -> str:
+    if seconds_left is None:
+        return "<none>"
+    return "overdue" if seconds_left <= 0 else human_duration(seconds_left)
+
+
+def table_cells(row: dict) -> list[str]:
+    return [
+        row["namespace"], row["name"], row["owner"], row["tool"] or "<none>",
+        "<none>" if row["lap"] is None else str(row["lap"]),
+        "<unknown>" if row["ageSeconds"] is None else human_duration(row["ageSeconds"]),
+        deadline_cell(row["secondsLeft"]), row["onTimeout"],
+    ]
+
+
+def format_table(rows: list[dict]) -> str:
+    """kubectl-like columns, left-aligned, three spaces apart."""
+    lines = [list(COLUMNS)] + [table_cells(r) for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def show_text(run: dict, now: datetime) -> str:
+    """The pending call of one waiting run: who, which tool, its arguments (JSON), the deadline."""
+    meta = run.get("metadata") or {}
+    st = run.get("status") or {}
+    ap = st.get("approval") or {}
+    rows = queue_rows([run], now)
+    row = rows[0] if rows else None
+    args_raw = ap.get("arguments")
+    try:
+        args = json.dumps(json.loads(args_raw), indent=2, sort_keys=True) if args_raw else "<none>"
+    except ValueError:  # truncated to 4 KiB by the status: print it as stored
+        args = args_raw
+    out = [
+        f"Name:        {meta.get('namespace', '')}/{meta.get('name', '')}",
+        f"Phase:       {st.get('phase', 'Pending')}",
+        f"Approval:    {ap.get('state', '<none>')}",
+        f"Owner:       {row['owner'] if row else ap.get('owner', '<none>')}",
+        f"Tool:        {ap.get('tool', '<none>')}",
+        f"Lap:         {ap.get('lap', '<none>')}",
+        f"Call id:     {ap.get('callId', '<none>')}",
+        f"Requested:   {ap.get('requestedAt', '<none>')}"
+        + (f" ({human_duration(row['ageSeconds'])} ago)" if row and row["ageSeconds"] is not None else ""),
+        f"Deadline:    {ap.get('deadline', '<none>')}"
+        + (f" ({deadline_cell(row['secondsLeft'])}{' left' if row['secondsLeft'] > 0 else ''})"
+           if row and row["secondsLeft"] is not None else ""),
+        f"On timeout:  {((run.get('spec') or {}).get('approval') or {}).get('onTimeout', 'reject')}",
+    ]
+    if ap.get("decision"):
+        out.append(f"Decision:    {ap['decision']}" + (f" ({ap['reason']})" if ap.get("reason") else ""))
+    out += ["Arguments:", args]
+    return "\n".join(out)
+
+
+def decision_patch(approve: bool, reason: str | None, resource_version: str | None) -> dict:
+    """The metadata merge patch of a decision: the annotations a user would type with kubectl.
+    With the resourceVersion the run was read at, the API server refuses the patch (409) if the
+    run changed in between (e.g. timed out), so the check and the decision are one step."""
+    annotations = {ANN_APPROVED: "true" if approve else "false"}
+    if reason:
+        annotations[ANN_REASON] = reason
+    meta: dict[str, Any] = {"annotations": annotations}
+    if resource_version:
+        meta["resourceVersion"] = resource_version
+    return {"metadata": meta}
+
+
+# ------------------------------------------------------------------------------------------ I/O
+
+def _api() -> tuple[Any, str]:
+    """A CustomObjectsApi (kubeconfig first, in-cluster fallback) and the default namespace."""
+    from kubernetes import client, config
+
+    namespace = "default"
+    try:
+        config.load_kube_config()
+        try:
+            _, active = config.list_kube_config_contexts()
+            namespace = (active or {}).get("context", {}).get("namespace") or "default"
+        except config.ConfigException:
+            pass
+    except config.ConfigException:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException as e:
+            raise click.ClickException(f"no Kubernetes configuration (kubeconfig or in-cluster): {e}")
+        try:
+            with open(_SA_NAMESPACE_FILE) as fh:
+                namespace = fh.read().strip() or "default"
+        except OSError:
+            pass
+    return client.CustomObjectsApi(), namespace
+
+
+def _api_error(e: Exception, what: str) -> click.ClickException:
+    status = getattr(e, "status", None)
+    if status == 404:
+        return click.ClickException(f"{what}: not found")
+    reason = getattr(e, "reason", None) or str(e)
+    return click.ClickException(f"{what}: {status or ''} {reason}".strip())
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _get_run(api: Any, ns: str, name: str) -> dict:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return api.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+    except ApiException as e:
+        raise _api_error(e, f"agentrun {ns}/{name}") from None
+
+
+@click.group("approvals")
+def approvals_command() -> None:
+    """The approval queue: list, show, approve and reject runs waiting for a human decision."""
+
+
+@approvals_command.command("list")
+@click.option("-n", "--namespace", default=None, help="Namespace (default: the kubeconfig context's).")
+@click.option("-A", "--all-namespaces", is_flag=True, help="Runs of every namespace.")
+@click.option("--owner", default=None, help="Only runs waiting on this owner.")
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def list_command(namespace: str | None, all_namespaces: bool, owner: str | None, output: str) -> None:
+    """Runs in phase AwaitingApproval, oldest request first."""
+    from kubernetes.client.exceptions import ApiException
+
+    if namespace and all_namespaces:
+        raise click.UsageError("-n/--namespace and -A/--all-namespaces are exclusive")
+    api, default_ns = _api()
+    try:
+        if all_namespaces:
+            items = api.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+        else:
+            items = api.list_namespaced_custom_object(GROUP, VERSION, namespace or default_ns, PLURAL)["items"]
+    except ApiException as e:
+        raise _api_error(e, "list agentruns") from None
+    rows = queue_rows(items, _now(), owner=owner)
+    if output == "json":
+        click.echo(json.dumps(rows, indent=2))
+    elif rows:
+        click.echo(format_table(rows))
+    else:
+        where = "any namespace" if all_namespaces else f"namespace {namespace or default_ns}"
+        click.echo(f"No runs awaiting approval in {where}" + (f" for owner {owner}" if owner else "") + ".",
+                   err=True)
+
+
+@approvals_command.command("show")
+@click.argument("name")
+@click.option("-n", "--namespace", default=None, help="Namespace (default: the kubeconfig context's).")
+def show_command(name: str, namespace: str | None) -> None:
+    """The pending call of a run: its arguments (JSON) and the deadline."""
+    api, default_ns = _api()
+    run = _get_run(api, namespace or default_ns, name)
+    click.echo(show_text(run, _now()))
+
+
+def _decide(name: str, namespace: str | None, reason: str | None, approve: bool) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    api, default_ns = _api()
+    ns = namespace or default_ns
+    run = _get_run(api, ns, name)
+    st = run.get("status") or {}
+    phase = st.get("phase") or "Pending"
+    verb = "approve" if approve else "reject"
+    if phase != AWAITING:
+        click.echo(f"error: agentrun {ns}/{name} is not awaiting approval (phase {phase}); "
+                   f"nothing to {verb}. A decision is never queued in advance.", err=True)
+        sys.exit(1)
+    ap = st.get("approval") or {}
+    body = decision_patch(approve, reason, (run.get("metadata") or {}).get("resourceVersion"))
+    try:
+        api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, body)
+    except ApiException as e:
+        if e.status == 409:
+            click.echo(f"error: agentrun {ns}/{name} changed while deciding; run `agentrun approvals show "
+                       f"{name} -n {ns}` and try again.", err=True)
+            sys.exit(1)
+        raise _api_error(e, f"patch agentrun {ns}/{name}") from None
+    annotations = " ".join(f"{k}={json.dumps(v) if ' ' in v else v}"
+                           for k, v in body["metadata"]["annotations"].items())
+    click.echo(f"agentrun {ns}/{name}: {'approved' if approve else 'rejected'} call {ap.get('callId', '?')} of tool {ap.get('tool', '?')} "
+               f"(lap {ap.get('lap', '?')}), annotated {annotations}; the operator resumes the run.")
+
+
+@approvals_command.command("approve")
+@click.argument("name")
+@click.option("-n", "--namespace", default=None, help="Namespace (default: the kubeconfig context's).")
+@click.option("--reason", default=None, help="Reason recorded with the decision (agentrun.dev/reason).")
+def approve_command(name: str, namespace: str | None, reason: str | None) -> None:
+    """Approve the pending call of a waiting run (annotation approved=true)."""
+    _decide(name, namespace, reason, approve=True)
+
+
+@approvals_command.command("reject")
+@click.argument("name")
+@click.option("-n", "--namespace", default=None, help="Namespace (default: the kubeconfig context's).")
+@click.option("--reason", default=None, help="Reason recorded with the decision (agentrun.dev/reason).")
+def reject_command(name: str, namespace: str | None, reason: str | None) -> None:
+    """Reject the pending call of a waiting run (annotation approved=false)."""
+    _decide(name, namespace, reason, approve=False)

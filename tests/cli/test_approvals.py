@@ -1,0 +1,229 @@
+"""``agentrun approvals``: the queue's rows, ages and deadlines (pure), and the commands against a
+fake CustomObjectsApi (no cluster): what is listed, what a decision patches, what is refused."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from click.testing import CliRunner
+
+from agentrun.cli import approvals as ap
+from agentrun.cli.main import SUBCOMMANDS, main
+
+NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+
+
+def iso(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def run(name: str, ns: str = "team-a", phase: str = "AwaitingApproval", *, owner: str = "payments-oncall",
+        tool: str = "refund", lap: int = 3, requested_ago: float = 60, deadline_in: float = 3600,
+        on_timeout: str | None = "reject", arguments: str | None = '{"orderId": "1001"}',
+        rv: str = "42") -> dict:
+    spec_ap = {"owner": owner, "timeout": "72h"}
+    if on_timeout is not None:
+        spec_ap["onTimeout"] = on_timeout
+    status: dict = {"phase": phase, "lap": lap - 1}
+    if phase == "AwaitingApproval":
+        status["waitingOn"] = owner
+        status["approval"] = {
+            "state": "Pending", "lap": lap, "tool": tool, "callId": f"call-{name}", "idempotencyKey": "k",
+            "arguments": arguments, "owner": owner,
+            "requestedAt": iso(NOW - timedelta(seconds=requested_ago)),
+            "deadline": iso(NOW + timedelta(seconds=deadline_in)),
+        }
+    return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun",
+            "metadata": {"name": name, "namespace": ns, "resourceVersion": rv,
+                         "creationTimestamp": iso(NOW - timedelta(days=1))},
+            "spec": {"task": "t", "approval": spec_ap}, "status": status}
+
+
+# ------------------------------------------------------------------------------------ pure logic
+
+@pytest.mark.parametrize("seconds,text", [
+    (0, "0s"), (45, "45s"), (60, "1m"), (192, "3m12s"), (3600, "1h"), (7500, "2h5m"),
+    (86400, "1d"), (86400 * 3 + 3600 * 4 + 59, "3d4h"), (-5, "0s"), (59.9, "59s"),
+])
+def test_human_duration(seconds, text):
+    assert ap.human_duration(seconds) == text
+
+
+def test_parse_time_forms():
+    assert ap.parse_time("2026-11-30T12:00:00Z") == NOW
+    assert ap.parse_time("2026-11-30T12:00:00.250000Z") == NOW + timedelta(milliseconds=250)
+    assert ap.parse_time("2026-11-30T13:00:00+01:00") == NOW
+    assert ap.parse_time(None) is None and ap.parse_time("yesterday") is None
+
+
+def test_queue_only_awaiting_oldest_first_with_age_deadline_and_on_timeout():
+    runs = [
+        run("newer", requested_ago=30, deadline_in=90),
+        run("done", phase="Succeeded"),
+        run("older", ns="team-b", requested_ago=7500, deadline_in=-10, on_timeout="fail", tool="wire", lap=7),
+        run("suspended", phase="Suspended"),
+        run("default-policy", requested_ago=600, on_timeout=None),
+    ]
+    rows = ap.queue_rows(runs, NOW)
+    assert [r["name"] for r in rows] == ["older", "default-policy", "newer"]
+    older, default, newer = rows
+    assert (older["namespace"], older["tool"], older["lap"], older["onTimeout"]) == ("team-b", "wire", 7, "fail")
+    assert older["ageSeconds"] == 7500 and older["secondsLeft"] == -10
+    assert default["onTimeout"] == "reject"  # the CRD default when the field is absent
+    assert newer["ageSeconds"] == 30 and newer["secondsLeft"] == 90
+    cells = {r["name"]: ap.table_cells(r) for r in rows}
+    assert cells["older"] == ["team-b", "older", "payments-oncall", "wire", "7", "2h5m", "overdue", "fail"]
+    assert cells["newer"][5:] == ["30s", "1m30s", "reject"]
+
+
+def test_deadline_exactly_now_is_overdue():
+    row = ap.queue_rows([run("x", deadline_in=0)], NOW)[0]
+    assert ap.deadline_cell(row["secondsLeft"]) == "overdue"
+    assert ap.deadline_cell(1) == "1s" and ap.deadline_cell(None) == "<none>"
+
+
+def test_owner_filter_and_owner_fallbacks():
+    runs = [run("a", owner="alice"), run("b", owner="bob")]
+    assert [r["name"] for r in ap.queue_rows(runs, NOW, owner="bob")] == ["b"]
+    assert ap.queue_rows(runs, NOW, owner="carol") == []
+    # approval without an owner: status.waitingOn, then spec.approval.owner
+    r = run("c", owner="team-c")
+    del r["status"]["approval"]["owner"]
+    assert ap.queue_rows([r], NOW)[0]["owner"] == "team-c"
+    del r["status"]["waitingOn"]
+    r["spec"]["approval"]["owner"] = "spec-owner"
+    assert ap.queue_rows([r], NOW)[0]["owner"] == "spec-owner"
+
+
+def test_table_is_aligned_with_the_header():
+    rows = ap.queue_rows([run("short"), run("a-much-longer-name", ns="ns")], NOW)
+    lines = ap.format_table(rows).splitlines()
+    assert lines[0].split() == list(ap.COLUMNS)
+    col = lines[0].index("OWNER")
+    assert all(line[col:].startswith("payments-oncall") for line in lines[1:]), lines
+
+
+def test_show_text_prints_arguments_as_json_and_deadline():
+    text = ap.show_text(run("r", deadline_in=7500, arguments='{"orderId":"1001","amount":5}'), NOW)
+    assert '"orderId": "1001"' in text and '"amount": 5' in text
+    assert "Deadline:    2026-11-30T14:05:00Z (2h5m left)" in text
+    overdue = ap.show_text(run("r", deadline_in=-1), NOW)
+    assert "(overdue)" in overdue
+    truncated = ap.show_text(run("r", arguments='{"orderId": "10'), NOW)  # cut at 4 KiB: shown raw
+    assert '{"orderId": "10' in truncated
+
+
+def test_decision_patch_is_what_kubectl_annotate_sets():
+    assert ap.decision_patch(True, "ok", "7") == {
+        "metadata": {"annotations": {"approved": "true", "agentrun.dev/reason": "ok"}, "resourceVersion": "7"}}
+    assert ap.decision_patch(False, None, None) == {"metadata": {"annotations": {"approved": "false"}}}
+
+
+# ------------------------------------------------------------------- commands with a fake API
+
+class FakeApi:
+    def __init__(self, runs: list[dict]) -> None:
+        self.runs = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in runs}
+        self.patches: list[tuple] = []
+        self.listed: list = []
+
+    def list_cluster_custom_object(self, group, version, plural):
+        self.listed.append(None)
+        return {"items": list(self.runs.values())}
+
+    def list_namespaced_custom_object(self, group, version, ns, plural):
+        self.listed.append(ns)
+        return {"items": [r for (n, _), r in self.runs.items() if n == ns]}
+
+    def get_namespaced_custom_object(self, group, version, ns, plural, name):
+        from kubernetes.client.exceptions import ApiException
+
+        if (ns, name) not in self.runs:
+            raise ApiException(status=404, reason="Not Found")
+        return self.runs[(ns, name)]
+
+    def patch_namespaced_custom_object(self, group, version, ns, plural, name, body):
+        assert (group, version, plural) == ("agentrun.dev", "v1alpha1", "agentruns")
+        self.patches.append((ns, name, body))
+        return self.runs[(ns, name)]
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    api = FakeApi([run("waiting", requested_ago=120), run("old", ns="team-b", requested_ago=900, owner="ops"),
+                   run("busy", phase="Running")])
+    monkeypatch.setattr(ap, "_api", lambda: (api, "team-a"))
+    monkeypatch.setattr(ap, "_now", lambda: NOW)
+    return api
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, ["approvals", *args])
+
+
+def test_registered_as_a_subcommand():
+    assert SUBCOMMANDS["approvals"] == "agentrun.cli.approvals:approvals_command"
+
+
+def test_list_default_namespace_all_namespaces_owner_and_json(fake):
+    r = invoke("list")
+    assert r.exit_code == 0, r.output
+    assert fake.listed == ["team-a"]
+    lines = r.output.splitlines()
+    assert lines[0].split() == list(ap.COLUMNS) and len(lines) == 2
+    assert lines[1].split() == ["team-a", "waiting", "payments-oncall", "refund", "3", "2m", "1h", "reject"]
+    r = invoke("list", "-A")
+    names = [line.split()[1] for line in r.output.splitlines()[1:]]
+    assert names == ["old", "waiting"]  # oldest first; the Running run is not in the queue
+    r = invoke("list", "-A", "--owner", "ops", "-o", "json")
+    rows = json.loads(r.output)
+    assert [(x["namespace"], x["name"], x["owner"], x["ageSeconds"]) for x in rows] == [("team-b", "old", "ops", 900)]
+    r = invoke("list", "-n", "team-a", "-A")
+    assert r.exit_code != 0 and "exclusive" in r.output
+
+
+def test_approve_a_waiting_run_patches_the_annotations(fake):
+    r = invoke("approve", "waiting", "-n", "team-a", "--reason", "customer verified")
+    assert r.exit_code == 0, r.output
+    assert fake.patches == [("team-a", "waiting", {"metadata": {
+        "annotations": {"approved": "true", "agentrun.dev/reason": "customer verified"}, "resourceVersion": "42"}})]
+    assert "approved call call-waiting of tool refund" in r.output
+
+
+def test_reject_uses_approved_false(fake):
+    r = invoke("reject", "old", "-n", "team-b")
+    assert r.exit_code == 0, r.output
+    assert fake.patches[0][2]["metadata"]["annotations"] == {"approved": "false"}
+    assert "rejected" in r.output
+
+
+@pytest.mark.parametrize("verb", ["approve", "reject"])
+def test_decision_on_a_run_not_waiting_is_refused_without_a_patch(fake, verb):
+    r = invoke(verb, "busy", "--reason", "early")
+    assert r.exit_code == 1
+    assert "not awaiting approval (phase Running)" in r.output
+    assert fake.patches == []
+
+
+def test_missing_run_is_an_error(fake):
+    r = invoke("approve", "nope")
+    assert r.exit_code == 1 and "not found" in r.output and fake.patches == []
+
+
+def test_conflict_while_deciding_is_refused(fake, monkeypatch):
+    from kubernetes.client.exceptions import ApiException
+
+    def conflict(*a, **k):
+        raise ApiException(status=409, reason="Conflict")
+
+    monkeypatch.setattr(fake, "patch_namespaced_custom_object", conflict)
+    r = invoke("approve", "waiting")
+    assert r.exit_code == 1 and "changed while deciding" in r.output
+
+
+def test_show(fake):
+    r = invoke("show", "waiting")
+    assert r.exit_code == 0, r.output
+    assert '"orderId": "1001"' in r.output and "Deadline:" in r.output and "(1h left)" in r.output
