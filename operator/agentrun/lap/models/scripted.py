@@ -8,10 +8,11 @@ output: the response), so costs are deterministic and non-zero when prices are s
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import yaml
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from agentrun.api.spec import ModelSpec, ScriptedResponse
 from agentrun.checkpoint.schema import Usage
@@ -20,12 +21,24 @@ from agentrun.lap.interfaces import ModelCall, ModelRequest, ModelResponse
 from agentrun.lap.keys import normalize_call_ids
 from agentrun.lap.window import messages_tokens, text_tokens
 
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
+
 EXHAUSTED = "script exhausted"
-_SCRIPT = TypeAdapter(list[ScriptedResponse])
+
+
+@lru_cache(maxsize=1)
+def _script_adapter() -> TypeAdapter[list[ScriptedResponse]]:
+    # built on first use: only a script file needs it (the spec's script is validated with the spec)
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(list[ScriptedResponse])
 
 
 def load_script_file(path: str) -> list[ScriptedResponse]:
     """Responses from a YAML file: a list of responses, or a mapping with a ``script`` list."""
+    import yaml  # only a script file needs YAML; keeps it off the lap's start-up path
+
     try:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as e:
@@ -37,7 +50,7 @@ def load_script_file(path: str) -> list[ScriptedResponse]:
     if not isinstance(data, list):
         raise ConfigError(f"AGENTRUN_SCRIPT_FILE {path}: expected a list of responses (or a mapping with 'script')")
     try:
-        return _SCRIPT.validate_python(data)
+        return _script_adapter().validate_python(data)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])

@@ -17,14 +17,15 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from agentrun.api.spec import ToolSpec
 from agentrun.api.types import parse_duration
 from agentrun.lap.errors import ConfigError, RetryableLapError
 from agentrun.lap.interfaces import ToolOutcome
+
+if TYPE_CHECKING:
+    import httpx
 
 HEADERS_ENV_PREFIX = "AGENTRUN_TOOL_HEADERS_"
 RESULT_MAX_CHARS = 16000
@@ -65,7 +66,10 @@ def _result_text(body: str) -> str:
 
 
 class HTTPToolRunner:
-    """Runs ``http`` tools with httpx; retries transient failures with the same key."""
+    """Runs ``http`` tools with httpx; retries transient failures with the same key.
+
+    httpx is imported and the client (its TLS context) created on the first call, not at
+    construction: a lap whose response asks for no tool call never pays for them."""
 
     def __init__(
         self,
@@ -79,14 +83,23 @@ class HTTPToolRunner:
         self._headers = headers or {}
         self._tries = max(1, tries)
         self._backoff = backoff_seconds
-        self._client = client or httpx.Client(follow_redirects=False)
+        self._client = client
         self._sleep = sleep
 
     def secrets(self) -> list[str]:
         """Header values, for redaction of log lines and failure messages."""
         return [v for h in self._headers.values() for v in h.values() if v]
 
+    def _http(self) -> httpx.Client:
+        if self._client is None:
+            import httpx
+
+            self._client = httpx.Client(follow_redirects=False)
+        return self._client
+
     def call(self, tool: ToolSpec, arguments: dict[str, Any], idempotency_key: str) -> ToolOutcome:
+        import httpx
+
         last = ""
         for attempt in range(1, self._tries + 1):
             if attempt > 1:
@@ -116,8 +129,8 @@ class HTTPToolRunner:
             headers["Idempotency-Key"] = key
         timeout = parse_duration(tool.http.timeout)
         if tool.http.method == "GET":
-            return self._client.request("GET", tool.http.url, params=_query(arguments), headers=headers, timeout=timeout)
-        return self._client.request(tool.http.method, tool.http.url, json=arguments, headers=headers, timeout=timeout)
+            return self._http().request("GET", tool.http.url, params=_query(arguments), headers=headers, timeout=timeout)
+        return self._http().request(tool.http.method, tool.http.url, json=arguments, headers=headers, timeout=timeout)
 
     @classmethod
     def from_env(cls, tools: list[ToolSpec], env: Mapping[str, str] = os.environ) -> HTTPToolRunner:

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 import json
-from typing import Any
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 from agentrun.api.spec import ToolSpec
 from agentrun.lap.errors import ConfigError
 
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
+
 
 @lru_cache(maxsize=256)
 def _validator(schema_json: str, tool: str) -> Draft202012Validator:
+    # jsonschema (~60 ms of imports) is loaded on first use: a spec without tools never needs it
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
     schema = json.loads(schema_json)
     try:
         Draft202012Validator.check_schema(schema)

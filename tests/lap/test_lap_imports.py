@@ -1,0 +1,58 @@
+"""What the lap process imports: never Kopf or the Kubernetes client, and the optional heavy
+dependencies (YAML, jsonschema, httpx, the OpenAI provider) only when the lap needs them.
+Each check runs in a fresh interpreter, since this test process has imported everything."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def _modules_after(code: str, *names: str) -> list[str]:
+    probe = f"{code}\nimport sys\nprint(','.join(n for n in {names!r} if n in sys.modules))"
+    p = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert p.returncode == 0, p.stderr
+    return [n for n in p.stdout.strip().split(",") if n]
+
+
+def test_the_lap_entrypoint_imports_neither_kopf_nor_kubernetes() -> None:
+    assert _modules_after("import agentrun.lap.cli", "kopf", "kubernetes") == []
+
+
+def test_optional_dependencies_are_not_imported_at_lap_start_up() -> None:
+    loaded = _modules_after(
+        "import agentrun.lap.cli", "yaml", "jsonschema", "httpx", "agentrun.lap.models.openai"
+    )
+    assert loaded == []
+
+
+def test_a_scripted_lap_without_tools_or_script_file_needs_no_yaml_jsonschema_or_httpx() -> None:
+    code = """
+from agentrun.api.spec import AgentRunSpec
+from agentrun.lap.models import make_model
+from agentrun.lap.tools.http import HTTPToolRunner
+from agentrun.lap.tools.validate import check_tool_schemas
+spec = AgentRunSpec.model_validate({"task": "t", "agent": {"version": "v1", "model": {"provider": "scripted", "script": [{"content": "done"}]}}})
+check_tool_schemas(spec.agent.tools)
+HTTPToolRunner.from_env(spec.agent.tools, {})
+make_model(spec, {})
+"""
+    assert _modules_after(code, "yaml", "jsonschema", "httpx", "httpcore") == []
+
+
+def test_the_first_tool_schema_check_loads_jsonschema_and_still_refuses_a_bad_schema() -> None:
+    code = """
+from agentrun.api.spec import ToolSpec
+from agentrun.lap.errors import ConfigError
+from agentrun.lap.tools.validate import check_tool_schemas
+bad = ToolSpec.model_validate({"name": "t", "parameters": {"type": 7}, "http": {"url": "http://127.0.0.1:1/x"}})
+try:
+    check_tool_schemas([bad])
+except ConfigError as e:
+    assert "spec.agent.tools[t].parameters is not a valid JSON Schema" in str(e), e
+else:
+    raise AssertionError("bad schema accepted")
+"""
+    assert _modules_after(code, "jsonschema") == ["jsonschema"]
