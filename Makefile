@@ -2,19 +2,23 @@
 SHELL := /bin/bash
 PYTHON ?= python3
 
-.PHONY: install test test-unit test-e2e dev lint crds help
+.PHONY: install test test-unit dev lint help
 
 help:
 	@echo "make install   - pip install the project with test extras"
 	@echo "make test      - run the whole test suite (unit, S3 integration, e2e on a local control plane)"
 	@echo "make dev       - local control plane + S3 + operator + an example run"
+	@echo "make lint      - ruff (run by make test)"
 	@echo "make crds      - regenerate crds/ from the pydantic models"
 
 install:
 	$(PYTHON) -m pip install -q -e '.[test]'
 
-test: install
+test: install lint
 	$(PYTHON) -m pytest
+
+lint:
+	$(PYTHON) -m ruff check operator tests bench e2e tools
 
 test-unit: install
 	AGENTRUN_SKIP_E2E=1 $(PYTHON) -m pytest -m 'not e2e'

@@ -21,7 +21,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -42,7 +42,7 @@ from agentrun.checkpoint.schema import (
 from agentrun.checkpoint.store import CheckpointStore, StoreConfig
 
 RUN = RunRef(namespace="bench", name="invoices-500", uid=str(uuid.UUID(int=500)))
-T0 = datetime(2025, 11, 3, tzinfo=timezone.utc)
+T0 = datetime(2025, 11, 3, tzinfo=UTC)
 WINDOW = 20  # laps of messages kept in the state; older ones are compacted into the summary
 
 

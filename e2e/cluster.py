@@ -238,7 +238,7 @@ class Cluster:
             raise ClusterError(f"process kubelet {pid} did not stop on signal {sig}")
 
     @classmethod
-    def load(cls, d: str | os.PathLike) -> "Cluster":
+    def load(cls, d: str | os.PathLike) -> Cluster:
         d = Path(d).resolve()
         st = json.loads((d / "cluster.json").read_text())
         return cls(dir=d, kubeconfig=st["kubeconfig"], server=st["server"], admin_token=st["admin_token"],
@@ -458,7 +458,7 @@ def _main(argv: list[str] | None = None) -> int:
         d = Path(a.dir).resolve()
         for n in ("localkube", "kubelet"):
             pid = _read_pid(d / f"{n}.pid")
-            print(f"{n}: {'running pid %d' % pid if pid and _alive(pid) else 'stopped'}")
+            print(f"{n}: {f'running pid {pid}' if pid and _alive(pid) else 'stopped'}")
     elif a.cmd == "s3-up":
         s = start_s3(a.dir, port=a.port)
         print(f"# S3 (moto) at {s.endpoint_url}, bucket {s.bucket}; stop: make s3-down", file=sys.stderr)

@@ -78,13 +78,13 @@ import base64
 import datetime as _dt
 import logging
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-import queue
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,11 +100,11 @@ REQ_TIMEOUT = 10
 
 
 def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def now_micro() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class ConfigError(Exception):
@@ -277,7 +277,7 @@ class ProcKubelet:
     def register_node(self) -> None:
         cpu = str(os.cpu_count() or 1)
         try:
-            mem_kb = int(next(l for l in open("/proc/meminfo") if l.startswith("MemTotal")).split()[1])
+            mem_kb = int(next(ln for ln in open("/proc/meminfo") if ln.startswith("MemTotal")).split()[1])
         except Exception:  # noqa: BLE001
             mem_kb = 8 * 1024 * 1024
         cap = {"cpu": cpu, "memory": f"{mem_kb}Ki", "pods": "250", "ephemeral-storage": "100Gi"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from agentrun.api.types import format_usd
@@ -22,7 +22,7 @@ from agentrun.checkpoint.schema import (
 )
 
 RUN = RunRef(namespace="billing", name="invoices-nov", uid="8f2a1c0d-4b7e-4f10-9a51-2c3d4e5f6a7b")
-T0 = datetime(2025, 11, 3, 10, 0, tzinfo=timezone.utc)
+T0 = datetime(2025, 11, 3, 10, 0, tzinfo=UTC)
 
 
 def make_record(

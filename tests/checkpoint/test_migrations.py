@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,21 +52,21 @@ def test_v1_lap_fixture_migrates_field_by_field() -> None:
     assert (ok.call_id, ok.tool, ok.status, ok.http_status, ok.replayed) == ("call_7a", "extract_invoice", "ok", 200, True)
     assert ok.arguments == {"doc": "doc_4406", "pages": [1, 2]}
     assert ok.idempotency_key == "r_8f2a1c0d:7:extract_invoice:call_7a"
-    assert ok.started_at == datetime(2025, 11, 3, 10, 15, 2, tzinfo=timezone.utc)
-    assert ok.finished_at == datetime(2025, 11, 3, 10, 15, 4, 250000, tzinfo=timezone.utc)
+    assert ok.started_at == datetime(2025, 11, 3, 10, 15, 2, tzinfo=UTC)
+    assert ok.finished_at == datetime(2025, 11, 3, 10, 15, 4, 250000, tzinfo=UTC)
     assert (waiting.status, waiting.result, waiting.started_at) == ("awaiting-approval", None, None)
     assert record.plan == ["post doc_4406 to the ledger (approval)", "extract doc_4407..doc_4412"]
     p = record.pending_approval
     assert p is not None
     assert (p.call_id, p.tool, p.lap, p.arguments) == ("call_7b", "post_ledger", 7, {"amount": "310.50", "currency": "EUR"})
     assert p.idempotency_key == "r_8f2a1c0d:7:post_ledger:call_7b"
-    assert p.requested_at == datetime(2025, 11, 3, 10, 15, 4, 500000, tzinfo=timezone.utc)
+    assert p.requested_at == datetime(2025, 11, 3, 10, 15, 4, 500000, tzinfo=UTC)
     assert record.approval_decision is None and record.compaction is None
     assert (record.usage.input_tokens, record.usage.output_tokens) == (3400, 410)
     assert record.cost_usd == "0.01655"
     assert (record.totals.laps, record.totals.input_tokens, record.totals.output_tokens) == (7, 21600, 2510)
     assert record.totals.cost_usd == "0.10405"
-    assert record.timings.started_at == datetime(2025, 11, 3, 10, 14, 58, tzinfo=timezone.utc)
+    assert record.timings.started_at == datetime(2025, 11, 3, 10, 14, 58, tzinfo=UTC)
     assert (record.timings.model_seconds, record.timings.tools_seconds) == (3.9, 2.25)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agentrun.api.spec import AgentRunSpec
@@ -11,7 +11,7 @@ from agentrun.api.status import AgentRunStatus
 from agentrun.checkpoint.schema import LapRecord, Outcome, PendingApproval, RunRef, Timings, Totals
 from agentrun.controller import decide as d
 
-T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
 UID = "0f9e8d7c-1111-2222-3333-444455556666"
 
 

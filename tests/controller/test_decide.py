@@ -5,11 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from controller_world import T0, UID, World, make_spec
 
 from agentrun.controller import decide as d
 from agentrun.controller.jobs import job_name
-
-from controller_world import T0, UID, World, make_spec
 
 
 def test_new_run_creates_lap_one_job_and_is_idempotent():

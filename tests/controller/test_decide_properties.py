@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from controller_world import World, make_spec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentrun.controller import decide as d
-
-from controller_world import World, make_spec
 
 EVENTS = st.one_of(
     st.tuples(st.just("finish"), st.sampled_from(["continue", "continue", "done", "failed", "awaiting-approval"])),

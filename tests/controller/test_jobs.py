@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from controller_world import UID, make_spec
 
 from agentrun.api.spec import AgentRunSpec
 from agentrun.controller.config import OperatorConfig
 from agentrun.controller.jobs import ApprovalEnv, RunIdentity, build_job, job_name, label_value
-
-from controller_world import UID, make_spec
 
 RUN = RunIdentity("ns", "run", UID)
 CFG = OperatorConfig(checkpoint_uri="s3://bucket/prefix", s3_endpoint="http://127.0.0.1:9000",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pydantic
 import pytest
@@ -14,7 +14,7 @@ from agentrun.controller.handlers import _job_state, _pod_exit, spec_error_text
 from agentrun.controller.lease import lease_action
 from agentrun.controller.logs import JSONFormatter, run_logger
 
-NOW = datetime(2030, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 @pytest.mark.parametrize("spec,expected", [

@@ -10,10 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from e2e_support import wait_for as _wait_for
 import yaml
-
 from e2e.cluster import Cluster, sa_kubeconfig
+from e2e_support import wait_for as _wait_for
 
 pytestmark = pytest.mark.e2e
 

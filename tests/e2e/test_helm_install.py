@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import wait_for
 import yaml
+from e2e_support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "agentrun-operator"

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import wait_for
 import yaml
+from e2e_support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))

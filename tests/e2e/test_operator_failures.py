@@ -19,7 +19,6 @@ from typing import Any
 
 import boto3
 import pytest
-
 from test_operator_e2e import ROOT, Env, _diagnostics_on_failure, _one_job_per_attempt, _wait  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

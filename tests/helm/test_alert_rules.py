@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import yaml
-
 from helm_support import ROOT
 
 RULES = ROOT / "helm" / "prometheus" / "agentrun-alerts.yaml"

@@ -7,7 +7,6 @@ import subprocess
 
 import pytest
 import yaml
-
 from helm_support import CHART, MONITORING_APIS, ROOT, template
 
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import re
 
+from helm_support import CHART
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun.metrics import OperatorMetrics
-from helm_support import CHART
 
 DASHBOARD = CHART / "files" / "dashboard.json"
 ALERTS = CHART / "files" / "alerts.yaml"

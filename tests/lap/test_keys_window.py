@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import UTC
+
+from lap_helpers import RUN, spec_doc, spec_of
+
 from agentrun.checkpoint.fold import fold
 from agentrun.checkpoint.schema import Compaction, Message, RunState, ToolCall
 from agentrun.lap.keys import idempotency_key, normalize_call_ids
@@ -18,7 +22,6 @@ from agentrun.lap.window import (
     summarize_lap,
     text_tokens,
 )
-from lap_helpers import RUN, spec_doc, spec_of
 
 
 def test_idempotency_key_shape_and_stability() -> None:
@@ -88,13 +91,13 @@ def test_compaction_is_bounded_over_a_long_run_and_pins_survive() -> None:
 
 
 def test_apply_compaction_equals_the_stores_fold() -> None:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from agentrun.checkpoint.schema import LapRecord, Outcome, Timings
 
     state, spec = _state_through(12)
     c = plan_compaction(state, spec, 13)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     record = LapRecord(agent_version="v1", run=RUN, lap=13, attempt=1, outcome=Outcome(type="continue"),
                        messages=_lap_messages(13), compaction=c, timings=Timings(started_at=now, finished_at=now))
     folded = fold(state.model_copy(update={"lap": 12}), record)

@@ -9,12 +9,6 @@ import uuid
 from typing import Any
 
 import pytest
-
-from agentrun.checkpoint.schema import LapRecord
-from agentrun.checkpoint.store import CheckpointStore, StoreConfig, canonical_json, sha256_hex
-from agentrun.lap.config import parse_env
-from agentrun.lap.logs import LapLogger
-from agentrun.lap.runner import execute_lap
 from lap_helpers import (
     RUN,
     ChatServer,
@@ -27,6 +21,12 @@ from lap_helpers import (
     spec_doc,
     tool,
 )
+
+from agentrun.checkpoint.schema import LapRecord
+from agentrun.checkpoint.store import CheckpointStore, StoreConfig, canonical_json, sha256_hex
+from agentrun.lap.config import parse_env
+from agentrun.lap.logs import LapLogger
+from agentrun.lap.runner import execute_lap
 
 pytestmark = pytest.mark.s3
 

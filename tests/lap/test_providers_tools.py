@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from lap_helpers import ChatServer, RecordingToolServer, chat_reply, spec_doc, spec_of, tool
 
 from agentrun.api.spec import ModelPricing
 from agentrun.checkpoint.schema import Message, ToolCall, Usage
@@ -16,7 +17,6 @@ from agentrun.lap.models import lap_cost_usd, make_model
 from agentrun.lap.models.openai import OpenAIModel
 from agentrun.lap.models.scripted import EXHAUSTED, ScriptedModel
 from agentrun.lap.tools.http import HTTPToolRunner, tool_headers_from_env
-from lap_helpers import ChatServer, RecordingToolServer, chat_reply, spec_doc, spec_of, tool
 
 API_KEY = "sk-test-SECRET-0123456789"
 

@@ -6,13 +6,13 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from lap_helpers import RUN, Crash, FakeModel, FakeTools, MemoryJournal, comparable, spec_doc, spec_of, tool
 
 from agentrun.checkpoint.fold import fold
 from agentrun.checkpoint.schema import ApprovalDecision, LapRecord, RunState, Usage
 from agentrun.lap.errors import PermanentLapError, RetryableLapError
 from agentrun.lap.interfaces import ModelCall, ModelResponse
 from agentrun.lap.step import Effects, LapContext, run_lap
-from lap_helpers import RUN, Crash, FakeModel, FakeTools, MemoryJournal, comparable, spec_doc, spec_of, tool
 
 URL = "http://127.0.0.1:9"  # never contacted: FakeTools
 

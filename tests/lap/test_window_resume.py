@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from lap_helpers import RUN, Crash, MemoryJournal, RecordingToolServer, lap_env, spec_doc, spec_of, tool
 
 from agentrun.checkpoint.fold import fold
 from agentrun.checkpoint.schema import Message, RunState
@@ -17,7 +18,6 @@ from agentrun.lap.runner import execute_lap
 from agentrun.lap.step import Effects, LapContext, run_lap
 from agentrun.lap.tools.http import HTTPToolRunner
 from agentrun.lap.window import messages_tokens
-from lap_helpers import RUN, Crash, MemoryJournal, RecordingToolServer, lap_env, spec_doc, spec_of, tool
 
 pytestmark = pytest.mark.s3
 LAPS = 24

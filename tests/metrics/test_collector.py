@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
+from datetime import UTC
 
 import pytest
 from prometheus_client import generate_latest
@@ -23,9 +24,9 @@ T0 = 1_714_557_600.0  # 2024-05-01T10:00:00Z
 
 
 def iso(ts: float) -> str:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat().replace("+00:00", "Z")
 
 
 class Clock:

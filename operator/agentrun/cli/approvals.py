@@ -176,7 +176,7 @@ def _api() -> tuple[Any, str]:
         try:
             config.load_incluster_config()
         except config.ConfigException as e:
-            raise click.ClickException(f"no Kubernetes configuration (kubeconfig or in-cluster): {e}")
+            raise click.ClickException(f"no Kubernetes configuration (kubeconfig or in-cluster): {e}") from None
         try:
             with open(_SA_NAMESPACE_FILE) as fh:
                 namespace = fh.read().strip() or "default"

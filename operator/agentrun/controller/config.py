@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 
 def _bool(value: str | None, default: bool) -> bool:

@@ -17,10 +17,11 @@ Invariants (tested with hypothesis in tests/controller):
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from typing import Any, Literal, Mapping, Union
+from typing import Any, Literal
 
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import (
@@ -193,10 +194,10 @@ class LapRetried:
     reason: str
 
 
-Action = Union[
-    CreateJob, DeleteJob, PatchStatus, RemoveAnnotations, Event, RequeueAfter, ReadCheckpoint,
-    ReadAttemptFailure, AddFinalizer, RemoveFinalizer, DeleteCheckpoints, LapFinished, LapRetried,
-]
+Action = (
+    CreateJob | DeleteJob | PatchStatus | RemoveAnnotations | Event | RequeueAfter | ReadCheckpoint
+    | ReadAttemptFailure | AddFinalizer | RemoveFinalizer | DeleteCheckpoints | LapFinished | LapRetried
+)
 
 
 @dataclass

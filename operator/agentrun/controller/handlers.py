@@ -19,7 +19,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -32,7 +32,7 @@ from agentrun.checkpoint.schema import RunRef
 
 from . import decide as d
 from .config import OperatorConfig
-from .jobs import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID, ANNOTATION_AGENT_VERSION, RunIdentity, build_job
+from .jobs import ANNOTATION_AGENT_VERSION, LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID, RunIdentity, build_job
 from .lease import LeaseElector
 from .logs import run_logger
 
@@ -41,7 +41,7 @@ log = logging.getLogger("agentrun.controller")
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def spec_error_text(exc: pydantic.ValidationError) -> str:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import datetime, timedelta, timezone
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 log = logging.getLogger("agentrun.lease")
 
@@ -22,7 +23,7 @@ def _parse_time(value: Any) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
     text = str(value).replace("Z", "+00:00")
     return datetime.fromisoformat(text)
 
@@ -44,7 +45,7 @@ def lease_action(spec: dict[str, Any] | None, identity: str, now: datetime, dura
 
 
 def _now_micro() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaseElector:
@@ -85,7 +86,7 @@ class LeaseElector:
             if exc.status != 404:
                 raise
             lease, spec = None, None
-        action = lease_action(spec, self.identity, datetime.now(timezone.utc), self.duration)
+        action = lease_action(spec, self.identity, datetime.now(UTC), self.duration)
         if action == "wait":
             self.holder = (spec or {}).get("holderIdentity")
             return False

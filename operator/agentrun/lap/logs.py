@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 REDACTED = "[REDACTED]"
@@ -36,7 +36,7 @@ class LapLogger:
         self.secrets.extend(s for s in secrets if s)
 
     def format(self, msg: str, level: str, fields: dict[str, Any]) -> str:
-        ts = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        ts = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         if self.fmt == "json":
             line = json.dumps({"ts": ts, "level": level, "msg": msg, **self.context, **fields}, default=str)
         else:
