@@ -265,6 +265,11 @@ def _decide(name: str, namespace: str | None, reason: str | None, approve: bool)
                    f"nothing to {verb}. A decision is never queued in advance.", err=True)
         sys.exit(1)
     ap = st.get("approval") or {}
+    deadline = parse_time(ap.get("deadline"))
+    if deadline is not None and deadline <= datetime.now(UTC):
+        click.echo(f"warning: the deadline {ap.get('deadline')} has passed by this machine's clock; if the "
+                   f"operator has already applied onTimeout, this decision is ignored (check the phase with "
+                   f"`kubectl get agentrun {name} -n {ns}`).", err=True)
     body = decision_patch(approve, reason, (run.get("metadata") or {}).get("resourceVersion"))
     try:
         api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, body)
