@@ -227,3 +227,13 @@ def test_show(fake):
     r = invoke("show", "waiting")
     assert r.exit_code == 0, r.output
     assert '"orderId": "1001"' in r.output and "Deadline:" in r.output and "(1h left)" in r.output
+
+
+def test_deciding_past_the_deadline_warns_but_still_patches(fake):
+    fake.runs[("team-a", "late")] = run("late", deadline_in=-30)
+    r = CliRunner().invoke(main, ["approvals", "approve", "late", "-n", "team-a"])
+    assert r.exit_code == 0, r.output
+    assert "deadline" in r.output and "has passed" in r.output
+    assert fake.patches[-1][:2] == ("team-a", "late")
+    r = invoke("approve", "waiting", "-n", "team-a")
+    assert "has passed" not in r.output

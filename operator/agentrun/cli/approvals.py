@@ -266,7 +266,7 @@ def _decide(name: str, namespace: str | None, reason: str | None, approve: bool)
         sys.exit(1)
     ap = st.get("approval") or {}
     deadline = parse_time(ap.get("deadline"))
-    if deadline is not None and deadline <= datetime.now(UTC):
+    if deadline is not None and deadline <= _now():
         click.echo(f"warning: the deadline {ap.get('deadline')} has passed by this machine's clock; if the "
                    f"operator has already applied onTimeout, this decision is ignored (check the phase with "
                    f"`kubectl get agentrun {name} -n {ns}`).", err=True)
