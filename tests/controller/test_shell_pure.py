@@ -121,3 +121,32 @@ def test_lease_standby_logs_the_holder_once(monkeypatch, caplog):
     standby = [r.getMessage() for r in caplog.records if "standby" in r.getMessage()]
     assert standby == ["lease ns/l held by other: this replica (me) is standby"]
     assert not e.is_leader
+
+
+def test_losing_the_lease_calls_on_lose_once_and_stops_acting():
+    """A replica whose renewals fail past the lease's life stops acting and drops its per-run
+    metrics (on_lose), so a standby never exports stale runs. _try is replaced: no API here."""
+    import asyncio
+
+    from agentrun.controller.lease import LeaseElector
+
+    answers = iter([True, False, False, False])
+    lost: list[bool] = []
+    acquired: list[bool] = []
+
+    async def on_acquire() -> None:
+        acquired.append(True)
+
+    elector = LeaseElector("l", "ns", "me", duration=0.6, on_acquire=on_acquire, on_lose=lambda: lost.append(True))
+    elector._try = lambda: next(answers, False)  # type: ignore[method-assign]
+
+    async def drive() -> None:
+        task = asyncio.create_task(elector.run())
+        await asyncio.sleep(0.2)
+        assert elector.is_leader and acquired == [True]
+        await asyncio.sleep(1.6)
+        task.cancel()
+
+    asyncio.run(drive())
+    assert lost == [True]
+    assert not elector.is_leader

@@ -102,7 +102,8 @@ class Controller:
         cfg = self.config
         if self.elector is None:
             self.elector = LeaseElector(cfg.lease_name, cfg.lease_namespace, cfg.identity,
-                                        cfg.lease_duration_seconds, on_acquire=self.resync)
+                                        cfg.lease_duration_seconds, on_acquire=self.resync,
+                                        on_lose=metrics.clear_runs)
         self._tasks.append(asyncio.create_task(self.elector.run()))
         self._tasks.append(asyncio.create_task(self._resync_loop()))
         self.ready = True

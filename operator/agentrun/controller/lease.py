@@ -50,9 +50,11 @@ def _now_micro() -> str:
 
 class LeaseElector:
     def __init__(self, name: str, namespace: str, identity: str, duration: float,
-                 on_acquire: Callable[[], Awaitable[None]] | None = None) -> None:
+                 on_acquire: Callable[[], Awaitable[None]] | None = None,
+                 on_lose: Callable[[], None] | None = None) -> None:
         self.name, self.namespace, self.identity, self.duration = name, namespace, identity, duration
         self.on_acquire = on_acquire
+        self.on_lose = on_lose  # e.g. drop per-run metrics, so a standby never exports stale runs
         self._renewed_at = 0.0  # monotonic time of our last successful acquire/renew
         self._leader = False
         self.last_tick = time.monotonic()
@@ -144,6 +146,8 @@ class LeaseElector:
             elif self._leader and not self.is_leader:
                 self._leader = False
                 log.warning("lease %s/%s lost: this replica stops acting", self.namespace, self.name)
+                if self.on_lose is not None:
+                    self.on_lose()
             if not ok and not self._leader and self.holder and self.holder != self._standby_logged:
                 self._standby_logged = self.holder
                 log.info("lease %s/%s held by %s: this replica (%s) is standby", self.namespace, self.name,
