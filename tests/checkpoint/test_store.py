@@ -321,6 +321,125 @@ def test_latest_lap_lists_only_after_the_newest_snapshot(s3_bucket: Any) -> None
     assert listed == [4, 7]  # snapshots 10..40, then laps 41..47 only
 
 
+# ---- corrupt snapshots: fall back to an older snapshot plus the lap records --------------------
+
+
+def corrupt(client: Any, bucket: str, key: str, how: str) -> bytes:
+    """Overwrite ``key`` in place; returns the new body. ``sha``: tampered body, old sha256 metadata
+    kept; ``json``: unparsable body; ``field``: an invalid field (both with a matching sha256)."""
+    original = client.get_object(Bucket=bucket, Key=key)
+    body = original["Body"].read()
+    if how == "sha":
+        tampered = body.replace(b"extracting", b"EXTRACTING")
+        assert tampered != body
+        raw_put(client, bucket, key, tampered, sha=original["Metadata"]["sha256"])
+        return tampered
+    if how == "json":
+        tampered = body[: len(body) // 2]
+    else:
+        doc = json.loads(body)
+        doc["lap"] = "twelve"
+        tampered = canonical_json(doc)
+    raw_put(client, bucket, key, tampered)
+    return tampered
+
+
+@pytest.mark.parametrize("how", ["sha", "json", "field"])
+def test_a_corrupt_newest_snapshot_falls_back_to_the_previous_one(
+    s3_bucket: Any, s3_client: Any, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    store = make_store(s3_bucket, k=4)
+    write_laps(store, 13)  # snapshots 4, 8, 12
+    intact = store.load_state(RUN)
+    assert intact.objects_read == 2 and intact.skipped_snapshots == ()
+    snap12, snap8 = store.snapshot_key(RUN, 12), store.snapshot_key(RUN, 8)
+    tampered = corrupt(s3_client, s3_bucket.name, snap12, how)
+    before = all_keys(s3_client, s3_bucket.name)
+    counter = GetCounter(store.client)
+    with caplog.at_level("WARNING", logger="agentrun.checkpoint.store"):
+        result = store.load_state(RUN)
+    assert result.state == intact.state
+    laps = tuple(store.lap_key(RUN, lap) for lap in range(9, 14))
+    assert result.keys_read == (snap12, snap8, *laps)
+    assert result.objects_read == len(counter.keys) == 7  # more than K+1: the corrupt one, snapshot 8, laps 9..13
+    assert result.skipped_snapshots == (snap12,)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and snap12 in warnings[0] and "falling back" in warnings[0]
+    # through a lap before the corrupt snapshot: untouched by it
+    assert store.load_state(RUN, through_lap=11).skipped_snapshots == ()
+    # never deleted nor rewritten
+    assert all_keys(s3_client, s3_bucket.name) == before
+    assert s3_client.get_object(Bucket=s3_bucket.name, Key=snap12)["Body"].read() == tampered
+    # latest_lap only lists snapshot keys: unaffected
+    assert store.latest_lap(RUN) == 13
+    # the next snapshot (lap 16, loaded without state_before) is written from the fallback
+    shas = write_laps(store, 16, start=14, prev=intact.state.last_sha256)
+    prevs = [intact.state.last_sha256, *shas[:-1]]
+    expected = fold_all(intact.state, [(make_record(lap, p), sha) for lap, p, sha in zip(range(14, 17), prevs, shas)])
+    after = store.load_state(RUN)
+    assert after.keys_read == (store.snapshot_key(RUN, 16),) and after.skipped_snapshots == ()
+    assert after.state == expected
+    assert s3_client.get_object(Bucket=s3_bucket.name, Key=snap12)["Body"].read() == tampered
+
+
+def test_corrupt_only_snapshot_folds_from_lap_one(s3_bucket: Any, s3_client: Any) -> None:
+    store = make_store(s3_bucket, k=5)
+    pairs = []
+    prev = None
+    for lap in range(1, 8):
+        record = make_record(lap, prev)
+        prev = store.put_lap(record).sha256
+        pairs.append((record, prev))
+    snap5 = store.snapshot_key(RUN, 5)
+    corrupt(s3_client, s3_bucket.name, snap5, "sha")
+    result = store.load_state(RUN)
+    assert result.state == fold_all(initial_state(RUN), pairs)
+    assert result.keys_read == (snap5, *(store.lap_key(RUN, lap) for lap in range(1, 8)))
+    assert result.objects_read == 8 and result.skipped_snapshots == (snap5,)
+    assert store.latest_lap(RUN) == 7
+
+
+def test_every_snapshot_corrupt_folds_from_lap_one(s3_bucket: Any, s3_client: Any) -> None:
+    store = make_store(s3_bucket, k=3)
+    write_laps(store, 7)
+    intact = store.load_state(RUN)
+    keys = [store.snapshot_key(RUN, lap) for lap in (6, 3)]
+    for key in keys:
+        corrupt(s3_client, s3_bucket.name, key, "json")
+    result = store.load_state(RUN)
+    assert result.state == intact.state
+    assert result.skipped_snapshots == tuple(keys) and result.objects_read == 2 + 7
+
+
+def test_a_corrupt_lap_record_is_still_corrupt_with_or_without_a_snapshot_fallback(
+    s3_bucket: Any, s3_client: Any
+) -> None:
+    store = make_store(s3_bucket, k=4)
+    write_laps(store, 10)  # snapshots 4, 8
+    corrupt(s3_client, s3_bucket.name, store.lap_key(RUN, 10), "sha")
+    with pytest.raises(CorruptCheckpoint, match="laps/00000010.json") as info:
+        store.load_state(RUN)  # snapshot 8 is intact: lap 10 is read and refused
+    assert info.value.permanent
+    # a corrupt snapshot 8 makes the fold start at snapshot 4: a corrupt lap 6 is refused too
+    corrupt(s3_client, s3_bucket.name, store.snapshot_key(RUN, 8), "sha")
+    corrupt(s3_client, s3_bucket.name, store.lap_key(RUN, 6), "field")
+    with pytest.raises(CorruptCheckpoint, match="laps/00000006.json"):
+        store.load_state(RUN, through_lap=9)
+
+
+def test_a_future_schema_snapshot_is_not_skipped(s3_bucket: Any, s3_client: Any) -> None:
+    store = make_store(s3_bucket, k=4)
+    write_laps(store, 9)
+    key = store.snapshot_key(RUN, 8)
+    doc = json.loads(s3_client.get_object(Bucket=s3_bucket.name, Key=key)["Body"].read())
+    doc["schemaVersion"] = 9
+    raw_put(s3_client, s3_bucket.name, key, canonical_json(doc))
+    with pytest.raises(UnsupportedSchemaVersion, match="snapshots/00000008.json has schemaVersion 9"):
+        store.load_state(RUN)
+    assert store.load_state(RUN, through_lap=7).state.lap == 7  # snapshot 4, laps 5..7
+    assert store.latest_lap(RUN) == 9
+
+
 # ---- journal, attempts, retention ----------------------------------------------------------
 
 

@@ -172,11 +172,15 @@ class StoredObject:
 
 @dataclass(frozen=True)
 class LoadResult:
-    """The state of a run through a lap, and how many objects were read to build it."""
+    """The state of a run through a lap, and how many objects were read to build it.
+
+    ``keys_read`` lists every object fetched, in order, including corrupt snapshots that were
+    skipped; those are also in ``skipped_snapshots`` (newest first)."""
 
     state: RunState
     objects_read: int
     keys_read: tuple[str, ...] = ()
+    skipped_snapshots: tuple[str, ...] = ()
 
 
 def canonical_json(doc: Any) -> bytes:
@@ -503,22 +507,44 @@ class CheckpointStore:
 
     def load_state(self, run: RunRef, through_lap: int | None = None) -> LoadResult:
         """The state after ``through_lap`` (default: the latest lap): the newest snapshot at or
-        before it, then the lap records after the snapshot, folded with the hash chain checked."""
+        before it, then the lap records after the snapshot, folded with the hash chain checked.
+
+        Snapshots are derived data: a corrupt one (sha256 mismatch, bad JSON, invalid fields) is
+        logged and skipped, and the next older snapshot (or the initial state) is used instead, so
+        more than K+1 objects are read. The corrupt object is left as it is. A snapshot of an
+        unsupported (newer) schema version is not skipped: ``UnsupportedSchemaVersion`` is raised,
+        as for any object. A corrupt lap record (the source of truth) raises ``CorruptCheckpoint``.
+        """
         snapshots = self._snapshot_laps(run)
         through = self._latest(run, snapshots) if through_lap is None else through_lap
         if through < 0:
             raise ValueError(f"through_lap must be >= 0, got {through}")
-        base = max((s for s in snapshots if s <= through), default=0)
-        state, keys = RunState(run=run), []
-        if base:
-            state, stored = self.get_snapshot(run, base)
-            keys.append(stored.key)
+        state, base = RunState(run=run), 0
+        keys: list[str] = []
+        skipped: list[str] = []
+        for lap in sorted((s for s in snapshots if s <= through), reverse=True):
+            key = self.snapshot_key(run, lap)
+            keys.append(key)
+            try:
+                state, _ = self.get_snapshot(run, lap)
+            except CorruptCheckpoint as e:
+                skipped.append(key)
+                log.warning(
+                    "snapshot %s is corrupt, falling back to an older snapshot and the lap records: %s",
+                    key,
+                    e,
+                )
+                continue
+            base = lap
+            break
         for lap in range(base + 1, through + 1):
             record, stored, version = self._get_lap(run, lap)
             self._check_link(run, state, record, version)
             state = fold(state, record, stored.sha256)
             keys.append(stored.key)
-        return LoadResult(state=state, objects_read=len(keys), keys_read=tuple(keys))
+        return LoadResult(
+            state=state, objects_read=len(keys), keys_read=tuple(keys), skipped_snapshots=tuple(skipped)
+        )
 
     def _check_link(self, run: RunRef, state: RunState, record: LapRecord, version: int) -> None:
         """Records written with the hash chain (schema >= 2) must point at the previous lap."""
