@@ -77,7 +77,9 @@ class Env:
             return any(isinstance(a.get("arguments"), dict) and a["arguments"].get("order") == order
                        for a in json.load(r))
 
-    def start_operator(self) -> None:
+    def operator_env(self, **extra: str) -> dict[str, str]:
+        """Environment of an operator subprocess: the cluster's kubeconfig, this module's S3 server,
+        a short Lease and resync, watching only this module's namespace."""
         env = self.cluster.env()
         env.update({
             "AGENTRUN_CHECKPOINT_URI": f"s3://{self.s3.bucket}/e2e-{self.ns}",
@@ -96,6 +98,22 @@ class Env:
             "AGENTRUN_METRICS_PORT": "0",
             "AGENTRUN_NAMESPACES": self.ns,
         })
+        env.update(extra)
+        return env
+
+    def prepare_namespace(self) -> None:
+        """The CRD, this module's namespace, the lap ServiceAccount and the S3 credentials Secret."""
+        c = self.cluster
+        c.kubectl_run("apply", "-f", str(ROOT / "crds" / "agentrun.dev_agentruns.yaml"))
+        c.kubectl_run("wait", "--for=condition=Established", "crd/agentruns.agentrun.dev", "--timeout=60s")
+        c.kubectl_run("create", "namespace", self.ns)
+        c.kubectl_run("create", "serviceaccount", "agentrun-lap", "-n", self.ns)
+        c.kubectl_run("create", "secret", "generic", "s3-creds", "-n", self.ns,
+                      f"--from-literal=AWS_ACCESS_KEY_ID={self.s3.access_key}",
+                      f"--from-literal=AWS_SECRET_ACCESS_KEY={self.s3.secret_key}")
+
+    def start_operator(self) -> None:
+        env = self.operator_env()
         fh = open(self.log, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "agentrun.cli.main", "operator"], env=env,
                                      stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
@@ -127,13 +145,7 @@ class Env:
 @pytest.fixture(scope="module")
 def env(cluster, s3, tmp_path_factory):
     e = Env(cluster, s3, tmp_path_factory.mktemp("operator"))
-    cluster.kubectl_run("apply", "-f", str(ROOT / "crds" / "agentrun.dev_agentruns.yaml"))
-    cluster.kubectl_run("wait", "--for=condition=Established", "crd/agentruns.agentrun.dev", "--timeout=60s")
-    cluster.kubectl_run("create", "namespace", e.ns)
-    cluster.kubectl_run("create", "serviceaccount", "agentrun-lap", "-n", e.ns)
-    cluster.kubectl_run("create", "secret", "generic", "s3-creds", "-n", e.ns,
-                        f"--from-literal=AWS_ACCESS_KEY_ID={s3.access_key}",
-                        f"--from-literal=AWS_SECRET_ACCESS_KEY={s3.secret_key}")
+    e.prepare_namespace()
     e.start_operator()
     yield e
     e.kill_operator()

@@ -35,25 +35,7 @@ class FailEnv(Env):
                                 aws_access_key_id=s3.access_key, aws_secret_access_key=s3.secret_key)
 
     def start_operator(self, identity: str = "op-a") -> None:  # type: ignore[override]
-        env = self.cluster.env()
-        env.update({
-            "AGENTRUN_CHECKPOINT_URI": f"s3://{self.s3.bucket}/e2e-{self.ns}",
-            "AGENTRUN_S3_ENDPOINT": self.s3.endpoint_url,
-            "AGENTRUN_S3_REGION": self.s3.region,
-            "AGENTRUN_S3_PATH_STYLE": "true",
-            "AGENTRUN_S3_CREDENTIALS_SECRET": "s3-creds",
-            "AWS_ACCESS_KEY_ID": self.s3.access_key,
-            "AWS_SECRET_ACCESS_KEY": self.s3.secret_key,
-            "AWS_DEFAULT_REGION": self.s3.region,
-            "AGENTRUN_LAP_COMMAND": json.dumps([shutil_which("agentrun"), "lap"]),
-            "AGENTRUN_LEASE_NAMESPACE": self.ns,
-            "AGENTRUN_LEASE_DURATION": "3",
-            "AGENTRUN_RESYNC_SECONDS": "5",
-            "AGENTRUN_JOB_TTL_SECONDS": "-1",
-            "AGENTRUN_METRICS_PORT": "0",
-            "AGENTRUN_NAMESPACES": self.ns,
-            "AGENTRUN_IDENTITY": identity,
-        })
+        env = self.operator_env(AGENTRUN_IDENTITY=identity)
         log = self.tmp / f"operator-{identity}.log"
         fh = open(log, "ab")
         proc = subprocess.Popen([sys.executable, "-m", "agentrun.cli.main", "operator"], env=env,
@@ -92,22 +74,11 @@ class FailEnv(Env):
         return next(c for c in self.status(name)["conditions"] if c["type"] == ctype)
 
 
-def shutil_which(cmd: str) -> str:
-    import shutil
-
-    return shutil.which(cmd) or cmd
-
 
 @pytest.fixture(scope="module")
 def env(cluster, s3, tmp_path_factory):
     e = FailEnv(cluster, s3, tmp_path_factory.mktemp("operator-failures"))
-    cluster.kubectl_run("apply", "-f", str(ROOT / "crds" / "agentrun.dev_agentruns.yaml"))
-    cluster.kubectl_run("wait", "--for=condition=Established", "crd/agentruns.agentrun.dev", "--timeout=60s")
-    cluster.kubectl_run("create", "namespace", e.ns)
-    cluster.kubectl_run("create", "serviceaccount", "agentrun-lap", "-n", e.ns)
-    cluster.kubectl_run("create", "secret", "generic", "s3-creds", "-n", e.ns,
-                        f"--from-literal=AWS_ACCESS_KEY_ID={s3.access_key}",
-                        f"--from-literal=AWS_SECRET_ACCESS_KEY={s3.secret_key}")
+    e.prepare_namespace()
     e.start_operator("op-a")
     yield e
     e.kill_operator()

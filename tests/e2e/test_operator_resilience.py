@@ -158,13 +158,7 @@ def env(cluster, tmp_path_factory):
     proxy = _Proxy(int(s3.endpoint_url.rsplit(":", 1)[1]))
     e = ResEnv(cluster, s3, proxy, tmp_path_factory.mktemp("operator-resilience"))
     try:
-        cluster.kubectl_run("apply", "-f", str(ROOT / "crds" / "agentrun.dev_agentruns.yaml"))
-        cluster.kubectl_run("wait", "--for=condition=Established", "crd/agentruns.agentrun.dev", "--timeout=60s")
-        cluster.kubectl_run("create", "namespace", e.ns)
-        cluster.kubectl_run("create", "serviceaccount", "agentrun-lap", "-n", e.ns)
-        cluster.kubectl_run("create", "secret", "generic", "s3-creds", "-n", e.ns,
-                            f"--from-literal=AWS_ACCESS_KEY_ID={s3.access_key}",
-                            f"--from-literal=AWS_SECRET_ACCESS_KEY={s3.secret_key}")
+        e.prepare_namespace()
         e.start_operator("op-a")
         yield e
     finally:
