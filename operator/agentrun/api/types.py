@@ -7,8 +7,9 @@ Kubernetes API conventions avoid floats in specs, so money is a decimal *string*
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, StringConstraints
 from pydantic.alias_generators import to_camel
@@ -30,6 +31,21 @@ def parse_duration(value: str) -> float:
     if not re.fullmatch(DURATION_PATTERN, value):
         raise ValueError(f"invalid duration {value!r}: use a number and a unit, e.g. 30s, 10m, 72h")
     return sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value))
+
+
+def parse_time(value: Any) -> datetime | None:
+    """A time as the API server writes it (RFC 3339, ``...Z``, fractions allowed) or a datetime;
+    None when unset or malformed. A naive time is taken as UTC."""
+    if isinstance(value, datetime):
+        dt = value
+    elif isinstance(value, str) and value:
+        try:
+            dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    else:
+        return None
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
 def parse_usd(value: str | None) -> Decimal | None:

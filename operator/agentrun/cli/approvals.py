@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from agentrun.api.crdgen import GROUP, PLURAL, VERSION
+from agentrun.api.types import parse_time
 from agentrun.controller.decide import ANN_APPROVED, ANN_REASON
 
 AWAITING = "AwaitingApproval"
@@ -27,17 +28,6 @@ _SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 # ------------------------------------------------------------------------------- pure formatting
-
-def parse_time(value: Any) -> datetime | None:
-    """An RFC 3339 timestamp as written by the API server (``...Z``, fractions allowed), or None."""
-    if not value or not isinstance(value, str):
-        return None
-    try:
-        t = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
-
 
 def human_duration(seconds: float) -> str:
     """kubectl-style: ``45s``, ``3m12s``, ``2h5m``, ``3d4h`` (two units at most, floor)."""

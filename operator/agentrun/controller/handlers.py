@@ -28,11 +28,20 @@ import pydantic
 from agentrun import metrics
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentRunStatus
+from agentrun.api.types import parse_time
 from agentrun.checkpoint.schema import RunRef
 
 from . import decide as d
 from .config import OperatorConfig
-from .jobs import ANNOTATION_AGENT_VERSION, LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID, RunIdentity, build_job
+from .jobs import (
+    ANNOTATION_AGENT_VERSION,
+    LABEL_ATTEMPT,
+    LABEL_LAP,
+    LABEL_RUN_UID,
+    RunIdentity,
+    build_job,
+    job_name,
+)
 from .lease import LeaseElector
 from .logs import run_logger
 
@@ -244,7 +253,13 @@ class Controller:
         except pydantic.ValidationError as exc:
             rlog.error("status unreadable, starting from an empty status: %s", spec_error_text(exc))
             status = AgentRunStatus()
-        jobs = await self._observe_jobs(namespace, uid)
+        # decide() reads exit codes only of the run's current attempt (recorded or about to be
+        # adopted): list pods for those alone, so a reconcile's API calls don't grow with the
+        # finished Jobs a long run keeps.
+        current = {job_name(name, uid, *d.next_lap_attempt(status))}
+        if status.active_job is not None:
+            current.add(status.active_job.name)
+        jobs = await self._observe_jobs(namespace, uid, current)
         observed = d.Observed(
             namespace=namespace, name=name, uid=uid, generation=int(meta.get("generation") or 1),
             spec=spec, spec_error=spec_error, status=status, now=_now(),
@@ -262,7 +277,7 @@ class Controller:
             raise RuntimeError("decide kept asking for reads")
         return await self._execute(body, observed, decision, run, spec)
 
-    async def _observe_jobs(self, namespace: str, uid: str) -> list[d.ObservedJob]:
+    async def _observe_jobs(self, namespace: str, uid: str, current: set[str]) -> list[d.ObservedJob]:
         from kubernetes import client
 
         batch, core = client.BatchV1Api(), client.CoreV1Api()
@@ -279,7 +294,7 @@ class Controller:
                 continue
             state, job_reason = _job_state(job)
             exit_code = reason = None
-            if state != "active":
+            if state != "active" and meta["name"] in current:
                 pods = await asyncio.to_thread(core.list_namespaced_pod, namespace, label_selector=f"job-name={meta['name']}")
                 exit_code, reason = _pod_exit(api_client.sanitize_for_serialization(pods)["items"])
                 if job_reason == "DeadlineExceeded":
@@ -292,7 +307,7 @@ class Controller:
             out.append(d.ObservedJob(
                 name=meta["name"], lap=lap, attempt=attempt, state=state, exit_code=exit_code, reason=reason,
                 agent_version=(meta.get("annotations") or {}).get(ANNOTATION_AGENT_VERSION),
-                started_at=datetime.fromisoformat(started.replace("Z", "+00:00")) if isinstance(started, str) else None,
+                started_at=parse_time(started),
             ))
         return out
 

@@ -16,16 +16,9 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from agentrun.api.types import parse_time
+
 log = logging.getLogger("agentrun.lease")
-
-
-def _parse_time(value: Any) -> datetime | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    text = str(value).replace("Z", "+00:00")
-    return datetime.fromisoformat(text)
 
 
 def lease_action(spec: dict[str, Any] | None, identity: str, now: datetime, duration: float) -> str:
@@ -37,7 +30,7 @@ def lease_action(spec: dict[str, Any] | None, identity: str, now: datetime, dura
         return "renew"
     if not holder:
         return "take"
-    renew = _parse_time(spec.get("renewTime")) or _parse_time(spec.get("acquireTime"))
+    renew = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
     held_for = float(spec.get("leaseDurationSeconds") or duration)
     if renew is None or now >= renew + timedelta(seconds=held_for):
         return "take"

@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -33,6 +32,8 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
+
+from agentrun.api.types import parse_time
 
 log = logging.getLogger(__name__)
 
@@ -112,18 +113,8 @@ def normalize_label(value: object, allowed: Iterable[str], default: str = "other
 def parse_timestamp(value: Any) -> float | None:
     """Unix seconds of an RFC 3339 string (``2024-05-01T10:00:00Z``) or datetime; None if unset
     or unparseable (a malformed time never breaks a scrape)."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, datetime):
-        dt = value
-    else:
-        try:
-            dt = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-        except ValueError:
-            return None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
+    dt = parse_time(value)
+    return None if dt is None else dt.timestamp()
 
 
 def parse_number(value: Any) -> float | None:
