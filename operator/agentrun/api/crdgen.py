@@ -47,6 +47,11 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "message": "spec.approval.owner is required when a tool in spec.agent.tools has "
             "requiresApproval: true (someone must own the decision)",
         },
+        {
+            "rule": "has(self.forkFrom) == has(oldSelf.forkFrom) && (!has(self.forkFrom) || "
+            "self.forkFrom == oldSelf.forkFrom)",
+            "message": "spec.forkFrom is immutable: a run cannot start or stop being a fork",
+        },
     ],
     "spec.task": [
         {"rule": "self == oldSelf", "message": "spec.task is immutable: create a new AgentRun for a new task"},

@@ -50,6 +50,11 @@ class CheckpointRef(APIModel):
     written_at: datetime | None = Field(default=None, description="When the object was written.")
     agent_version: str = Field(description="Agent version that wrote the checkpoint.")
     schema_version: int = Field(description="Checkpoint schema version.")
+    endpoint: str | None = Field(
+        default=None, description="S3 endpoint URL the operator reads the store at (empty: AWS)."
+    )
+    region: str | None = Field(default=None, description="S3 region of the store, when set.")
+    path_style: bool | None = Field(default=None, description="Whether the store is read with path-style addressing.")
 
 
 class ApprovalStatus(APIModel):

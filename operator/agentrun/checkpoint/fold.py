@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from agentrun.checkpoint.errors import CorruptCheckpoint
-from agentrun.checkpoint.schema import SCHEMA_VERSION, LapRecord, Message, RunRef, RunState
+from agentrun.checkpoint.schema import SCHEMA_VERSION, ForkProvenance, LapRecord, Message, RunRef, RunState
 
 
 def initial_state(run: RunRef) -> RunState:
@@ -89,3 +89,26 @@ def fold_all(
         record, sha = item if isinstance(item, tuple) else (item, None)
         state = fold(state, record, sha)
     return state
+
+
+def fork_state(source: RunState, target: RunRef) -> RunState:
+    """The fork snapshot of ``target``: the source's state through its lap ``source.lap``, owned by
+    ``target`` (so the target's lap ``source.lap + 1`` folds onto it), keeping ``lastSha256`` (the
+    next lap's ``prevSha256`` chains onto the source's lap) and recording the provenance. A pending
+    approval gets the target's idempotency key: the fork's side effects are its own."""
+    if source.lap < 1:
+        raise ValueError("a fork needs a source state of lap 1 or later")
+    pending = source.pending_approval
+    if pending is not None:
+        old, new = source.run.short_id + ":", target.short_id + ":"
+        key = pending.idempotency_key
+        if key.startswith(old):
+            pending = pending.model_copy(update={"idempotency_key": new + key[len(old):]})
+    return source.model_copy(
+        update={
+            "schema_version": SCHEMA_VERSION,
+            "run": target,
+            "pending_approval": pending,
+            "forked_from": ForkProvenance(run=source.run, lap=source.lap, sha256=source.last_sha256),
+        }
+    )

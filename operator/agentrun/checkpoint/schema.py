@@ -166,6 +166,15 @@ class LapRecord(APIModel):
     timings: Timings
 
 
+class ForkProvenance(APIModel):
+    """Where a forked run's state comes from: the source run, the lap it was folded through, and
+    the sha256 of that lap's object (the source's ``lastSha256`` at that lap)."""
+
+    run: RunRef
+    lap: int = Field(ge=1)
+    sha256: str | None = None
+
+
 class RunState(APIModel):
     """The state a lap starts from, folded from a snapshot plus the lap records after it.
 
@@ -186,6 +195,10 @@ class RunState(APIModel):
     pending_approval: PendingApproval | None = None
     last_outcome: Outcome | None = None
     totals: Totals = Field(default_factory=Totals)
+    forked_from: ForkProvenance | None = Field(
+        default=None,
+        description="Set on a fork snapshot (and carried by every later state): the source run and lap.",
+    )
 
 
 class JournalEntry(APIModel):

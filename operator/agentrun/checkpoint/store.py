@@ -41,7 +41,7 @@ from agentrun.checkpoint.errors import (
     StoreConfigError,
     StoreUnavailable,
 )
-from agentrun.checkpoint.fold import fold
+from agentrun.checkpoint.fold import fold, fork_state
 from agentrun.checkpoint.migrations import migrate, schema_version_of
 from agentrun.checkpoint.schema import (
     SCHEMA_VERSION,
@@ -493,6 +493,25 @@ class CheckpointStore:
     def head_lap(self, run: RunRef, lap: int) -> StoredObject | None:
         return self._head(self.lap_key(run, lap))
 
+    def has_state(self, run: RunRef, lap: int) -> bool:
+        """True if the state through ``lap`` was checkpointed: its lap record, or a (fork) snapshot."""
+        return self.head_lap(run, lap) is not None or self._head(self.snapshot_key(run, lap)) is not None
+
+    def fork(self, source: RunRef, lap: int, target: RunRef) -> tuple[RunState, StoredObject]:
+        """Write ``target``'s fork snapshot ``snapshots/<lap>.json``: the source's state through
+        ``lap`` (``fold.fork_state``). Idempotent: when the snapshot exists it is read (and
+        verified) instead. Only reads the source. Raises ``CheckpointNotFound`` when the source's
+        lap was never checkpointed, ``CorruptCheckpoint`` / ``UnsupportedSchemaVersion`` when it
+        cannot be read, ``StoreUnavailable`` on transient errors."""
+        key = self.snapshot_key(target, lap)
+        if self._head(key) is None:
+            base = self.load_state(source, through_lap=lap).state
+            self._put_once(key, canonical_json(fork_state(base, target).to_api()))
+        state, stored = self.get_snapshot(target, lap)
+        if state.forked_from is None:
+            raise CorruptCheckpoint(f"{key} exists but is not a fork snapshot (no forkedFrom)", key)
+        return state, stored
+
     def latest_lap(self, run: RunRef) -> int:
         """The newest checkpointed lap (0: none). Lists the snapshots (one per K laps) and then
         only the lap keys after the newest snapshot: cost does not grow with laps per snapshot."""
@@ -528,6 +547,12 @@ class CheckpointStore:
             try:
                 state, _ = self.get_snapshot(run, lap)
             except CorruptCheckpoint as e:
+                if self.head_lap(run, lap) is None:
+                    # No lap record behind it: a fork snapshot, the base of this run, not derived
+                    # data. There is nothing older to fall back to.
+                    raise CorruptCheckpoint(
+                        f"fork snapshot {key} (the base this run starts from) cannot be read: {e}", key
+                    ) from None
                 skipped.append(key)
                 log.warning(
                     "snapshot %s is corrupt, falling back to an older snapshot and the lap records: %s",

@@ -35,7 +35,7 @@ from agentrun.api.status import (
     LapRetries,
 )
 from agentrun.api.types import format_usd, parse_duration
-from agentrun.checkpoint.schema import LapRecord
+from agentrun.checkpoint.schema import LapRecord, Outcome, PendingApproval, RunState
 
 from .jobs import ApprovalEnv, job_name
 
@@ -80,6 +80,26 @@ class CheckpointRead:
     sha256: str | None = None
     written_at: datetime | None = None
     error: str | None = None
+    endpoint: str | None = None
+    region: str | None = None
+    path_style: bool | None = None
+
+
+@dataclass(frozen=True)
+class ForkRead:
+    """Result of writing (or finding) the run's fork snapshot from ``spec.forkFrom``."""
+
+    lap: int
+    kind: Literal["ok", "missing", "unavailable", "unreadable"]
+    state: RunState | None = None
+    key: str | None = None
+    uri: str | None = None
+    sha256: str | None = None
+    written_at: datetime | None = None
+    error: str | None = None
+    endpoint: str | None = None
+    region: str | None = None
+    path_style: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +127,7 @@ class Observed:
     jobs: tuple[ObservedJob, ...] = ()
     checkpoint: CheckpointRead | None = None
     attempt_failure: AttemptFailureRead | None = None
+    fork: ForkRead | None = None
 
 
 # ----------------------------------------------------------------------------- actions
@@ -163,6 +184,16 @@ class ReadAttemptFailure:
 
 
 @dataclass(frozen=True)
+class ForkCheckpoint:
+    """Write the run's fork snapshot (the source's state through ``lap``) into the run's own store
+    prefix, conditionally (idempotent), and read it back: the shell adds a ``ForkRead``."""
+
+    source_name: str
+    source_uid: str
+    lap: int
+
+
+@dataclass(frozen=True)
 class AddFinalizer:
     name: str = FINALIZER
 
@@ -196,7 +227,7 @@ class LapRetried:
 
 Action = (
     CreateJob | DeleteJob | PatchStatus | RemoveAnnotations | Event | RequeueAfter | ReadCheckpoint
-    | ReadAttemptFailure | AddFinalizer | RemoveFinalizer | DeleteCheckpoints | LapFinished | LapRetried
+    | ReadAttemptFailure | ForkCheckpoint | AddFinalizer | RemoveFinalizer | DeleteCheckpoints | LapFinished | LapRetried
 )
 
 
@@ -219,7 +250,7 @@ class Decision:
 
     @property
     def needs_read(self) -> bool:
-        return bool(self.of(ReadCheckpoint) or self.of(ReadAttemptFailure))
+        return bool(self.of(ReadCheckpoint) or self.of(ReadAttemptFailure) or self.of(ForkCheckpoint))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -373,6 +404,13 @@ def decide(o: Observed) -> Decision:
     if spec is None:
         return c.fail("InvalidSpec", f"the spec cannot be used: {o.spec_error or 'unknown error'}")
 
+    # A fork starts from the source's lap N: its fork snapshot first, then lap N+1.
+    if spec.fork_from is not None and st.checkpoint is None and st.lap == 0 and st.active_job is None:
+        forked = _fork(c)
+        if forked is not None:
+            return forked
+        return _next_step(c, st.phase == "AwaitingApproval")
+
     jobs = {j.name: j for j in o.jobs}
 
     # Adopt a Job whose creation was not recorded (lost status write, restart).
@@ -511,6 +549,52 @@ def _observe_active(c: _Ctx, job: ObservedJob | None) -> Decision | None:
     return _retry(c, aj.lap, aj.attempt, reason)
 
 
+def _fork(c: _Ctx) -> Decision | None:
+    """Apply the fork snapshot (asking the shell to write it first). Returns a Decision to stop, or
+    None when the status now stands at the source's lap N (then the next step runs lap N+1)."""
+    o, st = c.o, c.st
+    assert o.spec is not None and o.spec.fork_from is not None
+    ff = o.spec.fork_from
+    fr = o.fork
+    if fr is None or fr.lap != ff.lap:
+        return Decision([ForkCheckpoint(ff.name, ff.uid, ff.lap)])
+    source = f"lap {ff.lap} of agentrun {o.namespace}/{ff.name} (uid {ff.uid})"
+    if fr.kind in ("missing", "unreadable") or (fr.kind == "ok" and fr.state is None):
+        why = "it was never checkpointed" if fr.kind == "missing" else "it cannot be read"
+        return c.fail("ForkSourceUnavailable", f"cannot fork from {source}: {why} ({fr.error or 'no state'}). "
+                      "The source was left untouched; delete this run and fork from a checkpointed lap")
+    if fr.kind == "unavailable":
+        progressing = next((x for x in st.conditions if x.type == "Progressing"), None)
+        if not (progressing is not None and progressing.reason == "StoreUnavailable"):
+            msg = f"cannot read {source} yet (store unavailable, retrying): {fr.error}"
+            c.phase("Pending", "StoreUnavailable", msg)
+            c.event("Warning", "StoreUnavailable", msg)
+        c.act(RequeueAfter(10.0))
+        return c.finish()
+    state = fr.state
+    assert state is not None
+    agent_version = state.agent_version or o.spec.agent.version
+    st.lap = ff.lap
+    st.agent_version = agent_version
+    st.checkpoint = CheckpointRef(
+        lap=ff.lap, key=fr.key or "", uri=fr.uri, sha256=fr.sha256 or "", written_at=fr.written_at,
+        agent_version=agent_version, schema_version=state.schema_version,
+        endpoint=fr.endpoint, region=fr.region, path_style=fr.path_style,
+    )
+    st.last_checkpoint_time = fr.written_at or o.now
+    try:
+        usd = format_usd(Decimal(state.totals.cost_usd))
+    except (InvalidOperation, ValueError):
+        usd = st.cost.usd
+    st.cost = CostStatus(usd=usd, input_tokens=state.totals.input_tokens, output_tokens=state.totals.output_tokens)
+    st.started_at = st.started_at or o.now
+    c.event("Normal", "Forked", f"forked from {source}: the state through lap {ff.lap} was copied to {fr.key}; "
+            f"the next lap is {ff.lap + 1}; cost so far ${usd}")
+    outcome = state.last_outcome or Outcome(type="continue")
+    _apply_outcome(c, ff.lap, outcome, state.pending_approval, requested_at=o.now)
+    return None
+
+
 def _retry(c: _Ctx, lap: int, attempt: int, reason: str) -> Decision:
     o, st = c.o, c.st
     assert o.spec is not None
@@ -545,6 +629,7 @@ def _apply_lap(c: _Ctx, cp: CheckpointRead) -> None:
     st.checkpoint = CheckpointRef(
         lap=rec.lap, key=cp.key or "", uri=cp.uri, sha256=cp.sha256 or "", written_at=cp.written_at,
         agent_version=rec.agent_version, schema_version=rec.schema_version,
+        endpoint=cp.endpoint, region=cp.region, path_style=cp.path_style,
     )
     st.last_checkpoint_time = cp.written_at or o.now
     try:
@@ -560,29 +645,37 @@ def _apply_lap(c: _Ctx, cp: CheckpointRead) -> None:
         "Normal", "LapCheckpointed",
         f"lap {rec.lap} checkpointed ({rec.outcome.type}) by agent {rec.agent_version}; cost so far ${usd}",
     )
-    outcome = rec.outcome
+    _apply_outcome(c, rec.lap, rec.outcome, rec.pending_approval)
+
+
+def _apply_outcome(c: _Ctx, lap: int, outcome: Outcome, pa: PendingApproval | None,
+                   requested_at: datetime | None = None) -> None:
+    """The phase after lap ``lap`` ended with ``outcome``. ``requested_at`` overrides the time of a
+    pending approval (a fork asks again when it is created, with a fresh deadline)."""
+    o, st = c.o, c.st
+    assert o.spec is not None
     if outcome.type == "done":
-        c.phase("Succeeded", "AgentDone", outcome.message or f"the agent finished after {rec.lap} lap(s)")
+        c.phase("Succeeded", "AgentDone", outcome.message or f"the agent finished after {lap} lap(s)")
         c.event("Normal", "Succeeded", st.message or "")
     elif outcome.type == "failed":
-        c.phase("Failed", "AgentFailed", f"lap {rec.lap}: {outcome.message or 'the agent reported failure'}")
+        c.phase("Failed", "AgentFailed", f"lap {lap}: {outcome.message or 'the agent reported failure'}")
         c.event("Warning", "AgentFailed", st.message or "")
     elif outcome.type == "awaiting-approval":
-        pa = rec.pending_approval
         if pa is None:
-            c.phase("Failed", "CheckpointUnreadable", f"lap {rec.lap} awaits approval but names no pending call")
+            c.phase("Failed", "CheckpointUnreadable", f"lap {lap} awaits approval but names no pending call")
             c.event("Warning", "CheckpointUnreadable", st.message or "")
             return
         spec = o.spec
-        deadline = pa.requested_at + timedelta(seconds=parse_duration(spec.approval.timeout))
+        requested = requested_at or pa.requested_at
+        deadline = requested + timedelta(seconds=parse_duration(spec.approval.timeout))
         args = json.dumps(pa.arguments, sort_keys=True)
         st.approval = ApprovalStatus(
-            state="Pending", lap=rec.lap, tool=pa.tool, call_id=pa.call_id, idempotency_key=pa.idempotency_key,
-            arguments=_truncate(args, 4096), owner=spec.approval.owner, requested_at=pa.requested_at,
+            state="Pending", lap=lap, tool=pa.tool, call_id=pa.call_id, idempotency_key=pa.idempotency_key,
+            arguments=_truncate(args, 4096), owner=spec.approval.owner, requested_at=requested,
             deadline=deadline,
         )
         st.waiting_on = spec.approval.owner
-        msg = (f"lap {rec.lap}: tool {pa.tool} (call {pa.call_id}) waits for {spec.approval.owner} until "
+        msg = (f"lap {lap}: tool {pa.tool} (call {pa.call_id}) waits for {spec.approval.owner} until "
                f"{deadline.isoformat()}; decide with `kubectl annotate agentrun {o.name} approved=true|false`")
         c.phase("AwaitingApproval", "ApprovalRequested", msg)
         c.event("Normal", "ApprovalRequested", msg)

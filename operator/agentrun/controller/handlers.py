@@ -316,13 +316,14 @@ class Controller:
 
         assert spec is not None
         store = self._store(spec)
+        where = _store_location(store.config)
         for a in decision.actions:
             if isinstance(a, d.ReadCheckpoint):
                 try:
                     record, stored = await asyncio.to_thread(store.get_lap, run, a.lap)
                     cp = d.CheckpointRead(
                         lap=a.lap, kind="ok", record=record, key=stored.key, sha256=stored.sha256,
-                        written_at=stored.written_at, uri=f"s3://{store.config.bucket}/{stored.key}",
+                        written_at=stored.written_at, uri=f"s3://{store.config.bucket}/{stored.key}", **where,
                     )
                 except ce.CheckpointNotFound as exc:
                     cp = d.CheckpointRead(lap=a.lap, kind="missing", error=str(exc))
@@ -337,6 +338,23 @@ class Controller:
                 except ce.CheckpointError as exc:
                     report = {"message": f"(failure report unreadable: {exc})"}
                 o = replace(o, attempt_failure=d.AttemptFailureRead(a.lap, a.attempt, report))
+            elif isinstance(a, d.ForkCheckpoint):
+                source = RunRef(namespace=run.namespace, name=a.source_name, uid=a.source_uid)
+                try:
+                    state, stored = await asyncio.to_thread(store.fork, source, a.lap, run)
+                    fr = d.ForkRead(
+                        lap=a.lap, kind="ok", state=state, key=stored.key, sha256=stored.sha256,
+                        written_at=stored.written_at, uri=f"s3://{store.config.bucket}/{stored.key}", **where,
+                    )
+                except ce.CheckpointNotFound as exc:
+                    fr = d.ForkRead(lap=a.lap, kind="missing", error=str(exc))
+                except (ce.CorruptCheckpoint, ce.UnsupportedSchemaVersion) as exc:
+                    fr = d.ForkRead(lap=a.lap, kind="unreadable", error=str(exc))
+                except ce.CheckpointError as exc:
+                    fr = d.ForkRead(lap=a.lap, kind="unavailable", error=str(exc))
+                except ValueError as exc:  # a source name/uid that cannot be a key
+                    fr = d.ForkRead(lap=a.lap, kind="unreadable", error=str(exc))
+                o = replace(o, fork=fr)
         return o
 
     async def _execute(self, body: dict[str, Any], o: d.Observed, decision: d.Decision, run: RunRef,
@@ -450,6 +468,17 @@ class Controller:
             await asyncio.to_thread(client.CoreV1Api().create_namespaced_event, meta["namespace"], event)
         except ApiException as exc:  # events are best effort
             log.warning("cannot post event %s: %s", reason, exc.reason)
+
+
+def _store_location(config: Any) -> dict[str, Any]:
+    """Where the store is, for status.checkpoint (so `agentrun trace` can find it): the endpoint
+    only when it carries no credentials in its URL."""
+    from urllib.parse import urlsplit
+
+    endpoint = config.endpoint_url
+    if endpoint and (urlsplit(endpoint).username or urlsplit(endpoint).password):
+        endpoint = None
+    return {"endpoint": endpoint, "region": config.region, "path_style": config.path_style}
 
 
 def _failed(o: d.Observed, status: AgentRunStatus | None, reason: str, message: str) -> AgentRunStatus:
