@@ -8,11 +8,21 @@ Secrets are referenced by name only; no secret value ever appears in a spec.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, StringConstraints, model_validator
 
-from .types import DNS_LABEL_PATTERN, TOOL_NAME_PATTERN, USD, APIModel, Duration
+from .types import (
+    DNS_LABEL_PATTERN,
+    QUANTITY_PATTERN,
+    SECRET_KEY_PATTERN,
+    SECRET_NAME_PATTERN,
+    TOOL_NAME_PATTERN,
+    USD,
+    APIModel,
+    Duration,
+    parse_duration,
+)
 
 
 class SecretKeyRef(APIModel):
@@ -28,6 +38,7 @@ class SecretKeyRef(APIModel):
         description="Key within the Secret whose value is used.",
         min_length=1,
         max_length=253,
+        pattern=SECRET_KEY_PATTERN,
     )
 
 
@@ -250,6 +261,12 @@ class BackoffSpec(APIModel):
     max: Duration = Field(default="5m", description="Upper bound of the delay.")
     factor: int = Field(default=2, ge=1, le=10, description="Multiplier of the delay after each failed attempt.")
 
+    @model_validator(mode="after")
+    def _max_not_below_initial(self) -> BackoffSpec:
+        if parse_duration(self.max) < parse_duration(self.initial):
+            raise ValueError("spec.retry.backoff.max must not be shorter than spec.retry.backoff.initial")
+        return self
+
 
 class RetrySpec(APIModel):
     """Retries of a failed lap (pod crash, eviction, retryable exit, lap timeout)."""
@@ -280,6 +297,7 @@ class CheckpointSpec(APIModel):
     credentials_secret_name: str | None = Field(
         default=None,
         max_length=253,
+        pattern=SECRET_NAME_PATTERN,
         description=(
             "Secret with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. Empty means the standard "
             "credential chain of the lap pod (e.g. IRSA / workload identity)."
@@ -293,31 +311,16 @@ class CheckpointSpec(APIModel):
     )
 
 
+Quantity = Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN, max_length=64)]
+
+
 class ResourcesSpec(APIModel):
     """Compute resources of a lap pod, as Kubernetes quantities."""
 
-    requests: dict[str, str] = Field(
+    requests: dict[str, Quantity] = Field(
         default_factory=dict, description="Requests, e.g. {cpu: 100m, memory: 256Mi}."
     )
-    limits: dict[str, str] = Field(default_factory=dict, description="Limits, e.g. {memory: 512Mi}.")
-
-
-class ForkFromSpec(APIModel):
-    """The run and lap this run continues from (time travel). Set by ``agentrun fork``; immutable.
-
-    On its first reconcile the operator copies the source's state through ``lap`` into this run's
-    own store prefix (a fork snapshot), so the first Job of this run runs lap ``lap + 1``. The
-    source run and its checkpoints are only read, never changed."""
-
-    name: str = Field(
-        min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
-        description="Name of the source AgentRun (same namespace).",
-    )
-    uid: str = Field(
-        min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-        description="UID of the source AgentRun: its checkpoints live under this UID.",
-    )
-    lap: int = Field(ge=1, description="The source's checkpointed lap to continue from; this run starts at lap+1.")
+    limits: dict[str, Quantity] = Field(default_factory=dict, description="Limits, e.g. {memory: 512Mi}.")
 
 
 class AgentRunSpec(APIModel):
@@ -336,14 +339,6 @@ class AgentRunSpec(APIModel):
         default=None, description="Resources of lap pods. Defaults to the operator's configuration."
     )
     suspend: bool = Field(default=False, description="Pause the run between laps; set false to resume.")
-    fork_from: ForkFromSpec | None = Field(
-        default=None,
-        description=(
-            "Continue from a lap of another run of this namespace (set by `agentrun fork`). Immutable: "
-            "it cannot be added, changed or removed after creation."
-        ),
-    )
-
 
     @model_validator(mode="after")
     def _tool_names_unique(self) -> AgentRunSpec:

@@ -18,6 +18,11 @@ DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 USD_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,9})?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 TOOL_NAME_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_-]{0,63}$"
+# A Secret's name (DNS subdomain, RFC 1123) and a key of its data (what the API server accepts).
+SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+# A Kubernetes resource quantity such as 100m, 0.5, 256Mi, 1G, 1e3.
+QUANTITY_PATTERN = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[munkMGTPE]|[KMGTPE]i)?$"
 
 Duration = Annotated[str, StringConstraints(pattern=DURATION_PATTERN, max_length=32)]
 USD = Annotated[str, StringConstraints(pattern=USD_PATTERN, max_length=24)]

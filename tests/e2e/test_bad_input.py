@@ -1,0 +1,99 @@
+"""The bad-input table on the real API server: every malformed AgentRun of
+tests/fixtures/bad-input/agentruns.yaml is refused at ``kubectl apply`` with a message that names
+the field; the valid base manifest of the same table is accepted (the negative control, so the
+table cannot pass vacuously). Create cases use ``--dry-run=server`` (admission, schema and CEL run
+in full, nothing is stored); update cases (immutable fields) change a real object.
+
+Unknown fields: kubectl 1.36 defaults to ``--validate=strict`` (server-side field validation
+``Strict``), so an unknown field is an error (``strict decoding error: unknown field "spec.x"``),
+not a silent prune; with ``--validate=warn`` it is a warning and the field is pruned (asserted
+below, so a change of kubectl's default shows up here).
+
+Fixture ``cluster`` comes from tests/e2e/conftest.py. No operator and no S3 are needed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "bad-input"))
+import bad_input_table as table  # noqa: E402
+
+pytestmark = [pytest.mark.e2e]
+
+CASES = table.cases()
+
+
+@pytest.fixture(scope="module")
+def ns(cluster):
+    name = f"bad-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl_run("apply", "-f", str(ROOT / "crds" / "agentrun.dev_agentruns.yaml"))
+    cluster.kubectl_run("wait", "--for=condition=Established", "crd/agentruns.agentrun.dev", "--timeout=60s")
+    cluster.kubectl_run("create", "namespace", name)
+    yield name
+    cluster.kubectl_run("delete", "namespace", name, "--wait=false", check=False)
+
+
+def _apply(cluster, ns: str, doc: dict, *flags: str):
+    return cluster.kubectl_run("apply", "-n", ns, *flags, "-f", "-", input=yaml.safe_dump(doc), check=False)
+
+
+def test_the_table_is_big_and_well_formed():
+    names = [c["name"] for c in CASES]
+    assert len(names) >= 25 and len(names) == len(set(names)), names
+    for c in CASES:
+        assert c.get("expect") and c.get("op", "create") in ("create", "update"), c
+        assert c.get("patch") or c.get("remove"), c
+
+
+def test_the_valid_base_manifest_is_accepted(cluster, ns):
+    """Negative control: the base of every case applies cleanly, dry-run and for real."""
+    doc = table.manifest(table.base())
+    doc["metadata"]["name"] = "control"
+    r = _apply(cluster, ns, doc, "--dry-run=server")
+    assert r.returncode == 0, r.stderr
+    r = _apply(cluster, ns, doc)
+    assert r.returncode == 0 and "created" in r.stdout, r.stderr
+    got = json.loads(cluster.kubectl_run("get", "agentrun", "control", "-n", ns, "-o", "json").stdout)
+    assert got["spec"]["budget"] == {"maxLaps": 10, "maxCostUSD": "5.00"}
+    # and an allowed update of it (a version bump, suspend) is accepted too
+    doc["spec"]["agent"]["version"] = "v2"
+    r = _apply(cluster, ns, doc)
+    assert r.returncode == 0 and "configured" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_malformed_agentrun_is_refused_naming_the_field(cluster, ns, case):
+    name = f"bad-{case['name']}"[:63].rstrip("-")
+    if case.get("op", "create") == "update":
+        r = _apply(cluster, ns, table.update_base(case, name))
+        assert r.returncode == 0, f"the base of an update case must be accepted: {r.stderr}"
+        r = _apply(cluster, ns, table.case_manifest(case, name))
+    else:
+        r = _apply(cluster, ns, table.case_manifest(case, name), "--dry-run=server")
+    assert r.returncode != 0, f"{case['name']} was accepted: {r.stdout}"
+    for text in case["expect"]:
+        assert text in r.stderr, f"{case['name']}: {text!r} not in: {r.stderr}"
+    # one clear error: the message is about this manifest, not a transport or client failure
+    assert "error when" in r.stderr or "is invalid" in r.stderr, r.stderr
+    if case.get("op") == "update":  # the stored object is unchanged
+        got = json.loads(cluster.kubectl_run("get", "agentrun", name, "-n", ns, "-o", "json").stdout)
+        assert got["spec"] == table.update_base(case, name)["spec"]
+
+
+def test_unknown_field_is_only_a_warning_with_validate_warn(cluster, ns):
+    """What the default strict mode turns into an error is, with --validate=warn, a warning and the
+    field is pruned (the API server does not store unknown fields of a structural schema)."""
+    doc = table.manifest(table.base(), {"metadata": {"name": "warned"}, "spec": {"maxLaps": 5}})
+    r = _apply(cluster, ns, doc, "--validate=warn")
+    assert r.returncode == 0, r.stderr
+    assert 'unknown field "spec.maxLaps"' in r.stderr, r.stderr
+    got = json.loads(cluster.kubectl_run("get", "agentrun", "warned", "-n", ns, "-o", "json").stdout)
+    assert "maxLaps" not in got["spec"], got["spec"]
