@@ -323,6 +323,24 @@ class ResourcesSpec(APIModel):
     limits: dict[str, Quantity] = Field(default_factory=dict, description="Limits, e.g. {memory: 512Mi}.")
 
 
+class ForkFromSpec(APIModel):
+    """The run and lap this run continues from (time travel). Set by ``agentrun fork``; immutable.
+
+    On its first reconcile the operator copies the source's state through ``lap`` into this run's
+    own store prefix (a fork snapshot), so the first Job of this run runs lap ``lap + 1``. The
+    source run and its checkpoints are only read, never changed."""
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="Name of the source AgentRun (same namespace).",
+    )
+    uid: str = Field(
+        min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="UID of the source AgentRun: its checkpoints live under this UID.",
+    )
+    lap: int = Field(ge=1, description="The source's checkpointed lap to continue from; this run starts at lap+1.")
+
+
 class AgentRunSpec(APIModel):
     """Desired state of an AgentRun: the task, the agent, and the policies of the run."""
 
@@ -339,6 +357,13 @@ class AgentRunSpec(APIModel):
         default=None, description="Resources of lap pods. Defaults to the operator's configuration."
     )
     suspend: bool = Field(default=False, description="Pause the run between laps; set false to resume.")
+    fork_from: ForkFromSpec | None = Field(
+        default=None,
+        description=(
+            "Continue from a lap of another run of this namespace (set by `agentrun fork`). Immutable: "
+            "it cannot be added, changed or removed after creation."
+        ),
+    )
 
     @model_validator(mode="after")
     def _tool_names_unique(self) -> AgentRunSpec:
