@@ -1,28 +1,67 @@
-"""A tiny recording HTTP tool server for the examples and the e2e tests.
+"""A tiny recording HTTP tool server for the examples, `make dev` and the e2e tests.
 
-Every request is answered with a JSON echo and recorded (one JSON line per *executed* call) in
-``--record`` (default: stdout only). ``GET /_inflight`` lists the arguments of the calls being
-answered right now (a test can kill a lap while its call is in flight). Requests that carry an ``Idempotency-Key`` header already
-seen are answered with the original response and NOT executed again, the way a payment provider
-does. ``GET /_calls`` lists the executed calls. An argument ``sleepSeconds`` delays the answer (a slow
-tool, to kill a lap mid-call in tests).
+It plays the side-effecting service an agent calls (a ledger, a payment provider, a mailer): every
+request is answered with a JSON echo of its arguments, and every *executed* call is recorded with
+its ``Idempotency-Key``. A request whose key was already executed is NOT executed again: it gets
+the first response back (header ``Idempotent-Replayed: true``) and only a "repeat refused" counter
+moves, the way a payment provider behaves. So after a crash and a replayed lap you can check that
+no side effect happened twice:
 
-    python examples/tool_server.py --port 8765 --record /tmp/tool-calls.jsonl
+    python examples/tool_server.py --port 8765 --record /tmp/tool-calls.jsonl   # serve
+    python examples/tool_server.py --show            # the record of a running server, as a table
+    curl -s http://127.0.0.1:8765/calls              # the same as JSON
+
+``--show`` asks the server at ``--url`` (default: ``$AGENTRUN_TOOL_SERVER``, set by
+``.localkube/dev.env``, else http://127.0.0.1:8765).
+
+The record file (``--record``, JSON lines) survives a restart of the server: it is read back at
+start, so a key executed before the restart is still refused. Endpoints for tests:
+``GET /_calls`` (the executed calls, a list), ``GET /_inflight`` (the calls being answered right
+now: a test can kill a lap while its call is in flight). An argument ``sleepSeconds`` delays the
+answer (a slow tool).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 _lock = threading.Lock()
 _responses: dict[str, bytes] = {}
 _calls: list[dict[str, Any]] = []
+_refused: dict[str, int] = {}  # idempotency key -> repeats answered from the record
 _inflight: list[Any] = []
+
+
+def load_record(record: str | None) -> int:
+    """Read an existing record back (executed calls and their responses); return how many."""
+    if not record or not os.path.exists(record):
+        return 0
+    n = 0
+    with _lock, open(record, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                call = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line after a crash of this server
+            _calls.append(call)
+            key, resp = call.get("idempotencyKey"), call.get("response")
+            if key and resp is not None:
+                _responses[key] = json.dumps(resp).encode()
+            n += 1
+    return n
+
+
+def calls_view() -> list[dict[str, Any]]:
+    with _lock:
+        return [{**c, "repeatsRefused": _refused.get(c.get("idempotencyKey") or "", 0)} for c in _calls]
 
 
 def make_handler(record: str | None) -> type[BaseHTTPRequestHandler]:
@@ -32,6 +71,8 @@ def make_handler(record: str | None) -> type[BaseHTTPRequestHandler]:
                 with _lock:
                     body = json.dumps(_calls if self.path == "/_calls" else _inflight).encode()
                 return self._send(200, body)
+            if self.path == "/calls" and self.command == "GET":
+                return self._send(200, json.dumps(calls_view(), indent=1).encode())
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             try:
@@ -50,11 +91,13 @@ def make_handler(record: str | None) -> type[BaseHTTPRequestHandler]:
                     _inflight.remove(entry)
             with _lock:
                 if key and key in _responses:
+                    _refused[key] = _refused.get(key, 0) + 1
                     return self._send(200, _responses[key], replay=True)
+                response = {"ok": True, "path": self.path, "echo": args, "call": len(_calls) + 1}
                 call = {"method": self.command, "path": self.path, "arguments": args,
-                        "idempotencyKey": key, "at": time.time()}
+                        "idempotencyKey": key, "at": time.time(), "response": response}
                 _calls.append(call)
-                body = json.dumps({"ok": True, "path": self.path, "echo": args, "call": len(_calls)}).encode()
+                body = json.dumps(response).encode()
                 if key:
                     _responses[key] = body
                 if record:
@@ -86,16 +129,50 @@ def serve(port: int, record: str | None = None, host: str = "127.0.0.1") -> Thre
     return server
 
 
-def main() -> None:
+def show(url: str, out: Any = sys.stdout) -> int:
+    """Print the executed calls of the server at url: one line each, with its key and repeats refused."""
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/calls", timeout=5) as r:
+            calls = json.load(r)
+    except OSError as exc:
+        print(f"tool_server: cannot reach {url}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{'#':>3}  {'TIME':8}  {'PATH':22}  {'IDEMPOTENCY-KEY':44}  {'REPEATS-REFUSED':>15}  ARGUMENTS", file=out)
+    for i, c in enumerate(calls, 1):
+        at = time.strftime("%H:%M:%S", time.localtime(c.get("at") or 0))
+        args = json.dumps(c.get("arguments"), separators=(",", ":"))
+        print(f"{i:>3}  {at:8}  {c.get('path', ''):22}  {c.get('idempotencyKey') or '-':44}  "
+              f"{c.get('repeatsRefused', 0):>15}  {args[:80]}", file=out)
+    keys = [c["idempotencyKey"] for c in calls if c.get("idempotencyKey")]
+    dup = len(keys) - len(set(keys))
+    print(f"{len(calls)} call(s) executed, {sum(c.get('repeatsRefused', 0) for c in calls)} repeat(s) refused, "
+          f"{dup} key(s) executed twice", file=out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--port", type=int, default=8765, help="port to serve on (0: any free port)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--record", default=None, help="append executed calls as JSON lines to this file")
-    a = parser.parse_args()
+    parser.add_argument("--record", default=None, help="append executed calls as JSON lines to this file "
+                                                       "(read back at start)")
+    parser.add_argument("--port-file", default=None, help="write the port actually bound to this file")
+    parser.add_argument("--show", action="store_true", help="print the record of the server at --url and exit")
+    parser.add_argument("--url", default=os.environ.get("AGENTRUN_TOOL_SERVER", "http://127.0.0.1:8765"),
+                        help="server for --show (default: $AGENTRUN_TOOL_SERVER or http://127.0.0.1:8765)")
+    a = parser.parse_args(argv)
+    if a.show:
+        return show(a.url)
+    loaded = load_record(a.record)
     server = ThreadingHTTPServer((a.host, a.port), make_handler(a.record))
-    print(f"tool server on http://{a.host}:{a.port}", flush=True)
+    port = server.server_address[1]
+    if a.port_file:
+        with open(a.port_file, "w", encoding="utf-8") as fh:
+            fh.write(f"{port}\n")
+    print(f"tool server on http://{a.host}:{port} ({loaded} recorded call(s) loaded)", flush=True)
     server.serve_forever()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

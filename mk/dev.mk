@@ -1,16 +1,20 @@
 # make dev / dev-down: the whole product on this machine (see tools/dev.sh).
-.PHONY: dev dev-down
-dev: install
-	bash tools/dev.sh
+#   make dev                      control plane + S3 + CRD + operator + tool server + the invoice
+#                                 example, stopped at its approval; prints what to type next
+#   DEV_APPROVE=auto make dev     approves it too, waits for Succeeded, prints the trace (CI)
+#   LOCALKUBE_DIR=/tmp/x make dev another state dir (default .localkube); ports: DEV_TOOL_PORT,
+#                                 DEV_METRICS_PORT (busy defaults fall back to free ports)
+#   make dev-down                 stops everything started from that dir
+.PHONY: dev dev-down dev-install
+dev: dev-install
+	bash tools/dev.sh up
 
-# Stops the operator and the tool server (SIGTERM, SIGKILL after 10 s, waiting until they are
-# gone), then S3 and the control plane; nothing is left running.
 dev-down:
-	-@d=$${LOCALKUBE_DIR:-.localkube}; for p in operator tool-server; do f=$$d/$$p.pid; \
-	  [ -f $$f ] || continue; pid=$$(cat $$f); \
-	  if kill $$pid 2>/dev/null; then \
-	    for i in $$(seq 100); do kill -0 $$pid 2>/dev/null || break; sleep 0.1; done; \
-	    kill -0 $$pid 2>/dev/null && { echo "$$p (pid $$pid) ignored SIGTERM: SIGKILL"; kill -9 $$pid; }; \
-	  fi; rm -f $$f; done; true
-	-python3 e2e/cluster.py s3-down --dir $${LOCALKUBE_DIR:-.localkube}/s3
-	python3 e2e/cluster.py down --dir $${LOCALKUBE_DIR:-.localkube}
+	bash tools/dev.sh down
+
+# `make install` unless this checkout is already installed (editable) and `agentrun` is on PATH,
+# so a second `make dev` does not re-run pip. After changing dependencies run `make install`.
+dev-install:
+	@if $(PYTHON) -c 'import sys, pathlib, agentrun; sys.exit(0 if pathlib.Path(agentrun.__file__).resolve().is_relative_to(pathlib.Path("operator").resolve()) else 1)' 2>/dev/null \
+	  && command -v agentrun >/dev/null; then echo "agentrun is installed from this checkout (make install to reinstall)"; \
+	  else $(MAKE) install; fi

@@ -1,22 +1,99 @@
 #!/usr/bin/env bash
-# `make dev`: a local control plane, an S3 server, the operator, the example tool server, and the
-# example approval run driven to Succeeded through `kubectl annotate ... approved=true`.
-# Everything keeps running afterwards; `make dev-down` stops it all.
-#   DEV_APPROVE=manual make dev   stops at AwaitingApproval and leaves the decision to you.
+# `make dev`: the whole product on this machine, then the example invoice run up to its approval.
+#
+#   tools/dev.sh [up]   a local control plane (etcd, kube-apiserver, kube-controller-manager, a
+#                       process kubelet), an S3 server, the CRD, the operator, the recording tool
+#                       server, and examples/invoice-run.yaml applied; waits until the run asks
+#                       for approval and prints what to type next.
+#   tools/dev.sh down   stops all of it (`make dev-down`): no process, no pid file left.
+#
+# A second `up` reuses the control plane, S3 and the tool server when they are alive (a dead or
+# half-started one is cleaned up and started again), restarts the operator (so it runs the current
+# code) and re-applies the example (unchanged if it exists).
+#
+# Environment:
+#   LOCALKUBE_DIR     state directory (default .localkube): kubeconfig, logs, pids, dev.env
+#   DEV_APPROVE       manual (default): stop at AwaitingApproval and leave the decision to you;
+#                     auto: approve it, wait for Succeeded and print the trace (tests, CI)
+#   DEV_TOOL_PORT     port of the tool server (default 8765; a busy port falls back to a free one)
+#   DEV_METRICS_PORT  port of the operator's /metrics (default 9090; same fallback)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 DEV_DIR=${LOCALKUBE_DIR:-.localkube}
-RUN=refund-42
+mkdir -p "$DEV_DIR"
+DEV_DIR=$(cd "$DEV_DIR" && pwd)
+RUN=invoices-2024-06
+EXAMPLE=examples/invoice-run.yaml
+PY=${PYTHON:-python3}
+# how to refer to the state dir in the printed commands: relative when it is inside the repo
+SHOW_DIR=${DEV_DIR#"$ROOT"/}
+
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+port_free() { "$PY" -c 'import socket,sys; s=socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1])))' "$1" 2>/dev/null; }
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+pick_port() {  # $1 wanted port (0: any); prints a free port, the wanted one when it is free
+  if [ "$1" != 0 ] && port_free "$1"; then echo "$1"; else free_port; fi
+}
+stop_pid() {  # $1 name, $2 pid file: SIGTERM, SIGKILL after 10 s, wait until gone, remove the file
+  local f=$2 pid
+  [ -f "$f" ] || return 0
+  pid=$(cat "$f")
+  if kill "$pid" 2>/dev/null; then
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then echo "$1 (pid $pid) ignored SIGTERM: SIGKILL"; kill -9 "$pid" 2>/dev/null || true; fi
+  fi
+  rm -f "$f"
+}
 
-say "control plane (etcd, kube-apiserver, kube-controller-manager, process kubelet)"
-eval "$(python3 e2e/cluster.py up --dir "$DEV_DIR")"
-say "S3 server"
-eval "$(python3 e2e/cluster.py s3-up --dir "$DEV_DIR/s3")"
-echo "export KUBECONFIG=$KUBECONFIG" > "$DEV_DIR/dev.env"
-echo "export PATH=$(dirname "$(command -v kubectl)"):\$PATH" >> "$DEV_DIR/dev.env"
+down() {
+  stop_pid operator "$DEV_DIR/operator.pid"
+  stop_pid "tool server" "$DEV_DIR/tool-server.pid"
+  rm -f "$DEV_DIR/tool-server.port" "$DEV_DIR/metrics.port"
+  "$PY" e2e/cluster.py s3-down --dir "$DEV_DIR/s3" || true
+  "$PY" e2e/cluster.py down --dir "$DEV_DIR"
+  echo "stopped everything started from $DEV_DIR"
+}
 
-say "CRD, lap ServiceAccount, S3 credentials Secret"
+if [ "${1:-up}" = down ]; then down; exit 0; fi
+[ "${1:-up}" = up ] || { echo "usage: tools/dev.sh [up|down]" >&2; exit 2; }
+MODE=${DEV_APPROVE:-manual}
+case "$MODE" in manual|auto) ;; *) echo "DEV_APPROVE must be manual or auto, not '$MODE'" >&2; exit 2 ;; esac
+command -v agentrun >/dev/null || { echo "agentrun is not on PATH: run 'make install' (pip install -e '.[test]')" >&2; exit 1; }
+AGENTRUN_BIN=$(command -v agentrun)
+
+# ---------------------------------------------------------------- control plane
+cluster_env() {  # prints KUBECONFIG/PATH exports of the cluster in DEV_DIR, from its cluster.json
+  "$PY" -c 'import json,sys; c=json.load(open(sys.argv[1])); print("export KUBECONFIG=" + c["kubeconfig"]); print("export PATH=" + c["bin_dir"] + ":$PATH")' "$DEV_DIR/cluster.json"
+}
+if alive "$DEV_DIR/localkube.pid" && alive "$DEV_DIR/kubelet.pid" && [ -f "$DEV_DIR/cluster.json" ] \
+   && eval "$(cluster_env)" && kubectl get --raw /readyz >/dev/null 2>&1; then
+  say "control plane: already running in $SHOW_DIR (reused)"
+else
+  say "control plane (etcd, kube-apiserver, kube-controller-manager, process kubelet) in $SHOW_DIR"
+  "$PY" e2e/cluster.py down --dir "$DEV_DIR" >/dev/null 2>&1 || true   # whatever a crashed run left
+  eval "$("$PY" e2e/cluster.py up --dir "$DEV_DIR")"
+fi
+
+# ---------------------------------------------------------------- S3
+s3_env() {
+  "$PY" -c 'import json,sys; s=json.load(open(sys.argv[1]))
+for k, v in {"AWS_ENDPOINT_URL": s["endpoint_url"], "AWS_ACCESS_KEY_ID": s["access_key"], "AWS_SECRET_ACCESS_KEY": s["secret_key"],
+             "AWS_DEFAULT_REGION": s["region"], "AGENTRUN_S3_BUCKET": s["bucket"]}.items(): print(f"export {k}={v}")' "$DEV_DIR/s3/s3.json"
+}
+if alive "$DEV_DIR/s3/s3.pid" && [ -f "$DEV_DIR/s3/s3.json" ] && eval "$(s3_env)" \
+   && curl -sf -o /dev/null "$AWS_ENDPOINT_URL/$AGENTRUN_S3_BUCKET?list-type=2"; then
+  say "S3 server: already running at $AWS_ENDPOINT_URL (reused)"
+else
+  say "S3 server"
+  "$PY" e2e/cluster.py s3-down --dir "$DEV_DIR/s3" >/dev/null 2>&1 || true
+  eval "$("$PY" e2e/cluster.py s3-up --dir "$DEV_DIR/s3")"
+fi
+CHECKPOINT_URI="s3://$AGENTRUN_S3_BUCKET/dev"
+
+# ---------------------------------------------------------------- CRD, ServiceAccount, Secret
+say "CRD, lap ServiceAccount, S3 credentials Secret (kubectl apply: unchanged when present)"
 kubectl apply -f crds/
 kubectl wait --for=condition=Established crd/agentruns.agentrun.dev --timeout=60s
 kubectl create serviceaccount agentrun-lap --dry-run=client -o yaml | kubectl apply -f -
@@ -24,37 +101,120 @@ kubectl create secret generic agentrun-s3 --dry-run=client -o yaml \
   --from-literal=AWS_ACCESS_KEY_ID="$AWS_ACCESS_KEY_ID" \
   --from-literal=AWS_SECRET_ACCESS_KEY="$AWS_SECRET_ACCESS_KEY" | kubectl apply -f -
 
-say "example tool server on 127.0.0.1:8765"
-nohup python3 examples/tool_server.py --port 8765 --record "$DEV_DIR/tool-calls.jsonl" \
-  > "$DEV_DIR/tool-server.log" 2>&1 & echo $! > "$DEV_DIR/tool-server.pid"
+# ---------------------------------------------------------------- tool server
+if alive "$DEV_DIR/tool-server.pid" && [ -s "$DEV_DIR/tool-server.port" ] \
+   && curl -sf -o /dev/null "http://127.0.0.1:$(cat "$DEV_DIR/tool-server.port")/calls"; then
+  TOOL_PORT=$(cat "$DEV_DIR/tool-server.port")
+  say "tool server: already running on 127.0.0.1:$TOOL_PORT (reused)"
+else
+  stop_pid "tool server" "$DEV_DIR/tool-server.pid"
+  want=${DEV_TOOL_PORT:-8765}
+  TOOL_PORT=$(pick_port "$want")
+  [ "$TOOL_PORT" = "$want" ] || [ "$want" = 0 ] || echo "port $want is busy: the tool server uses $TOOL_PORT (set DEV_TOOL_PORT to choose)"
+  say "tool server on 127.0.0.1:$TOOL_PORT (record: $SHOW_DIR/tool-calls.jsonl)"
+  rm -f "$DEV_DIR/tool-server.port"
+  nohup "$PY" examples/tool_server.py --port "$TOOL_PORT" --record "$DEV_DIR/tool-calls.jsonl" \
+    --port-file "$DEV_DIR/tool-server.port" > "$DEV_DIR/tool-server.log" 2>&1 &
+  echo $! > "$DEV_DIR/tool-server.pid"
+  for _ in $(seq 100); do [ -s "$DEV_DIR/tool-server.port" ] && break; sleep 0.1; done
+  [ -s "$DEV_DIR/tool-server.port" ] || { cat "$DEV_DIR/tool-server.log"; echo "the tool server did not start" >&2; exit 1; }
+fi
+TOOL_URL="http://127.0.0.1:$TOOL_PORT"
 
-# The operator reads the checkpoints itself: it keeps the S3 credentials of s3-up in its
-# environment (the standard AWS chain); lap pods get them from the Secret (secretKeyRef).
-say "operator (log: $DEV_DIR/operator.log, metrics: http://127.0.0.1:9090/metrics)"
-AGENTRUN_CHECKPOINT_URI="s3://$AGENTRUN_S3_BUCKET/dev" \
+# ---------------------------------------------------------------- operator (always restarted)
+# It reads the checkpoints itself with the S3 credentials of its environment (the standard AWS
+# chain); lap pods get them from the Secret (secretKeyRef).
+stop_pid operator "$DEV_DIR/operator.pid"
+want=${DEV_METRICS_PORT:-9090}
+METRICS_PORT=$(pick_port "$want")
+[ "$METRICS_PORT" = "$want" ] || [ "$want" = 0 ] || echo "port $want is busy: the operator's metrics use $METRICS_PORT (set DEV_METRICS_PORT to choose)"
+echo "$METRICS_PORT" > "$DEV_DIR/metrics.port"
+say "operator (log: $SHOW_DIR/operator.log, metrics: http://127.0.0.1:$METRICS_PORT/metrics)"
+AGENTRUN_CHECKPOINT_URI="$CHECKPOINT_URI" \
 AGENTRUN_S3_ENDPOINT="$AWS_ENDPOINT_URL" \
 AGENTRUN_S3_REGION="$AWS_DEFAULT_REGION" \
 AGENTRUN_S3_PATH_STYLE=true \
 AGENTRUN_S3_CREDENTIALS_SECRET=agentrun-s3 \
+AGENTRUN_LAP_COMMAND="[\"$AGENTRUN_BIN\", \"lap\"]" \
+AGENTRUN_LEASE_DURATION=5 \
 AGENTRUN_LOG_FORMAT=text \
-  nohup agentrun operator > "$DEV_DIR/operator.log" 2>&1 & echo $! > "$DEV_DIR/operator.pid"
+  nohup "$AGENTRUN_BIN" operator --metrics-port "$METRICS_PORT" >> "$DEV_DIR/operator.log" 2>&1 &
+echo $! > "$DEV_DIR/operator.pid"
 
-say "kubectl apply -f examples/approval-run.yaml"
-kubectl delete agentrun "$RUN" --ignore-not-found --wait=true
-kubectl apply -f examples/approval-run.yaml
-kubectl wait --for=jsonpath='{.status.phase}'=AwaitingApproval "agentrun/$RUN" --timeout=300s
+# ---------------------------------------------------------------- dev.env
+cat > "$DEV_DIR/dev.env" <<EOF
+# source this file: kubectl and agentrun then talk to the local cluster and its checkpoint store
+export KUBECONFIG=$KUBECONFIG
+export PATH=$(dirname "$(command -v kubectl)"):$(dirname "$AGENTRUN_BIN"):\$PATH
+export AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL
+export AWS_ACCESS_KEY_ID=$AWS_ACCESS_KEY_ID
+export AWS_SECRET_ACCESS_KEY=$AWS_SECRET_ACCESS_KEY
+export AWS_DEFAULT_REGION=$AWS_DEFAULT_REGION
+export AGENTRUN_S3_BUCKET=$AGENTRUN_S3_BUCKET
+export AGENTRUN_CHECKPOINT_URI=$CHECKPOINT_URI
+export AGENTRUN_S3_ENDPOINT=$AWS_ENDPOINT_URL
+export AGENTRUN_S3_PATH_STYLE=true
+export AGENTRUN_TOOL_SERVER=$TOOL_URL
+export AGENTRUN_METRICS_URL=http://127.0.0.1:$METRICS_PORT/metrics
+EOF
+
+# ---------------------------------------------------------------- the example run
+say "kubectl apply -f $EXAMPLE   (tool URLs pointed at $TOOL_URL)"
+sed "s#http://127.0.0.1:8765/#$TOOL_URL/#g" "$EXAMPLE" > "$DEV_DIR/invoice-run.yaml"
+kubectl apply -f "$DEV_DIR/invoice-run.yaml"
+
+phase() { kubectl get agentrun "$RUN" -o jsonpath='{.status.phase}' 2>/dev/null || true; }
+lap() { kubectl get agentrun "$RUN" -o jsonpath='{.status.lap}' 2>/dev/null || true; }
+wait_phase() {  # $1 timeout seconds, then the phases to wait for; prints each new lap
+  local timeout=$1 end last="" p l; shift
+  end=$(( $(date +%s) + timeout ))
+  while :; do
+    p=$(phase); l=$(lap)
+    [ "$p $l" = "$last" ] || { echo "  $RUN: ${p:-Pending} lap ${l:-0}"; last="$p $l"; }
+    for want in "$@"; do [ "$p" = "$want" ] && return 0; done
+    case "$p" in Failed|BudgetExceeded)
+      kubectl get agentrun "$RUN" -o wide; echo "the run ended $p; see $SHOW_DIR/operator.log" >&2; return 1 ;;
+    esac
+    [ "$(date +%s)" -lt "$end" ] || { echo "timed out waiting for $RUN to reach $*" >&2; kubectl get agentrun "$RUN" -o wide; return 1; }
+    alive "$DEV_DIR/operator.pid" || { tail -20 "$DEV_DIR/operator.log"; echo "the operator died" >&2; return 1; }
+    sleep 0.5
+  done
+}
+say "waiting for the run to ask for approval (8 laps: fetch the batch, book 6 invoices, ask to pay)"
+wait_phase 300 AwaitingApproval Succeeded
 kubectl get agentruns
 
-if [ "${DEV_APPROVE:-auto}" = manual ]; then
-  say "waiting for you:  source $DEV_DIR/dev.env; kubectl annotate agentrun $RUN approved=true"
-  exit 0
+trace_cmd="agentrun trace $RUN"
+if [ "$MODE" = auto ]; then
+  if [ "$(phase)" = AwaitingApproval ]; then
+    say "DEV_APPROVE=auto: kubectl annotate agentrun $RUN approved=true"
+    kubectl annotate agentrun "$RUN" approved=true agentrun.dev/reason="make dev (DEV_APPROVE=auto)"
+  fi
+  wait_phase 300 Succeeded
+  kubectl get agentruns
+  say "$trace_cmd"
+  # shellcheck disable=SC1091
+  if ! (source "$DEV_DIR/dev.env" && agentrun trace "$RUN"); then  # TODO(drop once `agentrun trace RUN` is on main)
+    uid=$(kubectl get agentrun "$RUN" -o jsonpath='{.metadata.uid}')
+    agentrun trace --uri "$CHECKPOINT_URI" --endpoint "$AWS_ENDPOINT_URL" --path-style \
+      --namespace default --name "$RUN" --uid "$uid"
+  fi
+  say "the tool server's record: each side effect once"
+  "$PY" examples/tool_server.py --show --url "$TOOL_URL"
 fi
-say "kubectl annotate agentrun $RUN approved=true"
-kubectl annotate agentrun "$RUN" approved=true agentrun.dev/reason="make dev demo"
-kubectl wait --for=jsonpath='{.status.phase}'=Succeeded "agentrun/$RUN" --timeout=300s
-kubectl get agentruns
-say "per-lap trace from the checkpoint store"
-uid=$(kubectl get agentrun "$RUN" -o jsonpath='{.metadata.uid}')
-agentrun trace --uri "s3://$AGENTRUN_S3_BUCKET/dev" --endpoint "$AWS_ENDPOINT_URL" --path-style \
-  --namespace default --name "$RUN" --uid "$uid" || true
-say "done. Use the cluster:  source $DEV_DIR/dev.env     Stop everything:  make dev-down"
+
+step() { printf '  %-60s # %s\n' "$1" "$2"; }
+printf '\n\033[1m== Next: type these in your shell\033[0m\n'
+step "source $SHOW_DIR/dev.env" "kubectl and agentrun now use the local cluster and store"
+step "kubectl get agentruns -w" "watch the run (Ctrl-C to stop watching)"
+if [ "$(phase)" = AwaitingApproval ]; then
+  step "agentrun approvals" "the queue: owner, age, deadline, the call awaiting you"
+  step "agentrun approve $RUN --reason \"matches the PO batch\"" "approve (agentrun reject $RUN --reason ... to refuse)"
+  step "kubectl annotate agentrun $RUN approved=true" "... or the same decision by hand"
+else
+  echo "  ($RUN is $(phase); to run it again: kubectl delete agentrun $RUN, then make dev)"
+fi
+step "$trace_cmd" "what each lap did, read from the checkpoint store"
+step "python3 examples/tool_server.py --show" "every side effect with its idempotency key, repeats refused"
+step "$( [ "$SHOW_DIR" = .localkube ] || printf 'LOCALKUBE_DIR=%s ' "$SHOW_DIR")make dev-down" "stop everything"
+echo "tool server: $TOOL_URL   metrics: http://127.0.0.1:$METRICS_PORT/metrics   logs: $SHOW_DIR/*.log"
