@@ -67,7 +67,7 @@ def test_agentrun_trace_reports_store_errors_without_a_traceback(s3_bucket: Any,
             "--namespace", RUN.namespace, "--name", RUN.name, "--uid", RUN.uid]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1
-    assert f"Error: checkpoint {key}: sha256" in result.output
+    assert f"checkpoint {key}: sha256" in result.output and result.output.startswith("agentrun: ")
     assert "Traceback" not in result.output
 
 

@@ -12,7 +12,6 @@ AgentRun dicts and ``now``; the Kubernetes I/O lives in ``_api`` and the click c
 from __future__ import annotations
 
 import json
-import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,11 +19,20 @@ import click
 
 from agentrun.api.crdgen import GROUP, PLURAL, VERSION
 from agentrun.api.types import parse_time
+from agentrun.cli.kube import (
+    CLIError,
+    api_error,
+    check_namespace_flags,
+    connect,
+    current_options,
+    get_run,
+    kube_options,
+    list_runs,
+)
 from agentrun.controller.decide import ANN_APPROVED, ANN_REASON
 
 AWAITING = "AwaitingApproval"
 COLUMNS = ("NAMESPACE", "NAME", "OWNER", "TOOL", "LAP", "AGE", "DEADLINE", "ON-TIMEOUT")
-_SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 # ------------------------------------------------------------------------------- pure formatting
@@ -151,36 +159,8 @@ def decision_patch(approve: bool, reason: str | None, resource_version: str | No
 # ------------------------------------------------------------------------------------------ I/O
 
 def _api() -> tuple[Any, str]:
-    """A CustomObjectsApi (kubeconfig first, in-cluster fallback) and the default namespace."""
-    from kubernetes import client, config
-
-    namespace = "default"
-    try:
-        config.load_kube_config()
-        try:
-            _, active = config.list_kube_config_contexts()
-            namespace = (active or {}).get("context", {}).get("namespace") or "default"
-        except config.ConfigException:
-            pass
-    except config.ConfigException:
-        try:
-            config.load_incluster_config()
-        except config.ConfigException as e:
-            raise click.ClickException(f"no Kubernetes configuration (kubeconfig or in-cluster): {e}") from None
-        try:
-            with open(_SA_NAMESPACE_FILE) as fh:
-                namespace = fh.read().strip() or "default"
-        except OSError:
-            pass
-    return client.CustomObjectsApi(), namespace
-
-
-def _api_error(e: Exception, what: str) -> click.ClickException:
-    status = getattr(e, "status", None)
-    if status == 404:
-        return click.ClickException(f"{what}: not found")
-    reason = getattr(e, "reason", None) or str(e)
-    return click.ClickException(f"{what}: {status or ''} {reason}".strip())
+    """A CustomObjectsApi and the default namespace, from the command's kubectl-like flags."""
+    return connect()
 
 
 def _now() -> datetime:
@@ -188,38 +168,39 @@ def _now() -> datetime:
 
 
 def _get_run(api: Any, ns: str, name: str) -> dict:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        return api.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-    except ApiException as e:
-        raise _api_error(e, f"agentrun {ns}/{name}") from None
+    return get_run(api, ns, name)
 
 
-@click.group("approvals")
-def approvals_command() -> None:
-    """The approval queue: list, show, approve and reject runs waiting for a human decision."""
+@click.group("approvals", invoke_without_command=True)
+@kube_options(all_namespaces=True)
+@click.option("--owner", default=None, help="Only runs waiting on this owner.")
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.pass_context
+def approvals_command(ctx: click.Context, owner: str | None, output: str) -> None:
+    """The approval queue: list, show, approve and reject runs waiting for a human decision.
+
+    Without a subcommand, lists the queue of every namespace (or of -n NAMESPACE): the runs in
+    phase AwaitingApproval with owner, tool, lap, age, deadline and onTimeout, oldest first."""
+    if ctx.invoked_subcommand is None:
+        opts = current_options()
+        _list(owner, output, all_namespaces=opts.all_namespaces or not opts.namespace)
 
 
 @approvals_command.command("list")
-@click.option("-n", "--namespace", default=None, help="Namespace (default: the kubeconfig context's).")
-@click.option("-A", "--all-namespaces", is_flag=True, help="Runs of every namespace.")
+@kube_options(all_namespaces=True)
 @click.option("--owner", default=None, help="Only runs waiting on this owner.")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def list_command(namespace: str | None, all_namespaces: bool, owner: str | None, output: str) -> None:
-    """Runs in phase AwaitingApproval, oldest request first."""
-    from kubernetes.client.exceptions import ApiException
+def list_command(owner: str | None, output: str) -> None:
+    """Runs in phase AwaitingApproval, oldest request first (default: the context's namespace)."""
+    _list(owner, output, all_namespaces=current_options().all_namespaces)
 
-    if namespace and all_namespaces:
-        raise click.UsageError("-n/--namespace and -A/--all-namespaces are exclusive")
+
+def _list(owner: str | None, output: str, all_namespaces: bool) -> None:
+    opts = current_options()
+    check_namespace_flags(opts)
+    namespace = opts.namespace
     api, default_ns = _api()
-    try:
-        if all_namespaces:
-            items = api.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
-        else:
-            items = api.list_namespaced_custom_object(GROUP, VERSION, namespace or default_ns, PLURAL)["items"]
-    except ApiException as e:
-        raise _api_error(e, "list agentruns") from None
+    items = list_runs(api, None if all_namespaces else (namespace or default_ns))
     rows = queue_rows(items, _now(), owner=owner)
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
@@ -233,27 +214,26 @@ def list_command(namespace: str | None, all_namespaces: bool, owner: str | None,
 
 @approvals_command.command("show")
 @click.argument("name")
-@click.option("-n", "--namespace", default=None, help="Namespace (default: the kubeconfig context's).")
-def show_command(name: str, namespace: str | None) -> None:
+@kube_options()
+def show_command(name: str) -> None:
     """The pending call of a run: its arguments (JSON) and the deadline."""
     api, default_ns = _api()
-    run = _get_run(api, namespace or default_ns, name)
+    run = _get_run(api, current_options().namespace or default_ns, name)
     click.echo(show_text(run, _now()))
 
 
-def _decide(name: str, namespace: str | None, reason: str | None, approve: bool) -> None:
+def _decide(name: str, reason: str | None, approve: bool) -> None:
     from kubernetes.client.exceptions import ApiException
 
     api, default_ns = _api()
-    ns = namespace or default_ns
+    ns = current_options().namespace or default_ns
     run = _get_run(api, ns, name)
     st = run.get("status") or {}
     phase = st.get("phase") or "Pending"
     verb = "approve" if approve else "reject"
     if phase != AWAITING:
-        click.echo(f"error: agentrun {ns}/{name} is not awaiting approval (phase {phase}); "
-                   f"nothing to {verb}. A decision is never queued in advance.", err=True)
-        sys.exit(1)
+        raise CLIError(f"agentrun {ns}/{name} is not awaiting approval (phase {phase}); "
+                       f"nothing to {verb}. A decision is never queued in advance.")
     ap = st.get("approval") or {}
     deadline = parse_time(ap.get("deadline"))
     if deadline is not None and deadline <= _now():
@@ -265,10 +245,11 @@ def _decide(name: str, namespace: str | None, reason: str | None, approve: bool)
         api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, body)
     except ApiException as e:
         if e.status == 409:
-            click.echo(f"error: agentrun {ns}/{name} changed while deciding; run `agentrun approvals show "
-                       f"{name} -n {ns}` and try again.", err=True)
-            sys.exit(1)
-        raise _api_error(e, f"patch agentrun {ns}/{name}") from None
+            raise CLIError(f"agentrun {ns}/{name} changed while deciding; run `agentrun approvals show "
+                           f"{name} -n {ns}` and try again.") from None
+        raise api_error(e, f'patch agentrun "{name}" in namespace "{ns}"') from None
+    except Exception as e:
+        raise CLIError(f"cannot patch agentrun {ns}/{name}: {e}") from None
     annotations = " ".join(f"{k}={json.dumps(v) if ' ' in v else v}"
                            for k, v in body["metadata"]["annotations"].items())
     click.echo(f"agentrun {ns}/{name}: {'approved' if approve else 'rejected'} call {ap.get('callId', '?')} of tool {ap.get('tool', '?')} "
@@ -277,17 +258,43 @@ def _decide(name: str, namespace: str | None, reason: str | None, approve: bool)
 
 @approvals_command.command("approve")
 @click.argument("name")
-@click.option("-n", "--namespace", default=None, help="Namespace (default: the kubeconfig context's).")
+@kube_options()
 @click.option("--reason", default=None, help="Reason recorded with the decision (agentrun.dev/reason).")
-def approve_command(name: str, namespace: str | None, reason: str | None) -> None:
+def approve_command(name: str, reason: str | None) -> None:
     """Approve the pending call of a waiting run (annotation approved=true)."""
-    _decide(name, namespace, reason, approve=True)
+    _decide(name, reason, approve=True)
 
 
 @approvals_command.command("reject")
 @click.argument("name")
-@click.option("-n", "--namespace", default=None, help="Namespace (default: the kubeconfig context's).")
+@kube_options()
 @click.option("--reason", default=None, help="Reason recorded with the decision (agentrun.dev/reason).")
-def reject_command(name: str, namespace: str | None, reason: str | None) -> None:
+def reject_command(name: str, reason: str | None) -> None:
     """Reject the pending call of a waiting run (annotation approved=false)."""
-    _decide(name, namespace, reason, approve=False)
+    _decide(name, reason, approve=False)
+
+
+# The top-level verbs: `agentrun approve RUN [--reason]`, `agentrun reject RUN --reason`.
+
+@click.command("approve")
+@click.argument("run")
+@kube_options()
+@click.option("--reason", default=None, help="Reason recorded with the decision (agentrun.dev/reason).")
+def approve_run_command(run: str, reason: str | None) -> None:
+    """Approve the pending tool call of RUN: sets the annotations `approved=true` (and
+    `agentrun.dev/reason`), exactly what `kubectl annotate agentrun RUN approved=true` sets.
+    Refused unless RUN is in phase AwaitingApproval."""
+    _decide(run, reason, approve=True)
+
+
+@click.command("reject")
+@click.argument("run")
+@kube_options()
+@click.option("--reason", required=True, help="Why the call is rejected (required; agentrun.dev/reason).")
+def reject_run_command(run: str, reason: str) -> None:
+    """Reject the pending tool call of RUN: sets `approved=false` and `agentrun.dev/reason`. The
+    agent gets the rejection as the tool's result and the run continues. Refused unless RUN is in
+    phase AwaitingApproval."""
+    if not reason.strip():
+        raise click.BadParameter("must not be empty", param_hint="--reason")
+    _decide(run, reason, approve=False)

@@ -12,8 +12,12 @@ SUBCOMMANDS = {
     "lap": "agentrun.lap.cli:lap_command",
     "operator": "agentrun.controller.cli:operator_command",
     "crd": "agentrun.api.crdgen:crd_command",
-    "trace": "agentrun.checkpoint.cli:trace_command",
+    "trace": "agentrun.cli.trace:trace_command",
     "approvals": "agentrun.cli.approvals:approvals_command",
+    "approve": "agentrun.cli.approvals:approve_run_command",
+    "reject": "agentrun.cli.approvals:reject_run_command",
+    "runs": "agentrun.cli.runs:runs_command",
+    "fork": "agentrun.cli.fork:fork_command",
 }
 
 
@@ -27,6 +31,33 @@ class LazyGroup(click.Group):
             return None
         module, attr = target.split(":")
         return getattr(importlib.import_module(module), attr)
+
+    def invoke(self, ctx: click.Context) -> object:
+        """Errors are one line (``agentrun: ...``), never a traceback: an API server that cannot be
+        reached surfaces as a urllib3/socket error from deep in the client."""
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            if ctx.invoked_subcommand in ("lap", "operator"):  # their own exit-code contracts
+                raise
+            from agentrun.cli.kube import CLIError, unreachable
+
+            if _is_network_error(e):
+                raise unreachable(e) from None
+            raise CLIError(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+
+
+def _is_network_error(e: BaseException) -> bool:
+    import socket
+
+    try:
+        import urllib3.exceptions as u3
+        network: tuple[type[BaseException], ...] = (u3.HTTPError, socket.error, ConnectionError)
+    except ImportError:  # pragma: no cover
+        network = (socket.error, ConnectionError)
+    return isinstance(e, network)
 
 
 @click.group(cls=LazyGroup)

@@ -1,0 +1,85 @@
+"""``agentrun runs``: the runs of a namespace (or all) with phase, lap, time since the last
+checkpoint, cost and who they wait on. ``run_rows`` / ``format_runs`` are pure."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import click
+import yaml
+
+from agentrun.api.types import parse_time
+from agentrun.cli.approvals import _now, human_duration
+from agentrun.cli.kube import check_namespace_flags, connect, current_options, kube_options, list_runs
+
+COLUMNS = ("NAME", "PHASE", "LAP", "SINCE-CHECKPOINT", "COST", "WAITING-ON")
+
+
+def run_rows(runs: list[dict], now: datetime) -> list[dict]:
+    """One row per run, by namespace then name. ``now`` must be timezone-aware."""
+    rows = []
+    for run in runs:
+        meta = run.get("metadata") or {}
+        st = run.get("status") or {}
+        last = parse_time(st.get("lastCheckpointTime"))
+        fork = (run.get("spec") or {}).get("forkFrom")
+        rows.append({
+            "namespace": meta.get("namespace", ""),
+            "name": meta.get("name", ""),
+            "phase": st.get("phase") or "Pending",
+            "lap": int(st.get("lap") or 0),
+            "lastCheckpointTime": st.get("lastCheckpointTime"),
+            "secondsSinceCheckpoint": int((now - last).total_seconds()) if last else None,
+            "costUSD": (st.get("cost") or {}).get("usd", "0.00"),
+            "waitingOn": st.get("waitingOn"),
+            "agentVersion": st.get("agentVersion"),
+            "forkedFrom": {"name": fork.get("name"), "lap": fork.get("lap")} if fork else None,
+            "message": st.get("message"),
+        })
+    rows.sort(key=lambda r: (r["namespace"], r["name"]))
+    return rows
+
+
+def table_cells(row: dict, with_namespace: bool) -> list[str]:
+    cells = [
+        row["name"], row["phase"], str(row["lap"]),
+        "<none>" if row["secondsSinceCheckpoint"] is None else human_duration(row["secondsSinceCheckpoint"]),
+        "$" + str(row["costUSD"]), row["waitingOn"] or "<none>",
+    ]
+    return ([row["namespace"]] if with_namespace else []) + cells
+
+
+def format_runs(rows: list[dict], with_namespace: bool = False) -> str:
+    """kubectl-like columns, three spaces apart (NAMESPACE first with -A)."""
+    header = (["NAMESPACE"] if with_namespace else []) + list(COLUMNS)
+    lines = [header] + [table_cells(r, with_namespace) for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def render(rows: list[dict], output: str, with_namespace: bool) -> str:
+    if output == "json":
+        return json.dumps(rows, indent=2)
+    if output == "yaml":
+        return yaml.safe_dump(rows, sort_keys=False).rstrip("\n")
+    return format_runs(rows, with_namespace)
+
+
+@click.command("runs")
+@kube_options(all_namespaces=True)
+@click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table", show_default=True,
+              help="table, or a JSON/YAML list of rows.")
+def runs_command(output: str) -> None:
+    """List AgentRuns: NAME, PHASE, LAP (last checkpointed), SINCE-CHECKPOINT (time since the last
+    checkpoint was written), COST (USD so far) and WAITING-ON (owner of a pending approval)."""
+    opts = current_options()
+    check_namespace_flags(opts)
+    api, ns = connect(opts)
+    items = list_runs(api, None if opts.all_namespaces else ns)
+    rows = run_rows(items, _now())
+    if not rows and output == "table":
+        where = "any namespace" if opts.all_namespaces else f"namespace {ns}"
+        click.echo(f"No agentruns in {where}.", err=True)
+        return
+    click.echo(render(rows, output, opts.all_namespaces))

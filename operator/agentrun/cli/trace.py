@@ -1,0 +1,348 @@
+"""``agentrun trace RUN``: the per-lap trace of a run, read from its checkpoint store.
+
+The run's UID and the store's location are found in the cluster; flags and the environment
+override them (for each of uri, endpoint, region, path style, the first that is set wins):
+
+1. the flags ``--uri``, ``--endpoint``, ``--region``, ``--path-style``;
+2. the environment ``AGENTRUN_CHECKPOINT_URI``, ``AGENTRUN_S3_ENDPOINT``, ``AGENTRUN_S3_REGION``,
+   ``AGENTRUN_S3_PATH_STYLE`` (the lap Job's variables);
+3. the AgentRun's ``spec.checkpoint`` (uri, endpoint, region, pathStyle);
+4. the AgentRun's ``status.checkpoint``: the operator records the full ``s3://`` URI of the last
+   checkpoint object (the store prefix is what precedes ``<ns>/<name>/<uid>/``) and the endpoint,
+   region and path style it reads the store with (its defaults, e.g. the Helm values).
+
+Credentials come from the standard AWS chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``,
+``AWS_PROFILE``, ...), as for every S3 client. With ``--uid`` and a URI (flag or environment) the
+cluster is not asked at all.
+
+Output: ``-o text`` (default) is a table per lap with the messages, tool calls (arguments,
+idempotency key, status, result) and approvals under it; ``-o json`` is ONE JSON document
+``{"run", "store", "forkedFrom", "laps": [LapRecord...], "totals"}``; with ``--follow``, JSON
+lines: one ``LapRecord`` object per line as laps are written, then one ``{"kind": "End", ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+from agentrun.api.status import TERMINAL_PHASES
+from agentrun.checkpoint.errors import CheckpointError, CheckpointNotFound
+from agentrun.checkpoint.schema import LapRecord, RunRef
+from agentrun.checkpoint.trace import format_lap, format_trace
+from agentrun.cli.kube import CLIError, connect, current_options, get_run, kube_options, load_config
+
+_OBJECT_URI = re.compile(r"^s3://(?P<bucket>[^/]+)/(?P<key>.+)$")
+_TRUE = ("true", "1", "yes")
+
+
+# ------------------------------------------------------------------------------------ pure parts
+
+def store_prefix_from_status(object_uri: str, namespace: str, name: str, uid: str) -> str | None:
+    """``s3://bucket/PREFIX`` from the URI of a checkpoint object of the run
+    (``s3://bucket/PREFIX/<ns>/<name>/<uid>/laps/00000003.json``), or None if it is not one."""
+    m = _OBJECT_URI.match(object_uri or "")
+    if not m:
+        return None
+    marker = f"{namespace}/{name}/{uid}/"
+    key = m["key"]
+    at = key.find(marker)
+    if at < 0 or (at > 0 and key[at - 1] != "/"):
+        return None
+    prefix = key[:at].rstrip("/")
+    return f"s3://{m['bucket']}" + (f"/{prefix}" if prefix else "")
+
+
+def resolve_store(flags: Mapping[str, Any], env: Mapping[str, str], run: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The store location: ``{"uri", "endpoint", "region", "pathStyle", "from": {field: source}}``.
+    Sources in order: flags, environment, spec.checkpoint, status.checkpoint. ``uri`` may be None
+    (nothing names the store); the caller says so."""
+    meta = (run or {}).get("metadata") or {}
+    spec_ck = ((run or {}).get("spec") or {}).get("checkpoint") or {}
+    st_ck = ((run or {}).get("status") or {}).get("checkpoint") or {}
+    st_uri = None
+    if st_ck.get("uri") and meta:
+        st_uri = store_prefix_from_status(st_ck["uri"], meta.get("namespace", ""), meta.get("name", ""),
+                                          meta.get("uid", ""))
+    env_ps = env.get("AGENTRUN_S3_PATH_STYLE", "").strip().lower()
+    candidates: dict[str, list[tuple[str, Any]]] = {
+        "uri": [("flag --uri", flags.get("uri")), ("AGENTRUN_CHECKPOINT_URI", env.get("AGENTRUN_CHECKPOINT_URI")),
+                ("spec.checkpoint.uri", spec_ck.get("uri")), ("status.checkpoint.uri", st_uri)],
+        "endpoint": [("flag --endpoint", flags.get("endpoint")), ("AGENTRUN_S3_ENDPOINT", env.get("AGENTRUN_S3_ENDPOINT")),
+                     ("spec.checkpoint.endpoint", spec_ck.get("endpoint")),
+                     ("status.checkpoint.endpoint", st_ck.get("endpoint"))],
+        "region": [("flag --region", flags.get("region")), ("AGENTRUN_S3_REGION", env.get("AGENTRUN_S3_REGION")),
+                   ("spec.checkpoint.region", spec_ck.get("region")), ("status.checkpoint.region", st_ck.get("region"))],
+        "pathStyle": [("flag --path-style", flags.get("path_style")),
+                      ("AGENTRUN_S3_PATH_STYLE", (env_ps in _TRUE) if env_ps else None),
+                      ("spec.checkpoint.pathStyle", spec_ck.get("pathStyle")),
+                      ("status.checkpoint.pathStyle", st_ck.get("pathStyle"))],
+    }
+    out: dict[str, Any] = {"uri": None, "endpoint": None, "region": None, "pathStyle": False, "from": {}}
+    for field, options in candidates.items():
+        for source, value in options:
+            if value not in (None, ""):
+                out[field] = value
+                out["from"][field] = source
+                break
+    return out
+
+
+def lap_doc(record: LapRecord, key: str | None = None, sha256: str | None = None) -> dict[str, Any]:
+    """A lap as JSON: the stored LapRecord (camelCase, as in the store) plus its key and sha256."""
+    doc = record.to_api()
+    if key:
+        doc["key"] = key
+    if sha256:
+        doc["sha256"] = sha256
+    return doc
+
+
+def trace_doc(run: RunRef, store: Mapping[str, Any], forked_from: Mapping[str, Any] | None,
+              laps: list[tuple[LapRecord, Any]]) -> dict[str, Any]:
+    """The one JSON document of ``agentrun trace -o json``."""
+    last = laps[-1][0] if laps else None
+    return {
+        "run": run.to_api(),
+        "store": {k: store[k] for k in ("uri", "endpoint", "region", "pathStyle")},
+        "forkedFrom": dict(forked_from) if forked_from else None,
+        "laps": [lap_doc(r, getattr(o, "key", None), getattr(o, "sha256", None)) for r, o in laps],
+        "totals": last.totals.to_api() if last else None,
+    }
+
+
+def _one_line(text: str | None, limit: int) -> str:
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def detail_lines(record: LapRecord, width: int = 120) -> list[str]:
+    """Everything a lap did, under its summary row: messages (role, text, tool calls), each tool
+    call with its arguments, idempotency key, status, HTTP status and result, and the timings."""
+    ind = " " * 8
+    room = max(20, width - len(ind) - 4)
+    lines = []
+    for m in record.messages:
+        if m.role == "assistant" and m.content:
+            continue  # already under the summary row
+        text = m.content or ""
+        if m.tool_calls:
+            text = (text + " " if text else "") + "calls " + ", ".join(f"{c.name}#{c.id}" for c in m.tool_calls)
+        who = m.role + (f"[{m.tool_call_id}]" if m.tool_call_id else "")
+        lines.append(f"{ind}{who}: " + _one_line(text, room - len(who)))
+    for c in record.tool_calls:
+        http = f" http {c.http_status}" if c.http_status is not None else ""
+        replay = " replayed" if c.replayed else ""
+        lines.append(f"{ind}tool {c.tool} call {c.call_id}: {c.status}{http}{replay}  key {c.idempotency_key}")
+        lines.append(f"{ind}  args {_one_line(json.dumps(c.arguments, sort_keys=True), room - 7)}")
+        if c.result is not None:
+            lines.append(f"{ind}  result {_one_line(c.result, room - 9)}")
+    t = record.timings
+    lines.append(f"{ind}tokens {record.usage.input_tokens} in / {record.usage.output_tokens} out, cost "
+                 f"{record.cost_usd} USD, model {t.model_seconds:.2f}s, tools {t.tools_seconds:.2f}s, "
+                 f"{t.started_at.isoformat()} .. {t.finished_at.isoformat()}")
+    return lines
+
+
+def text_lap(record: LapRecord, width: int) -> list[str]:
+    return format_lap(record, width) + detail_lines(record, width)
+
+
+# ------------------------------------------------------------------------------------------ I/O
+
+def _first_line(error: Exception) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(error, ValidationError):
+        err = error.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "input"
+        return f"{field}: {err['msg']}"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def open_store(where: Mapping[str, Any]) -> Any:
+    from agentrun.checkpoint.store import CheckpointStore, StoreConfig
+
+    try:
+        return CheckpointStore(StoreConfig(uri=where["uri"], endpoint_url=where["endpoint"] or None,
+                                           region=where["region"] or None, path_style=bool(where["pathStyle"])))
+    except CheckpointError as e:
+        raise CLIError(str(e)) from None
+    except ValueError as e:  # bad URI / endpoint
+        raise CLIError(_first_line(e)) from None
+
+
+def store_error(e: CheckpointError, where: Mapping[str, Any]) -> CLIError:
+    at = where.get("endpoint") or "AWS"
+    return CLIError(f"checkpoint store {where.get('uri')} at {at}: {_first_line(e)}")
+
+
+@click.command("trace")
+@click.argument("run", required=False)
+@kube_options()
+@click.option("--name", "name_opt", default=None, hidden=True, help="Same as RUN (older form).")
+@click.option("--uid", default=None, help="UID of the run (default: read from the cluster).")
+@click.option("--lap", type=click.IntRange(min=1), default=None, help="Only this lap.")
+@click.option("--from-lap", type=click.IntRange(min=1), default=1, show_default=True, help="First lap to print.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new laps until the run ends.")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="text, or JSON (one document; JSON lines with --follow).")
+@click.option("--uri", default=None, help="Store s3://bucket/prefix (default: env, spec, status).")
+@click.option("--endpoint", default=None, help="S3 endpoint URL (default: env, spec, status; else AWS).")
+@click.option("--region", default=None, help="S3 region.")
+@click.option("--path-style/--no-path-style", default=None, help="Path-style addressing (MinIO, moto).")
+@click.option("--width", type=click.IntRange(min=40), default=120, show_default=True)
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              help="Seconds between polls with --follow.")
+def trace_command(run: str | None, name_opt: str | None, uid: str | None, lap: int | None, from_lap: int,
+                  follow: bool, output: str, uri: str | None, endpoint: str | None, region: str | None,
+                  path_style: bool | None, width: int, interval: float) -> None:
+    """Print the per-lap trace of RUN from its checkpoint store: each lap's outcome, messages, tool
+    calls with arguments, results and idempotency keys, tokens, cost and timings; for a fork, where
+    it was forked from. The store is found from the cluster (see docs/cli.md); flags and the
+    AGENTRUN_CHECKPOINT_URI / AGENTRUN_S3_* variables override it."""
+    name = run or name_opt
+    if not name:
+        raise click.UsageError("RUN is required")
+    if run and name_opt and run != name_opt:
+        raise click.UsageError("RUN and --name differ")
+    flags = {"uri": uri, "endpoint": endpoint, "region": region, "path_style": path_style}
+    opts = current_options()
+    env = os.environ
+    body: dict[str, Any] | None = None
+    api = None
+    if uid and (uri or env.get("AGENTRUN_CHECKPOINT_URI")):
+        namespace = opts.namespace or _namespace_quietly()
+    else:
+        api, namespace = connect(opts)
+        body = get_run(api, namespace, name)
+        uid = uid or body["metadata"]["uid"]
+    where = resolve_store(flags, env, body)
+    if not where["uri"]:
+        raise CLIError(f'no checkpoint store known for agentrun "{name}" in namespace "{namespace}": it has no '
+                       "checkpoint yet and no spec.checkpoint.uri; pass --uri or set AGENTRUN_CHECKPOINT_URI")
+    try:
+        ref = RunRef(namespace=namespace, name=name, uid=uid or "")
+    except ValueError as e:
+        raise CLIError(_first_line(e)) from None
+    store = open_store(where)
+    try:
+        store.run_prefix(ref)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    fork = ((body or {}).get("spec") or {}).get("forkFrom")
+    start = lap or from_lap
+    try:
+        forked_from = _provenance(store, ref, fork)
+        if lap is not None and not follow:
+            try:
+                rec, obj = store.get_lap(ref, lap)
+            except CheckpointNotFound:
+                raise CLIError(_no_lap(name, lap, fork)) from None
+            laps = [(rec, obj)]
+        elif follow:
+            _follow(store, ref, api, namespace, name, start, lap, output, width, interval, forked_from)
+            return
+        else:
+            laps = list(store.iter_laps(ref, start=start))
+    except CheckpointError as e:
+        raise store_error(e, where) from None
+    if output == "json":
+        click.echo(json.dumps(trace_doc(ref, where, forked_from, laps), indent=2))
+        return
+    click.echo(_heading(ref, store, forked_from), nl=False)
+    click.echo(_text(laps, width), nl=False)
+
+
+def _text(laps: list[tuple[LapRecord, Any]], width: int) -> str:
+    # format_trace's table, with the detail lines under each lap
+    head, *_ = format_trace([], width=width).splitlines()
+    lines = [head]
+    for record, _obj in laps:
+        lines += text_lap(record, width)
+    if not laps:
+        lines.append("(no laps)")
+    else:
+        t = laps[-1][0].totals
+        lines.append(f"totals through lap {laps[-1][0].lap}: {t.laps} laps, {t.input_tokens}/{t.output_tokens} "
+                     f"tokens, {t.cost_usd} USD")
+    return "\n".join(lines) + "\n"
+
+
+def _heading(ref: RunRef, store: Any, forked_from: Mapping[str, Any] | None) -> str:
+    out = f"agentrun {ref.namespace}/{ref.name} (uid {ref.uid}) at s3://{store.config.bucket}/{store.run_prefix(ref)}\n"
+    if forked_from:
+        src = forked_from["run"]
+        out += (f"forked from {src['namespace']}/{src['name']} (uid {src['uid']}) at lap {forked_from['lap']} "
+                f"(sha256 {forked_from.get('sha256') or '?'}); laps 1..{forked_from['lap']} are in "
+                f"`agentrun trace {src['name']}`\n")
+    return out
+
+
+def _provenance(store: Any, ref: RunRef, fork: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not fork or not fork.get("lap"):
+        return None
+    try:
+        state, _ = store.get_snapshot(ref, int(fork["lap"]))
+    except CheckpointNotFound:  # not forked yet: say what the spec asks for
+        return {"run": {"namespace": ref.namespace, "name": fork.get("name"), "uid": fork.get("uid")},
+                "lap": fork.get("lap"), "sha256": None}
+    return state.forked_from.to_api() if state.forked_from else None
+
+
+def _no_lap(name: str, lap: int, fork: Mapping[str, Any] | None) -> str:
+    msg = f'lap {lap} of agentrun "{name}" was never checkpointed'
+    if fork and lap <= int(fork.get("lap") or 0):
+        msg += f" (it is a fork from lap {fork['lap']} of {fork.get('name')}: see `agentrun trace {fork.get('name')}`)"
+    return msg
+
+
+def _namespace_quietly() -> str:
+    try:
+        return load_config(current_options())
+    except CLIError:
+        return "default"
+
+
+def _follow(store: Any, ref: RunRef, api: Any, namespace: str, name: str, start: int, only: int | None,
+            output: str, width: int, interval: float, forked_from: Mapping[str, Any] | None) -> None:
+    """Print laps as they are written until the run is terminal (the CR's phase, or without a
+    cluster the last lap's outcome done/failed). JSON lines with -o json."""
+    if output == "text":
+        click.echo(_heading(ref, store, forked_from) + format_trace([], width=width).splitlines()[0])
+    next_lap, phase, last = start, None, None
+    while True:
+        for record, obj in store.iter_laps(ref, start=next_lap):
+            if only is None or record.lap == only:
+                if output == "json":
+                    click.echo(json.dumps(lap_doc(record, obj.key, obj.sha256), separators=(",", ":")))
+                else:
+                    click.echo("\n".join(text_lap(record, width)))
+            next_lap, last = record.lap + 1, record
+        if only is not None and next_lap > only:
+            break
+        if api is not None:
+            st = (get_run(api, namespace, name).get("status") or {})
+            new_phase = st.get("phase") or "Pending"
+            if new_phase != phase and output == "text":
+                click.echo(f"-- phase {new_phase}: {st.get('message') or ''}".rstrip(": "))
+            phase = new_phase
+            if phase in TERMINAL_PHASES and int(st.get("lap") or 0) < next_lap:
+                break
+        elif last is not None and last.outcome.type in ("done", "failed"):
+            break
+        time.sleep(interval)
+    if output == "json":
+        end = {"kind": "End", "phase": phase, "lastLap": last.lap if last else None,
+               "totals": last.totals.to_api() if last else None}
+        click.echo(json.dumps(end, separators=(",", ":")))
+    elif last is not None:
+        t = last.totals
+        click.echo(f"totals through lap {last.lap}: {t.laps} laps, {t.input_tokens}/{t.output_tokens} tokens, "
+                   f"{t.cost_usd} USD")
