@@ -10,6 +10,7 @@ help:
 	@echo "make dev       - local control plane + S3 + operator + an example run"
 	@echo "make lint      - ruff (run by make test)"
 	@echo "make crds      - regenerate crds/ from the pydantic models"
+	@echo "make bench     - run every benchmark, write bench/results.md and plots (not a test)"
 
 install:
 	$(PYTHON) -m pip install -q -e '.[test]'
