@@ -108,6 +108,11 @@ class Controller:
             kconfig.load_incluster_config()
         except kconfig.ConfigException:
             kconfig.load_kube_config()
+        from kubernetes import client
+
+        # One API client, one connection pool, for every call of this process: an API object
+        # created without one builds its own client, i.e. a new TLS connection per call.
+        client.ApiClient.set_default(client.ApiClient())
         cfg = self.config
         if self.elector is None:
             self.elector = LeaseElector(cfg.lease_name, cfg.lease_namespace, cfg.identity,
@@ -188,6 +193,8 @@ class Controller:
         try:
             while True:
                 self._dirty.discard(key)
+                if not self.is_leader:  # a standby does nothing, and counts no reconcile
+                    break
                 started = time.monotonic()
                 result = "success"
                 try:
@@ -281,7 +288,7 @@ class Controller:
         from kubernetes import client
 
         batch, core = client.BatchV1Api(), client.CoreV1Api()
-        api_client = client.ApiClient()
+        api_client = client.ApiClient.get_default()
         resp = await asyncio.to_thread(batch.list_namespaced_job, namespace, label_selector=f"{LABEL_RUN_UID}={uid}")
         out = []
         for job_obj in resp.items:

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -51,6 +52,7 @@ class LeaseElector:
         self._renewed_at = 0.0  # monotonic time of our last successful acquire/renew
         self._leader = False
         self.last_tick = time.monotonic()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="lease")
         self.holder: str | None = None  # the other replica holding the Lease, when we wait
         self._standby_logged: str | None = None
 
@@ -125,7 +127,8 @@ class LeaseElector:
             self.last_tick = time.monotonic()
             was = self.is_leader
             try:
-                ok = await asyncio.to_thread(self._try)
+                # its own thread: a renewal never waits behind reconciles in the default executor
+                ok = await asyncio.get_running_loop().run_in_executor(self._executor, self._try)
             except Exception as exc:  # API unavailable: keep trying; is_leader expires on its own
                 log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
                 ok = False
