@@ -90,6 +90,7 @@ def test_spec_checkpoint_overrides_operator_defaults():
     assert env["AGENTRUN_CHECKPOINT_URI"]["value"] == "s3://other/p"
     assert env["AGENTRUN_S3_PATH_STYLE"]["value"] == "false"
     assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "mine"
+    assert env["AGENTRUN_S3_CREDENTIALS_SECRET"] == {"name": "AGENTRUN_S3_CREDENTIALS_SECRET", "value": "mine"}
 
 
 def test_missing_checkpoint_uri_names_the_field():

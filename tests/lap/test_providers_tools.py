@@ -84,7 +84,7 @@ def test_openai_malformed_body_and_unreachable_are_retryable() -> None:
         model = OpenAIModel.from_spec(spec.agent.model, None)
         with pytest.raises(RetryableLapError, match="not JSON"):
             model.complete(_request(spec))
-        with pytest.raises(RetryableLapError, match="malformed response"):
+        with pytest.raises(RetryableLapError, match="not a chat completion: no choices"):
             model.complete(_request(spec))
     with pytest.raises(RetryableLapError, match="unreachable"):
         model.complete(_request(spec))

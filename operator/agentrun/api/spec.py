@@ -146,6 +146,15 @@ class HTTPToolTarget(APIModel):
         description="HTTP method. For GET the arguments are sent as query parameters.",
     )
     timeout: Duration = Field(default="30s", description="Timeout of one call.")
+    max_result_bytes: int = Field(
+        default=16384,
+        ge=1024,
+        le=1048576,
+        description=(
+            "Most bytes of the response body kept as the call's result; the rest is not read and the "
+            "result ends with a truncation marker (bounds memory, checkpoints and the context window)."
+        ),
+    )
     headers_secret_ref: SecretKeyRef | None = Field(
         default=None,
         description=(

@@ -110,6 +110,7 @@ def build_env(
     if secret:
         env.append(_secret_env("AWS_ACCESS_KEY_ID", secret, "AWS_ACCESS_KEY_ID"))
         env.append(_secret_env("AWS_SECRET_ACCESS_KEY", secret, "AWS_SECRET_ACCESS_KEY"))
+        env.append(_value_env("AGENTRUN_S3_CREDENTIALS_SECRET", secret))  # the name, for messages
     ref = spec.agent.model.api_key_secret_ref
     if ref is not None:
         env.append(_secret_env("AGENTRUN_MODEL_API_KEY", ref.name, ref.key))

@@ -12,6 +12,7 @@ from agentrun.checkpoint.errors import (
     CheckpointNotFound,
     CorruptCheckpoint,
     LapAlreadyCheckpointed,
+    StoreConfigError,
     UnsupportedSchemaVersion,
 )
 from agentrun.checkpoint.schema import LapRecord, RunRef
@@ -29,6 +30,22 @@ EXIT_OK = 0
 EXIT_PERMANENT = 2
 EXIT_ALREADY = 3
 EXIT_RETRYABLE = 75
+S3_SECRET_ENV = "AGENTRUN_S3_CREDENTIALS_SECRET"
+"""Name (never the value) of the Secret the S3 credentials come from, for messages; set by the operator."""
+_ACCESS_DENIED = ("(HTTP 403)", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
+                  "ExpiredToken", "no usable credentials")
+
+
+def explain_store_refusal(message: str, env: Mapping[str, str]) -> str | None:
+    """A hint naming where the S3 credentials come from, when the store refused them; else None."""
+    if not any(code in message for code in _ACCESS_DENIED):
+        return None
+    secret = env.get(S3_SECRET_ENV, "")
+    if secret:
+        return (f"the store refused the credentials from Secret {secret!r} (keys AWS_ACCESS_KEY_ID, "
+                "AWS_SECRET_ACCESS_KEY): check the keys and the bucket policy")
+    return ("the store refused the credentials of the lap pod's standard AWS chain (no "
+            "spec.checkpoint.credentialsSecretName / operator S3 Secret is set): check the pod's identity")
 
 
 @dataclass(frozen=True)
@@ -93,6 +110,11 @@ def execute_lap(
         return LapExit(EXIT_ALREADY, msg)
     except (CorruptCheckpoint, UnsupportedSchemaVersion) as e:  # permanent; named for the operator
         code, message, reason = exit_for(e), redact(str(e), log.secrets), "CheckpointUnreadable"
+    except StoreConfigError as e:  # permanent: bucket missing, access denied, no credentials
+        code, message, reason = exit_for(e), redact(str(e), log.secrets), None
+        hint = explain_store_refusal(message, env)
+        if hint:
+            message, reason = f"{message}; {hint}", "StoreAccessDenied"
     except (LapError, CheckpointError) as e:
         code, message, reason = exit_for(e), redact(str(e), log.secrets), None
     except Exception as e:  # an unexpected bug: retryable by the contract (any other exit)

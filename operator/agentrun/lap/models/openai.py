@@ -4,15 +4,28 @@
 ``choices[0].message.tool_calls`` (arguments: a JSON string) and ``usage``. The API key (env
 ``AGENTRUN_MODEL_API_KEY``) goes as ``Authorization: Bearer`` and nowhere else.
 
-Errors: timeout, connection error, 408/409/425/429, 5xx and a malformed body are retryable
-(exit 75); other 4xx are permanent (exit 2). Arguments that are not a JSON object are NOT an error
-of the lap: the call is kept with ``argument_error`` and the model gets an invalid-arguments answer.
+Errors (docs/lap-runner.md, "Model endpoint failures"); every message names the endpoint without
+credentials or query string, never the API key:
+
+* retryable (exit 75): a timeout (``spec.agent.model.requestTimeout`` bounds the whole call, body
+  included), a connection error or a connection cut mid-body, HTTP 408/409/425/429 and 5xx, a body
+  that is not JSON (e.g. truncated), JSON without ``choices[0].message`` (some gateways answer a
+  transient error with 200);
+* permanent (exit 2): HTTP 401/403 (the API key is refused: the message names the Secret, never its
+  value), other 4xx, an HTML page where JSON was expected (``baseURL`` points at a web page, not the
+  API root), and a body over :data:`MAX_RESPONSE_BYTES` (the model cannot be allowed to fill the
+  pod's memory; retrying asks for the same).
+
+Arguments that are not a JSON object are NOT an error of the lap: the call is kept with
+``argument_error`` and the model gets an invalid-arguments answer.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -25,6 +38,21 @@ from agentrun.lap.keys import normalize_call_ids
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
 ERROR_BODY_CHARS = 300
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+"""Hard cap of one model response body; a larger body fails the lap permanently, unread past it."""
+
+
+def redacted_endpoint(url: str) -> str:
+    """``scheme://host[:port]/path`` of a URL: no user info, no query string, no fragment."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return f"{parts.scheme}://{host}{parts.path}"
+
+
+def _excerpt(data: bytes) -> str:
+    return " ".join(data[:ERROR_BODY_CHARS].decode("utf-8", errors="replace").split())
 
 
 def wire_message(m: Message) -> dict[str, Any]:
@@ -66,8 +94,30 @@ def parse_arguments(raw: Any) -> tuple[dict[str, Any], str | None]:
     return value, None
 
 
-def parse_response(body: Any) -> ModelResponse:
+def _shape_problem(body: Any) -> str | None:
+    """What is missing from a chat-completions body, or None if it has the expected shape."""
+    if not isinstance(body, dict):
+        return f"a JSON {type(body).__name__}, not an object"
+    if isinstance(body.get("error"), dict | str):
+        err = body["error"]
+        text = err.get("message") if isinstance(err, dict) else err
+        return f"an error object: {' '.join(str(text)[:ERROR_BODY_CHARS].split())}"
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return "no choices[0]"
+    if not isinstance(choices[0], dict) or not isinstance(choices[0].get("message"), dict):
+        return "no choices[0].message object"
+    calls = choices[0]["message"].get("tool_calls")
+    if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+        return "choices[0].message.tool_calls is not a list of objects"
+    return None
+
+
+def parse_response(body: Any, endpoint: str = "the model endpoint") -> ModelResponse:
     """The ModelResponse of a chat-completions body; RetryableLapError if it is malformed."""
+    problem = _shape_problem(body)
+    if problem:
+        raise RetryableLapError(f"model endpoint {endpoint} returned JSON that is not a chat completion: {problem}")
     try:
         message = body["choices"][0]["message"]
         raw_calls = message.get("tool_calls") or []
@@ -87,17 +137,24 @@ def parse_response(body: Any) -> ModelResponse:
             ),
         )
     except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
-        raise RetryableLapError(f"model provider returned a malformed response ({type(e).__name__}: {e})") from None
+        raise RetryableLapError(
+            f"model endpoint {endpoint} returned a malformed response ({type(e).__name__}: {e})"
+        ) from None
 
 
 class OpenAIModel:
     """An OpenAI-compatible chat-completions endpoint."""
 
-    def __init__(self, spec: ModelSpec, api_key: str | None, client: httpx.Client | None = None) -> None:
+    def __init__(
+        self, spec: ModelSpec, api_key: str | None, client: httpx.Client | None = None,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+    ) -> None:
         if not spec.base_url:
             raise ConfigError("spec.agent.model.baseURL is required for provider openai")
         self._spec = spec
         self._url = spec.base_url.rstrip("/") + "/chat/completions"
+        self.endpoint = redacted_endpoint(self._url)
+        self._max_bytes = max_response_bytes
         self._api_key = api_key
         self._timeout = parse_duration(spec.request_timeout)
         self._client = client or httpx.Client()
@@ -116,23 +173,75 @@ class OpenAIModel:
             out["max_tokens"] = self._spec.max_output_tokens
         return out
 
+    def _key_hint(self) -> str:
+        ref = self._spec.api_key_secret_ref
+        if ref is None:
+            if self._api_key:
+                return "check the API key (AGENTRUN_MODEL_API_KEY)"
+            return "no API key is configured (set spec.agent.model.apiKeySecretRef)"
+        if not self._api_key:
+            return f"the API key from Secret {ref.name!r} key {ref.key!r} is empty"
+        return f"check the API key in Secret {ref.name!r} key {ref.key!r}"
+
+    def _read(self, response: httpx.Response, deadline: float) -> bytes:
+        """The body, at most ``max_response_bytes`` (PermanentLapError past it), within the deadline."""
+        declared = response.headers.get("Content-Length")
+        if declared and declared.isdigit() and int(declared) > self._max_bytes:
+            raise PermanentLapError(
+                f"model endpoint {self.endpoint} sent a {int(declared)}-byte response, over the "
+                f"{self._max_bytes}-byte limit of one model response"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > self._max_bytes:
+                raise PermanentLapError(
+                    f"model endpoint {self.endpoint} sent a response over the {self._max_bytes}-byte limit "
+                    "of one model response (not read further)"
+                )
+            if time.monotonic() > deadline:
+                raise httpx.ReadTimeout("request timeout passed while reading the body")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     def complete(self, request: ModelRequest) -> ModelResponse:
         headers = {"Content-Type": "application/json"}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
+        ep = self.endpoint
+        deadline = time.monotonic() + self._timeout
         try:
-            r = self._client.post(self._url, json=self.payload(request), headers=headers, timeout=self._timeout)
+            with self._client.stream(
+                "POST", self._url, json=self.payload(request), headers=headers, timeout=self._timeout
+            ) as r:
+                status, content_type = r.status_code, r.headers.get("Content-Type", "")
+                data = self._read(r, deadline)
         except httpx.TimeoutException:
-            raise RetryableLapError(f"model call timed out after {self._spec.request_timeout}") from None
+            raise RetryableLapError(
+                f"model call to {ep} timed out after {self._spec.request_timeout} (spec.agent.model.requestTimeout)"
+            ) from None
         except httpx.TransportError as e:
-            raise RetryableLapError(f"model provider unreachable ({type(e).__name__})") from None
-        if r.status_code in RETRYABLE_STATUS or r.status_code >= 500:
-            raise RetryableLapError(f"model provider returned HTTP {r.status_code}")
-        if r.status_code >= 400:
-            excerpt = " ".join(r.text[:ERROR_BODY_CHARS].split())
-            raise PermanentLapError(f"model provider returned HTTP {r.status_code}: {excerpt}")
+            raise RetryableLapError(
+                f"model endpoint {ep} unreachable or the connection broke mid-response ({type(e).__name__})"
+            ) from None
+        if status in RETRYABLE_STATUS or status >= 500:
+            raise RetryableLapError(f"model endpoint {ep} returned HTTP {status}")
+        if status in (401, 403):  # no body excerpt: providers echo (parts of) the refused key
+            raise PermanentLapError(f"model endpoint {ep} refused the request with HTTP {status}: {self._key_hint()}")
+        if status >= 400:
+            raise PermanentLapError(f"model endpoint {ep} returned HTTP {status}: {_excerpt(data)}")
+        if "html" in content_type.lower() or data.lstrip()[:1] == b"<":
+            raise PermanentLapError(
+                f"model endpoint {ep} returned an HTML page (HTTP {status}), not a chat-completions JSON body: "
+                "spec.agent.model.baseURL must be the API root, e.g. https://api.openai.com/v1"
+            )
         try:
-            body = r.json()
-        except ValueError:
-            raise RetryableLapError("model provider returned a body that is not JSON") from None
-        return parse_response(body)
+            body = json.loads(data)
+        except ValueError as e:
+            where = f"{e.msg} at byte {e.pos}" if isinstance(e, json.JSONDecodeError) else type(e).__name__
+            raise RetryableLapError(
+                f"model endpoint {ep} returned a body that is not JSON ({len(data)} bytes, {where}; "
+                f"truncated?): {_excerpt(data)}"
+            ) from None
+        return parse_response(body, ep)

@@ -9,6 +9,11 @@ the call may or may not have happened, so it is retried inside the lap with the 
 it still fails, the lap fails retryably (exit 75) with nothing journaled: the replay sends the same
 key again and the provider dedupes. Giving a 5xx to the model instead would invite it to retry
 under a new call id, hence a new key, and a possible double side effect.
+
+Result size: at most ``spec.agent.tools[].http.maxResultBytes`` (default 16 KiB) of the body are
+read; the rest is not downloaded (the connection is closed) and the result ends with a marker
+``[agentrun: result truncated: ...]`` that the model sees and the lap record keeps. So one huge
+answer cannot blow up the pod's memory, the checkpoint or the context window.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ if TYPE_CHECKING:
     import httpx
 
 HEADERS_ENV_PREFIX = "AGENTRUN_TOOL_HEADERS_"
-RESULT_MAX_CHARS = 16000
+DEFAULT_RESULT_MAX_BYTES = 16384
+TRUNCATION_MARKER = "[agentrun: result truncated"
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
 
 
@@ -59,10 +65,28 @@ def _query(arguments: dict[str, Any]) -> dict[str, str]:
     return {k: v if isinstance(v, str) else json.dumps(v, separators=(",", ":")) for k, v in arguments.items()}
 
 
-def _result_text(body: str) -> str:
-    if len(body) <= RESULT_MAX_CHARS:
-        return body
-    return body[:RESULT_MAX_CHARS] + f" ...[{len(body) - RESULT_MAX_CHARS} chars truncated]"
+def truncation_marker(kept: int, total: int | None, limit: int) -> str:
+    size = f"{total} bytes" if total is not None else "more than that (not read further)"
+    return f"\n{TRUNCATION_MARKER}: kept the first {kept} bytes of {size}; limit maxResultBytes={limit}]"
+
+
+def read_capped(response: httpx.Response, limit: int) -> tuple[str, bool, int | None]:
+    """At most ``limit`` bytes of a streamed body, decoded (a cut UTF-8 sequence is dropped).
+
+    Returns (text, truncated, total size if known from Content-Length)."""
+    declared = response.headers.get("Content-Length")
+    total = int(declared) if declared and declared.isdigit() else None
+    buf = bytearray()
+    truncated = False
+    for chunk in response.iter_bytes():
+        room = limit - len(buf)
+        if len(chunk) > room:
+            buf += chunk[:room]
+            truncated = True
+            break
+        buf += chunk
+    text = bytes(buf).decode(response.encoding or "utf-8", errors="ignore" if truncated else "replace")
+    return text, truncated, total
 
 
 class HTTPToolRunner:
@@ -105,32 +129,40 @@ class HTTPToolRunner:
             if attempt > 1:
                 self._sleep(self._backoff * 2 ** (attempt - 2))
             try:
-                response = self._send(tool, arguments, idempotency_key)
+                status_code, body, truncated, total = self._send(tool, arguments, idempotency_key)
             except httpx.TimeoutException:
                 last = f"timed out after {tool.http.timeout}"
                 continue
             except httpx.TransportError as e:
                 last = f"connection failed ({type(e).__name__})"
                 continue
-            if response.status_code in RETRYABLE_STATUS or response.status_code >= 500:
-                last = f"returned HTTP {response.status_code}"
+            if status_code in RETRYABLE_STATUS or status_code >= 500:
+                last = f"returned HTTP {status_code}"
                 continue
-            status = "ok" if 200 <= response.status_code < 300 else "error"
-            text = response.text if status == "ok" else f"HTTP {response.status_code}: {response.text}"
-            return ToolOutcome(status=status, result=_result_text(text), http_status=response.status_code)
+            status = "ok" if 200 <= status_code < 300 else "error"
+            text = body if status == "ok" else f"HTTP {status_code}: {body}"
+            if truncated:
+                limit = tool.http.max_result_bytes
+                text += truncation_marker(limit, total, limit)
+            return ToolOutcome(status=status, result=text, http_status=status_code)
         raise RetryableLapError(
             f"tool '{tool.name}' {last} ({self._tries} tries with key {idempotency_key}); "
             "the lap is retried with the same key"
         )
 
-    def _send(self, tool: ToolSpec, arguments: dict[str, Any], key: str) -> httpx.Response:
+    def _send(self, tool: ToolSpec, arguments: dict[str, Any], key: str) -> tuple[int, str, bool, int | None]:
+        """(HTTP status, body text capped at maxResultBytes, truncated?, declared size)."""
         headers = {"Accept": "application/json", **self._headers.get(tool.name, {})}
         if tool.side_effects:
             headers["Idempotency-Key"] = key
         timeout = parse_duration(tool.http.timeout)
         if tool.http.method == "GET":
-            return self._http().request("GET", tool.http.url, params=_query(arguments), headers=headers, timeout=timeout)
-        return self._http().request(tool.http.method, tool.http.url, json=arguments, headers=headers, timeout=timeout)
+            kw: dict[str, Any] = {"params": _query(arguments)}
+        else:
+            kw = {"json": arguments}
+        with self._http().stream(tool.http.method, tool.http.url, headers=headers, timeout=timeout, **kw) as r:
+            text, truncated, total = read_capped(r, tool.http.max_result_bytes)
+            return r.status_code, text, truncated, total
 
     @classmethod
     def from_env(cls, tools: list[ToolSpec], env: Mapping[str, str] = os.environ) -> HTTPToolRunner:

@@ -1,0 +1,296 @@
+"""Bad input on the lap runner's side (issue 7, the bad-input table), against real local servers
+that misbehave on purpose:
+
+* a model endpoint that answers garbage (not JSON, truncated JSON, a connection cut mid-body, an
+  HTML page, JSON of the wrong shape, an oversize body) or too slowly: each is classified
+  retryable or permanent as documented in docs/lap-runner.md, and the message names the endpoint
+  (without credentials) and what was wrong;
+* a refused API key (401): permanent, naming the Secret, never the key;
+* a model that calls a tool the agent does not declare: an unknown-tool answer to the model, the
+  lap goes on;
+* a tool that answers 50 MB: the result is cut at ``maxResultBytes`` with a marker, the checkpoint
+  stays small and the run continues;
+* an S3 endpoint that refuses the credentials: exit 2 naming the Secret, not the key.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from lap_helpers import RUN, ChatServer, chat_reply, lap_env, log_lines, run_lap_process, spec_doc, spec_of, tool
+
+from agentrun.checkpoint.store import CheckpointStore, StoreConfig
+from agentrun.lap.errors import PermanentLapError, RetryableLapError
+from agentrun.lap.interfaces import ModelRequest
+from agentrun.lap.models.openai import OpenAIModel
+from agentrun.lap.tools.http import TRUNCATION_MARKER, HTTPToolRunner
+
+API_KEY = "sk-live-BADINPUT-0123456789"
+
+
+class Misbehaving:
+    """A local HTTP server whose every answer is ``behave(handler)``; counts bytes it managed to send."""
+
+    def __init__(self, behave: Callable[[BaseHTTPRequestHandler], None]) -> None:
+        self.sent = 0
+        self.requests = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _any(self) -> None:
+                server.requests += 1
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                try:
+                    behave(self)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+                self.close_connection = True
+
+            do_GET = do_POST = do_HEAD = do_PUT = _any
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self) -> Misbehaving:
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def reply(status: int, body: bytes, content_type: str = "application/json", length: int | None = None,
+          chunked: bool = False) -> Callable[[BaseHTTPRequestHandler], None]:
+    def behave(h: BaseHTTPRequestHandler) -> None:
+        h.send_response(status)
+        h.send_header("Content-Type", content_type)
+        if chunked:
+            h.send_header("Transfer-Encoding", "chunked")
+            h.end_headers()
+            for i in range(0, len(body), 65536):
+                part = body[i:i + 65536]
+                h.wfile.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+            h.wfile.write(b"0\r\n\r\n")
+            return
+        h.send_header("Content-Length", str(len(body) if length is None else length))
+        h.end_headers()
+        h.wfile.write(body)
+    return behave
+
+
+def _model(base_url: str, timeout: str = "5s", **extra: Any) -> tuple[OpenAIModel, ModelRequest]:
+    spec = spec_of(spec_doc([tool("lookup", "http://127.0.0.1:9")], [], model={
+        "provider": "openai", "name": "gpt-test", "baseURL": base_url, "requestTimeout": timeout,
+        "apiKeySecretRef": {"name": "openai-key", "key": "api-key"}, **extra}))
+    return OpenAIModel(spec.agent.model, API_KEY), ModelRequest(lap=1, messages=(), tools=tuple(spec.agent.tools))
+
+
+GOOD = json.dumps(chat_reply("fine")).encode()
+BIG = b'{"choices": [{"message": {"content": "' + b"x" * (9 * 1024 * 1024) + b'"}}]}'
+
+# name, server behaviour, expected error class, text the message must contain
+GARBAGE = [
+    ("plain-text", reply(200, b"Internal hiccup, try later", "text/plain"), RetryableLapError, "not JSON"),
+    ("truncated-json", reply(200, GOOD[: len(GOOD) // 2]), RetryableLapError, "not JSON"),
+    ("cut-mid-body", reply(200, GOOD[:40], length=len(GOOD)), RetryableLapError, "connection broke"),
+    ("html-page", reply(200, b"<!DOCTYPE html><html><body>Welcome to nginx</body></html>", "text/html"),
+     PermanentLapError, "HTML page"),
+    ("html-without-content-type", reply(200, b"\n<html><body>Login</body></html>"), PermanentLapError, "HTML page"),
+    ("wrong-shape", reply(200, b'{"result": "ok"}'), RetryableLapError, "no choices[0]"),
+    ("empty-choices", reply(200, b'{"choices": []}'), RetryableLapError, "no choices[0]"),
+    ("choice-without-message", reply(200, b'{"choices": [{"text": "hi"}]}'), RetryableLapError,
+     "no choices[0].message"),
+    ("tool-calls-not-a-list", reply(200, b'{"choices": [{"message": {"tool_calls": "lookup"}}]}'), RetryableLapError,
+     "tool_calls is not a list"),
+    ("json-list", reply(200, b"[1, 2, 3]"), RetryableLapError, "a JSON list"),
+    ("error-object-with-200", reply(200, b'{"error": {"message": "upstream overloaded"}}'), RetryableLapError,
+     "upstream overloaded"),
+    ("oversize-declared", reply(200, BIG), PermanentLapError, "limit of one model response"),
+    ("oversize-chunked", reply(200, BIG, chunked=True), PermanentLapError, "limit of one model response"),
+    ("http-502-html", reply(502, b"<html>Bad Gateway</html>", "text/html"), RetryableLapError, "HTTP 502"),
+    ("http-404", reply(404, b'{"error": {"message": "model gpt-test does not exist"}}'), PermanentLapError,
+     "model gpt-test does not exist"),
+]
+
+
+@pytest.mark.parametrize("name,behave,error,text", GARBAGE, ids=[g[0] for g in GARBAGE])
+def test_model_endpoint_garbage_is_classified_and_named(name, behave, error, text) -> None:
+    with Misbehaving(behave) as srv:
+        # credentials in the base URL must never reach a message
+        base = srv.url.replace("http://", "http://user:hunter2pass@") + "/v1"
+        model, request = _model(base)
+        with pytest.raises(error) as err:
+            model.complete(request)
+    msg = str(err.value)
+    assert text in msg, msg
+    assert f"{srv.url}/v1/chat/completions" in msg, msg  # the endpoint, redacted
+    assert "hunter2pass" not in msg and "user:" not in msg and API_KEY not in msg, msg
+    assert len(msg) < 1200, msg  # bounded, even for a 9 MiB body
+
+
+def test_refused_api_key_is_permanent_and_names_the_secret_not_the_key() -> None:
+    body = json.dumps({"error": {"message": f"Incorrect API key provided: {API_KEY[:8]}...{API_KEY[-4:]}"}}).encode()
+    with Misbehaving(reply(401, body)) as srv:
+        model, request = _model(srv.url + "/v1")
+        with pytest.raises(PermanentLapError) as err:
+            model.complete(request)
+    msg = str(err.value)
+    assert "HTTP 401" in msg and "Secret 'openai-key' key 'api-key'" in msg, msg
+    assert API_KEY[:8] not in msg and API_KEY[-4:] not in msg, msg  # not even the provider's masked echo
+
+
+def _slow(headers_after: float, drip: float = 0.0) -> Callable[[BaseHTTPRequestHandler], None]:
+    def behave(h: BaseHTTPRequestHandler) -> None:
+        time.sleep(headers_after)
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(GOOD)))
+        h.end_headers()
+        for i in range(len(GOOD)):
+            h.wfile.write(GOOD[i:i + 1])
+            h.wfile.flush()
+            time.sleep(drip)
+    return behave
+
+
+@pytest.mark.parametrize("behave", [_slow(headers_after=5), _slow(headers_after=0, drip=0.05)],
+                         ids=["no-answer", "dripping-body"])
+def test_model_timeout_is_retryable_and_honours_request_timeout(behave) -> None:
+    with Misbehaving(behave) as srv:
+        model, request = _model(srv.url + "/v1", timeout="1s")
+        t0 = time.monotonic()
+        with pytest.raises(RetryableLapError, match=r"timed out after 1s \(spec.agent.model.requestTimeout\)") as err:
+            model.complete(request)
+        took = time.monotonic() - t0
+    assert 0.9 <= took < 3.0, took  # the whole call, body included, is bounded by requestTimeout
+    assert srv.url in str(err.value)
+
+
+def test_model_timeout_in_a_lap_process_exits_75(s3_env: dict[str, str]) -> None:
+    with Misbehaving(_slow(headers_after=5)) as srv:
+        spec = spec_doc([], [], model={"provider": "openai", "name": "m", "baseURL": srv.url + "/v1",
+                                       "requestTimeout": "1s"})
+        p = run_lap_process(lap_env(s3_env, spec, 1))
+    assert p.returncode == 75, p.stderr
+    failed = [x for x in log_lines(p.stderr) if x["msg"] == "lap failed"]
+    assert failed and "timed out after 1s" in failed[0]["error"], p.stderr
+
+
+# ------------------------------------------------------------------------ unknown tool
+
+
+def test_model_asking_for_an_undeclared_tool_gets_a_tool_error_and_the_run_goes_on(s3_env: dict[str, str]) -> None:
+    with ChatServer() as chat:
+        chat.replies += [
+            (200, chat_reply("cleaning up", [("call_1", "delete_everything", '{"really": true}')])),
+            (200, chat_reply("ok, I will not")),
+        ]
+        spec = spec_doc([tool("lookup", "http://127.0.0.1:9")], [],
+                        model={"provider": "openai", "name": "m", "baseURL": chat.base_url})
+        first = run_lap_process(lap_env(s3_env, spec, 1))
+        second = run_lap_process(lap_env(s3_env, spec, 2))
+        assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+        sent = chat.requests[1][1]["messages"]
+    rec = CheckpointStore(StoreConfig.from_env(s3_env)).get_lap(RUN, 1)[0]
+    assert [(c.tool, c.status) for c in rec.tool_calls] == [("delete_everything", "unknown-tool")]
+    assert rec.outcome.type == "continue"
+    tool_msgs = [m for m in sent if m["role"] == "tool"]
+    assert tool_msgs == [{"role": "tool", "tool_call_id": "call_1",
+                          "content": "unknown-tool: unknown tool 'delete_everything'; declared tools: lookup"}]
+    assert CheckpointStore(StoreConfig.from_env(s3_env)).get_lap(RUN, 2)[0].outcome.type == "done"
+
+
+# ------------------------------------------------------------------------ enormous tool result
+
+FIFTY_MB = 50 * 1024 * 1024
+
+
+def _huge(chunked: bool) -> Callable[[BaseHTTPRequestHandler], None]:
+    """50 MB of JSON-ish text, generated on the fly (never held in memory)."""
+    def behave(h: BaseHTTPRequestHandler) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        block = b"0123456789abcdef" * 4096  # 64 KiB
+        if chunked:
+            h.send_header("Transfer-Encoding", "chunked")
+        else:
+            h.send_header("Content-Length", str(FIFTY_MB))
+        h.end_headers()
+        for _ in range(FIFTY_MB // len(block)):
+            h.wfile.write(f"{len(block):x}\r\n".encode() + block + b"\r\n" if chunked else block)
+            h.server.owner.sent += len(block)  # type: ignore[attr-defined]
+        if chunked:
+            h.wfile.write(b"0\r\n\r\n")
+    return behave
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_an_enormous_tool_result_is_cut_at_max_result_bytes(chunked: bool) -> None:
+    with Misbehaving(_huge(chunked)) as srv:
+        srv.httpd.owner = srv  # type: ignore[attr-defined]
+        spec = spec_of(spec_doc([tool("dump", srv.url, parameters={"type": "object"},
+                                      http={"maxResultBytes": 4096})], []))
+        out = HTTPToolRunner().call(spec.agent.tools[0], {}, "k1")
+    assert out.status == "ok" and out.result.startswith("0123456789abcdef")
+    body, marker = out.result.split("\n" + TRUNCATION_MARKER)
+    assert len(body.encode()) == 4096
+    total = f"of {FIFTY_MB} bytes" if not chunked else "of more than that (not read further)"
+    assert f"kept the first 4096 bytes {total}; limit maxResultBytes=4096]" in marker, marker
+    assert srv.sent < FIFTY_MB  # the rest was not downloaded: the connection was closed
+
+
+def test_an_enormous_tool_result_keeps_the_checkpoint_small_and_the_run_going(s3_env: dict[str, str]) -> None:
+    with Misbehaving(_huge(chunked=False)) as srv:
+        srv.httpd.owner = srv  # type: ignore[attr-defined]
+        script = [{"content": "dumping", "toolCalls": [{"name": "dump", "arguments": {}}]}, {"content": "summarised"}]
+        spec = spec_doc([tool("dump", srv.url, parameters={"type": "object"})], script)  # default 16 KiB
+        t0 = time.monotonic()
+        first = run_lap_process(lap_env(s3_env, spec, 1))
+        took = time.monotonic() - t0
+        second = run_lap_process(lap_env(s3_env, spec, 2))
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    store = CheckpointStore(StoreConfig.from_env(s3_env))
+    rec, stored = store.get_lap(RUN, 1)
+    # the result is kept twice (the call record and the tool message the model sees), plus the
+    # record's own fields: about 2 x maxResultBytes, whatever the tool sent
+    assert stored.size < 2 * 16384 + 4096, stored.size
+    assert TRUNCATION_MARKER in (rec.tool_calls[0].result or "") and f"of {FIFTY_MB} bytes" in rec.tool_calls[0].result
+    assert store.get_lap(RUN, 2)[0].outcome.type == "done"
+    assert srv.sent < FIFTY_MB and took < 30, (srv.sent, took)
+
+
+# ------------------------------------------------------------------------ S3 refuses the credentials
+
+DENIED = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InvalidAccessKeyId</Code><Message>The AWS Access Key '
+          b"Id you provided does not exist in our records.</Message></Error>")
+
+
+def test_s3_refusing_the_credentials_exits_2_naming_the_secret_not_the_key() -> None:
+    secret_value = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    with Misbehaving(reply(403, DENIED, "application/xml")) as srv:
+        store_env = {"AGENTRUN_CHECKPOINT_URI": "s3://agentrun/c", "AGENTRUN_S3_ENDPOINT": srv.url,
+                     "AGENTRUN_S3_REGION": "us-east-1", "AGENTRUN_S3_PATH_STYLE": "true"}
+        spec = spec_doc([], [{"content": "never"}])
+        p = run_lap_process(lap_env(store_env, spec, 1, AWS_ACCESS_KEY_ID="AKIAWRONGKEY0000",
+                                    AWS_SECRET_ACCESS_KEY=secret_value, AGENTRUN_S3_CREDENTIALS_SECRET="s3-creds"))
+    assert p.returncode == 2, p.stderr
+    failed = [x for x in log_lines(p.stderr) if x["msg"] == "lap failed"]
+    assert failed, p.stderr
+    msg = failed[0]["error"]
+    assert "HTTP 403" in msg and "refused the credentials from Secret 's3-creds'" in msg, msg
+    assert secret_value not in p.stderr and "AKIAWRONGKEY0000" not in p.stderr
