@@ -8,7 +8,16 @@ from typing import Any
 
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentRunStatus
-from agentrun.checkpoint.schema import LapRecord, Outcome, PendingApproval, RunRef, Timings, Totals
+from agentrun.checkpoint.schema import (
+    ForkProvenance,
+    LapRecord,
+    Outcome,
+    PendingApproval,
+    RunRef,
+    RunState,
+    Timings,
+    Totals,
+)
 from agentrun.controller import decide as d
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -53,6 +62,24 @@ def ok_read(rec: LapRecord) -> d.CheckpointRead:
     )
 
 
+def fork_read(lap: int, outcome: str = "continue", kind: str = "ok", cost: str = "0.30",
+              pending: bool = False) -> d.ForkRead:
+    """What the shell reports after writing a fork snapshot of the source's state through ``lap``."""
+    if kind != "ok":
+        return d.ForkRead(lap=lap, kind=kind, error=f"{kind} for the test")  # type: ignore[arg-type]
+    src = RunRef(namespace="ns", name="src", uid="5eed0000-0000-0000-0000-000000000000")
+    state = RunState(
+        agent_version="v0", run=RunRef(namespace="ns", name="run", uid=UID), lap=lap, last_sha256="cd" * 32,
+        last_outcome=Outcome(type=outcome),
+        pending_approval=PendingApproval(call_id="c1", tool="refund", arguments={"x": 1}, idempotency_key="k",
+                                         lap=lap, requested_at=T0 - timedelta(days=3)) if pending else None,
+        totals=Totals(laps=lap, input_tokens=10 * lap, output_tokens=lap, cost_usd=cost),
+        forked_from=ForkProvenance(run=src, lap=lap, sha256="cd" * 32),
+    )
+    return d.ForkRead(lap=lap, kind="ok", state=state, key=f"p/ns/run/{UID}/snapshots/{lap:08d}.json",
+                      sha256="ef" * 32, written_at=T0, endpoint="http://s3:9000")
+
+
 @dataclasses.dataclass
 class World:
     """What the cluster and store hold for one run."""
@@ -70,20 +97,23 @@ class World:
     generation: int = 1
     deleting: bool = False
     failure_reports: dict[tuple[int, int], dict] = dataclasses.field(default_factory=dict)
+    fork_reads: list[d.ForkRead] = dataclasses.field(default_factory=list)
+    """Answers to ForkCheckpoint, in order (the last one repeats)."""
+    fork_calls: list[d.ForkCheckpoint] = dataclasses.field(default_factory=list)
 
-    def observed(self, checkpoint=None, attempt_failure=None) -> d.Observed:
+    def observed(self, checkpoint=None, attempt_failure=None, fork=None) -> d.Observed:
         return d.Observed(
             namespace="ns", name="run", uid=UID, generation=self.generation, spec=self.spec,
             status=self.status, now=self.now, annotations=dict(self.annotations),
             finalizers=tuple(self.finalizers), deleting=self.deleting, jobs=tuple(self.jobs.values()),
-            checkpoint=checkpoint, attempt_failure=attempt_failure,
+            checkpoint=checkpoint, attempt_failure=attempt_failure, fork=fork,
         )
 
     def reconcile(self) -> d.Decision:
         """One reconcile, reads included, applying every action (like handlers.reconcile)."""
-        cp = af = None
+        cp = af = fk = None
         for _ in range(4):
-            dec = d.decide(self.observed(cp, af))
+            dec = d.decide(self.observed(cp, af, fk))
             if not dec.needs_read:
                 break
             for a in dec.actions:
@@ -91,6 +121,10 @@ class World:
                     cp = self.store.get(a.lap) or d.CheckpointRead(lap=a.lap, kind="missing")
                 if isinstance(a, d.ReadAttemptFailure):
                     af = d.AttemptFailureRead(a.lap, a.attempt, self.failure_reports.get((a.lap, a.attempt)))
+                if isinstance(a, d.ForkCheckpoint):
+                    self.fork_calls.append(a)
+                    assert self.fork_reads, "decide asked for a fork snapshot the test did not expect"
+                    fk = self.fork_reads.pop(0) if len(self.fork_reads) > 1 else self.fork_reads[0]
         else:
             raise AssertionError("decide kept asking for reads")
         for a in dec.actions:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from controller_world import World, make_spec
+from controller_world import World, fork_read, make_spec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,8 +22,20 @@ EVENTS = st.one_of(
 )
 
 
-def _spec(suspend: bool, version: str, attempts: int, on_timeout: str):
+FORK = {"name": "src", "uid": "5eed0000-0000-0000-0000-000000000000", "lap": 2}
+FORKS = {  # forkFrom lap 2, and what the shell reports for the fork snapshot
+    None: [],
+    "continue": [fork_read(2)],
+    "awaiting-approval": [fork_read(2, outcome="awaiting-approval", pending=True)],
+    "outage-then-continue": [fork_read(2, kind="unavailable"), fork_read(2)],
+    "missing": [fork_read(2, kind="missing")],
+}
+
+
+def _spec(suspend: bool, version: str, attempts: int, on_timeout: str, fork: str | None = None):
+    extra = {"forkFrom": FORK} if fork else {}
     return make_spec(
+        **extra,
         suspend=suspend,
         agent={"version": version, "model": {"provider": "scripted", "script": [{"content": "x"}]}},
         retry={"attemptsPerLap": attempts, "backoff": {"initial": "1s", "max": "4s", "factor": 2}},
@@ -36,10 +48,11 @@ def _spec(suspend: bool, version: str, attempts: int, on_timeout: str):
     events=st.lists(EVENTS, max_size=40),
     attempts=st.integers(min_value=1, max_value=4),
     on_timeout=st.sampled_from(["reject", "fail"]),
+    fork=st.sampled_from(sorted(FORKS, key=str)),
 )
-def test_invariants(events, attempts, on_timeout):
+def test_invariants(events, attempts, on_timeout, fork):
     suspend, version = False, "v1"
-    w = World(_spec(suspend, version, attempts, on_timeout))
+    w = World(_spec(suspend, version, attempts, on_timeout, fork), fork_reads=list(FORKS[fork]))
     for kind, arg in events:
         before = w.status
         if kind == "finish" and w.status.active_job and w.status.active_job.name in w.jobs:
@@ -63,7 +76,7 @@ def test_invariants(events, attempts, on_timeout):
             w.jobs.pop(w.status.active_job.name, None)
         elif kind == "restart":
             pass  # nothing is kept in memory: the next reconcile starts from the status
-        w.spec = _spec(suspend, version, attempts, on_timeout)
+        w.spec = _spec(suspend, version, attempts, on_timeout, fork)
         dec = w.reconcile()
         creates = dec.of(d.CreateJob)
         # at most one Job per decision; never twice the same lap attempt over the whole run
@@ -81,13 +94,21 @@ def test_invariants(events, attempts, on_timeout):
         # the approved annotation never survives a reconcile
         assert "approved" not in w.annotations
         # idempotent: deciding again on the state just produced creates nothing and patches nothing
+        asked = len(w.fork_calls)
         again = w.reconcile()
-        assert again.of(d.CreateJob) == [], (w.status, again)
-        assert again.of(d.PatchStatus) == []
+        if not (fork == "outage-then-continue" and asked == 1 and len(w.fork_calls) == 2):  # the store came back
+            assert again.of(d.CreateJob) == [], (w.status, again)
+            assert again.of(d.PatchStatus) == []
         # laps are checkpointed in order, and tries per lap never exceed the policy
         laps = [lap for lap, _ in w.created]
         assert laps == sorted(laps)
         for r in w.status.retries:
             assert r.retries <= attempts
+        # a fork never runs the source's laps, and writes its snapshot until it succeeds, then never
+        if fork:
+            assert all(lap > FORK["lap"] for lap in laps), w.created
+            assert len(w.fork_calls) <= len(FORKS[fork])
+            if fork == "missing":
+                assert w.created == [] and w.status.phase == "Failed"
         if w.status.phase == "AwaitingApproval":
             assert w.status.approval is not None and w.status.waiting_on == "ops"
