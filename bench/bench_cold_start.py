@@ -1,0 +1,117 @@
+"""Lap runner cold start: from process start to the first model request.
+
+A local OpenAI-compatible chat-completions server (a thread of this process) records the arrival
+time of each request; ``agentrun lap`` is started as a subprocess (the console script next to the
+interpreter, as in the image) for lap 1 of a fresh run whose model is ``provider: openai`` at that
+server, against a local S3 API server (moto). Cold start = arrival of the model request minus the
+instant just before ``Popen``; it includes interpreter start, imports, reading the config, creating
+the S3 client and reading the run's state from S3 (nothing checkpointed yet: one LIST). Each run has
+its own base URL path, so requests are matched to runs. Also prints the whole process time (the
+lap is a final answer, so it then writes the lap checkpoint and exits 0).
+
+    python bench/bench_cold_start.py [--runs 20] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+
+from bench_lap_run import start_moto  # noqa: E402
+from benchlib import summary  # noqa: E402
+
+from agentrun.checkpoint.store import CheckpointStore, StoreConfig  # noqa: E402
+
+ARRIVALS: dict[str, float] = {}
+LOCK = threading.Lock()
+
+
+class ChatHandler(BaseHTTPRequestHandler):
+    """POST /<run>/v1/chat/completions: records the first arrival per run, answers "done"."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        now = time.time()
+        run = self.path.strip("/").split("/")[0]
+        with LOCK:
+            ARRIVALS.setdefault(run, now)
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = json.dumps({
+            "id": "chatcmpl-bench", "object": "chat.completion", "created": int(now), "model": "bench",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13},
+        }).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args()
+    exe = os.path.join(os.path.dirname(sys.executable), "agentrun")
+    agentrun = [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "agentrun.cli.main"]
+    subprocess.run([sys.executable, "-c", "import agentrun.lap.cli"], check=True)  # warm the page cache
+
+    moto, endpoint = start_moto()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ChatHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    first_request: list[float] = []
+    whole: list[float] = []
+    try:
+        base = {"AGENTRUN_CHECKPOINT_URI": "s3://cold-start/runs", "AGENTRUN_S3_ENDPOINT": endpoint,
+                "AGENTRUN_S3_REGION": "us-east-1", "AGENTRUN_S3_PATH_STYLE": "true", "AGENTRUN_LOG_FORMAT": "json"}
+        CheckpointStore(StoreConfig.from_env(base, snapshot_every=10)).client.create_bucket(Bucket="cold-start")
+        for i in range(args.runs):
+            run = f"cold-{i}"
+            spec = {"task": "Say done.", "agent": {"version": "v1", "model": {
+                "provider": "openai", "name": "bench", "baseURL": f"http://127.0.0.1:{port}/{run}/v1"}}}
+            env = {**os.environ, **base, "AGENTRUN_NAMESPACE": "bench", "AGENTRUN_NAME": run,
+                   "AGENTRUN_UID": f"00000000-0000-0000-0000-{i:012d}", "AGENTRUN_LAP": "1", "AGENTRUN_ATTEMPT": "1",
+                   "AGENTRUN_SPEC": json.dumps(spec), "AGENTRUN_AGENT_VERSION": "v1"}
+            t0 = time.time()
+            p = subprocess.run([*agentrun, "lap"], env=env, capture_output=True, text=True, check=False)
+            t1 = time.time()
+            if p.returncode != 0 or run not in ARRIVALS:
+                raise SystemExit(f"lap of {run} exited {p.returncode} (model request seen: {run in ARRIVALS}): "
+                                 f"{p.stderr[-800:]}")
+            first_request.append(ARRIVALS[run] - t0)
+            whole.append(t1 - t0)
+    finally:
+        server.shutdown()
+        moto.terminate()
+        moto.wait(timeout=10)
+    s, w = summary(first_request), summary(whole)
+    print(f"lap runner cold start, {args.runs} runs ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}):")
+    print(f"  process start -> first model request: p50 {s['p50'] * 1000:.0f} ms, p99 {s['p99'] * 1000:.0f} ms "
+          f"(min {s['min'] * 1000:.0f}, max {s['max'] * 1000:.0f})")
+    print(f"  whole lap process (checkpoint written, exit 0): p50 {w['p50'] * 1000:.0f} ms, p99 {w['p99'] * 1000:.0f} ms")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"first_request_seconds": first_request, "process_seconds": whole}, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,441 @@
+"""Operator benchmarks on the local control plane (etcd + kube-apiserver + kube-controller-manager +
+the process kubelet of e2e/cluster.py), the local S3 server, and the operator as a subprocess
+(configured like tests/e2e/test_operator_e2e.py's ``Env.operator_env``).
+
+1. Control-plane overhead per lap (``overhead``): R concurrent runs of L laps each (scripted model,
+   one call per lap to a local HTTP tool, so a lap continues; real ``agentrun lap`` pods writing real
+   checkpoints that the operator verifies in S3 before the next Job). A watch in this process on the
+   namespace's Jobs and pods timestamps, at arrival: the lap's pod reaching ``Succeeded``, its Job
+   reaching ``Complete``, and the next lap's Job being ``ADDED``. Kubernetes timestamps have
+   1-second resolution, so they are not used. Both ends are seen through the same watch path, so its
+   delivery latency cancels out to first order. Also: the operator's CPU time (utime+stime from
+   /proc) per lap, and its own ``agentrun_reconcile_duration_seconds`` (sum / count).
+
+2. Operator scale (``scale``): N AgentRuns in one namespace, a realistic mix without Jobs: 60 %
+   ``spec.suspend: true`` (driven to phase Suspended by a first operator), 30 % terminal
+   (status Succeeded / Failed / BudgetExceeded written through the status subresource, as left by an
+   earlier operator), 10 % AwaitingApproval (a pending approval with a deadline in a day). The first
+   operator settles them and is stopped (SIGTERM); a second one is started. Resync = from its
+   process start until every run has been reconciled once: its ``agentrun_reconcile_total``
+   reaches N and stops growing (every run is enqueued at start by the watch's initial listing and by
+   the resync on acquiring the Lease, and the queue keeps a run until its reconcile finishes; the
+   sampling is every 0.2 s). RSS: VmRSS sampled every 0.2 s, peak (VmHWM) and steady (10 s after).
+
+    python bench/bench_operator_cluster.py overhead --runs 1,50,200 --laps 4 [--json out.json]
+    python bench/bench_operator_cluster.py scale --scale-runs 1000 [--json out.json]
+    python bench/bench_operator_cluster.py all ...      # both on one cluster
+
+The cluster lives in ``--dir`` (default a temp dir) and is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from datetime import UTC, datetime, timedelta
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_lap_run import ToolHandler, free_port  # noqa: E402
+from benchlib import proc_cpu_seconds, proc_status_kb, summary  # noqa: E402
+from e2e.cluster import start_cluster, start_s3  # noqa: E402
+
+GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
+TERMINAL = ("Succeeded", "Failed", "BudgetExceeded")
+
+
+class Bench:
+    def __init__(self, workdir: Path, profile: str | None = None) -> None:
+        self.dir = workdir
+        self.profile = profile
+        self.cluster = start_cluster(workdir / "kube")
+        self.s3 = start_s3(workdir / "s3")
+        from kubernetes import client, config
+
+        config.load_kube_config(self.cluster.kubeconfig)
+        client.Configuration._default.connection_pool_maxsize = 32  # type: ignore[attr-defined]
+        self.client = client
+        self.tools = ThreadingHTTPServer(("127.0.0.1", 0), ToolHandler)
+        threading.Thread(target=self.tools.serve_forever, daemon=True).start()
+        self.tool_url = f"http://127.0.0.1:{self.tools.server_address[1]}"
+        self.cluster.kubectl_run("apply", "-f", str(ROOT / "crds" / "agentrun.dev_agentruns.yaml"))
+        self.cluster.kubectl_run("wait", "--for=condition=Established", "crd/agentruns.agentrun.dev", "--timeout=60s")
+
+    def close(self) -> None:
+        self.tools.shutdown()
+        self.s3.stop()
+        self.cluster.stop()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def namespace(self, prefix: str) -> str:
+        ns = f"{prefix}-{uuid.uuid4().hex[:5]}"
+        c = self.cluster
+        c.kubectl_run("create", "namespace", ns)
+        c.kubectl_run("create", "serviceaccount", "agentrun-lap", "-n", ns)
+        c.kubectl_run("create", "secret", "generic", "s3-creds", "-n", ns,
+                      f"--from-literal=AWS_ACCESS_KEY_ID={self.s3.access_key}",
+                      f"--from-literal=AWS_SECRET_ACCESS_KEY={self.s3.secret_key}")
+        return ns
+
+    def start_operator(self, ns: str, log: Path, resync: str = "30") -> tuple[subprocess.Popen[bytes], int]:
+        port = free_port()
+        env = self.cluster.env()
+        if os.environ.get("BENCH_OPERATOR_PYTHONPATH"):  # e.g. an export of an older commit, for before/after
+            env["PYTHONPATH"] = os.environ["BENCH_OPERATOR_PYTHONPATH"]
+        env.update({
+            "AGENTRUN_CHECKPOINT_URI": f"s3://{self.s3.bucket}/bench-{ns}",
+            "AGENTRUN_S3_ENDPOINT": self.s3.endpoint_url, "AGENTRUN_S3_REGION": self.s3.region,
+            "AGENTRUN_S3_PATH_STYLE": "true", "AGENTRUN_S3_CREDENTIALS_SECRET": "s3-creds",
+            "AWS_ACCESS_KEY_ID": self.s3.access_key, "AWS_SECRET_ACCESS_KEY": self.s3.secret_key,
+            "AWS_DEFAULT_REGION": self.s3.region,
+            "AGENTRUN_LAP_COMMAND": json.dumps([shutil.which("agentrun") or "agentrun", "lap"]),
+            "AGENTRUN_LEASE_NAMESPACE": ns, "AGENTRUN_LEASE_DURATION": "15",  # the default
+            "AGENTRUN_RESYNC_SECONDS": resync,
+            "AGENTRUN_JOB_TTL_SECONDS": "-1", "AGENTRUN_METRICS_PORT": str(port), "AGENTRUN_HEALTH_PORT": "0",
+            "AGENTRUN_NAMESPACES": ns,
+        })
+        fh = open(log, "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "agentrun.cli.main", "operator"], env=env, stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        return proc, port
+
+    @staticmethod
+    def stop_operator(proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+    @staticmethod
+    def metrics(port: int) -> dict[str, float]:
+        """Sum of each sample name (labels folded) of the operator's /metrics."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return {}
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            name_labels, _, value = line.rpartition(" ")
+            name = name_labels.split("{", 1)[0]
+            try:
+                out[name] = out.get(name, 0.0) + float(value)
+            except ValueError:
+                pass
+        return out
+
+    def runs(self, ns: str) -> list[dict[str, Any]]:
+        return self.client.CustomObjectsApi().list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
+
+    def create_runs(self, ns: str, docs: list[dict[str, Any]]) -> None:
+        api = self.client.CustomObjectsApi()
+        with cf.ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda doc: api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, doc), docs))
+
+    def run_doc(self, name: str, script: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+        body = {
+            "task": f"bench {name}",
+            "agent": {"version": "v1", "model": {"provider": "scripted", "script": script},
+                      "tools": [{"name": "note", "http": {"url": f"{self.tool_url}/note", "timeout": "20s"}}]},
+            "budget": {"maxLaps": 1000},
+            "lapTimeout": "300s",
+            "retry": {"attemptsPerLap": 3, "backoff": {"initial": "1s", "max": "2s", "factor": 2}},
+            **spec,
+        }
+        return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRun", "metadata": {"name": name}, "spec": body}
+
+    # ------------------------------------------------------------------ 1. overhead per lap
+
+    def overhead(self, runs: int, laps: int, timeout: float, profile: bool = False) -> dict[str, Any]:
+        ns = self.namespace(f"bench-overhead-{runs}")
+        log = self.dir / f"operator-{ns}.log"
+        events: dict[tuple[str, str], float] = {}  # (kind:name, event) -> first arrival time
+        stop = threading.Event()
+        watchers = [threading.Thread(target=self._watch, args=(ns, kind, events, stop), daemon=True)
+                    for kind in ("job", "pod")]
+        for w in watchers:
+            w.start()
+        proc, port = self.start_operator(ns, log)
+        try:
+            # wait for the operator to serve metrics (started, Lease taken) before counting its CPU
+            end = time.time() + 120
+            while not self.metrics(port):
+                if proc.poll() is not None or time.time() > end:
+                    raise SystemExit(f"operator did not start:\n{log.read_text()[-3000:]}")
+                time.sleep(0.5)
+            time.sleep(2)
+            cpu0, m0 = proc_cpu_seconds(proc.pid), self.metrics(port)
+            spy = None
+            if profile and self.profile and shutil.which("py-spy"):
+                # on-CPU samples of the operator (all threads) while the runs go
+                spy = subprocess.Popen(["py-spy", "record", "-p", str(proc.pid), "-r", "50", "-f", "raw",
+                                        "-o", self.profile, "--nonblocking"],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            script = [{"content": f"step {i}", "toolCalls": [{"name": "note", "arguments": {"i": i}}]}
+                      for i in range(1, laps)] + [{"content": "done"}]
+            names = [f"r{i:04d}" for i in range(runs)]
+            t0 = time.time()
+            self.create_runs(ns, [self.run_doc(n, script) for n in names])
+            end = t0 + timeout
+            while True:
+                items = self.runs(ns)
+                phases = [(it.get("status") or {}).get("phase") for it in items]
+                if len(items) == runs and all(p in TERMINAL for p in phases):
+                    break
+                if time.time() > end:
+                    raise SystemExit(f"runs not finished after {timeout}s: "
+                                     f"{ {p: phases.count(p) for p in set(phases)} }")
+                time.sleep(2)
+            wall = time.time() - t0
+            cpu1, m1 = proc_cpu_seconds(proc.pid), self.metrics(port)
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(60)
+            time.sleep(1)
+        finally:
+            stop.set()
+            self.stop_operator(proc)
+        failed = [it["metadata"]["name"] for it in items if it["status"]["phase"] != "Succeeded"]
+        job_complete, pod_done, gaps_job, gaps_pod, retried = [], [], [], [], 0
+        jobs = self.client.BatchV1Api().list_namespaced_job(ns).items
+        by_run: dict[str, dict[int, str]] = {}
+        for j in jobs:
+            lab = j.metadata.labels
+            if lab.get("agentrun.dev/attempt") != "1":
+                retried += 1
+                continue
+            by_run.setdefault(lab["agentrun.dev/run"], {})[int(lab["agentrun.dev/lap"])] = j.metadata.name
+        for _run, laps_of in by_run.items():
+            for lap, name in laps_of.items():
+                nxt = laps_of.get(lap + 1)
+                if nxt is None:
+                    continue
+                added = events.get((f"job:{nxt}", "ADDED"))
+                complete = events.get((f"job:{name}", "Complete"))
+                succeeded = events.get((f"pod:{name}", "Succeeded"))
+                if added and complete:
+                    gaps_job.append(added - complete)
+                    job_complete.append(complete)
+                if added and succeeded:
+                    gaps_pod.append(added - succeeded)
+                    pod_done.append(succeeded)
+        laps_done = sum(len(v) for v in by_run.values())
+        rc_sum = m1.get("agentrun_reconcile_duration_seconds_sum", 0) - m0.get("agentrun_reconcile_duration_seconds_sum", 0)
+        rc_n = m1.get("agentrun_reconcile_duration_seconds_count", 0) - m0.get("agentrun_reconcile_duration_seconds_count", 0)
+        self.cluster.kubectl_run("delete", "namespace", ns, "--wait=false", check=False)
+        return {
+            "runs": runs, "laps_per_run": laps, "laps_total": laps_done, "failed_runs": failed,
+            "retried_jobs": retried, "wall_seconds": wall, "load_after": os.getloadavg(),
+            "gap_job_complete_to_next_job": gaps_job, "gap_pod_succeeded_to_next_job": gaps_pod,
+            "operator_cpu_seconds": (cpu1 or 0) - (cpu0 or 0),
+            "operator_cpu_per_lap": ((cpu1 or 0) - (cpu0 or 0)) / max(1, laps_done),
+            "reconciles": rc_n, "reconcile_seconds_sum": rc_sum,
+            "operator_rss_kb": proc_status_kb(proc.pid) if proc.poll() is None else None,
+        }
+
+    def _watch(self, ns: str, kind: str, events: dict[tuple[str, str], float], stop: threading.Event) -> None:
+        from kubernetes import watch
+
+        api = self.client.BatchV1Api() if kind == "job" else self.client.CoreV1Api()
+        lister = api.list_namespaced_job if kind == "job" else api.list_namespaced_pod
+        selector = "agentrun.dev/run-uid" if kind == "job" else "job-name"
+        rv = None
+        while not stop.is_set():
+            w = watch.Watch()
+            try:
+                for ev in w.stream(lister, ns, label_selector=selector, resource_version=rv, timeout_seconds=30,
+                                   _request_timeout=60):
+                    now = time.time()
+                    obj = ev["object"]
+                    rv = obj.metadata.resource_version
+                    key = obj.metadata.name if kind == "job" else (obj.metadata.labels or {}).get("job-name", "")
+                    events.setdefault((f"{kind}:{key}", ev["type"]), now)
+                    if kind == "job":
+                        for cond in (obj.status.conditions or []):
+                            if cond.type == "Complete" and cond.status == "True":
+                                events.setdefault((f"job:{key}", "Complete"), now)
+                    elif obj.status.phase == "Succeeded":
+                        events.setdefault((f"pod:{key}", "Succeeded"), now)
+                    if stop.is_set():
+                        break
+            except Exception:  # noqa: BLE001 - an expired watch restarts from the last version seen
+                rv = None
+                time.sleep(0.2)
+
+    # ------------------------------------------------------------------ 2. resync and RSS at scale
+
+    def scale(self, runs: int, timeout: float) -> dict[str, Any]:
+        ns = self.namespace(f"bench-scale-{runs}")
+        n_susp, n_term = int(runs * 0.6), int(runs * 0.3)
+        n_wait = runs - n_susp - n_term
+        docs = []
+        for i in range(runs):
+            kind = "suspended" if i < n_susp else "terminal" if i < n_susp + n_term else "waiting"
+            doc = self.run_doc(f"{kind[0]}{i:05d}", [{"content": "done"}], suspend=(kind == "suspended"))
+            docs.append(doc)
+        t = time.time()
+        self.create_runs(ns, docs)
+        create_seconds = time.time() - t
+        now = datetime.now(UTC).replace(microsecond=0)
+        api = self.client.CustomObjectsApi()
+
+        def status_of(i: int) -> dict[str, Any]:
+            ts = (now - timedelta(minutes=5)).isoformat().replace("+00:00", "Z")
+            base = {"observedGeneration": 1, "lap": 3, "laps": 3,
+                    "cost": {"usd": "0.012000", "inputTokens": 3000, "outputTokens": 300},
+                    "startedAt": ts}
+            if i < n_susp + n_term:
+                phase = TERMINAL[i % 3]
+                return {**base, "phase": phase, "finishedAt": ts,
+                        "conditions": [{"type": "Complete" if phase == "Succeeded" else "Failed", "status": "True",
+                                        "reason": phase, "message": "finished before the restart",
+                                        "lastTransitionTime": ts}]}
+            deadline = (now + timedelta(days=1)).isoformat().replace("+00:00", "Z")
+            return {**base, "phase": "AwaitingApproval", "approval": {
+                "state": "Pending", "lap": 3, "tool": "note", "callId": "c1", "idempotencyKey": f"r_x:3:note:c{i}",
+                "owner": "bench", "requestedAt": ts, "deadline": deadline}}
+
+        def patch(i: int) -> None:
+            name = docs[i]["metadata"]["name"]
+            api.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, name, {"status": status_of(i)})
+
+        with cf.ThreadPoolExecutor(8) as pool:
+            list(pool.map(patch, range(n_susp, runs)))
+        # operator 1 settles the suspended runs
+        log = self.dir / f"operator-{ns}.log"
+        # the periodic safety-net resync (default 30 s) stays out of the measured window
+        proc, port = self.start_operator(ns, log, resync="3600")
+        try:
+            end = time.time() + timeout
+            while True:
+                phases = [(it.get("status") or {}).get("phase") for it in self.runs(ns)]
+                counts = {p: phases.count(p) for p in set(phases)}
+                if counts.get("Suspended", 0) >= n_susp:
+                    break
+                if time.time() > end or proc.poll() is not None:
+                    raise SystemExit(f"runs not settled: {counts}\n{log.read_text()[-2000:]}")
+                time.sleep(2)
+            time.sleep(3)
+            rss_first = proc_status_kb(proc.pid)
+        finally:
+            self.stop_operator(proc)
+        # operator 2: the restart
+        t0 = time.time()
+        proc, port = self.start_operator(ns, log, resync="3600")
+        samples: list[tuple[float, float, int | None]] = []  # (t, reconciles, rss kB)
+        try:
+            end = t0 + timeout
+            done_at = None
+            while time.time() < end:
+                m = self.metrics(port)
+                n = m.get("agentrun_reconcile_total", 0.0)
+                t = time.time() - t0
+                samples.append((t, n, proc_status_kb(proc.pid)))
+                if done_at is None and n >= runs:
+                    done_at = t
+                # settled: at least N reconciles and no new one for 3 s
+                last_change = max((s[0] for s in samples if s[1] == n), default=t)
+                first_at_n = min(s[0] for s in samples if s[1] == n)
+                if n >= runs and t - first_at_n >= 3:
+                    del last_change
+                    break
+                if proc.poll() is not None:
+                    raise SystemExit(f"operator exited:\n{log.read_text()[-2000:]}")
+                time.sleep(0.2)
+            else:
+                raise SystemExit(f"resync not finished after {timeout}s: {samples[-1]}")
+            final_n = samples[-1][1]
+            settled_at = min(s[0] for s in samples if s[1] == final_n)
+            time.sleep(10)
+            rss_steady = proc_status_kb(proc.pid)
+            rss_peak = proc_status_kb(proc.pid, "VmHWM")
+            m = self.metrics(port)
+            phases = [(it.get("status") or {}).get("phase") for it in self.runs(ns)]
+        finally:
+            self.stop_operator(proc)
+        self.cluster.kubectl_run("delete", "namespace", ns, "--wait=false", check=False)
+        lease_line = next((json.loads(line).get("ts") for line in log.read_text().splitlines()[::-1]
+                           if "acquired by" in line), None)
+        return {
+            "runs": runs, "mix": {"suspended": n_susp, "terminal": n_term, "awaiting_approval": n_wait},
+            "create_seconds": create_seconds, "resync_seconds": settled_at, "first_n_reconciles_seconds": done_at,
+            "reconciles": final_n, "reconcile_seconds_sum": m.get("agentrun_reconcile_duration_seconds_sum"),
+            "rss_kb_first_operator": rss_first, "rss_kb_steady": rss_steady, "rss_kb_peak": rss_peak,
+            "rss_kb_max_sampled": max((s[2] or 0) for s in samples),
+            "phases_after": {p: phases.count(p) for p in set(phases)}, "samples": samples,
+            "lease_acquired_ts": lease_line, "restart_epoch": t0, "load_after": os.getloadavg(),
+        }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=("overhead", "scale", "all"))
+    ap.add_argument("--runs", default=None, help="overhead: comma-separated concurrency levels (default 1,50,200)")
+    ap.add_argument("--scale-runs", type=int, default=1000, help="runs of the scale benchmark")
+    ap.add_argument("--laps", type=int, default=4, help="laps per run of the overhead benchmark")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--dir", help="working directory (default: a temp dir, removed at the end)")
+    ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--profile", help="py-spy the operator during the highest overhead level; folded stacks here")
+    args = ap.parse_args()
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the cluster and the operator on SIGTERM
+    tmp = None if args.dir else tempfile.mkdtemp(prefix="agentrun-bench-")
+    workdir = Path(args.dir or tmp).resolve()
+    out: dict[str, Any] = {"load_before": os.getloadavg(), "cpus": os.cpu_count()}
+    bench = Bench(workdir, args.profile)
+    try:
+        if args.what in ("overhead", "all"):
+            levels = [int(x) for x in (args.runs or "1,50,200").split(",")]
+            out["overhead"] = []
+            for r in levels:
+                res = bench.overhead(r, args.laps, args.timeout, profile=(r == max(levels)))
+                out["overhead"].append(res)
+                g, p = res["gap_job_complete_to_next_job"], res["gap_pod_succeeded_to_next_job"]
+                gs, ps = summary(g) if g else None, summary(p) if p else None
+                print(f"overhead, {r} concurrent runs x {args.laps} laps: "
+                      + (f"Job Complete -> next Job p50 {gs['p50'] * 1000:.0f} ms p99 {gs['p99'] * 1000:.0f} ms (n={gs['n']}); " if gs else "")
+                      + (f"pod Succeeded -> next Job p50 {ps['p50'] * 1000:.0f} ms p99 {ps['p99'] * 1000:.0f} ms; " if ps else "")
+                      + f"operator CPU {res['operator_cpu_per_lap'] * 1000:.1f} ms/lap; failed runs {len(res['failed_runs'])}, "
+                        f"retried Jobs {res['retried_jobs']}", flush=True)
+        if args.what in ("scale", "all"):
+            n = args.scale_runs
+            res = bench.scale(n, args.timeout)
+            out["scale"] = res
+            print(f"scale, {n} runs {res['mix']}: resync {res['resync_seconds']:.1f} s ({res['reconciles']:.0f} reconciles); "
+                  f"RSS steady {res['rss_kb_steady'] / 1024:.0f} MB, peak {res['rss_kb_peak'] / 1024:.0f} MB; "
+                  f"phases after {res['phases_after']}", flush=True)
+    finally:
+        bench.close()
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()

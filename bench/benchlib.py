@@ -1,0 +1,127 @@
+"""Pure helpers shared by the benchmarks and ``run_all.py``: percentiles, summaries, ratios,
+Markdown tables, the machine's load. No I/O beyond reading /proc; tested in tests/bench/."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in [0, 1]): the smallest value with at least ``q`` of the
+    samples at or below it. With fewer than 100 samples p99 is the maximum."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("percentile of no samples")
+    if not 0 <= q <= 1:
+        raise ValueError(f"q must be within [0, 1], got {q}")
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """n, p50 (the median, averaged for an even count), p99 (nearest rank), min, max, mean."""
+    if not values:
+        raise ValueError("summary of no samples")
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    median = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return {"n": n, "p50": median, "p99": percentile(ordered, 0.99), "min": ordered[0], "max": ordered[-1],
+            "mean": sum(ordered) / n}
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """numerator / denominator; inf when the denominator is 0 and the numerator is not."""
+    if denominator == 0:
+        return math.inf if numerator else math.nan
+    return numerator / denominator
+
+
+def fmt_ms(seconds: float) -> str:
+    ms = seconds * 1000
+    return f"{ms:.0f} ms" if ms >= 100 else f"{ms:.1f} ms"
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub Markdown table; cells are str()-ed, pipes escaped; numeric-looking columns are
+    right-aligned."""
+    rows = [[str(c).replace("|", "\\|") for c in row] for row in rows]
+    for row in rows:
+        if len(row) != len(headers):
+            raise ValueError(f"row {row} has {len(row)} cells, expected {len(headers)}")
+
+    def numeric(col: int) -> bool:
+        cells = [r[col] for r in rows]
+        return bool(cells) and all(c[:1].isdigit() or c[:2] in ("-", "~") or c[:1] in ("-", "~") for c in cells if c)
+
+    align = ["---:" if numeric(i) else "---" for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def load_average() -> tuple[float, float, float]:
+    return os.getloadavg()
+
+
+def proc_status_kb(pid: int, field: str = "VmRSS") -> int | None:
+    """A ``kB`` field of /proc/<pid>/status (VmRSS, VmHWM), None if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def proc_cpu_seconds(pid: int) -> float | None:
+    """utime + stime of a process (not its children), in seconds; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def folded_profile_top(lines: Iterable[str], n: int = 15, keep: Sequence[str] = ()) -> list[tuple[float, str]]:
+    """Inclusive share of each frame in a folded-stack profile (``py-spy record -f raw``: one
+    ``frame;frame;... count`` per line; a frame is ``function (path:line)``), highest first.
+    Frames are keyed by function and file name (not line); ``keep``: only frames whose text
+    contains one of these substrings."""
+    total = 0
+    incl: dict[str, int] = {}
+    for line in lines:
+        stack, _, count = line.rstrip("\n").rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        total += int(count)
+        seen = set()
+        for frame in stack.split(";"):
+            func, _, where = frame.partition(" (")
+            key = f"{func} ({os.path.basename(where.split(':')[0])})" if where else func
+            if key in seen or (keep and not any(k in frame for k in keep)):
+                continue
+            seen.add(key)
+            incl[key] = incl.get(key, 0) + int(count)
+    if not total:
+        return []
+    ranked = sorted(incl.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    return [(100.0 * v / total, k) for k, v in ranked]
