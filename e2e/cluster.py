@@ -193,6 +193,10 @@ class Cluster:
     def stop(self) -> None:
         stop_cluster(self.dir)
 
+    def restart_apiserver(self, down_seconds: float = 5.0, timeout: float = 120) -> float:
+        """See restart_apiserver(): only for a cluster from start_restartable_cluster."""
+        return restart_apiserver(self, down_seconds, timeout)
+
     def start_kubelet(self, timeout: float = 60) -> int:
         """Start the process kubelet (again); return its pid once the node is registered."""
         d = self.dir
@@ -302,6 +306,112 @@ def start_cluster(dir: str | os.PathLike, *, kubelet: bool = True, timeout: floa
         raise
 
 
+# ------------------------------------------------------------------ restartable control plane
+#
+# The localkube supervisor stops everything when one of its children dies, so the apiserver cannot
+# be restarted under it. A *restartable* cluster is started by the supervisor (which creates the
+# PKI, tokens, kubeconfigs and ports), then taken over: the exact command lines of etcd, the
+# apiserver and the controller-manager are read from /proc, the supervisor is stopped (etcd keeps
+# its data), and the three are started again from here, each in its own session, with the same
+# argv. Their pids are kept in DIR/components.json; stop_cluster stops them.
+
+COMPONENTS = ("etcd", "apiserver", "controller-manager")
+
+
+def _cmdline(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return [a.decode() for a in f.read().split(b"\0") if a]
+
+
+def _wait_http_ok(url: str, timeout: float, token: str | None = None, ca_file: str | None = None) -> None:
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=ca_file) if ca_file else None
+    end = time.time() + timeout
+    last: object = None
+    while time.time() < end:
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+        try:
+            with urllib.request.urlopen(req, timeout=3, context=ctx) as r:
+                if r.status == 200:
+                    return
+        except Exception as e:  # noqa: BLE001
+            last = e
+        time.sleep(0.2)
+    raise ClusterError(f"{url} not OK after {timeout}s: {last}")
+
+
+def _start_component(d: Path, name: str, argv: list[str]) -> int:
+    with open(d / "logs" / f"{name}.log", "ab") as logf:
+        p = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True, cwd=d)
+    return p.pid
+
+
+def _components(d: Path) -> dict:
+    try:
+        return json.loads((d / "components.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_components(d: Path, comps: dict) -> None:
+    (d / "components.json").write_text(json.dumps(comps, indent=2))
+
+
+def start_restartable_cluster(dir: str | os.PathLike, *, timeout: float = 240, binary: str | None = None) -> Cluster:
+    """Like start_cluster, but etcd, kube-apiserver and kube-controller-manager run as separate
+    processes owned by this module, so ``Cluster.restart_apiserver()`` can stop and start the
+    apiserver alone (same flags, etcd keeps the data)."""
+    c = start_cluster(dir, kubelet=False, timeout=timeout, binary=binary)
+    d = c.dir
+    try:
+        st = json.loads((d / "cluster.json").read_text())
+        pids = st.get("pids") or {}
+        argvs = {n: _cmdline(int(pids[n])) for n in COMPONENTS}
+        _terminate(_read_pid(d / "localkube.pid"), grace=30, group=True)
+        for n in COMPONENTS:
+            if _alive(int(pids[n])):
+                raise ClusterError(f"{n} (pid {pids[n]}) survived the supervisor's stop")
+        etcd_url = st.get("etcd_url")
+        comps: dict = {}
+        for n in COMPONENTS:
+            comps[n] = {"argv": argvs[n], "pid": _start_component(d, n, argvs[n])}
+            _save_components(d, comps)
+            if n == "etcd" and etcd_url:
+                _wait_http_ok(f"{etcd_url}/health", timeout)
+            if n == "apiserver":
+                _wait_http_ok(f"{c.server}/readyz", timeout, token=c.admin_token, ca_file=c.ca_file)
+        c.pids.update({n: comps[n]["pid"] for n in COMPONENTS})
+        c.start_kubelet()
+        end = time.time() + timeout
+        while c.kubectl_run("get", "serviceaccount", "default", "-n", "default", check=False).returncode != 0:
+            if time.time() > end:
+                raise ClusterError("default ServiceAccount never appeared after the take-over")
+            time.sleep(0.3)
+        return c
+    except BaseException:
+        stop_cluster(d)
+        raise
+
+
+def restart_apiserver(c: Cluster, down_seconds: float = 5.0, timeout: float = 120) -> float:
+    """Stop kube-apiserver (SIGTERM, SIGKILL after 20 s), wait down_seconds, start it again with the
+    same argv, wait for /readyz. Needs a cluster from start_restartable_cluster. Returns the
+    seconds the apiserver was unavailable."""
+    comps = _components(c.dir)
+    if "apiserver" not in comps:
+        raise ClusterError(f"{c.dir} is not a restartable cluster (no components.json): use start_restartable_cluster")
+    t0 = time.time()
+    _terminate(int(comps["apiserver"]["pid"]), grace=20, group=True)
+    time.sleep(max(0.0, down_seconds - (time.time() - t0)))
+    comps["apiserver"]["pid"] = _start_component(c.dir, "apiserver", comps["apiserver"]["argv"])
+    _save_components(c.dir, comps)
+    c.pids["apiserver"] = comps["apiserver"]["pid"]
+    _wait_http_ok(f"{c.server}/readyz", timeout, token=c.admin_token, ca_file=c.ca_file)
+    return time.time() - t0
+
+
 def stop_cluster(dir: str | os.PathLike, check: bool = True) -> None:
     """Stop the process kubelet (killing pod processes), then the control plane.
 
@@ -311,6 +421,14 @@ def stop_cluster(dir: str | os.PathLike, check: bool = True) -> None:
     d = Path(dir).resolve()
     _terminate(_read_pid(d / "kubelet.pid"), grace=25, group=True)
     _terminate(_read_pid(d / "localkube.pid"), grace=30, group=True)
+    comps = _components(d)
+    for n in reversed(COMPONENTS):  # a restartable cluster's own components, etcd last
+        if n in comps:
+            _terminate(int(comps[n]["pid"]), grace=20, group=True)
+    try:
+        (d / "components.json").unlink()
+    except FileNotFoundError:
+        pass
     proc_kubelet.kill_orphans(str(d), grace=2)
     left = leftover_processes(d, ignore=(S3_SERVER.name,))  # an S3 server may live in DIR/s3
     for pid, _ in left:

@@ -272,6 +272,8 @@ class ProcKubelet:
         self.queue: queue.Queue[tuple[str, str] | None] = queue.Queue()
         self.stop_event = threading.Event()
         self.started = time.time()
+        self.unsynced: dict[str, tuple[int, dict, dict]] = {}  # uid -> (seq, pod, status) not yet patched
+        self._status_seq = 0
 
     # ---------------------------------------------------------------- node
     def register_node(self) -> None:
@@ -396,6 +398,7 @@ class ProcKubelet:
 
     def resync_loop(self) -> None:
         while not self.stop_event.wait(self.resync_period):
+            self.retry_unsynced()
             try:
                 lst = self.v1.list_pod_for_all_namespaces(_request_timeout=REQ_TIMEOUT)
                 for p in lst.items:
@@ -512,21 +515,58 @@ class ProcKubelet:
                 raise
 
     def patch_status(self, pod: dict, status: dict, quiet: bool = False) -> bool:
+        """Patch the pod's status. A patch that fails for any reason but 404 (e.g. the apiserver is
+        restarting) is kept and retried by the resync loop until it lands or a newer status of the
+        pod does, like the kubelet's status manager: a pod that ended while the apiserver was down
+        must not stay Running in the API forever."""
         md = pod["metadata"]
+        uid = md["uid"]
+        with self.lock:
+            self._status_seq += 1
+            seq = self._status_seq
         try:
             self.v1.patch_namespaced_pod_status(md["name"], md["namespace"], {"status": status},
                                                 _request_timeout=REQ_TIMEOUT)
+            self._status_synced(uid, seq)
             return True
         except ApiException as e:
             if e.status == 404:
+                self._status_synced(uid, seq)
                 return False
             if not quiet:
-                log.warning("patch status %s/%s: %s %s", md["namespace"], md["name"], e.status, e.reason)
-            return False
+                log.warning("patch status %s/%s: %s %s (will retry)", md["namespace"], md["name"], e.status, e.reason)
         except Exception as e:  # noqa: BLE001
             if not quiet:
-                log.warning("patch status %s/%s: %s", md["namespace"], md["name"], e)
-            return False
+                log.warning("patch status %s/%s: %s (will retry)", md["namespace"], md["name"], e)
+        with self.lock:
+            old = self.unsynced.get(uid)
+            if old is None or old[0] < seq:
+                self.unsynced[uid] = (seq, pod, status)
+        return False
+
+    def _status_synced(self, uid: str, seq: int) -> None:
+        with self.lock:
+            old = self.unsynced.get(uid)
+            if old is not None and old[0] <= seq:
+                del self.unsynced[uid]
+
+    def retry_unsynced(self) -> None:
+        """Re-send the latest status of every pod whose status patch failed."""
+        with self.lock:
+            pending = list(self.unsynced.values())
+        for seq, pod, status in pending:
+            md = pod["metadata"]
+            try:
+                self.v1.patch_namespaced_pod_status(md["name"], md["namespace"], {"status": status},
+                                                    _request_timeout=REQ_TIMEOUT)
+                log.info("status of %s/%s synced after an earlier failure (phase %s)", md["namespace"],
+                         md["name"], status.get("phase"))
+            except ApiException as e:
+                if e.status != 404:
+                    continue
+            except Exception:  # noqa: BLE001
+                continue
+            self._status_synced(md["uid"], seq)
 
     # ---------------------------------------------------------------- env
     def resolve_env(self, pod: dict, c: dict) -> dict[str, str]:

@@ -1,0 +1,35 @@
+"""python -m e2e.chaos --schedule ci|full [--seed N] [--only NAME ...] [--dir DIR]
+
+The seed defaults to $CHAOS_SEED, else a random one; it is printed first so a failure can be
+replayed with CHAOS_SEED=N."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+
+from e2e.chaos.runner import ScenarioFailed, run_schedule
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m e2e.chaos", description=__doc__.splitlines()[0])
+    ap.add_argument("--schedule", choices=["ci", "full", "smoke"], default="ci")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--only", nargs="*", default=None, help="run only these scenarios")
+    ap.add_argument("--dir", default=None, help="work dir (default: a new temp dir)")
+    a = ap.parse_args(argv)
+    seed = a.seed if a.seed is not None else int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(10**6))
+    tmp = a.dir or tempfile.mkdtemp(prefix="agentrun-chaos-")
+    try:
+        run_schedule(a.schedule, seed, tmp, a.only)
+    except ScenarioFailed as e:
+        print(f"CHAOS FAILED: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""Run chaos scenarios: create the runs, inject the faults at their progress points, answer the
+approvals, wait for every run to end, check the invariants, delete the runs, check nothing is left.
+On a violation, print a diagnosis (operator log tail, per-run status, store keys, tool calls)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from e2e.chaos import invariants
+from e2e.chaos.schedule import (
+    APISERVER_RESTART,
+    OPERATOR_KILL,
+    POD_DELETE,
+    POD_SIGKILL,
+    S3_OUTAGE,
+    Fault,
+    RunPlan,
+    Scenario,
+    build,
+)
+from e2e.chaos.world import GROUP, PLURAL, REQ_TIMEOUT, VERSION, World, say
+
+TERMINAL = ("Succeeded", "Failed", "BudgetExceeded")
+
+
+class ScenarioFailed(AssertionError):
+    pass
+
+
+def run_doc(world: World, plan: RunPlan) -> dict:
+    tools = [
+        {"name": "note", "http": {"url": f"{world.tool_url}/note", "timeout": "20s"}},
+        {"name": "refund", "requiresApproval": True, "http": {"url": f"{world.tool_url}/refund", "timeout": "20s"}},
+    ]
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": plan.name},
+        "spec": {
+            "task": f"chaos {plan.name}",
+            "agent": {"version": "v1", "model": {"provider": "scripted", "script": plan.steps,
+                                                 "pricing": {"inputPerMillionTokensUSD": "3.00",
+                                                             "outputPerMillionTokensUSD": "15.00"}},
+                      "tools": tools},
+            "approval": {"owner": "chaos", "timeout": "1h", "onTimeout": "reject"},
+            "budget": {"maxLaps": plan.laps + 2},
+            "lapTimeout": "120s",
+            "retry": {"attemptsPerLap": 10, "backoff": {"initial": "1s", "max": "3s", "factor": 2}},
+        },
+    }
+
+
+class ScenarioRun:
+    def __init__(self, world: World, scn: Scenario, seed: int, schedule: str) -> None:
+        self.world, self.scn, self.seed, self.schedule = world, scn, seed, schedule
+        self.ns = f"chaos-{scn.name}"
+        self.plans = {p.name: p for p in scn.runs}
+        self.runs: dict[str, dict] = {}
+        self.decided: set[str] = set()
+        self.threads: list[threading.Thread] = []
+        self.timers: list[tuple[float, str, Any]] = []  # (at, what, fn)
+        self.errors: list[str] = []
+        self.api_errors = 0
+        self.t0 = time.time()
+
+    # ------------------------------------------------------------------ helpers
+    def progress(self) -> float:
+        done = sum(min((r.get("status") or {}).get("lap") or 0, self.plans[n].laps) for n, r in self.runs.items()
+                   if n in self.plans)
+        return done / max(1, self.scn.expected_laps)
+
+    def poll(self) -> bool:
+        try:
+            items = self.world.list_runs(self.ns)
+        except Exception:  # noqa: BLE001  (the apiserver may be down: that is the point)
+            self.api_errors += 1
+            return False
+        self.runs = {r["metadata"]["name"]: r for r in items}
+        return True
+
+    def background(self, name: str, fn) -> None:
+        def wrap() -> None:
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001
+                self.errors.append(f"fault {name} raised {type(e).__name__}: {e}")
+        t = threading.Thread(target=wrap, name=name, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    # ------------------------------------------------------------------ faults
+    def fire(self, f: Fault) -> bool:
+        w = self.world
+        el = time.time() - self.t0
+        if f.kind == OPERATOR_KILL:
+            w.kill_operator()
+            f.note = f"operator SIGKILLed at {el:.0f}s, restarted {f.down_seconds}s later"
+            self.timers.append((time.time() + f.down_seconds, "operator restart", lambda: w.start_operator(self.ns)))
+        elif f.kind in (POD_DELETE, POD_SIGKILL):
+            try:
+                pods = sorted((p for p in w.list_pods(self.ns) if p.status.phase == "Running"
+                               and not p.metadata.deletion_timestamp), key=lambda p: p.metadata.name)
+            except Exception:  # noqa: BLE001
+                return False
+            if f.kind == POD_SIGKILL:
+                pods = [p for p in pods if w.pod_pid(self.ns, p)]
+            if not pods:
+                return False  # try again at the next poll
+            pod = pods[min(len(pods) - 1, int(f.pick * len(pods)))]
+            f.note = f"{f.kind} {pod.metadata.name} {f.delay}s after {el:.0f}s"
+
+            def hit() -> None:
+                time.sleep(f.delay)
+                if f.kind == POD_DELETE:
+                    w.kubectl("delete", "pod", pod.metadata.name, "-n", self.ns, "--wait=false",
+                              f"--grace-period={int(f.pick * 3)}", check=False)
+                else:
+                    pid = w.pod_pid(self.ns, pod)
+                    if pid:
+                        os.killpg(pid, signal.SIGKILL)
+                    else:
+                        f.note += " (the lap had already ended)"
+            self.background(f.kind, hit)
+        elif f.kind == S3_OUTAGE:
+            w.proxy.cut()
+            f.note = f"S3 cut at {el:.0f}s for {f.down_seconds}s"
+            self.timers.append((time.time() + f.down_seconds, "S3 back", w.proxy.resume))
+        elif f.kind == APISERVER_RESTART:
+            f.note = f"apiserver restart at {el:.0f}s"
+
+            def restart() -> None:
+                took = w.cluster.restart_apiserver(down_seconds=f.down_seconds)
+                f.note += f", unavailable {took:.1f}s"
+            self.background(f.kind, restart)
+        else:
+            raise ValueError(f.kind)
+        f.fired_at = el
+        say(f"{self.scn.name}: {f.note} (progress {self.progress():.0%})")
+        return True
+
+    # ------------------------------------------------------------------ approvals
+    def approve(self, name: str, plan: RunPlan) -> None:
+        """Decide a waiting run's approval: by annotation (approved=true|false + agentrun.dev/reason,
+        what a user types with kubectl), or with `agentrun approvals approve` (in the background)."""
+        w = self.world
+        self.decided.add(name)
+        if plan.approval == "approve-cli":
+            def cli() -> None:
+                for _ in range(5):
+                    r = subprocess.run([sys.executable, "-m", "agentrun.cli.main", "approvals", "approve", name,
+                                        "-n", self.ns, "--reason", "chaos"], env=w.cluster.env(),
+                                       capture_output=True, text=True, timeout=120)
+                    if r.returncode == 0:
+                        return
+                    time.sleep(2)
+                raise RuntimeError(f"agentrun approvals approve {name} failed: {r.stderr.strip()}")
+            self.background(f"approve-cli {name}", cli)
+            return
+        value = "false" if plan.approval == "reject" else "true"
+        try:
+            w.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, self.ns, PLURAL, name,
+                {"metadata": {"annotations": {"approved": value, "agentrun.dev/reason": "chaos"}}},
+                _request_timeout=REQ_TIMEOUT)
+        except Exception:  # noqa: BLE001  (apiserver down: try again at the next poll)
+            self.decided.discard(name)
+
+    # ------------------------------------------------------------------ the scenario
+    def create_runs(self) -> None:
+        n = len(self.scn.runs)
+        for i, plan in enumerate(self.scn.runs):
+            self.world.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL,
+                                                              run_doc(self.world, plan), _request_timeout=REQ_TIMEOUT)
+            if self.scn.create_over and i < n - 1:
+                time.sleep(self.scn.create_over / n)
+
+    def execute(self) -> dict:
+        w, scn = self.world, self.scn
+        say(f"=== scenario {scn.name}: {len(scn.runs)} runs, {scn.expected_laps} laps, "
+            f"{sum(1 for p in scn.runs if p.approval)} approvals, faults: "
+            f"{', '.join(f'{f.kind}@{f.at:.0%}' for f in sorted(scn.faults, key=lambda f: f.at))}")
+        w.new_namespace(self.ns)
+        w.start_operator(self.ns)
+        self.t0 = time.time()
+        self.create_runs()
+        pending = sorted(scn.faults, key=lambda f: f.at)
+        deadline = self.t0 + scn.timeout
+        last_print = 0.0
+        while True:
+            now = time.time()
+            if now > deadline:
+                self.errors.append(f"timed out after {scn.timeout:.0f}s")
+                break
+            for t in [t for t in self.timers if t[0] <= now]:
+                self.timers.remove(t)
+                t[2]()
+                say(f"{scn.name}: {t[1]} at {now - self.t0:.0f}s")
+            code = w.operator_exited_by_itself()
+            if code is not None:
+                self.errors.append(f"the operator exited by itself with code {code} at {now - self.t0:.0f}s")
+                w.start_operator(self.ns)
+            if not self.poll():
+                time.sleep(1)
+                continue
+            prog = self.progress()
+            while pending and pending[0].at <= prog:
+                if not self.fire(pending[0]):
+                    break
+                pending.pop(0)
+            for name, r in self.runs.items():
+                plan = self.plans.get(name)
+                if plan and plan.approval and name not in self.decided \
+                        and (r.get("status") or {}).get("phase") == "AwaitingApproval":
+                    self.approve(name, plan)
+            terminal = [n for n, r in self.runs.items() if (r.get("status") or {}).get("phase") in TERMINAL]
+            if now - last_print > 10:
+                phases = Counter((r.get("status") or {}).get("phase") or "-" for r in self.runs.values())
+                say(f"{scn.name}: {now - self.t0:.0f}s progress {prog:.0%} {dict(sorted(phases.items()))}")
+                last_print = now
+            if len(terminal) == len(scn.runs) and len(self.runs) == len(scn.runs) and not self.timers \
+                    and all(not t.is_alive() for t in self.threads):
+                if pending:
+                    self.errors.append(f"faults never fired (the runs ended first): {[f.kind for f in pending]}")
+                break
+            time.sleep(1)
+        elapsed = time.time() - self.t0
+        for t in self.threads:
+            t.join(60)
+        say(f"{scn.name}: all runs ended after {elapsed:.0f}s; checking invariants")
+        self.poll()
+        violations = list(self.errors)
+        violations += invariants.check_phases(scn, self.runs)
+        violations += invariants.check_side_effects(w, scn, self.runs)
+        violations += invariants.check_store(w, scn, self.runs)
+        violations += self.settle("no orphan Jobs or pods", lambda: invariants.check_no_orphans(w, self.ns, self.runs), 90)
+        if violations:
+            self.diagnose(violations)
+            raise ScenarioFailed(f"scenario {scn.name} (seed {self.seed}, replay: CHAOS_SEED={self.seed} "
+                                 f"python -m e2e.chaos --schedule {self.schedule}): {len(violations)} violation(s):\n  "
+                                 + "\n  ".join(violations[:40]))
+        w.kubectl("delete", "agentruns", "--all", "-n", self.ns, "--wait=true", "--timeout=120s", check=False)
+        left = self.settle("nothing left after deleting the runs", lambda: invariants.check_nothing_left(w, self.ns), 120)
+        w.kill_operator()
+        if left:
+            self.diagnose(left)
+            raise ScenarioFailed(f"scenario {scn.name} (seed {self.seed}): left behind:\n  " + "\n  ".join(left[:40]))
+        retries = sum((r.get("status") or {}).get("totalRetries") or 0 for r in self.runs.values())
+        result = {"scenario": scn.name, "runs": len(scn.runs), "laps": scn.expected_laps, "seconds": round(elapsed),
+                  "retries": retries, "faults": [f.note for f in scn.faults], "api_poll_errors": self.api_errors,
+                  "s3_refused": w.proxy.refused}
+        say(f"{scn.name}: OK in {elapsed:.0f}s ({retries} lap retries): every run Succeeded, each side effect once, "
+            f"lap chains intact, status == store, nothing left")
+        return result
+
+    def settle(self, what: str, check, timeout: float) -> list[str]:
+        end = time.time() + timeout
+        while True:
+            try:
+                problems = check()
+            except Exception as e:  # noqa: BLE001
+                problems = [f"{what}: {type(e).__name__}: {e}"]
+            if not problems or time.time() > end:
+                return problems
+            time.sleep(2)
+
+    def diagnose(self, violations: list[str]) -> None:
+        w = self.world
+        out = [f"===== chaos diagnosis: scenario {self.scn.name}, seed {self.seed} ====="]
+        out += [f"violation: {v}" for v in violations]
+        out.append("--- faults ---")
+        out += [f"{f.kind} at {f.at:.0%}: {f.note or 'not fired'}" for f in self.scn.faults]
+        out.append("--- runs (name phase lap retries message) ---")
+        bad = {v.split(":")[0] for v in violations}
+        for name, r in sorted(self.runs.items()):
+            st = r.get("status") or {}
+            out.append(f"{name} {st.get('phase')} lap={st.get('lap')} retries={st.get('totalRetries')} "
+                       f"ck={(st.get('checkpoint') or {}).get('key', '').rsplit('/', 2)[-1]} {st.get('message', '')}")
+            if name in bad:
+                try:
+                    prefix = w.store.run_prefix(w.run_ref(r))
+                    keys = [o["Key"][len(prefix):] for page in w.s3c.get_paginator("list_objects_v2").paginate(
+                        Bucket=w.s3.bucket, Prefix=prefix) for o in page.get("Contents", [])]
+                    out.append(f"    store: {keys}")
+                    short = w.run_ref(r).short_id
+                    calls = Counter(c["idempotencyKey"] for c in w.executed_calls()
+                                    if (c["idempotencyKey"] or "").startswith(short))
+                    out.append(f"    tool calls per key: {dict(calls)}")
+                    out.append(f"    status: {st}")
+                except Exception as e:  # noqa: BLE001
+                    out.append(f"    (store/tool read failed: {e})")
+        r = w.kubectl("get", "jobs,pods", "-n", self.ns, "-o", "wide", check=False)
+        out += ["--- kubectl get jobs,pods ---", r.stdout + r.stderr]
+        if w.operator_log and w.operator_log.exists():
+            out.append(f"--- operator log tail ({w.operator_log}) ---")
+            out += w.operator_log.read_text(errors="replace").splitlines()[-200:]
+        kl = w.cluster.dir / "logs" / "kubelet.log"
+        out.append(f"--- kubelet log tail ({kl}) ---")
+        out += kl.read_text(errors="replace").splitlines()[-40:]
+        print("\n".join(out), file=sys.stderr, flush=True)
+
+
+def run_schedule(schedule: str, seed: int, tmp: str, only: list[str] | None = None,
+                 world: World | None = None) -> list[dict]:
+    """Run every scenario of the schedule in ``world`` (default: a new one started in tmp and
+    stopped at the end). Raises ScenarioFailed on the first scenario whose invariants do not hold."""
+    scenarios = [s for s in build(schedule, seed) if not only or s.name in only]
+    say(f"chaos seed {seed} (replay: CHAOS_SEED={seed} python -m e2e.chaos --schedule {schedule}); "
+        f"scenarios: {', '.join(s.name for s in scenarios)}; work dir {tmp}")
+    t0 = time.time()
+    own = world is None
+    if world is None:
+        world = World(tmp)
+    results: list[dict] = []
+    problems: list[str] = []
+    try:
+        if own:
+            world.start()
+        for scn in scenarios:
+            results.append(ScenarioRun(world, scn, seed, schedule).execute())
+    finally:
+        if own:
+            problems = world.stop()
+    if problems:
+        raise ScenarioFailed("; ".join(problems))
+    say(f"schedule {schedule} seed {seed}: {len(results)} scenario(s) OK in {time.time() - t0:.0f}s")
+    for r in results:
+        say(f"  {r}")
+    return results

@@ -1,0 +1,160 @@
+"""Seeded chaos schedules: which runs a scenario creates (scripted, side-effecting, some waiting
+for approval) and which faults it injects at which point of its progress.
+
+Everything random comes from ``random.Random(f"{seed}:{scenario}")``: the same seed gives the same
+runs, scripts, approval decisions, fault kinds, fault points and victim choices. The *timing* of a
+fault relative to a lap is not replayable (it depends on the machine's load); the plan is.
+Progress is measured as laps checkpointed / laps expected, so a fault lands mid-run however fast
+or slow the box is.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+# fault kinds
+OPERATOR_KILL = "operator-kill"  # SIGKILL the operator's process group; restart after `downSeconds`
+POD_DELETE = "pod-delete"  # delete a running lap pod (grace 0..2 s)
+POD_SIGKILL = "pod-sigkill"  # SIGKILL a running lap pod's process (group)
+S3_OUTAGE = "s3-outage"  # S3 refuses every connection for `downSeconds`
+APISERVER_RESTART = "apiserver-restart"  # stop kube-apiserver, start it again with the same flags
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float  # progress fraction (0..1) at which it fires
+    down_seconds: float = 0.0
+    delay: float = 0.0  # extra seconds before hitting the chosen victim (a random point of its lap)
+    pick: float = 0.0  # which victim (fraction into the sorted candidates)
+    fired_at: float | None = None
+    note: str = ""
+
+
+@dataclass
+class RunPlan:
+    name: str
+    steps: list[dict]  # the scripted model responses
+    approval: str | None = None  # None | "approve" | "approve-cli" | "reject"
+
+    @property
+    def laps(self) -> int:
+        return len(self.steps)
+
+
+@dataclass
+class Scenario:
+    name: str
+    runs: list[RunPlan]
+    faults: list[Fault] = field(default_factory=list)
+    create_over: float = 0.0  # seconds over which the runs are created
+    timeout: float = 600.0
+
+    @property
+    def expected_laps(self) -> int:
+        return sum(r.laps for r in self.runs)
+
+
+def _note(order: str, sleep: float = 0.0) -> dict[str, Any]:
+    args: dict[str, Any] = {"order": order}
+    if sleep:
+        args["sleepSeconds"] = sleep
+    return {"name": "note", "arguments": args}
+
+
+def make_runs(rng: random.Random, prefix: str, n: int, laps: tuple[int, int], n_approval: int,
+              slow: float = 0.3) -> list[RunPlan]:
+    """n runs of laps[0]..laps[1] laps; every lap but the last makes 1-2 side-effecting `note` calls
+    (a share of them slow, so kills land mid-call); n_approval of them ask for a `refund` that needs
+    approval in one of their laps (approved by annotation, by the CLI, or rejected)."""
+    plans = []
+    approvals = set(rng.sample(range(n), n_approval))
+    for i in range(n):
+        name = f"{prefix}-{i:03d}"
+        k = rng.randint(*laps)
+        steps: list[dict] = []
+        for s in range(k - 1):
+            calls = [_note(f"{name}/{s + 1}/{j + 1}", round(rng.uniform(0.5, 2.0), 1) if rng.random() < slow else 0.0)
+                     for j in range(rng.randint(1, 2))]
+            steps.append({"content": f"lap {s + 1}", "toolCalls": calls,
+                          "usage": {"inputTokens": 100 + s, "outputTokens": 10 + s}})
+        steps.append({"content": "done", "usage": {"inputTokens": 50, "outputTokens": 5}})
+        decision = None
+        if i in approvals:
+            s = rng.randrange(k - 1) if k > 1 else 0
+            if k == 1:  # the approval needs a lap after it
+                steps.insert(0, {"content": "lap 1", "toolCalls": []})
+            steps[s]["toolCalls"].append({"name": "refund", "arguments": {"order": f"{name}/refund"}})
+            decision = rng.choices(["approve", "approve-cli", "reject"], weights=[6, 2, 2])[0]
+        plans.append(RunPlan(name=name, steps=steps, approval=decision))
+    return plans
+
+
+def _pod_faults(rng: random.Random, n: int, lo: float, hi: float) -> list[Fault]:
+    return [Fault(kind=POD_DELETE if i % 2 == 0 else POD_SIGKILL, at=rng.uniform(lo, hi),
+                  delay=round(rng.uniform(0.0, 1.5), 2), pick=rng.random()) for i in range(n)]
+
+
+def _op_kills(rng: random.Random, n: int, lo: float, hi: float) -> list[Fault]:
+    return [Fault(kind=OPERATOR_KILL, at=rng.uniform(lo, hi), down_seconds=round(rng.uniform(1.0, 6.0), 1))
+            for _ in range(n)]
+
+
+def build(schedule: str, seed: int) -> list[Scenario]:
+    if schedule not in ("ci", "full", "smoke"):
+        raise ValueError(f"unknown schedule {schedule!r} (ci, full or smoke)")
+
+    def rng(name: str) -> random.Random:
+        return random.Random(f"{seed}:{schedule}:{name}")
+
+    out: list[Scenario] = []
+    if schedule == "smoke":  # a quick sanity check of the suite itself (about a minute)
+        r = rng("smoke")
+        out.append(Scenario(name="smoke", runs=make_runs(r, "k", 4, (2, 3), 1),
+                            faults=_op_kills(r, 1, 0.2, 0.5) + _pod_faults(r, 2, 0.1, 0.7)
+                            + [Fault(kind=S3_OUTAGE, at=0.3, down_seconds=8.0),
+                               Fault(kind=APISERVER_RESTART, at=0.5, down_seconds=2.0)],
+                            timeout=240))
+        return out
+    if schedule == "ci":
+        r = rng("faults")
+        out.append(Scenario(
+            name="faults", runs=make_runs(r, "f", 20, (3, 4), 4),
+            faults=_op_kills(r, 2, 0.1, 0.6) + _pod_faults(r, 4, 0.1, 0.8)
+            + [Fault(kind=S3_OUTAGE, at=r.uniform(0.25, 0.45), down_seconds=30.0),
+               Fault(kind=APISERVER_RESTART, at=r.uniform(0.5, 0.75), down_seconds=5.0)],
+            create_over=5, timeout=420))
+        r = rng("scale")
+        out.append(Scenario(
+            name="scale", runs=make_runs(r, "s", 100, (2, 2), 20, slow=0.1),
+            faults=_op_kills(r, 1, 0.3, 0.6), create_over=15, timeout=480))
+        return out
+    r = rng("operator-kill")
+    out.append(Scenario(name="operator-kill", runs=make_runs(r, "ok", 25, (4, 5), 4),
+                        faults=_op_kills(r, 4, 0.05, 0.85), create_over=5, timeout=600))
+    r = rng("pod-kill")
+    out.append(Scenario(name="pod-kill", runs=make_runs(r, "pk", 20, (4, 5), 2, slow=0.5),
+                        faults=_pod_faults(r, 12, 0.05, 0.9), create_over=5, timeout=600))
+    r = rng("s3-outage")
+    out.append(Scenario(name="s3-outage", runs=make_runs(r, "so", 20, (4, 5), 2),
+                        faults=[Fault(kind=S3_OUTAGE, at=r.uniform(0.2, 0.4), down_seconds=30.0),
+                                Fault(kind=S3_OUTAGE, at=r.uniform(0.6, 0.8), down_seconds=30.0)],
+                        create_over=5, timeout=600))
+    r = rng("apiserver-restart")
+    out.append(Scenario(name="apiserver-restart", runs=make_runs(r, "ar", 20, (4, 5), 2),
+                        faults=[Fault(kind=APISERVER_RESTART, at=r.uniform(0.15, 0.35), down_seconds=5.0),
+                                Fault(kind=APISERVER_RESTART, at=r.uniform(0.55, 0.75), down_seconds=15.0)],
+                        create_over=5, timeout=600))
+    r = rng("mixed")
+    out.append(Scenario(name="mixed", runs=make_runs(r, "mx", 25, (3, 5), 5),
+                        faults=_op_kills(r, 2, 0.1, 0.7) + _pod_faults(r, 6, 0.1, 0.85)
+                        + [Fault(kind=S3_OUTAGE, at=r.uniform(0.25, 0.45), down_seconds=30.0),
+                           Fault(kind=APISERVER_RESTART, at=r.uniform(0.5, 0.75), down_seconds=5.0)],
+                        create_over=5, timeout=600))
+    r = rng("scale")
+    out.append(Scenario(name="scale", runs=make_runs(r, "s", 100, (3, 3), 30, slow=0.1),
+                        faults=_op_kills(r, 2, 0.2, 0.7) + _pod_faults(r, 4, 0.2, 0.8),
+                        create_over=15, timeout=900))
+    return out

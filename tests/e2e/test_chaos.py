@@ -1,0 +1,67 @@
+"""The chaos suite's `ci` schedule (e2e/chaos, docs/chaos.md) under pytest, plus focused regression
+tests of the bugs it found.
+
+The module starts its own world (a *restartable* control plane: the apiserver is restarted; its own
+S3 server behind a cuttable proxy; a recording tool server; the operator): the session fixtures
+``cluster``/``s3`` must never see an apiserver restart or an S3 outage. The seed is printed; replay
+a failure with ``CHAOS_SEED=<seed> python -m pytest tests/e2e/test_chaos.py`` or
+``CHAOS_SEED=<seed> make chaos``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import yaml
+from e2e.chaos.runner import run_schedule
+from e2e.chaos.world import World
+from e2e_support import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    w = World(tmp_path_factory.mktemp("chaos"))
+    try:
+        w.start()
+        yield w
+    finally:
+        problems = w.stop()
+    assert not problems, problems
+
+
+def _pod_phase(world: World, ns: str, name: str) -> str:
+    try:
+        return world.core.read_namespaced_pod(name, ns, _request_timeout=10).status.phase or ""
+    except Exception:  # noqa: BLE001  (the apiserver is restarting)
+        return ""
+
+
+def test_kubelet_reports_a_pod_that_ended_while_the_apiserver_was_down(world):
+    """Regression (found by the chaos suite): the process kubelet sent a pod's final status once; if
+    the apiserver was down at that moment the pod stayed Running in the API for good, and its lap
+    Job ran into spec.lapTimeout although the lap had been checkpointed. Now failed status patches
+    are retried until they land."""
+    ns = world.new_namespace("chaos-kubelet")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "short"},
+           "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
+                    "containers": [{"name": "c", "image": "none", "command": ["sleep", "4"]}]}}
+    world.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(pod))
+    wait_for("pod Running", lambda: _pod_phase(world, ns, "short") == "Running", timeout=60, interval=0.2)
+    world.cluster.restart_apiserver(down_seconds=6)  # `sleep 4` exits while the apiserver is away
+    kubelet_log = world.cluster.dir / "logs" / "kubelet.log"
+    assert f"patch status {ns}/short: " in kubelet_log.read_text(), "the final status patch did not meet the outage"
+    wait_for("pod Succeeded after the apiserver came back", lambda: _pod_phase(world, ns, "short") == "Succeeded",
+             timeout=30)
+    world.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_chaos_ci_schedule(world, tmp_path):
+    seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(10**6))
+    print(f"chaos seed {seed}: replay with CHAOS_SEED={seed}", flush=True)
+    results = run_schedule("ci", seed, str(tmp_path), world=world)
+    assert [r["scenario"] for r in results] == ["faults", "scale"]
+    assert world.proxy.refused > 0, "the S3 outage was never met by a client"
