@@ -9,12 +9,18 @@ Unknown fields: kubectl 1.36 defaults to ``--validate=strict`` (server-side fiel
 not a silent prune; with ``--validate=warn`` it is a warning and the field is pruned (asserted
 below, so a change of kubectl's default shows up here).
 
-Fixture ``cluster`` comes from tests/e2e/conftest.py. No operator and no S3 are needed.
+The last test runs the operator (grace AGENTRUN_POD_CONFIG_GRACE_SECONDS=3) on a run whose lap pod
+cannot start because its API key Secret is missing: the run says so and waits for the Secret.
+
+Fixtures ``cluster`` and ``s3`` come from tests/e2e/conftest.py.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -25,6 +31,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "bad-input"))
 import bad_input_table as table  # noqa: E402
+from e2e_support import wait_for  # noqa: E402
+from test_operator_e2e import Env  # noqa: E402
 
 pytestmark = [pytest.mark.e2e]
 
@@ -97,3 +105,56 @@ def test_unknown_field_is_only_a_warning_with_validate_warn(cluster, ns):
     assert 'unknown field "spec.maxLaps"' in r.stderr, r.stderr
     got = json.loads(cluster.kubectl_run("get", "agentrun", "warned", "-n", ns, "-o", "json").stdout)
     assert "maxLaps" not in got["spec"], got["spec"]
+
+
+# ------------------------------------------------------------------ a missing Secret (the lap pod)
+
+
+@pytest.fixture(scope="module")
+def op(cluster, s3, tmp_path_factory):
+    e = Env(cluster, s3, tmp_path_factory.mktemp("bad-input-operator"))
+    e.prepare_namespace()
+    fh = open(e.log, "ab")
+    e.proc = subprocess.Popen([sys.executable, "-m", "agentrun.cli.main", "operator"],
+                              env=e.operator_env(AGENTRUN_POD_CONFIG_GRACE_SECONDS="3"),
+                              stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    yield e
+    if e.proc.poll() is None:
+        os.killpg(e.proc.pid, signal.SIGKILL)
+        e.proc.wait(10)
+    e.tools.shutdown()
+    cluster.kubectl_run("delete", "namespace", e.ns, "--wait=false", check=False)
+
+
+def _progressing(op, name: str) -> dict:
+    return next((c for c in op.status(name).get("conditions") or [] if c["type"] == "Progressing"), {})
+
+
+def test_missing_secret_is_named_and_the_run_continues_once_it_exists(op):
+    doc = op.run_doc("nokey", [{"content": "done"}])
+    doc["spec"]["agent"]["model"]["apiKeySecretRef"] = {"name": "model-key", "key": "api-key"}
+    op.apply(doc)
+    try:
+        cond = wait_for("SecretMissing (no Secret)", lambda: (c := _progressing(op, "nokey")).get("reason") == "SecretMissing"
+                        and "does not exist" in c["message"] and c, timeout=60)
+        assert "Secret 'model-key' does not exist" in cond["message"], cond
+        assert op.status("nokey")["phase"] == "Pending"
+        # the Secret exists, but without the key: the condition follows the kubelet's new message
+        op.kubectl("create", "secret", "generic", "model-key", "-n", op.ns, "--from-literal=other=x")
+        cond = wait_for("SecretMissing (no key)", lambda: "has no key" in (c := _progressing(op, "nokey")).get("message", "")
+                        and c, timeout=60)
+        assert "Secret 'model-key' has no key 'api-key'" in cond["message"], cond
+        warnings = [e for e in op.events("nokey") if e["reason"] == "SecretMissing"]
+        assert warnings and all(e["type"] == "Warning" for e in warnings), warnings
+        assert len(op.jobs("nokey")) == 1  # the run waits on its one Job: no retry, no new Job
+        # the fix: add the key. The kubelet starts the pod, the lap runs, the run succeeds
+        op.kubectl("patch", "secret", "model-key", "-n", op.ns, "--type=merge",
+                   "-p", json.dumps({"stringData": {"api-key": "sk-e2e-NEVER-SHOWN"}}))
+        st = op.wait_phase("nokey", "Succeeded", "Failed", timeout=90)
+        assert st["phase"] == "Succeeded" and st.get("totalRetries", 0) == 0, st
+        assert len(op.jobs("nokey")) == 1
+        shown = json.dumps(op.get("nokey")) + json.dumps(op.events("nokey"))
+        assert "sk-e2e-NEVER-SHOWN" not in shown
+    except Exception:
+        sys.__stderr__.write(op.log.read_text(errors="replace")[-5000:] + "\n")
+        raise

@@ -68,6 +68,10 @@ class OperatorConfig:
     """AGENTRUN_RESYNC_SECONDS: every run is reconciled at least this often (safety net)."""
     store_retry_seconds: float = 10.0
     """AGENTRUN_STORE_RETRY_SECONDS: requeue delay when the checkpoint store is unavailable."""
+    pod_config_grace_seconds: float = 30.0
+    """AGENTRUN_POD_CONFIG_GRACE_SECONDS: how long a lap pod may wait on a configuration error
+    (CreateContainerConfigError: a missing Secret or key) before the run's condition and a Warning
+    Event say so. The run keeps waiting: the pod starts once the Secret exists."""
     identity: str = ""
     """AGENTRUN_IDENTITY (or POD_NAME): this replica's name in the Lease (default host-pid)."""
 
@@ -132,6 +136,7 @@ class OperatorConfig:
         parse("AGENTRUN_LEASE_DURATION", float, "lease_duration_seconds")
         parse("AGENTRUN_RESYNC_SECONDS", float, "resync_seconds")
         parse("AGENTRUN_STORE_RETRY_SECONDS", float, "store_retry_seconds")
+        parse("AGENTRUN_POD_CONFIG_GRACE_SECONDS", float, "pod_config_grace_seconds")
         parse("POD_NAME", str, "identity")
         parse("AGENTRUN_IDENTITY", str, "identity")
         if not kw.get("identity"):

@@ -17,6 +17,7 @@ Invariants (tested with hypothesis in tests/controller):
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -66,6 +67,11 @@ class ObservedJob:
     message: str | None = None
     agent_version: str | None = None
     started_at: datetime | None = None
+    waiting_reason: str | None = None
+    """Of an active Job: why its pod's container is not running yet (CreateContainerConfigError, ...)."""
+    waiting_message: str | None = None
+    waiting_since: datetime | None = None
+    """Since when the pod exists without running (its creationTimestamp)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,9 @@ class Observed:
     checkpoint: CheckpointRead | None = None
     attempt_failure: AttemptFailureRead | None = None
     fork: ForkRead | None = None
+    pod_config_grace_seconds: float = 30.0
+    """AGENTRUN_POD_CONFIG_GRACE_SECONDS: how long a lap pod may wait on a config error before the
+    run says so (condition + Warning Event)."""
 
 
 # ----------------------------------------------------------------------------- actions
@@ -483,11 +492,65 @@ def _consume_annotation(c: _Ctx, why: str) -> None:
     )
 
 
+# Waiting reasons of a container that the kubelet retries by itself once the configuration is fixed.
+POD_CONFIG_ERRORS = ("CreateContainerConfigError", "CreateContainerError", "InvalidImageName")
+_SECRET_MISSING = re.compile(r'secrets? "(?P<name>[^"]+)" not found')
+_KEY_MISSING = re.compile(r"couldn't find key (?P<key>\S+) in Secret (?:[^/\s]+/)?(?P<name>[^\s,]+)")
+
+
+def pod_config_problem(reason: str | None, message: str | None) -> tuple[str, str] | None:
+    """(condition reason, explanation) for a lap pod stuck on its configuration, else None.
+
+    The kubelet's messages (``secret "x" not found``, ``couldn't find key k in Secret ns/x``) name
+    the Secret and key; they never hold a secret value."""
+    if reason not in POD_CONFIG_ERRORS:
+        return None
+    text = message or reason
+    m = _SECRET_MISSING.search(text)
+    if m:
+        return "SecretMissing", f"Secret {m['name']!r} does not exist in the run's namespace"
+    m = _KEY_MISSING.search(text)
+    if m:
+        return "SecretMissing", f"Secret {m['name']!r} has no key {m['key']!r}"
+    return "LapPodConfigError", f"{reason}: {_truncate(text, 300)}"
+
+
+def _waiting_on_config(c: _Ctx, job: ObservedJob) -> None:
+    """The active Job's pod cannot start because of its configuration (a missing Secret or key):
+    past the grace, say so (phase Pending, condition reason SecretMissing / LapPodConfigError, one
+    Warning Event) and keep the Job: creating the Secret is the fix and the kubelet then starts the
+    pod by itself; spec.lapTimeout still bounds the attempt."""
+    o, st = c.o, c.st
+    aj = st.active_job
+    assert aj is not None
+    problem = pod_config_problem(job.waiting_reason, job.waiting_message)
+    assert problem is not None
+    reason, why = problem
+    since = job.waiting_since or aj.started_at or o.now
+    waited = (o.now - since).total_seconds()
+    if waited < o.pod_config_grace_seconds:
+        if st.phase != "Running":
+            c.phase("Running", "LapRunning", f"lap {aj.lap} attempt {aj.attempt} starting (agent {aj.agent_version})")
+        c.act(RequeueAfter(max(0.5, o.pod_config_grace_seconds - waited)))
+        return
+    msg = (f"lap {aj.lap} attempt {aj.attempt} cannot start: {why} ({job.waiting_reason}). The lap starts as "
+           "soon as it is fixed; spec.lapTimeout bounds the wait")
+    progressing = next((x for x in st.conditions if x.type == "Progressing"), None)
+    if not (st.phase == "Pending" and progressing is not None and progressing.reason == reason
+            and progressing.message == _truncate(msg, 1024)):
+        c.phase("Pending", reason, msg)
+        c.event("Warning", reason, msg, aj.lap, aj.attempt)
+    c.act(RequeueAfter(15.0))
+
+
 def _observe_active(c: _Ctx, job: ObservedJob | None) -> Decision | None:
     """Handle the Job in flight. Returns a Decision to stop, or None to go on to the next step."""
     o, st = c.o, c.st
     aj = st.active_job
     assert aj is not None and o.spec is not None
+    if job is not None and job.state == "active" and pod_config_problem(job.waiting_reason, job.waiting_message):
+        _waiting_on_config(c, job)
+        return c.finish()
     if job is not None and job.state == "active":
         if st.phase not in ("Running",):
             c.phase("Running", "LapRunning", f"lap {aj.lap} attempt {aj.attempt} running (agent {aj.agent_version})")

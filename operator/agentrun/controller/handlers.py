@@ -85,6 +85,19 @@ def _pod_exit(pods: list[dict[str, Any]]) -> tuple[int | None, str | None]:
     return None, None
 
 
+def _pod_waiting(pods: list[dict[str, Any]]) -> tuple[str | None, str | None, str | None]:
+    """(waiting reason, message, pod creationTimestamp) of the newest pod of a Job whose container
+    has not started, else (None, None, None). The messages name Secrets and keys, never values."""
+    pods = sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "")
+    for pod in reversed(pods):
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting")
+            if waiting and waiting.get("reason"):
+                return waiting["reason"], waiting.get("message"), (pod.get("metadata") or {}).get("creationTimestamp")
+        return None, None, None
+    return None, None, None
+
+
 @dataclass
 class Controller:
     config: OperatorConfig
@@ -270,6 +283,7 @@ class Controller:
         observed = d.Observed(
             namespace=namespace, name=name, uid=uid, generation=int(meta.get("generation") or 1),
             spec=spec, spec_error=spec_error, status=status, now=_now(),
+            pod_config_grace_seconds=self.config.pod_config_grace_seconds,
             annotations=dict(meta.get("annotations") or {}), finalizers=tuple(meta.get("finalizers") or ()),
             deleting=bool(meta.get("deletionTimestamp")), jobs=tuple(jobs),
         )
@@ -310,11 +324,17 @@ class Controller:
                     reason = job_reason if exit_code is None else None
                 if exit_code is None and reason == "BackoffLimitExceeded":
                     reason = "PodGone: the lap pod was deleted or lost"
+            waiting: tuple[str | None, str | None, Any] = (None, None, None)
+            if state == "active" and meta["name"] in current and not (job.get("status") or {}).get("ready"):
+                # a pod that does not run yet: is it stuck on its configuration (a missing Secret)?
+                pods = await asyncio.to_thread(core.list_namespaced_pod, namespace, label_selector=f"job-name={meta['name']}")
+                waiting = _pod_waiting(api_client.sanitize_for_serialization(pods)["items"])
             started = (job.get("status") or {}).get("startTime") or meta.get("creationTimestamp")
             out.append(d.ObservedJob(
                 name=meta["name"], lap=lap, attempt=attempt, state=state, exit_code=exit_code, reason=reason,
                 agent_version=(meta.get("annotations") or {}).get(ANNOTATION_AGENT_VERSION),
                 started_at=parse_time(started),
+                waiting_reason=waiting[0], waiting_message=waiting[1], waiting_since=parse_time(waiting[2]),
             ))
         return out
 
