@@ -96,3 +96,41 @@ def test_the_grace_comes_from_the_observation():
     dec = d.decide(obs)
     assert dec.status is not None and dec.status.phase == "Pending"
     assert T0 <= w.now
+
+
+# ------------------------------------------------------------ the runner's message when no report exists
+
+
+def _failed_pod(message: str) -> dict:
+    return {"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"containerStatuses": [{"state": {"terminated": {"exitCode": 2, "reason": "Error",
+                                                                       "message": message}}}]}}
+
+
+def test_the_runner_failure_message_is_taken_from_the_termination_message():
+    from agentrun.controller.handlers import _pod_failure_message
+
+    tail = "\n".join([
+        '{"msg": "lap starting", "level": "info"}',
+        '{"msg": "lap failed", "level": "error", "exit_code": 2, "error": "S3 HeadObject k: 403 (HTTP 403); the store '
+        "refused the credentials from Secret 's3-creds' (keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)\"}",
+        '{"msg": "attempt report not written", "level": "warning", "error": "StoreConfigError"}',
+    ])
+    msg = _pod_failure_message([_failed_pod(tail)])
+    assert msg is not None and msg.startswith("S3 HeadObject k: 403") and "Secret 's3-creds'" in msg
+    assert _pod_failure_message([_failed_pod("Traceback ...\nnot json")]) is None
+    assert _pod_failure_message([]) is None
+    assert len(_pod_failure_message([_failed_pod('{"msg": "lap failed", "error": "' + "x" * 5000 + '"}')])) == 600
+
+
+def test_a_permanent_failure_without_a_report_uses_the_runner_message():
+    w = World(make_spec())
+    w.reconcile()
+    j = w.active()
+    w.jobs[j.name] = dataclasses.replace(j, state="failed", exit_code=2,
+                                         message="S3 HeadObject k: 403 (HTTP 403); the store refused the credentials "
+                                                 "from Secret 's3-creds'")
+    w.reconcile()
+    assert w.status.phase == "Failed"
+    failed = {c.type: c for c in w.status.conditions}["Failed"]
+    assert failed.reason == "LapFailedPermanently" and "Secret 's3-creds'" in failed.message, failed

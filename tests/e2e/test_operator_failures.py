@@ -134,9 +134,17 @@ def test_budget_max_cost_reached(env):
 # ------------------------------------------------------------------------ unreadable checkpoint
 
 
-@pytest.mark.parametrize("damage", ["garbage", "future-schema"])
+# The checkpoint rows of the bad-input table (docs/bad-input.md): what was done to lap 1's object,
+# and what the Failed condition's message must then say besides the key.
+DAMAGE = {"garbage": "corrupt", "future-schema": "future", "truncated": "truncated", "foreign-run": "foreign"}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
 def test_unreadable_checkpoint_stops_failed_store_untouched_no_crash_loop(env, damage):
-    name = "corrupt" if damage == "garbage" else "future"
+    name = DAMAGE[damage]
+    if damage == "foreign-run":  # another run of the namespace, whose lap 1 is copied over ours below
+        env.apply(env.run_doc("donor", [{"content": "done"}]))
+        assert env.wait_phase("donor", "Succeeded", "Failed")["phase"] == "Succeeded"
     env.apply(env.run_doc(name, [_note(f"{name}1", sleepSeconds=3), _note(f"{name}2"), {"content": "done"}]))
     _wait("lap 1 running", lambda: env.status(name).get("activeJob"))
     env.kubectl("patch", "agentrun", name, "-n", env.ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
@@ -148,6 +156,14 @@ def test_unreadable_checkpoint_stops_failed_store_untouched_no_crash_loop(env, d
     assert head["Metadata"].get("sha256") == st["checkpoint"]["sha256"]
     if damage == "garbage":  # overwrite the body, keep the metadata (the sha256 no longer matches)
         data, expect = b'{"schemaVersion": 2, "lap": 1, "broken": tru', "sha256"
+    elif damage == "truncated":  # the first half of the object, re-uploaded with a matching sha256
+        whole = env.s3c.get_object(Bucket=env.s3.bucket, Key=key)["Body"].read()
+        data, expect = whole[: len(whole) // 2], "is not valid JSON"
+        head["Metadata"]["sha256"] = hashlib.sha256(data).hexdigest()
+    elif damage == "foreign-run":  # the donor's lap 1, byte for byte with its own metadata
+        donor = env.s3c.get_object(Bucket=env.s3.bucket, Key=env.get("donor")["status"]["checkpoint"]["key"])
+        data, expect = donor["Body"].read(), f"of {env.ns}/donor (uid {env.get('donor')['metadata']['uid']})"
+        head["Metadata"] = donor["Metadata"]
     else:  # a well-formed object of a schema version this agentrun does not know, with its true sha256
         doc = json.loads(env.s3c.get_object(Bucket=env.s3.bucket, Key=key)["Body"].read())
         doc["schemaVersion"] = 99

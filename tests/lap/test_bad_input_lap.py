@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 from lap_helpers import RUN, ChatServer, chat_reply, lap_env, log_lines, run_lap_process, spec_doc, spec_of, tool
 
-from agentrun.checkpoint.store import CheckpointStore, StoreConfig
+from agentrun.checkpoint.schema import RunRef
+from agentrun.checkpoint.store import CheckpointStore, StoreConfig, sha256_hex
 from agentrun.lap.errors import PermanentLapError, RetryableLapError
 from agentrun.lap.interfaces import ModelRequest
 from agentrun.lap.models.openai import OpenAIModel
@@ -272,6 +273,47 @@ def test_an_enormous_tool_result_keeps_the_checkpoint_small_and_the_run_going(s3
     assert TRUNCATION_MARKER in (rec.tool_calls[0].result or "") and f"of {FIFTY_MB} bytes" in rec.tool_calls[0].result
     assert store.get_lap(RUN, 2)[0].outcome.type == "done"
     assert srv.sent < FIFTY_MB and took < 30, (srv.sent, took)
+
+
+# ------------------------------------------------------------------------ unreadable checkpoints (runner side)
+
+OTHER = RunRef(namespace=RUN.namespace, name="other-run", uid="0c0c0c0c-9999-8888-7777-666655554444")
+
+
+def _objects(client: Any, bucket: str) -> dict[str, bytes]:
+    objs = client.list_objects_v2(Bucket=bucket).get("Contents", [])
+    return {o["Key"]: client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read() for o in objs}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "foreign-run"])
+def test_a_truncated_or_foreign_checkpoint_stops_the_lap_with_exit_2_and_is_left_intact(
+    damage: str, s3_env: dict[str, str], s3_client: Any, s3_bucket: Any
+) -> None:
+    # lap 2 reads lap 1 before anything else: the damaged object stops it there
+    spec = spec_doc([], [{"content": "one"}, {"content": "two"}])
+    store = CheckpointStore(StoreConfig.from_env(s3_env))
+    key = store.lap_key(RUN, 1)
+    if damage == "truncated":  # lap 1 written, then cut in half (re-uploaded with a matching sha256)
+        assert run_lap_process(lap_env(s3_env, spec, 1)).returncode == 0
+        whole = s3_client.get_object(Bucket=s3_bucket.name, Key=key)["Body"].read()
+        data = whole[: len(whole) // 2]
+        s3_client.put_object(Bucket=s3_bucket.name, Key=key, Body=data, Metadata={"sha256": sha256_hex(data)})
+        expect = f"checkpoint {key} is not valid JSON"
+    else:  # another run's lap 1, copied byte for byte (with its metadata) under this run's key
+        other = lap_env(s3_env, spec, 1, AGENTRUN_NAME=OTHER.name, AGENTRUN_UID=OTHER.uid)
+        assert run_lap_process(other).returncode == 0
+        s3_client.copy_object(Bucket=s3_bucket.name, Key=key, MetadataDirective="COPY",
+                              CopySource={"Bucket": s3_bucket.name, "Key": store.lap_key(OTHER, 1)})
+        expect = f"checkpoint {key} holds lap 1 of default/other-run (uid {OTHER.uid}): not the object this key names"
+    before = _objects(s3_client, s3_bucket.name)
+    p = run_lap_process(lap_env(s3_env, spec, 2))
+    assert p.returncode == 2, p.stderr
+    failed = [x for x in log_lines(p.stderr) if x["msg"] == "lap failed"]
+    assert failed and expect in failed[0]["error"], p.stderr
+    after = _objects(s3_client, s3_bucket.name)
+    assert {k: v for k, v in after.items() if "/attempts/" not in k} == before  # nothing changed, nothing written
+    report = store.get_attempt_failure(RUN, 2, 1)
+    assert report is not None and report["reason"] == "CheckpointUnreadable", report
 
 
 # ------------------------------------------------------------------------ S3 refuses the credentials

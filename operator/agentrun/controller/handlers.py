@@ -15,6 +15,7 @@ is configured to store any it would need in annotations, never in the pruned sta
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import time
@@ -83,6 +84,29 @@ def _pod_exit(pods: list[dict[str, Any]]) -> tuple[int | None, str | None]:
         if status.get("reason"):
             return None, status.get("reason")
     return None, None
+
+
+def _pod_failure_message(pods: list[dict[str, Any]], limit: int = 600) -> str | None:
+    """The lap runner's own failure message from the newest failed pod's termination message (the
+    log tail, terminationMessagePolicy FallbackToLogsOnError): the ``error`` of its last "lap failed"
+    / "lap configuration refused" JSON line. Already redacted by the runner. It names the failure
+    when the runner could not write its attempt report (e.g. the store refused its credentials)."""
+    pods = sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "")
+    for pod in reversed(pods):
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
+            for line in reversed(str(term.get("message") or "").splitlines()):
+                if not line.startswith("{"):
+                    continue
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if entry.get("msg") in ("lap failed", "lap configuration refused") and entry.get("error"):
+                    text = str(entry["error"])
+                    return text if len(text) <= limit else text[: limit - 1] + "…"
+        return None
+    return None
 
 
 def _pod_waiting(pods: list[dict[str, Any]]) -> tuple[str | None, str | None, str | None]:
@@ -314,10 +338,12 @@ class Controller:
             except (KeyError, ValueError):
                 continue
             state, job_reason = _job_state(job)
-            exit_code = reason = None
+            exit_code = reason = message = None
             if state != "active" and meta["name"] in current:
                 pods = await asyncio.to_thread(core.list_namespaced_pod, namespace, label_selector=f"job-name={meta['name']}")
-                exit_code, reason = _pod_exit(api_client.sanitize_for_serialization(pods)["items"])
+                pod_items = api_client.sanitize_for_serialization(pods)["items"]
+                exit_code, reason = _pod_exit(pod_items)
+                message = _pod_failure_message(pod_items) if exit_code not in (None, 0, 3) else None
                 if job_reason == "DeadlineExceeded":
                     reason = "DeadlineExceeded: the lap ran longer than spec.lapTimeout"
                 elif reason is None:
@@ -332,6 +358,7 @@ class Controller:
             started = (job.get("status") or {}).get("startTime") or meta.get("creationTimestamp")
             out.append(d.ObservedJob(
                 name=meta["name"], lap=lap, attempt=attempt, state=state, exit_code=exit_code, reason=reason,
+                message=message,
                 agent_version=(meta.get("annotations") or {}).get(ANNOTATION_AGENT_VERSION),
                 started_at=parse_time(started),
                 waiting_reason=waiting[0], waiting_message=waiting[1], waiting_since=parse_time(waiting[2]),
