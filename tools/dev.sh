@@ -53,7 +53,8 @@ down() {
   rm -f "$DEV_DIR/tool-server.port" "$DEV_DIR/metrics.port"
   "$PY" e2e/cluster.py s3-down --dir "$DEV_DIR/s3" || true
   "$PY" e2e/cluster.py down --dir "$DEV_DIR"
-  echo "stopped everything started from $DEV_DIR"
+  rm -rf "$DEV_DIR/pods"  # the process kubelet's pod dirs (lap.pid, pod logs) of the stopped cluster
+  echo "stopped everything started from $DEV_DIR (logs kept in $SHOW_DIR/logs and $SHOW_DIR/*.log)"
 }
 
 if [ "${1:-up}" = down ]; then down; exit 0; fi
@@ -72,7 +73,9 @@ if alive "$DEV_DIR/localkube.pid" && alive "$DEV_DIR/kubelet.pid" && [ -f "$DEV_
   say "control plane: already running in $SHOW_DIR (reused)"
 else
   say "control plane (etcd, kube-apiserver, kube-controller-manager, process kubelet) in $SHOW_DIR"
-  "$PY" e2e/cluster.py down --dir "$DEV_DIR" >/dev/null 2>&1 || true   # whatever a crashed run left
+  if [ -f "$DEV_DIR/localkube.pid" ] || [ -f "$DEV_DIR/kubelet.pid" ]; then  # what a crashed run left
+    "$PY" e2e/cluster.py down --dir "$DEV_DIR" >/dev/null 2>&1 || true
+  fi
   eval "$("$PY" e2e/cluster.py up --dir "$DEV_DIR")"
 fi
 

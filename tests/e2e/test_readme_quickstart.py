@@ -1,0 +1,153 @@
+"""README.md's quickstart, run as written.
+
+The shell blocks of README.md marked ``<!-- quickstart -->`` are run in order in one bash session
+(so ``source .localkube/dev.env`` carries over), from the repository root, with two changes a user
+never sees: the state directory is a private temp dir (``LOCALKUBE_DIR``, so this test never
+touches a developer's ``.localkube/``; ``.localkube/`` in a command is read as that dir) and the
+tool server and metrics ports are free ports (``DEV_TOOL_PORT=0 DEV_METRICS_PORT=0``), so parallel
+sessions cannot collide. Between the blocks and the final ``make dev-down`` the test runs
+``DEV_APPROVE=auto make dev`` a second time and checks that it reuses what runs (no duplicate
+process). At the end nothing started from the dir may be alive and no pid file may be left.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from e2e.cluster import leftover_processes  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+MARK = "<!-- quickstart -->"
+RUN = "invoices-2024-06"
+
+
+def quickstart_blocks(text: str) -> list[list[str]]:
+    """The commands of each ```sh block that directly follows a quickstart marker."""
+    blocks = []
+    for m in re.finditer(re.escape(MARK) + r"\s*\n```(?:sh|bash|console)?\n(.*?)\n```", text, re.S):
+        cmds, cur = [], ""
+        for line in m.group(1).splitlines():
+            if cur:
+                cur += "\n" + line
+            elif line.strip() and not line.lstrip().startswith("#"):
+                cur = line
+            else:
+                continue
+            if not cur.endswith("\\"):
+                cmds.append(cur)
+                cur = ""
+        assert not cur, f"unterminated continuation in a quickstart block: {cur!r}"
+        blocks.append(cmds)
+    return blocks
+
+
+def test_quickstart_blocks_are_found():
+    blocks = quickstart_blocks((ROOT / "README.md").read_text())
+    flat = [c for b in blocks for c in b]
+    assert flat[0] == "make dev" and flat[-1] == "make dev-down", flat
+    assert any(c.startswith("agentrun approve ") for c in flat), flat
+    assert any(c.startswith("agentrun trace ") for c in flat), flat
+    assert any(c.startswith("agentrun fork ") for c in flat), flat
+
+
+def _script(cmds: list[str]) -> str:
+    lines = ["set -euo pipefail"]
+    for i, cmd in enumerate(cmds):
+        # through the variable, not the path: e2e/cluster.py down kills processes naming the dir
+        cmd = cmd.replace(".localkube/", "$LOCALKUBE_DIR/")
+        lines.append(f"printf '\\n@@@ %s\\n' {i}")
+        lines.append(cmd)
+    return "\n".join(lines) + "\n"
+
+
+def _sections(out: str, cmds: list[str]) -> dict[str, str]:
+    parts = re.split(r"^@@@ (\d+)$", out, flags=re.M)
+    got = {}
+    for k in range(1, len(parts) - 1, 2):
+        got[cmds[int(parts[k])]] = parts[k + 1]
+    return got
+
+
+def _bash(script: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=timeout)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_readme_quickstart_as_written(tmp_path):
+    state = tmp_path / "kube"
+    blocks = quickstart_blocks((ROOT / "README.md").read_text())
+    main_cmds = [c for b in blocks[:-1] for c in b]
+    down_cmds = blocks[-1]
+    assert down_cmds == ["make dev-down"], down_cmds
+    env = {**os.environ, "LOCALKUBE_DIR": str(state), "DEV_TOOL_PORT": "0", "DEV_METRICS_PORT": "0"}
+    env.pop("DEV_APPROVE", None)
+    env.pop("KUBECONFIG", None)
+    t0 = time.monotonic()
+    try:
+        r = _bash(_script(main_cmds), env, timeout=420)
+        assert r.returncode == 0, f"the quickstart failed (exit {r.returncode}):\n{r.stdout[-6000:]}"
+        out = _sections(r.stdout, main_cmds)
+        first = out["make dev"]
+        assert "AwaitingApproval" in first and "== Next: type these in your shell" in first, first[-3000:]
+        assert f"agentrun approve {RUN}" in first and "dev.env" in first, first[-3000:]
+        assert re.search(rf"{RUN}\s+AwaitingApproval\s+8\s", first), first[-3000:]
+        assert "finance-approvers" in out["agentrun approvals"], out["agentrun approvals"]
+        assert re.search(rf"{RUN}\s+Succeeded\s+10\s", out["kubectl get agentruns"]), out["kubectl get agentruns"]
+        trace = out[f"agentrun trace {RUN} --lap 9"]
+        assert "schedule_payment:ok(200)" in trace and "approved: matches the PO batch" in trace, trace
+        assert re.search(r"key r_[0-9a-f]{8}:8:schedule_payment:call_1", trace), trace
+        show = out["python3 examples/tool_server.py --show"]
+        assert "9 call(s) executed" in show and "0 key(s) executed twice" in show, show
+        fork_trace = out[f"agentrun trace {RUN}-b --lap 9"]
+        assert "forked from" in fork_trace and "schedule_payment:rejected" in fork_trace, fork_trace
+
+        # a second `make dev` is quick and safe: everything reused, the operator restarted once
+        pids = {n: int((state / f"{n}.pid").read_text()) for n in ("localkube", "tool-server", "operator")}
+        t1 = time.monotonic()
+        r2 = _bash("make dev", {**env, "DEV_APPROVE": "auto"}, timeout=240)
+        second = time.monotonic() - t1
+        assert r2.returncode == 0, r2.stdout[-4000:]
+        for what in ("control plane: already running", "S3 server: already running", "tool server: already running"):
+            assert what in r2.stdout, r2.stdout[-4000:]
+        assert f"{RUN} unchanged" in r2.stdout and "0 key(s) executed twice" in r2.stdout, r2.stdout[-4000:]
+        assert int((state / "localkube.pid").read_text()) == pids["localkube"]
+        assert int((state / "tool-server.pid").read_text()) == pids["tool-server"]
+        new_operator = int((state / "operator.pid").read_text())
+        assert new_operator != pids["operator"] and not _alive(pids["operator"]) and _alive(new_operator)
+        servers = [p for p, cmd in leftover_processes(state) if "tool_server.py" in cmd]
+        assert servers == [pids["tool-server"]], servers
+        print(f"quickstart (first make dev .. fork) {t1 - t0:.0f}s, second make dev {second:.1f}s")
+
+        r3 = _bash(_script(down_cmds), env, timeout=120)
+        assert r3.returncode == 0, r3.stdout[-4000:]
+        assert not leftover_processes(state), leftover_processes(state)
+        assert not _alive(new_operator)
+        assert not list(state.rglob("*.pid")), list(state.rglob("*.pid"))
+    finally:
+        if any(state.rglob("*.pid")):  # a failure above: clean up whatever runs
+            for f in state.rglob("operator.pid"):
+                try:
+                    os.kill(int(f.read_text()), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            subprocess.run(["bash", "tools/dev.sh", "down"], cwd=ROOT, env={**os.environ, "LOCALKUBE_DIR": str(state)},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120, check=False)
