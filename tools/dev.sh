@@ -206,18 +206,18 @@ if [ "$MODE" = auto ]; then
   "$PY" examples/tool_server.py --show --url "$TOOL_URL"
 fi
 
-step() { printf '  %-60s # %s\n' "$1" "$2"; }
+step() { printf '  %-64s # %s\n' "$1" "$2"; }
 printf '\n\033[1m== Next: type these in your shell\033[0m\n'
-step "source $SHOW_DIR/dev.env" "kubectl and agentrun now use the local cluster and store"
-step "kubectl get agentruns -w" "watch the run (Ctrl-C to stop watching)"
+step "source $SHOW_DIR/dev.env" "kubectl and agentrun: the local cluster and store"
+step "kubectl get agentruns -w" "watch (Ctrl-C to stop)"
 if [ "$(phase)" = AwaitingApproval ]; then
-  step "agentrun approvals" "the queue: owner, age, deadline, the call awaiting you"
-  step "agentrun approve $RUN --reason \"matches the PO batch\"" "approve (agentrun reject $RUN --reason ... to refuse)"
-  step "kubectl annotate agentrun $RUN approved=true" "... or the same decision by hand"
+  step "agentrun approvals" "the approval queue"
+  step "agentrun approve $RUN --reason \"matches the PO batch\"" "approve the payment"
+  step "kubectl annotate agentrun $RUN approved=true" "... or the same, by hand"
 else
   echo "  ($RUN is $(phase); to run it again: kubectl delete agentrun $RUN, then make dev)"
 fi
-step "$trace_cmd" "what each lap did, read from the checkpoint store"
-step "python3 examples/tool_server.py --show" "every side effect with its idempotency key, repeats refused"
+step "$trace_cmd" "each lap, from the checkpoint store"
+step "python3 examples/tool_server.py --show" "each side effect once, with its key"
 step "$( [ "$SHOW_DIR" = .localkube ] || printf 'LOCALKUBE_DIR=%s ' "$SHOW_DIR")make dev-down" "stop everything"
 echo "tool server: $TOOL_URL   metrics: http://127.0.0.1:$METRICS_PORT/metrics   logs: $SHOW_DIR/*.log"
