@@ -16,6 +16,7 @@ REFUSED = [
     ("pull-policy-wrong-case", ["--set", "image.pullPolicy=always"], ["/image/pullPolicy", "value must be one of"]),
     ("service-type-unknown", ["--set", "metrics.service.type=Ingress"], ["/metrics/service/type", "value must be one of"]),
     ("metrics-port-zero", ["--set", "metrics.port=0"], ["/metrics/port", "minimum"]),
+    ("pod-config-grace-negative", ["--set", "podConfigGraceSeconds=-1"], ["/podConfigGraceSeconds"]),
     ("s3-settings-missing", ["--set", "checkpoint.s3=null"], ["/checkpoint", "missing property 's3'"]),
     ("s3-endpoint-not-http", ["--set", "checkpoint.s3.endpoint=ftp://minio:9000"], ["/checkpoint/s3/endpoint"]),
     ("s3-endpoint-without-host", ["--set", "checkpoint.s3.endpoint=http://"], ["/checkpoint/s3/endpoint"]),
@@ -59,3 +60,4 @@ def test_valid_values_at_the_edges_render(helm):
     deploy = next(d for d in docs if d["kind"] == "Deployment")
     env = {e["name"]: e.get("value") for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["AGENTRUN_S3_ENDPOINT"] == "http://minio.storage:9000" and env["HTTPS_PROXY"] == "http://proxy:3128"
+    assert env["AGENTRUN_POD_CONFIG_GRACE_SECONDS"] == "30"
