@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -26,8 +27,6 @@ sys.path.insert(0, str(EXAMPLES))
 import tool_server  # noqa: E402
 from test_operator_e2e import Env  # noqa: E402
 
-pytestmark = [pytest.mark.e2e]
-
 VALID = sorted(p.name for p in EXAMPLES.glob("*.yaml") if p.name != "invalid-run.yaml")
 
 
@@ -38,10 +37,12 @@ def crd(cluster):
     return cluster
 
 
+@pytest.mark.e2e
 def test_examples_are_found():
     assert {"invoice-run.yaml", "openai-run.yaml", "simple-run.yaml", "approval-run.yaml"} <= set(VALID)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", VALID)
 def test_example_is_accepted_by_the_api_server(crd, name):
     r = crd.kubectl_run("apply", "--dry-run=server", "-n", "default", "-f", str(EXAMPLES / name), check=False)
@@ -49,6 +50,7 @@ def test_example_is_accepted_by_the_api_server(crd, name):
     assert "(server dry run)" in r.stdout, r.stdout
 
 
+@pytest.mark.e2e
 def test_invalid_example_is_refused_naming_the_fields(crd):
     r = crd.kubectl_run("apply", "--dry-run=server", "-n", "default", "-f", str(EXAMPLES / "invalid-run.yaml"),
                         check=False)
@@ -70,6 +72,7 @@ def _invoice_doc(tool_url: str, slow_invoice: str) -> dict:
     return doc
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_invoice_example_end_to_end_each_side_effect_once(cluster, s3, tmp_path_factory):
     env = Env(cluster, s3, tmp_path_factory.mktemp("examples"))
@@ -119,3 +122,54 @@ def test_invoice_example_end_to_end_each_side_effect_once(cluster, s3, tmp_path_
         env.kill_operator()
         env.tools.shutdown()
         cluster.kubectl_run("delete", "namespace", env.ns, "--wait=false", check=False)
+
+
+def _start_tool_server(tmp: Path, record: Path) -> tuple[subprocess.Popen, str]:
+    port_file = tmp / "port"
+    port_file.unlink(missing_ok=True)
+    p = subprocess.Popen([sys.executable, str(EXAMPLES / "tool_server.py"), "--port", "0", "--record", str(record),
+                          "--port-file", str(port_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for("tool server port file", lambda: port_file.exists() and port_file.read_text().strip(), timeout=20)
+    return p, f"http://127.0.0.1:{port_file.read_text().strip()}"
+
+
+def _post(url: str, body: dict, key: str) -> tuple[dict, bool]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Idempotency-Key": key})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r), r.headers.get("Idempotent-Replayed") == "true"
+
+
+def test_tool_server_refuses_a_repeated_key_across_its_own_restart(tmp_path):
+    """Not e2e: the demo tool server alone. A key executes once; a repeat (also after the server
+    restarted from its record) gets the first response and only moves the refused counter."""
+    record = tmp_path / "calls.jsonl"
+    p, url = _start_tool_server(tmp_path, record)
+    try:
+        first, replayed = _post(f"{url}/ledger/invoices", {"invoice": "INV-1"}, "r_1:2:record_invoice:call_1")
+        assert not replayed
+        again, replayed = _post(f"{url}/ledger/invoices", {"invoice": "INV-1"}, "r_1:2:record_invoice:call_1")
+        assert replayed and again == first
+    finally:
+        p.terminate()
+        p.wait(10)
+    p, url = _start_tool_server(tmp_path, record)
+    try:
+        after, replayed = _post(f"{url}/ledger/invoices", {"invoice": "INV-1"}, "r_1:2:record_invoice:call_1")
+        assert replayed and after == first
+        _post(f"{url}/ledger/invoices", {"invoice": "INV-2"}, "r_1:3:record_invoice:call_1")
+        with urllib.request.urlopen(f"{url}/calls", timeout=5) as r:
+            calls = json.load(r)
+        assert [(c["arguments"]["invoice"], c["repeatsRefused"]) for c in calls] == [("INV-1", 1), ("INV-2", 0)]
+        assert len(record.read_text().splitlines()) == 2  # executions only
+        show = subprocess.run([sys.executable, str(EXAMPLES / "tool_server.py"), "--show", "--url", url],
+                              capture_output=True, text=True, timeout=20)
+        assert show.returncode == 0, show.stderr
+        assert "2 call(s) executed, 1 repeat(s) refused, 0 key(s) executed twice" in show.stdout, show.stdout
+        assert "r_1:2:record_invoice:call_1" in show.stdout
+    finally:
+        p.terminate()
+        p.wait(10)
+    down = subprocess.run([sys.executable, str(EXAMPLES / "tool_server.py"), "--show", "--url", url],
+                          capture_output=True, text=True, timeout=20)
+    assert down.returncode == 1 and "cannot reach" in down.stderr
