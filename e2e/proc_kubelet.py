@@ -273,6 +273,7 @@ class ProcKubelet:
         self.queue: queue.Queue[tuple[str, str] | None] = queue.Queue()
         self.stop_event = threading.Event()
         self.started = time.time()
+        self.watch_timeout = 120  # seconds of one pod watch request (then a new one from the last resourceVersion)
         self.busy: set[tuple[str, str]] = set()  # (ns, name) a worker is reconciling
         self.parked: dict[tuple[str, str], tuple] = {}  # the newest event for a busy pod
         self.unsynced: dict[str, tuple[int, dict, dict]] = {}  # uid -> (seq, pod, status) not yet patched
@@ -372,7 +373,8 @@ class ProcKubelet:
                         self.enqueue(p)
                 w = watch.Watch()
                 for ev in w.stream(self.v1.list_pod_for_all_namespaces, resource_version=rv,
-                                   timeout_seconds=120, allow_watch_bookmarks=True, _request_timeout=150):
+                                   timeout_seconds=self.watch_timeout, allow_watch_bookmarks=True,
+                                   _request_timeout=self.watch_timeout + 30):
                     if self.stop_event.is_set():
                         w.stop()
                         return
@@ -380,9 +382,13 @@ class ProcKubelet:
                     if ev["type"] == "ERROR":
                         rv = None
                         break
-                    rv = obj.metadata.resource_version
                     if ev["type"] == "BOOKMARK":
+                        # the kubernetes client leaves a bookmark's object a dict (it may be
+                        # incomplete): reading .metadata failed, so every watch ended in an error,
+                        # a full relist and a back-off growing to 10 s with pod events waiting
+                        rv = ((obj or {}).get("metadata") or {}).get("resourceVersion") or rv
                         continue
+                    rv = obj.metadata.resource_version
                     self.enqueue(obj, deleted=ev["type"] == "DELETED")
                 backoff = 0.5
             except ApiException as e:
