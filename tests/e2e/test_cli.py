@@ -122,6 +122,19 @@ def test_queue_runs_approve_and_reject(env):  # noqa: F811 (the fixture)
     line = one_line_error(cli(env, "approve", "q-approve", "-n", env.ns))
     assert "not awaiting approval (phase Succeeded)" in line
 
+    # a fork of the lap that asked for approval waits for approval too; approved, it runs the call
+    # anew (the fork's idempotency key), the original's single refund stays single
+    r = cli(env, "fork", "q-approve", "-n", env.ns, "--from-lap", "1", "--name", "q-approve-again")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    f = env.wait_phase("q-approve-again", "AwaitingApproval", "Failed", "Succeeded")
+    assert f["phase"] == "AwaitingApproval" and f["approval"]["tool"] == "refund" and f["lap"] == 1, f
+    assert not env.jobs("q-approve-again")
+    assert cli(env, "approve", "q-approve-again", "-n", env.ns).returncode == 0
+    f = env.wait_phase("q-approve-again", "Succeeded", "Failed")
+    assert f["phase"] == "Succeeded" and f["lap"] == 2, f
+    refunds = [c for c in env.calls("/refund") if c["arguments"].get("order") == "q-approve"]
+    assert len(refunds) == 2 and len({c["idempotencyKey"] for c in refunds}) == 2, refunds
+
 
 def test_trace_shows_the_store_and_fork_continues_from_lap_2(env):  # noqa: F811
     script = [
