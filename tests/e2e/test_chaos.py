@@ -82,6 +82,7 @@ def test_kubelet_pod_watch_survives_bookmarks(world, tmp_path, caplog):
     assert not failures, failures
 
 
+@pytest.mark.timeout(1200)  # ≈ 6–7 min on an idle 2-core box; the scenarios time out on their own first
 def test_chaos_ci_schedule(world, tmp_path):
     seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(10**6))
     print(f"chaos seed {seed}: replay with CHAOS_SEED={seed}", flush=True)
