@@ -150,3 +150,39 @@ def test_losing_the_lease_calls_on_lose_once_and_stops_acting():
     asyncio.run(drive())
     assert lost == [True]
     assert not elector.is_leader
+
+
+def test_a_failing_on_acquire_does_not_stop_the_elector():
+    """Regression (found by the chaos suite, e2e/chaos): the Lease was renewed just before the
+    apiserver went away, so on_acquire (a resync listing the runs) raised; the exception ended
+    LeaseElector.run, the replica never renewed again and sat idle for good. The elector keeps
+    renewing and runs on_acquire again until it succeeds. _try is replaced: no API here."""
+    import asyncio
+
+    from agentrun.controller.lease import LeaseElector
+
+    attempts: list[int] = []
+
+    async def on_acquire() -> None:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise ConnectionError("apiserver unavailable")
+
+    elector = LeaseElector("l", "ns", "me", duration=1.5, on_acquire=on_acquire)
+    renewals = {"n": 0}
+
+    def renew() -> bool:
+        renewals["n"] += 1
+        return True
+
+    elector._try = renew  # type: ignore[method-assign]
+
+    async def drive() -> None:
+        task = asyncio.create_task(elector.run())
+        await asyncio.sleep(2.2)
+        assert not task.done(), task.exception()
+        task.cancel()
+
+    asyncio.run(drive())
+    assert len(attempts) == 3  # retried at the next renewals until it succeeded, then not again
+    assert renewals["n"] >= 4 and elector.is_leader

@@ -55,6 +55,7 @@ class LeaseElector:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="lease")
         self.holder: str | None = None  # the other replica holding the Lease, when we wait
         self._standby_logged: str | None = None
+        self._acquire_pending = False  # on_acquire failed: run it again while we hold the Lease
 
     @property
     def is_leader(self) -> bool:
@@ -137,13 +138,24 @@ class LeaseElector:
                 self._leader = True
                 if not was:
                     log.info("lease %s/%s acquired by %s: this replica is active", self.namespace, self.name, self.identity)
-                    if self.on_acquire is not None:
+                if (not was or self._acquire_pending) and self.on_acquire is not None:
+                    # a failing callback (the API went away right after the renewal) must not end
+                    # this loop: the replica would never renew again and sit idle for good
+                    try:
                         await self.on_acquire()
+                        self._acquire_pending = False
+                    except Exception as exc:  # noqa: BLE001
+                        self._acquire_pending = True
+                        log.warning("lease %s/%s: on-acquire failed (%s); retrying at the next renewal",
+                                    self.namespace, self.name, exc)
             elif self._leader and not self.is_leader:
                 self._leader = False
                 log.warning("lease %s/%s lost: this replica stops acting", self.namespace, self.name)
                 if self.on_lose is not None:
-                    self.on_lose()
+                    try:
+                        self.on_lose()
+                    except Exception as exc:  # noqa: BLE001
+                        log.warning("lease %s/%s: on-lose failed: %s", self.namespace, self.name, exc)
             if not ok and not self._leader and self.holder and self.holder != self._standby_logged:
                 self._standby_logged = self.holder
                 log.info("lease %s/%s held by %s: this replica (%s) is standby", self.namespace, self.name,
