@@ -98,6 +98,8 @@ class ScenarioRun:
         w = self.world
         el = time.time() - self.t0
         if f.kind == OPERATOR_KILL:
+            if any(t[1] == "operator restart" for t in self.timers):
+                return False  # still down from the previous kill: kill it again once it is back
             w.kill_operator()
             f.note = f"operator SIGKILLed at {el:.0f}s, restarted {f.down_seconds}s later"
             self.timers.append((time.time() + f.down_seconds, "operator restart", lambda: w.start_operator(self.ns)))

@@ -144,6 +144,7 @@ class World:
         return env
 
     def start_operator(self, ns: str) -> None:
+        self.kill_operator()  # never two: the one we track is the only one
         self.operator_n += 1
         self.operator_ns = ns
         identity = f"chaos-op-{self.operator_n}"
