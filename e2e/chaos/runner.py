@@ -28,6 +28,7 @@ from e2e.chaos.schedule import (
 from e2e.chaos.world import GROUP, PLURAL, REQ_TIMEOUT, VERSION, World, say
 
 TERMINAL = ("Succeeded", "Failed", "BudgetExceeded")
+STALL_SECONDS = 240.0  # no lap checkpointed for this long while runs are active: fail early, with a diagnosis
 
 
 class ScenarioFailed(AssertionError):
@@ -193,6 +194,7 @@ class ScenarioRun:
         pending = sorted(scn.faults, key=lambda f: f.at)
         deadline = self.t0 + scn.timeout
         last_print = 0.0
+        last_progress = [0.0, time.time()]  # [progress, when it last grew]
         while True:
             now = time.time()
             if now > deadline:
@@ -210,6 +212,11 @@ class ScenarioRun:
                 time.sleep(1)
                 continue
             prog = self.progress()
+            if prog > last_progress[0]:
+                last_progress[:] = [prog, now]
+            elif prog < 1.0 and now - last_progress[1] > STALL_SECONDS:
+                self.errors.append(f"stalled: no lap checkpointed for {STALL_SECONDS:.0f}s (progress {prog:.0%})")
+                break
             while pending and pending[0].at <= prog:
                 if not self.fire(pending[0]):
                     break
