@@ -171,7 +171,7 @@ def _get_run(api: Any, ns: str, name: str) -> dict:
     return get_run(api, ns, name)
 
 
-@click.group("approvals", invoke_without_command=True)
+@click.group("approvals", invoke_without_command=True, short_help="The approval queue (every namespace); list, show, approve, reject.")
 @kube_options(all_namespaces=True)
 @click.option("--owner", default=None, help="Only runs waiting on this owner.")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
@@ -276,7 +276,7 @@ def reject_command(name: str, reason: str | None) -> None:
 
 # The top-level verbs: `agentrun approve RUN [--reason]`, `agentrun reject RUN --reason`.
 
-@click.command("approve")
+@click.command("approve", short_help="Approve the pending tool call of RUN.")
 @click.argument("run")
 @kube_options()
 @click.option("--reason", default=None, help="Reason recorded with the decision (agentrun.dev/reason).")
@@ -287,7 +287,7 @@ def approve_run_command(run: str, reason: str | None) -> None:
     _decide(run, reason, approve=True)
 
 
-@click.command("reject")
+@click.command("reject", short_help="Reject the pending tool call of RUN (--reason required).")
 @click.argument("run")
 @kube_options()
 @click.option("--reason", required=True, help="Why the call is rejected (required; agentrun.dev/reason).")

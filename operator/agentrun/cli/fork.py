@@ -52,7 +52,7 @@ def fork_body(source: dict[str, Any], new_name: str, lap: int) -> dict[str, Any]
     }
 
 
-@click.command("fork")
+@click.command("fork", short_help="A new run NEW that continues RUN from lap N (time travel).")
 @click.argument("run")
 @kube_options()
 @click.option("--from-lap", "lap", type=click.IntRange(min=1), required=True,

@@ -66,7 +66,7 @@ def render(rows: list[dict], output: str, with_namespace: bool) -> str:
     return format_runs(rows, with_namespace)
 
 
-@click.command("runs")
+@click.command("runs", short_help="The runs: phase, lap, time since the last checkpoint, cost, waiting-on.")
 @kube_options(all_namespaces=True)
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table", show_default=True,
               help="table, or a JSON/YAML list of rows.")

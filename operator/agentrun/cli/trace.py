@@ -183,7 +183,7 @@ def store_error(e: CheckpointError, where: Mapping[str, Any]) -> CLIError:
     return CLIError(f"checkpoint store {where.get('uri')} at {at}: {_first_line(e)}")
 
 
-@click.command("trace")
+@click.command("trace", short_help="The per-lap trace of RUN from the checkpoint store.")
 @click.argument("run", required=False)
 @kube_options()
 @click.option("--name", "name_opt", default=None, hidden=True, help="Same as RUN (older form).")
