@@ -29,7 +29,8 @@ PY=${PYTHON:-python3}
 # how to refer to the state dir in the printed commands: relative when it is inside the repo
 SHOW_DIR=${DEV_DIR#"$ROOT"/}
 
-say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+START=$(date +%s)
+say() { printf '\n\033[1m== [%ss] %s\033[0m\n' "$(( $(date +%s) - START ))" "$*"; }
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 port_free() { "$PY" -c 'import socket,sys; s=socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1])))' "$1" 2>/dev/null; }
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -207,7 +208,7 @@ if [ "$MODE" = auto ]; then
 fi
 
 step() { printf '  %-64s # %s\n' "$1" "$2"; }
-printf '\n\033[1m== Next: type these in your shell\033[0m\n'
+printf '\n\033[1m== [%ss] Next: type these in your shell\033[0m\n' "$(( $(date +%s) - START ))"
 step "source $SHOW_DIR/dev.env" "kubectl and agentrun: the local cluster and store"
 step "kubectl get agentruns -w" "watch (Ctrl-C to stop)"
 if [ "$(phase)" = AwaitingApproval ]; then

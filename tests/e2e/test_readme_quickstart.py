@@ -107,7 +107,7 @@ def test_readme_quickstart_as_written(tmp_path):
         assert r.returncode == 0, f"the quickstart failed (exit {r.returncode}):\n{r.stdout[-6000:]}"
         out = _sections(r.stdout, main_cmds)
         first = out["make dev"]
-        assert "AwaitingApproval" in first and "== Next: type these in your shell" in first, first[-3000:]
+        assert "AwaitingApproval" in first and "] Next: type these in your shell" in first, first[-3000:]
         assert f"agentrun approve {RUN}" in first and "dev.env" in first, first[-3000:]
         assert re.search(rf"{RUN}\s+AwaitingApproval\s+8\s", first), first[-3000:]
         assert "finance-approvers" in out["agentrun approvals"], out["agentrun approvals"]
