@@ -55,7 +55,8 @@ def run(name: str, args: list[str], tmp: Path, log: list[str]) -> dict[str, Any]
                f"{p.stdout.strip()}\n{p.stderr.strip()[-3000:] if p.returncode else ''}```\n")
     if p.returncode != 0:
         print(p.stderr[-3000:], file=sys.stderr)
-        return None
+        # a benchmark that saves as it goes (the cluster one) keeps its finished parts
+        return json.loads(out.read_text()) if out.exists() else None
     return json.loads(out.read_text())
 
 
@@ -327,6 +328,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small counts (harness check)")
     ap.add_argument("--skip-cluster", action="store_true")
     ap.add_argument("--out", default=str(BENCH / "results.md"))
+    ap.add_argument("--render", help="only write results.md from the JSON of an earlier run in this directory")
     ap.add_argument("--analysis", default=str(BENCH / "analysis.md"),
                     help="hand-written analysis appended to results.md (kept if present)")
     args = ap.parse_args()
@@ -338,11 +340,24 @@ def main() -> None:
     res: dict[str, Any] = {}
     raw: list[str] = []
     profile = out.parent / "results-operator-profile.txt"
-    with tempfile.TemporaryDirectory(prefix="agentrun-bench-") as tmp_s:
-        tmp = Path(tmp_s)
+    tmp = Path(args.render or tempfile.mkdtemp(prefix="agentrun-bench-results-"))  # kept: each benchmark's JSON
+    print(f"benchmark JSON in {tmp}", flush=True)
+
+    def load(name: str) -> dict[str, Any] | None:
+        path = tmp / f"{name}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    if args.render:  # no run: the JSON a previous (perhaps interrupted) run left
+        cl = load("operator on the local control plane") or {}
+        res["overhead"], res["scale"] = cl.get("overhead"), cl.get("scale")
+        res["langgraph"] = load("checkpoints beside LangGraph")
+        res["langgraph_big"] = load("checkpoints beside LangGraph, bigger tool results")
+        res["cold_start"] = load("lap runner cold start")
+        raw.append(f"(rendered from the JSON in {tmp}; raw outputs not kept)\n")
+    else:
         if not args.skip_cluster:
             cl = run("operator on the local control plane",
-                     ["bench_operator_cluster.py", "all", "--runs", "1,5" if q else "1,50,200", "--laps", "3" if q else "4",
+                     ["bench_operator_cluster.py", "all", "--runs", "1,5" if q else "1,50,200", "--laps", "2",
                       "--scale-runs", "50" if q else "1000", "--profile", str(profile)], tmp, raw)
             if cl:
                 res["overhead"], res["scale"] = cl.get("overhead"), cl.get("scale")
