@@ -226,16 +226,17 @@ def test_errors_are_one_line(env, tmp_path):  # noqa: F811
     assert line == f'agentrun: agentrun "ghost" not found in namespace "{env.ns}"'
     line = one_line_error(cli(env, "approve", "ghost", "-n", env.ns))
     assert 'agentrun "ghost" not found' in line
-    # a store that cannot be reached (the flag overrides what the cluster says)
-    env.apply(env.run_doc("err-run", [{"content": "done"}]))
-    env.wait_phase("err-run", "Succeeded", "Failed")
+    # a store that cannot be reached, and a lap never checkpointed (with --uid and --uri the
+    # cluster is not asked: the store alone)
+    store = ["--uid", "0badc0de-0000-4000-8000-000000000000", "--uri", f"s3://{env.s3.bucket}/e2e-{env.ns}",
+             "--path-style", "--region", env.s3.region]
     started = time.monotonic()
-    line = one_line_error(cli(env, "trace", "err-run", "-n", env.ns, "--endpoint", "http://127.0.0.1:9"))
+    line = one_line_error(cli(env, "trace", "err-run", "-n", env.ns, *store, "--endpoint", "http://127.0.0.1:9"))
     assert "checkpoint store" in line and "127.0.0.1:9" in line, line
     assert time.monotonic() - started < 60
-    # a lap never checkpointed
-    line = one_line_error(cli(env, "trace", "err-run", "-n", env.ns, "--lap", "7"))
-    assert "lap 7" in line and "never checkpointed" in line
+    line = one_line_error(cli(env, "trace", "err-run", "-n", env.ns, *store, "--endpoint", env.s3.endpoint_url,
+                              "--lap", "7"))
+    assert line == 'agentrun: lap 7 of agentrun "err-run" was never checkpointed', line
     # an API server that cannot be reached; a kubeconfig that does not exist
     kc = tmp_path / "kubeconfig"
     kc.write_text(json.dumps({
