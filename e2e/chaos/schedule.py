@@ -129,7 +129,7 @@ def build(schedule: str, seed: int) -> list[Scenario]:
         r = rng("scale")
         out.append(Scenario(
             name="scale", runs=make_runs(r, "s", 100, (2, 2), 20, slow=0.1),
-            faults=_op_kills(r, 1, 0.3, 0.6), create_over=15, timeout=480))
+            faults=_op_kills(r, 1, 0.3, 0.6), create_over=15, timeout=600))
         return out
     r = rng("operator-kill")
     out.append(Scenario(name="operator-kill", runs=make_runs(r, "ok", 25, (4, 5), 4),
