@@ -79,9 +79,15 @@ def _sections(out: str, cmds: list[str]) -> dict[str, str]:
     return got
 
 
-def _bash(script: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, timeout=timeout)
+def _bash(script: str, env: dict, timeout: float, log: Path) -> subprocess.CompletedProcess:
+    """Run script; its output goes to log as it comes (a timeout still shows where it stopped)."""
+    with open(log, "w") as fh:
+        try:
+            p = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, text=True, stdout=fh,
+                               stderr=subprocess.STDOUT, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"timed out after {timeout}s; the output so far:\n{log.read_text()[-6000:]}")
+    return subprocess.CompletedProcess(p.args, p.returncode, log.read_text())
 
 
 def _alive(pid: int) -> bool:
@@ -103,7 +109,7 @@ def test_readme_quickstart_as_written(tmp_path):
     env.pop("KUBECONFIG", None)
     t0 = time.monotonic()
     try:
-        r = _bash(_script(main_cmds), env, timeout=420)
+        r = _bash(_script(main_cmds), env, timeout=900, log=tmp_path / "quickstart.log")
         assert r.returncode == 0, f"the quickstart failed (exit {r.returncode}):\n{r.stdout[-6000:]}"
         out = _sections(r.stdout, main_cmds)
         first = out["make dev"]
@@ -123,7 +129,7 @@ def test_readme_quickstart_as_written(tmp_path):
         # a second `make dev` is quick and safe: everything reused, the operator restarted once
         pids = {n: int((state / f"{n}.pid").read_text()) for n in ("localkube", "tool-server", "operator")}
         t1 = time.monotonic()
-        r2 = _bash("make dev", {**env, "DEV_APPROVE": "auto"}, timeout=240)
+        r2 = _bash("make dev", {**env, "DEV_APPROVE": "auto"}, timeout=300, log=tmp_path / "second.log")
         second = time.monotonic() - t1
         assert r2.returncode == 0, r2.stdout[-4000:]
         for what in ("control plane: already running", "S3 server: already running", "tool server: already running"):
@@ -137,7 +143,7 @@ def test_readme_quickstart_as_written(tmp_path):
         assert servers == [pids["tool-server"]], servers
         print(f"quickstart (first make dev .. fork) {t1 - t0:.0f}s, second make dev {second:.1f}s")
 
-        r3 = _bash(_script(down_cmds), env, timeout=120)
+        r3 = _bash(_script(down_cmds), env, timeout=120, log=tmp_path / "down.log")
         assert r3.returncode == 0, r3.stdout[-4000:]
         assert not leftover_processes(state), leftover_processes(state)
         assert not _alive(new_operator)
