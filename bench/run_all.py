@@ -214,7 +214,7 @@ def report(res: dict[str, Any], env: dict[str, Any], raw: list[str], out: Path, 
                          " / ".join(f"{x:.1f}" for x in lv["load_after"][:1])])
         md.append(markdown_table(
             ["runs", "laps/run", "gaps n", "Job done -> next Job p50", "p99", "pod done -> next Job p50", "p99",
-             "operator CPU/lap", "reconciles/lap", "mean reconcile", "wall", "failed runs", "retried Jobs",
+             "operator CPU/lap", "reconciles/lap", "mean reconcile (wall)", "wall", "failed runs", "retried Jobs",
              "load after"], rows))
         md.append("\n![overhead CDF](results-overhead.png)\n")
         if profile is not None and profile.exists():
@@ -287,10 +287,11 @@ def report(res: dict[str, Any], env: dict[str, Any], raw: list[str], out: Path, 
         rows = [
             ["runs created (8 client threads)", f"{sc['create_seconds']:.1f} s"],
             ["resync: process start -> every run reconciled", f"{sc['resync_seconds']:.1f} s"],
+            ["... of which process start -> Lease acquired (operator log)", _lease_seconds(sc)],
             ["... first reached N reconciles", f"{sc['first_n_reconciles_seconds']:.1f} s"
              if sc.get("first_n_reconciles_seconds") is not None else "-"],
             ["reconciles done by the restarted operator", f"{sc['reconciles']:.0f}"],
-            ["mean reconcile (its own histogram)",
+            ["mean reconcile, wall, waiting for a thread included (its own histogram)",
              fmt_ms((sc.get("reconcile_seconds_sum") or 0) / max(1, sc["reconciles"]))],
             ["RSS of the first operator, settled", f"{(sc['rss_kb_first_operator'] or 0) / 1024:.0f} MB"],
             ["RSS peak (VmHWM) / steady (VmRSS)", f"{sc['rss_kb_peak'] / 1024:.0f} MB / {sc['rss_kb_steady'] / 1024:.0f} MB"],
@@ -323,6 +324,13 @@ def report(res: dict[str, Any], env: dict[str, Any], raw: list[str], out: Path, 
     return text
 
 
+def _lease_seconds(sc: dict[str, Any]) -> str:
+    ts = sc.get("lease_acquired_ts")
+    if not ts or not sc.get("restart_epoch"):
+        return "-"
+    return f"{datetime.fromisoformat(ts).timestamp() - sc['restart_epoch']:.1f} s"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small counts (harness check)")
@@ -353,7 +361,10 @@ def main() -> None:
         res["langgraph"] = load("checkpoints beside LangGraph")
         res["langgraph_big"] = load("checkpoints beside LangGraph, bigger tool results")
         res["cold_start"] = load("lap runner cold start")
-        raw.append(f"(rendered from the JSON in {tmp}; raw outputs not kept)\n")
+        raw.append(f"(rendered from the JSON in {tmp} by `run_all.py --render`; the outputs below are the "
+                   "*.txt files found there)\n")
+        for f in sorted(tmp.glob("*.txt")):
+            raw.append(f"### {f.stem}\n\n```\n{f.read_text().strip()}\n```\n")
     else:
         if not args.skip_cluster:
             cl = run("operator on the local control plane",
