@@ -13,7 +13,7 @@ from pydantic import Field
 from .types import USD, APIModel
 
 Phase = Literal[
-    "Pending",  # accepted, no lap started yet
+    "Pending",  # accepted, no lap started yet; or the lap pod cannot start (condition SecretMissing)
     "Running",  # a lap Job is running (or about to be created)
     "Retrying",  # the last attempt failed; waiting for the backoff before the next attempt
     "AwaitingApproval",  # waiting for a human decision; no Job, no process
@@ -112,7 +112,14 @@ class LapRetries(APIModel):
 class AgentRunStatus(APIModel):
     """Observed state of an AgentRun."""
 
-    phase: Phase = Field(default="Pending", description="Summary of the run's state, for humans.")
+    phase: Phase = Field(
+        default="Pending",
+        description=(
+            "Summary of the run's state, for humans: Pending (no lap started yet, or the lap pod cannot start, "
+            "e.g. a missing Secret: see conditions), Running, Retrying (backoff before the next attempt), "
+            "AwaitingApproval, Suspended, and the terminal Succeeded, Failed, BudgetExceeded."
+        ),
+    )
     message: str | None = Field(default=None, max_length=4096, description="Details of the phase.")
     observed_generation: int | None = Field(default=None, description="The metadata.generation last acted on.")
     lap: int = Field(default=0, description="Last checkpointed lap (0: none yet).")
