@@ -106,6 +106,19 @@ def _read_pid(path: Path) -> int:
         return 0
 
 
+def _ancestors(pid: int) -> set[int]:
+    """pid and its parent chain up to init."""
+    chain = set()
+    while pid > 1 and pid not in chain:
+        chain.add(pid)
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return chain
+
+
 def leftover_processes(base_dir: str | os.PathLike, ignore: tuple[str, ...] = ()) -> list[tuple[int, str]]:
     """Live processes that belong to the cluster/S3 server in base_dir.
 
@@ -115,10 +128,10 @@ def leftover_processes(base_dir: str | os.PathLike, ignore: tuple[str, ...] = ()
     """
     d = str(Path(base_dir).resolve())
     marker = f"{proc_kubelet.DIR_ENV}={d}".encode()
-    me = os.getpid()
+    mine = _ancestors(os.getpid())  # never the caller or the shell/make that started it
     found = []
     for p in os.listdir("/proc"):
-        if not p.isdigit() or int(p) == me:
+        if not p.isdigit() or int(p) in mine:
             continue
         pid = int(p)
         try:
