@@ -198,11 +198,7 @@ if [ "$MODE" = auto ]; then
   kubectl get agentruns
   say "$trace_cmd"
   # shellcheck disable=SC1091
-  if ! (source "$DEV_DIR/dev.env" && agentrun trace "$RUN"); then  # TODO(drop once `agentrun trace RUN` is on main)
-    uid=$(kubectl get agentrun "$RUN" -o jsonpath='{.metadata.uid}')
-    agentrun trace --uri "$CHECKPOINT_URI" --endpoint "$AWS_ENDPOINT_URL" --path-style \
-      --namespace default --name "$RUN" --uid "$uid"
-  fi
+  (source "$DEV_DIR/dev.env" && agentrun trace "$RUN")
   say "the tool server's record: each side effect once"
   "$PY" examples/tool_server.py --show --url "$TOOL_URL"
 fi
