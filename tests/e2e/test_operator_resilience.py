@@ -2,8 +2,9 @@
 ``onTimeout: fail``, and an S3 outage in the middle of a multi-lap run.
 
 The module runs its own operator against its OWN S3 server (e2e.cluster.start_s3), reached through
-a small TCP proxy (``_Proxy``) that the test can cut: moto keeps its objects in memory only, so a
-stopped server would lose the checkpoints; a network-level outage does not. The session ``s3``
+a TCP proxy that the test can cut (``e2e.chaos.proxy.CuttableProxy``, shared with the chaos
+suite): moto keeps its objects in memory only, so a stopped server would lose the checkpoints; a
+network-level outage does not. The session ``s3``
 fixture is not touched. Helpers come from test_operator_e2e.py / test_operator_failures.py.
 """
 
@@ -11,14 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
-import threading
 import time
 from collections import Counter
 from typing import Any
 
 import boto3
 import pytest
+from e2e.chaos.proxy import CuttableProxy
 from e2e.cluster import leftover_processes, start_s3
 from e2e_support import wait_for
 from test_operator_e2e import ROOT, _diagnostics_on_failure, _one_job_per_attempt  # noqa: F401
@@ -30,101 +30,11 @@ from agentrun.checkpoint.store import CheckpointStore, StoreConfig
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-class _Proxy:
-    """A TCP proxy on 127.0.0.1 in front of the S3 server. ``cut()`` closes every open connection
-    (pooled keep-alive ones too) and resets new ones until ``resume()``: the store is unreachable
-    for every client going through the proxy, while its data stays in the server."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream = ("127.0.0.1", upstream_port)
-        self.lsock = socket.socket()
-        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.lsock.bind(("127.0.0.1", 0))
-        self.lsock.listen(128)
-        self.lsock.settimeout(0.2)
-        self.port = self.lsock.getsockname()[1]
-        self.up = True
-        self.refused = 0  # connections reset while cut (the outage was seen by a client)
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @staticmethod
-    def _reset(s: socket.socket) -> None:
-        try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
-        except OSError:
-            pass
-        try:
-            s.close()
-        except OSError:
-            pass
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                client, _ = self.lsock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with self._lock:
-                if not self.up:
-                    self.refused += 1
-                    self._reset(client)
-                    continue
-                try:
-                    server = socket.create_connection(self.upstream, timeout=5)
-                except OSError:
-                    self._reset(client)
-                    continue
-                server.settimeout(None)
-                self._conns.update((client, server))
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            with self._lock:
-                for s in (src, dst):
-                    if s in self._conns:
-                        self._conns.discard(s)
-                        self._reset(s)
-
-    def cut(self) -> None:
-        with self._lock:
-            self.up = False
-            conns, self._conns = list(self._conns), set()
-        for s in conns:
-            self._reset(s)
-
-    def resume(self) -> None:
-        with self._lock:
-            self.up = True
-
-    def close(self) -> None:
-        self._stop.set()
-        self.cut()
-        self._thread.join(5)
-        self.lsock.close()
-
-
 class ResEnv(FailEnv):
     """FailEnv whose operator and lap pods reach the module's own S3 server through ``proxy``;
     ``s3c``/``store`` talk to the server directly (they see the data during an outage)."""
 
-    def __init__(self, cluster: Any, s3: Any, proxy: _Proxy, tmp) -> None:
+    def __init__(self, cluster: Any, s3: Any, proxy: CuttableProxy, tmp) -> None:
         super().__init__(cluster, dataclasses.replace(s3, endpoint_url=proxy.url), tmp)
         self.direct, self.proxy = s3, proxy
         self.s3c = boto3.client("s3", endpoint_url=s3.endpoint_url, region_name=s3.region,
@@ -155,7 +65,7 @@ class ResEnv(FailEnv):
 def env(cluster, tmp_path_factory):
     d = tmp_path_factory.mktemp("resilience-s3")
     s3 = start_s3(d)
-    proxy = _Proxy(int(s3.endpoint_url.rsplit(":", 1)[1]))
+    proxy = CuttableProxy(int(s3.endpoint_url.rsplit(":", 1)[1]))
     e = ResEnv(cluster, s3, proxy, tmp_path_factory.mktemp("operator-resilience"))
     try:
         e.prepare_namespace()
