@@ -10,8 +10,9 @@ from agentrun.checkpoint.schema import LapRecord, ToolCallRecord
 _HEADER = f"{'LAP':>6}  {'ATT':>3}  {'OUTCOME':<17}  {'TOKENS IN/OUT':>15}  {'COST USD':>10}  {'DURATION':>9}  TOOLS"
 
 
-def _one_line(text: str, limit: int) -> str:
-    flat = " ".join(text.split())
+def one_line(text: str | None, limit: int) -> str:
+    """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters with an ellipsis."""
+    flat = " ".join((text or "").split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
@@ -36,9 +37,9 @@ def format_lap(record: LapRecord, width: int = 120) -> list[str]:
     indent = " " * 8
     for message in record.messages:
         if message.role == "assistant" and message.content:
-            lines.append(indent + "> " + _one_line(message.content, width - len(indent) - 2))
+            lines.append(indent + "> " + one_line(message.content, width - len(indent) - 2))
     if record.outcome.message:
-        lines.append(indent + "! " + _one_line(record.outcome.message, width - len(indent) - 2))
+        lines.append(indent + "! " + one_line(record.outcome.message, width - len(indent) - 2))
     if record.pending_approval is not None:
         p = record.pending_approval
         lines.append(f"{indent}? approval pending for {p.tool} (call {p.call_id}) since {p.requested_at.isoformat()}")

@@ -5,8 +5,9 @@ pending call (its arguments and deadline); ``approve`` / ``reject`` set exactly 
 user would type with kubectl (``approved=true|false`` and ``agentrun.dev/reason``), and only on
 a run that is waiting right now, so a decision is never queued in advance.
 
-The formatting (``queue_rows``, ``format_table``, ``human_duration``) is pure: rows are built from
-AgentRun dicts and ``now``; the Kubernetes I/O lives in ``_api`` and the click commands.
+The formatting (``queue_rows``, ``format_table``; columns and durations from ``cli.output``) is
+pure: rows are built from AgentRun dicts and ``now``; the Kubernetes I/O lives in ``_api`` and the
+click commands.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from agentrun.cli.kube import (
     kube_options,
     list_runs,
 )
+from agentrun.cli.output import columns, human_duration
 from agentrun.controller.decide import ANN_APPROVED, ANN_REASON
 
 AWAITING = "AwaitingApproval"
@@ -36,21 +38,6 @@ COLUMNS = ("NAMESPACE", "NAME", "OWNER", "TOOL", "LAP", "AGE", "DEADLINE", "ON-T
 
 
 # ------------------------------------------------------------------------------- pure formatting
-
-def human_duration(seconds: float) -> str:
-    """kubectl-style: ``45s``, ``3m12s``, ``2h5m``, ``3d4h`` (two units at most, floor)."""
-    s = max(0, int(seconds))
-    d, rem = divmod(s, 86400)
-    h, rem = divmod(rem, 3600)
-    m, sec = divmod(rem, 60)
-    if d:
-        return f"{d}d{h}h" if h else f"{d}d"
-    if h:
-        return f"{h}h{m}m" if m else f"{h}h"
-    if m:
-        return f"{m}m{sec}s" if sec else f"{m}m"
-    return f"{sec}s"
-
 
 def queue_rows(runs: list[dict], now: datetime, owner: str | None = None) -> list[dict]:
     """The approval queue: one row per run in phase AwaitingApproval (optionally of one owner),
@@ -105,9 +92,7 @@ def table_cells(row: dict) -> list[str]:
 
 def format_table(rows: list[dict]) -> str:
     """kubectl-like columns, left-aligned, three spaces apart."""
-    lines = [list(COLUMNS)] + [table_cells(r) for r in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
-    return "\n".join("   ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+    return columns(COLUMNS, [table_cells(r) for r in rows])
 
 
 def show_text(run: dict, now: datetime) -> str:

@@ -10,8 +10,9 @@ import click
 import yaml
 
 from agentrun.api.types import parse_time
-from agentrun.cli.approvals import _now, human_duration
+from agentrun.cli.approvals import _now
 from agentrun.cli.kube import check_namespace_flags, connect, current_options, kube_options, list_runs
+from agentrun.cli.output import columns, human_duration
 
 COLUMNS = ("NAME", "PHASE", "LAP", "SINCE-CHECKPOINT", "COST", "WAITING-ON")
 
@@ -53,9 +54,7 @@ def table_cells(row: dict, with_namespace: bool) -> list[str]:
 def format_runs(rows: list[dict], with_namespace: bool = False) -> str:
     """kubectl-like columns, three spaces apart (NAMESPACE first with -A)."""
     header = (["NAMESPACE"] if with_namespace else []) + list(COLUMNS)
-    lines = [header] + [table_cells(r, with_namespace) for r in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("   ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+    return columns(header, [table_cells(r, with_namespace) for r in rows])
 
 
 def render(rows: list[dict], output: str, with_namespace: bool) -> str:

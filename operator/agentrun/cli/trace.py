@@ -35,7 +35,7 @@ import click
 from agentrun.api.status import TERMINAL_PHASES
 from agentrun.checkpoint.errors import CheckpointError, CheckpointNotFound
 from agentrun.checkpoint.schema import LapRecord, RunRef
-from agentrun.checkpoint.trace import format_lap, format_trace
+from agentrun.checkpoint.trace import format_lap, format_trace, one_line
 from agentrun.cli.kube import CLIError, connect, current_options, get_run, kube_options, load_config
 
 _OBJECT_URI = re.compile(r"^s3://(?P<bucket>[^/]+)/(?P<key>.+)$")
@@ -117,11 +117,6 @@ def trace_doc(run: RunRef, store: Mapping[str, Any], forked_from: Mapping[str, A
     }
 
 
-def _one_line(text: str | None, limit: int) -> str:
-    flat = " ".join((text or "").split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
-
-
 def detail_lines(record: LapRecord, width: int = 120) -> list[str]:
     """Everything a lap did, under its summary row: messages (role, text, tool calls), each tool
     call with its arguments, idempotency key, status, HTTP status and result, and the timings."""
@@ -135,14 +130,14 @@ def detail_lines(record: LapRecord, width: int = 120) -> list[str]:
         if m.tool_calls:
             text = (text + " " if text else "") + "calls " + ", ".join(f"{c.name}#{c.id}" for c in m.tool_calls)
         who = m.role + (f"[{m.tool_call_id}]" if m.tool_call_id else "")
-        lines.append(f"{ind}{who}: " + _one_line(text, room - len(who)))
+        lines.append(f"{ind}{who}: " + one_line(text, room - len(who)))
     for c in record.tool_calls:
         http = f" http {c.http_status}" if c.http_status is not None else ""
         replay = " replayed" if c.replayed else ""
         lines.append(f"{ind}tool {c.tool} call {c.call_id}: {c.status}{http}{replay}  key {c.idempotency_key}")
-        lines.append(f"{ind}  args {_one_line(json.dumps(c.arguments, sort_keys=True), room - 7)}")
+        lines.append(f"{ind}  args {one_line(json.dumps(c.arguments, sort_keys=True), room - 7)}")
         if c.result is not None:
-            lines.append(f"{ind}  result {_one_line(c.result, room - 9)}")
+            lines.append(f"{ind}  result {one_line(c.result, room - 9)}")
     t = record.timings
     lines.append(f"{ind}tokens {record.usage.input_tokens} in / {record.usage.output_tokens} out, cost "
                  f"{record.cost_usd} USD, model {t.model_seconds:.2f}s, tools {t.tools_seconds:.2f}s, "

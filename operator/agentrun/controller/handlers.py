@@ -89,39 +89,41 @@ def _pod_exit(pods: list[dict[str, Any]]) -> tuple[int | None, str | None]:
     return None, None
 
 
+def _newest_pod(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The Job's most recently created pod (the attempt's pod, when the Job made more than one)."""
+    return max(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "", default=None)
+
+
 def _pod_failure_message(pods: list[dict[str, Any]], limit: int = 600) -> str | None:
-    """The lap runner's own failure message from the newest failed pod's termination message (the
+    """The lap runner's own failure message from the newest pod's termination message (the
     log tail, terminationMessagePolicy FallbackToLogsOnError): the ``error`` of its last "lap failed"
     / "lap configuration refused" JSON line. Already redacted by the runner. It names the failure
     when the runner could not write its attempt report (e.g. the store refused its credentials)."""
-    pods = sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "")
-    for pod in reversed(pods):
-        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-            term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
-            for line in reversed(str(term.get("message") or "").splitlines()):
-                if not line.startswith("{"):
-                    continue
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    continue
-                if entry.get("msg") in ("lap failed", "lap configuration refused") and entry.get("error"):
-                    text = str(entry["error"])
-                    return text if len(text) <= limit else text[: limit - 1] + "…"
-        return None
+    pod = _newest_pod(pods)
+    for cs in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
+        for line in reversed(str(term.get("message") or "").splitlines()):
+            if not line.startswith("{"):
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("msg") in ("lap failed", "lap configuration refused") and entry.get("error"):
+                text = str(entry["error"])
+                return text if len(text) <= limit else text[: limit - 1] + "…"
     return None
 
 
 def _pod_waiting(pods: list[dict[str, Any]]) -> tuple[str | None, str | None, str | None]:
     """(waiting reason, message, pod creationTimestamp) of the newest pod of a Job whose container
     has not started, else (None, None, None). The messages name Secrets and keys, never values."""
-    pods = sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "")
-    for pod in reversed(pods):
-        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-            waiting = (cs.get("state") or {}).get("waiting")
-            if waiting and waiting.get("reason"):
-                return waiting["reason"], waiting.get("message"), (pod.get("metadata") or {}).get("creationTimestamp")
-        return None, None, None
+    pod = _newest_pod(pods)
+    for cs in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason"):
+            created = ((pod or {}).get("metadata") or {}).get("creationTimestamp")
+            return waiting["reason"], waiting.get("message"), created
     return None, None, None
 
 
@@ -338,6 +340,11 @@ class Controller:
 
         batch, core = client.BatchV1Api(), client.CoreV1Api()
         api_client = client.ApiClient.get_default()
+
+        async def job_pods(job: str) -> list[dict[str, Any]]:
+            pods = await asyncio.to_thread(core.list_namespaced_pod, namespace, label_selector=f"job-name={job}")
+            return api_client.sanitize_for_serialization(pods)["items"]
+
         resp = await asyncio.to_thread(batch.list_namespaced_job, namespace, label_selector=f"{LABEL_RUN_UID}={uid}")
         out = []
         for job_obj in resp.items:
@@ -351,8 +358,7 @@ class Controller:
             state, job_reason = _job_state(job)
             exit_code = reason = message = None
             if state != "active" and meta["name"] in current:
-                pods = await asyncio.to_thread(core.list_namespaced_pod, namespace, label_selector=f"job-name={meta['name']}")
-                pod_items = api_client.sanitize_for_serialization(pods)["items"]
+                pod_items = await job_pods(meta["name"])
                 exit_code, reason = _pod_exit(pod_items)
                 message = _pod_failure_message(pod_items) if exit_code not in (None, 0, 3) else None
                 if job_reason == "DeadlineExceeded":
@@ -364,8 +370,7 @@ class Controller:
             waiting: tuple[str | None, str | None, Any] = (None, None, None)
             if state == "active" and meta["name"] in current and not (job.get("status") or {}).get("ready"):
                 # a pod that does not run yet: is it stuck on its configuration (a missing Secret)?
-                pods = await asyncio.to_thread(core.list_namespaced_pod, namespace, label_selector=f"job-name={meta['name']}")
-                waiting = _pod_waiting(api_client.sanitize_for_serialization(pods)["items"])
+                waiting = _pod_waiting(await job_pods(meta["name"]))
             started = (job.get("status") or {}).get("startTime") or meta.get("creationTimestamp")
             out.append(d.ObservedJob(
                 name=meta["name"], lap=lap, attempt=attempt, state=state, exit_code=exit_code, reason=reason,
