@@ -10,6 +10,7 @@ import re
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, StringConstraints
 from pydantic.alias_generators import to_camel
@@ -81,3 +82,13 @@ class APIModel(BaseModel):
     def to_api(self) -> dict:
         """The wire form (camelCase, no unset optional fields)."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def redact_url(url: str) -> str:
+    """``scheme://host[:port]/path`` of a URL, for messages: no user info (credentials), no query
+    string (tokens), no fragment."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return f"{parts.scheme}://{host}{parts.path}"

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import boto3
 from botocore.config import Config
@@ -33,6 +33,7 @@ from botocore.exceptions import (
 )
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from agentrun.api.types import redact_url
 from agentrun.checkpoint.errors import (
     CheckpointError,
     CheckpointNotFound,
@@ -100,7 +101,7 @@ class StoreConfig(BaseModel):
             return None
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"S3 endpoint {_redact_url(value)!r} is not an http(s) URL")
+            raise ValueError(f"S3 endpoint {redact_url(value)!r} is not an http(s) URL")
         return value
 
     @property
@@ -214,17 +215,6 @@ def lap_of_key(key: str) -> int | None:
     return int(match[1]) if match else None
 
 
-def _redact_url(url: str) -> str:
-    """The URL without user info (credentials must never reach a message)."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
 def _field_path(err: Mapping[str, Any]) -> str:
     loc = err.get("loc") or ()
     text = ""
@@ -320,7 +310,7 @@ class CheckpointStore:
                 f"S3 {op} {key}: no usable credentials found by the standard AWS credential chain", key
             ) from None
         except BotoCoreError as e:
-            where = _redact_url(self.config.endpoint_url or "AWS S3")
+            where = redact_url(self.config.endpoint_url or "AWS S3")
             raise StoreUnavailable(
                 f"S3 {op} {key}: cannot reach the store at {where} ({type(e).__name__})", key
             ) from None

@@ -25,12 +25,11 @@ from __future__ import annotations
 import json
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
 from agentrun.api.spec import ModelSpec, ToolSpec
-from agentrun.api.types import parse_duration
+from agentrun.api.types import parse_duration, redact_url
 from agentrun.checkpoint.schema import Message, Usage
 from agentrun.lap.errors import ConfigError, PermanentLapError, RetryableLapError
 from agentrun.lap.interfaces import ModelCall, ModelRequest, ModelResponse
@@ -40,15 +39,6 @@ RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
 ERROR_BODY_CHARS = 300
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 """Hard cap of one model response body; a larger body fails the lap permanently, unread past it."""
-
-
-def redacted_endpoint(url: str) -> str:
-    """``scheme://host[:port]/path`` of a URL: no user info, no query string, no fragment."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return f"{parts.scheme}://{host}{parts.path}"
 
 
 def _excerpt(data: bytes) -> str:
@@ -153,7 +143,7 @@ class OpenAIModel:
             raise ConfigError("spec.agent.model.baseURL is required for provider openai")
         self._spec = spec
         self._url = spec.base_url.rstrip("/") + "/chat/completions"
-        self.endpoint = redacted_endpoint(self._url)
+        self.endpoint = redact_url(self._url)
         self._max_bytes = max_response_bytes
         self._api_key = api_key
         self._timeout = parse_duration(spec.request_timeout)
