@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_lap_run import ToolHandler, free_port  # noqa: E402
 from benchlib import proc_cpu_seconds, proc_status_kb, summary  # noqa: E402
-from e2e.cluster import start_cluster, start_s3  # noqa: E402
+from e2e.cluster import operator_env, start_cluster, start_s3  # noqa: E402
 
 GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
 TERMINAL = ("Succeeded", "Failed", "BudgetExceeded")
@@ -96,21 +96,14 @@ class Bench:
 
     def start_operator(self, ns: str, log: Path, resync: str = "30") -> tuple[subprocess.Popen[bytes], int]:
         port = free_port()
-        env = self.cluster.env()
+        env = operator_env(
+            self.cluster, self.s3, namespace=ns, prefix=f"bench-{ns}",
+            AGENTRUN_LEASE_DURATION="15",  # the default
+            AGENTRUN_RESYNC_SECONDS=resync, AGENTRUN_JOB_TTL_SECONDS="-1", AGENTRUN_METRICS_PORT=str(port),
+            AGENTRUN_HEALTH_PORT="0",
+        )
         if os.environ.get("BENCH_OPERATOR_PYTHONPATH"):  # e.g. an export of an older commit, for before/after
             env["PYTHONPATH"] = os.environ["BENCH_OPERATOR_PYTHONPATH"]
-        env.update({
-            "AGENTRUN_CHECKPOINT_URI": f"s3://{self.s3.bucket}/bench-{ns}",
-            "AGENTRUN_S3_ENDPOINT": self.s3.endpoint_url, "AGENTRUN_S3_REGION": self.s3.region,
-            "AGENTRUN_S3_PATH_STYLE": "true", "AGENTRUN_S3_CREDENTIALS_SECRET": "s3-creds",
-            "AWS_ACCESS_KEY_ID": self.s3.access_key, "AWS_SECRET_ACCESS_KEY": self.s3.secret_key,
-            "AWS_DEFAULT_REGION": self.s3.region,
-            "AGENTRUN_LAP_COMMAND": json.dumps([shutil.which("agentrun") or "agentrun", "lap"]),
-            "AGENTRUN_LEASE_NAMESPACE": ns, "AGENTRUN_LEASE_DURATION": "15",  # the default
-            "AGENTRUN_RESYNC_SECONDS": resync,
-            "AGENTRUN_JOB_TTL_SECONDS": "-1", "AGENTRUN_METRICS_PORT": str(port), "AGENTRUN_HEALTH_PORT": "0",
-            "AGENTRUN_NAMESPACES": ns,
-        })
         fh = open(log, "ab")
         proc = subprocess.Popen([sys.executable, "-m", "agentrun.cli.main", "operator"], env=env, stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True)

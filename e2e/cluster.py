@@ -493,6 +493,35 @@ class S3Server:
         stop_s3(self.dir)
 
 
+def operator_env(cluster: Cluster, s3: S3Server, *, namespace: str, prefix: str,
+                 endpoint: str | None = None, **settings: str) -> dict:
+    """Environment of an ``agentrun operator`` subprocess on the local control plane: the cluster's
+    kubeconfig, the S3 server (``endpoint``: a proxy in front of it, default the server itself)
+    with checkpoints under ``s3://BUCKET/PREFIX``, lap pods running ``agentrun lap`` from this
+    environment, the Lease in and the watch limited to ``namespace``, no metrics port. ``settings``
+    (AGENTRUN_* names) add to or override these."""
+    import json
+    import shutil
+
+    env = cluster.env()
+    env.update({
+        "AGENTRUN_CHECKPOINT_URI": f"s3://{s3.bucket}/{prefix}",
+        "AGENTRUN_S3_ENDPOINT": endpoint or s3.endpoint_url,
+        "AGENTRUN_S3_REGION": s3.region,
+        "AGENTRUN_S3_PATH_STYLE": "true",
+        "AGENTRUN_S3_CREDENTIALS_SECRET": "s3-creds",
+        "AWS_ACCESS_KEY_ID": s3.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+        "AWS_DEFAULT_REGION": s3.region,
+        "AGENTRUN_LAP_COMMAND": json.dumps([shutil.which("agentrun") or "agentrun", "lap"]),
+        "AGENTRUN_LEASE_NAMESPACE": namespace,
+        "AGENTRUN_NAMESPACES": namespace,
+        "AGENTRUN_METRICS_PORT": "0",
+    })
+    env.update(settings)
+    return env
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -7,9 +7,7 @@ S3, which other tests must never see.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +19,7 @@ import boto3
 from kubernetes import client, config
 
 from e2e.chaos.proxy import CuttableProxy
-from e2e.cluster import Cluster, leftover_processes, start_restartable_cluster, start_s3
+from e2e.cluster import Cluster, leftover_processes, operator_env, start_restartable_cluster, start_s3
 from e2e.proc_kubelet import pid_has_marker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,27 +119,11 @@ class World:
     # ------------------------------------------------------------------ operator
     def operator_env(self, ns: str, identity: str) -> dict[str, str]:
         assert self.cluster is not None
-        env = self.cluster.env()
-        env.update({
-            "AGENTRUN_CHECKPOINT_URI": f"s3://{self.s3.bucket}/{PREFIX}",
-            "AGENTRUN_S3_ENDPOINT": self.proxy.url,
-            "AGENTRUN_S3_REGION": self.s3.region,
-            "AGENTRUN_S3_PATH_STYLE": "true",
-            "AGENTRUN_S3_CREDENTIALS_SECRET": "s3-creds",
-            "AWS_ACCESS_KEY_ID": self.s3.access_key,
-            "AWS_SECRET_ACCESS_KEY": self.s3.secret_key,
-            "AWS_DEFAULT_REGION": self.s3.region,
-            "AGENTRUN_LAP_COMMAND": json.dumps([shutil.which("agentrun") or "agentrun", "lap"]),
-            "AGENTRUN_LEASE_NAMESPACE": ns,
-            "AGENTRUN_LEASE_DURATION": "3",
-            "AGENTRUN_RESYNC_SECONDS": "5",
-            "AGENTRUN_STORE_RETRY_SECONDS": "3",
-            "AGENTRUN_JOB_TTL_SECONDS": "20",
-            "AGENTRUN_METRICS_PORT": "0",
-            "AGENTRUN_NAMESPACES": ns,
-            "AGENTRUN_IDENTITY": identity,
-        })
-        return env
+        return operator_env(
+            self.cluster, self.s3, namespace=ns, prefix=PREFIX, endpoint=self.proxy.url,
+            AGENTRUN_LEASE_DURATION="3", AGENTRUN_RESYNC_SECONDS="5", AGENTRUN_STORE_RETRY_SECONDS="3",
+            AGENTRUN_JOB_TTL_SECONDS="20", AGENTRUN_IDENTITY=identity,
+        )
 
     def start_operator(self, ns: str) -> None:
         self.kill_operator()  # never two: the one we track is the only one

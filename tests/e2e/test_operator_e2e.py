@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from e2e.cluster import operator_env
 from e2e_support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,26 +80,8 @@ class Env:
     def operator_env(self, **extra: str) -> dict[str, str]:
         """Environment of an operator subprocess: the cluster's kubeconfig, this module's S3 server,
         a short Lease and resync, watching only this module's namespace."""
-        env = self.cluster.env()
-        env.update({
-            "AGENTRUN_CHECKPOINT_URI": f"s3://{self.s3.bucket}/e2e-{self.ns}",
-            "AGENTRUN_S3_ENDPOINT": self.s3.endpoint_url,
-            "AGENTRUN_S3_REGION": self.s3.region,
-            "AGENTRUN_S3_PATH_STYLE": "true",
-            "AGENTRUN_S3_CREDENTIALS_SECRET": "s3-creds",
-            "AWS_ACCESS_KEY_ID": self.s3.access_key,
-            "AWS_SECRET_ACCESS_KEY": self.s3.secret_key,
-            "AWS_DEFAULT_REGION": self.s3.region,
-            "AGENTRUN_LAP_COMMAND": json.dumps([shutil.which("agentrun") or "agentrun", "lap"]),
-            "AGENTRUN_LEASE_NAMESPACE": self.ns,
-            "AGENTRUN_LEASE_DURATION": "3",
-            "AGENTRUN_RESYNC_SECONDS": "5",
-            "AGENTRUN_JOB_TTL_SECONDS": "-1",
-            "AGENTRUN_METRICS_PORT": "0",
-            "AGENTRUN_NAMESPACES": self.ns,
-        })
-        env.update(extra)
-        return env
+        settings = {"AGENTRUN_LEASE_DURATION": "3", "AGENTRUN_RESYNC_SECONDS": "5", "AGENTRUN_JOB_TTL_SECONDS": "-1"}
+        return operator_env(self.cluster, self.s3, namespace=self.ns, prefix=f"e2e-{self.ns}", **{**settings, **extra})
 
     def prepare_namespace(self) -> None:
         """The CRD, this module's namespace, the lap ServiceAccount and the S3 credentials Secret."""
