@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from agentrun.api.approval import ANN_APPROVED, ANN_REASON
 from agentrun.api.crdgen import GROUP, PLURAL, VERSION
 from agentrun.api.types import parse_time
 from agentrun.cli.kube import (
@@ -31,7 +32,6 @@ from agentrun.cli.kube import (
     list_runs,
 )
 from agentrun.cli.output import columns, human_duration
-from agentrun.controller.decide import ANN_APPROVED, ANN_REASON
 
 AWAITING = "AwaitingApproval"
 COLUMNS = ("NAMESPACE", "NAME", "OWNER", "TOOL", "LAP", "AGE", "DEADLINE", "ON-TIMEOUT")

@@ -24,6 +24,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
+from agentrun.api.approval import ANN_APPROVED, ANN_DECIDED_BY, ANN_REASON, ANN_REASON_SHORT
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import (
     TERMINAL_PHASES,
@@ -41,10 +42,6 @@ from agentrun.checkpoint.schema import LapRecord, Outcome, PendingApproval, RunS
 from .jobs import ApprovalEnv, job_name
 
 FINALIZER = "agentrun.dev/checkpoints"
-ANN_APPROVED = "approved"
-ANN_REASON = "agentrun.dev/reason"
-ANN_REASON_SHORT = "reason"
-ANN_DECIDED_BY = "agentrun.dev/decided-by"
 MAX_RETRY_ENTRIES = 20
 CONDITION_TYPES = ("Progressing", "AwaitingApproval", "Suspended", "Complete", "Failed")
 
