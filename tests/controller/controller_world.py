@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agentrun.api.spec import AgentRunSpec
-from agentrun.api.status import AgentRunStatus
+from agentrun.api.status import AgentRunStatus, StoreLocation
 from agentrun.checkpoint.schema import (
     ForkProvenance,
     LapRecord,
@@ -19,9 +19,11 @@ from agentrun.checkpoint.schema import (
     Totals,
 )
 from agentrun.controller import decide as d
+from agentrun.controller.jobs import approval_annotation
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 UID = "0f9e8d7c-1111-2222-3333-444455556666"
+STORE = StoreLocation(uri="s3://bucket/prefix", endpoint="http://s3:9000", region="us-east-1", path_style=True)
 
 
 def make_spec(**over: Any) -> AgentRunSpec:
@@ -100,6 +102,13 @@ class World:
     fork_reads: list[d.ForkRead] = dataclasses.field(default_factory=list)
     """Answers to ForkCheckpoint, in order (the last one repeats)."""
     fork_calls: list[d.ForkCheckpoint] = dataclasses.field(default_factory=list)
+    resolved_store: StoreLocation | None = dataclasses.field(default_factory=lambda: STORE.model_copy())
+    """What the operator's defaults and the spec resolve to now (Observed.resolved_store)."""
+    passes: list[tuple[d.Observed, d.Decision]] = dataclasses.field(default_factory=list)
+    """Every decision applied, with what it observed (the status as stored before it)."""
+    refuse_status: int = 0
+    """The next N status patches are refused by the 'API server' (422): like the shell, the Jobs of
+    that decision are acted on first, the status and everything after it are not."""
 
     def observed(self, checkpoint=None, attempt_failure=None, fork=None) -> d.Observed:
         return d.Observed(
@@ -107,10 +116,29 @@ class World:
             status=self.status, now=self.now, annotations=dict(self.annotations),
             finalizers=tuple(self.finalizers), deleting=self.deleting, jobs=tuple(self.jobs.values()),
             checkpoint=checkpoint, attempt_failure=attempt_failure, fork=fork,
+            resolved_store=self.resolved_store,
+            store_error=None if self.resolved_store else "no store configured for the test",
         )
 
     def reconcile(self) -> d.Decision:
-        """One reconcile, reads included, applying every action (like handlers.reconcile)."""
+        """One reconcile as the shell runs it: a write-ahead pass (``RequeueAfter(0)``) is followed at
+        once by the next pass. Returns every pass's actions merged (without the RequeueAfter(0))."""
+        actions: list[d.Action] = []
+        for _ in range(4):
+            dec = self.reconcile_once()
+            again = 0.0 in [a.seconds for a in dec.of(d.RequeueAfter)]
+            actions += [a for a in dec.actions if not (isinstance(a, d.RequeueAfter) and a.seconds == 0.0)]
+            if not again or self.refuse_status_pending:
+                break
+        else:
+            raise AssertionError("decide kept asking to be called again")
+        return d.Decision(actions)
+
+    refuse_status_pending: bool = False
+
+    def reconcile_once(self) -> d.Decision:
+        """One pass, reads included, applying every action (like handlers.reconcile)."""
+        self.refuse_status_pending = False
         cp = af = fk = None
         for _ in range(4):
             dec = d.decide(self.observed(cp, af, fk))
@@ -127,15 +155,23 @@ class World:
                     fk = self.fork_reads.pop(0) if len(self.fork_reads) > 1 else self.fork_reads[0]
         else:
             raise AssertionError("decide kept asking for reads")
-        for a in dec.actions:
+        observed = self.observed(cp, af, fk)
+        self.passes.append((observed, dec))
+        for a in dec.actions:  # Jobs first, as the shell does
             if isinstance(a, d.CreateJob):
                 self.created.append((a.lap, a.attempt))
                 self.create_actions.append(a)
                 if a.name not in self.jobs:
-                    self.jobs[a.name] = d.ObservedJob(a.name, a.lap, a.attempt, "active", agent_version=a.agent_version)
+                    self.jobs[a.name] = d.ObservedJob(a.name, a.lap, a.attempt, "active", agent_version=a.agent_version,
+                                                      approval=approval_annotation(a.approval), store=a.store)
             elif isinstance(a, d.DeleteJob):
                 self.jobs.pop(a.name, None)
-            elif isinstance(a, d.PatchStatus):
+        if dec.of(d.PatchStatus) and self.refuse_status > 0:
+            self.refuse_status -= 1
+            self.refuse_status_pending = True
+            return dec  # the shell stops after a refused status patch: no annotations removed, no Events
+        for a in dec.actions:
+            if isinstance(a, d.PatchStatus):
                 self.status = a.status
             elif isinstance(a, d.RemoveAnnotations):
                 for k in a.keys:

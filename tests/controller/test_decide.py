@@ -177,6 +177,8 @@ def test_job_missing_without_checkpoint_is_a_retry():
 
 def test_lost_status_write_adopts_existing_job():
     w = World(make_spec())
+    w.reconcile_once()  # pins the store (write-ahead): the Job comes on the next pass
+    assert w.created == [] and w.status.store is not None
     dec = d.decide(w.observed())
     (create,) = dec.of(d.CreateJob)
     w.jobs[create.name] = d.ObservedJob(create.name, 1, 1, "active", agent_version="v1")  # created; status lost

@@ -13,6 +13,9 @@ FORK = {"name": "src", "uid": "5eed0000-0000-0000-0000-000000000000", "lap": 2}
 
 def test_first_decision_of_a_fork_asks_for_the_fork_snapshot_and_nothing_else():
     w = World(make_spec(forkFrom=FORK))
+    pin = d.decide(w.observed())  # a fork pins its own store first (its spec, the operator's defaults)
+    assert pin.of(d.ForkCheckpoint) == [] and pin.status.store == w.resolved_store
+    w.status = pin.status
     dec = d.decide(w.observed())
     assert dec.actions == [d.ForkCheckpoint("src", FORK["uid"], 2)]
     assert dec.needs_read

@@ -8,13 +8,43 @@ from controller_world import World, fork_read, make_spec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agentrun.api.approval import (
+    ANN_APPROVED,
+    ANN_ARGUMENTS_SHA256,
+    ANN_CALL_ID,
+    ANN_DECIDED_BY,
+    ANN_REASON,
+    MAX_DECIDED_BY_CHARS,
+    MAX_REASON_CHARS,
+    arguments_sha256,
+)
+from agentrun.api.status import StoreLocation
 from agentrun.controller import decide as d
+
+RIGHT_SHA = arguments_sha256({"x": 1})  # the arguments of the pending call of controller_world.record()
+WRONG = "mallory"  # decided-by of decisions that must never be applied
+DECISIONS = {  # annotations of a decision, and whether it may be applied
+    "bare": ({ANN_APPROVED: "true"}, True),
+    "bound": ({ANN_APPROVED: "true", ANN_CALL_ID: "c1", ANN_ARGUMENTS_SHA256: RIGHT_SHA}, True),
+    "other-call": ({ANN_APPROVED: "true", ANN_CALL_ID: "c0", ANN_DECIDED_BY: WRONG}, False),
+    "other-args": ({ANN_APPROVED: "true", ANN_CALL_ID: "c1", ANN_ARGUMENTS_SHA256: "0" * 64,
+                    ANN_DECIDED_BY: WRONG}, False),
+    "maybe": ({ANN_APPROVED: "maybe", ANN_DECIDED_BY: WRONG}, False),
+    "huge-reason": ({ANN_APPROVED: "false", ANN_REASON: "r" * (MAX_REASON_CHARS + 1), ANN_DECIDED_BY: WRONG}, False),
+    "long-decider": ({ANN_APPROVED: "true", ANN_DECIDED_BY: "m" * (MAX_DECIDED_BY_CHARS + 1)}, False),
+    "control-decider": ({ANN_APPROVED: "true", ANN_DECIDED_BY: WRONG + "\x1b[2J"}, False),
+    "control-reason": ({ANN_APPROVED: "true", ANN_REASON: "line one\nline\x1b two"}, True),
+}
+REFUSED_REASONS = ("ApprovalInvalid", "ApprovalBindingMismatch", "ApprovalIgnored")
 
 EVENTS = st.one_of(
     st.tuples(st.just("finish"), st.sampled_from(["continue", "continue", "done", "failed", "awaiting-approval"])),
     st.tuples(st.just("exit"), st.sampled_from([75, 3, 2, 137, None])),
     st.tuples(st.just("tick"), st.floats(min_value=0.1, max_value=20)),
     st.tuples(st.just("annotate"), st.sampled_from(["true", "false", "bogus"])),
+    st.tuples(st.just("decide"), st.sampled_from(sorted(DECISIONS))),
+    st.tuples(st.just("refuse-status"), st.none()),
+    st.tuples(st.just("default-store"), st.sampled_from(["s3://other/x", "s3://third/y"])),
     st.tuples(st.just("suspend"), st.booleans()),
     st.tuples(st.just("version"), st.sampled_from(["v1", "v2", "v3"])),
     st.tuples(st.just("lose-job"), st.none()),
@@ -53,8 +83,11 @@ def _spec(suspend: bool, version: str, attempts: int, on_timeout: str, fork: str
 def test_invariants(events, attempts, on_timeout, fork):
     suspend, version = False, "v1"
     w = World(_spec(suspend, version, attempts, on_timeout, fork), fork_reads=list(FORKS[fork]))
+    pinned = None
+    decisions = 0
     for kind, arg in events:
         before = w.status
+        refused = False
         if kind == "finish" and w.status.active_job and w.status.active_job.name in w.jobs:
             w.finish_job(arg, pending=(arg == "awaiting-approval"))
         elif kind == "exit" and w.status.active_job and w.status.active_job.name in w.jobs:
@@ -66,6 +99,15 @@ def test_invariants(events, attempts, on_timeout, fork):
             w.now += timedelta(seconds=arg)
         elif kind == "annotate":
             w.annotations["approved"] = arg
+            decisions += 1
+        elif kind == "decide":
+            w.annotations.update(DECISIONS[arg][0])
+            decisions += 1
+        elif kind == "refuse-status":
+            w.refuse_status = 1
+            refused = True
+        elif kind == "default-store":
+            w.resolved_store = StoreLocation(uri=arg)
         elif kind == "suspend":
             suspend = arg
             w.generation += 1
@@ -77,7 +119,40 @@ def test_invariants(events, attempts, on_timeout, fork):
         elif kind == "restart":
             pass  # nothing is kept in memory: the next reconcile starts from the status
         w.spec = _spec(suspend, version, attempts, on_timeout, fork)
+        first_pass = len(w.passes)
         dec = w.reconcile()
+        refused = refused and w.refuse_status == 0  # a status patch was refused in this reconcile
+        w.refuse_status = 0
+        # write-ahead: a Job is created only when the status the API server holds (what the pass
+        # observed) already shows what it executes: the pinned store and the decision it carries. So
+        # the pass that first records a decision never creates the Job that executes it.
+        for observed, one in w.passes[first_pass:]:
+            for c in one.of(d.CreateJob):
+                assert observed.status.store is not None and c.store == observed.status.store
+                if c.approval is not None:
+                    ap = observed.status.approval
+                    assert ap is not None and ap.state != "Pending" and ap.call_id == c.approval.call_id
+                    assert ap.lap == c.lap - 1 and d._approval_env(observed.status) == c.approval
+            was, now = observed.status.approval, one.status.approval if one.status else None
+            if was is not None and was.state == "Pending" and (now is None or now.state != "Pending"):
+                assert not one.of(d.CreateJob), "a Job in the pass that records the decision"
+        # the status never shows a call pending once a Job that resolves it (the next lap) exists
+        ap = w.status.approval
+        if ap is not None and ap.state == "Pending":
+            assert not [j for j in w.jobs.values() if j.lap > ap.lap], (ap, w.jobs)
+        # the store is pinned before the first Job and never moves, whatever the default does
+        if w.status.store is not None:
+            pinned = pinned or w.status.store
+            assert w.status.store == pinned
+            assert all(c.store == pinned for c in w.create_actions)
+        if w.created:
+            assert pinned is not None
+        # a decision bound to another call, or malformed, is never applied
+        assert not (w.status.approval and w.status.approval.decided_by and WRONG in w.status.approval.decided_by)
+        assert not (w.status.approval and w.status.approval.decided_by
+                    and len(w.status.approval.decided_by) > MAX_DECIDED_BY_CHARS)
+        # every refused decision gives one Warning Event at most: no more than decisions were made
+        assert len([e for e in w.events if e.reason in REFUSED_REASONS]) <= decisions
         creates = dec.of(d.CreateJob)
         # at most one Job per decision; never twice the same lap attempt over the whole run
         assert len(creates) <= 1
@@ -91,8 +166,11 @@ def test_invariants(events, attempts, on_timeout, fork):
         if w.status.phase in ("AwaitingApproval", "Suspended", "Succeeded", "Failed", "BudgetExceeded"):
             assert w.status.active_job is None
             assert not creates
+        if refused:  # the shell stopped after the refused status patch; the next reconcile does the work
+            continue
         # the approved annotation never survives a reconcile
         assert "approved" not in w.annotations
+        assert not [k for k in w.annotations if k.startswith("agentrun.dev/")], w.annotations
         # idempotent: deciding again on the state just produced creates nothing and patches nothing
         asked = len(w.fork_calls)
         again = w.reconcile()

@@ -8,8 +8,20 @@ import pytest
 from controller_world import UID, make_spec
 
 from agentrun.api.spec import AgentRunSpec
+from agentrun.api.status import StoreLocation
 from agentrun.controller.config import OperatorConfig
-from agentrun.controller.jobs import ApprovalEnv, RunIdentity, build_job, job_name, label_value
+from agentrun.controller.jobs import (
+    ANNOTATION_APPROVAL,
+    ApprovalEnv,
+    RunIdentity,
+    approval_annotation,
+    build_job,
+    effective_endpoint,
+    job_name,
+    label_value,
+    resolve_store,
+    store_of_env,
+)
 
 RUN = RunIdentity("ns", "run", UID)
 CFG = OperatorConfig(checkpoint_uri="s3://bucket/prefix", s3_endpoint="http://127.0.0.1:9000",
@@ -112,3 +124,41 @@ def test_config_from_env():
 def test_config_errors_name_the_variable(var, value):
     with pytest.raises(ValueError, match=var):
         OperatorConfig.from_env({var: value})
+
+
+def test_job_carries_the_decision_it_executes():
+    approval = ApprovalEnv("approved", "c1", "ok", "alice", arguments_sha256="ab" * 32)
+    job = build_job(RUN, make_spec(), 3, 1, "v1", CFG, approval=approval)
+    ann = job["metadata"]["annotations"][ANNOTATION_APPROVAL]
+    assert json.loads(ann) == {"decision": "approved", "callId": "c1", "argumentsSha256": "ab" * 32}
+    assert ann == approval_annotation(approval)
+    assert build_job(RUN, make_spec(), 1, 1, "v1", CFG)["metadata"]["annotations"][ANNOTATION_APPROVAL] == "none"
+
+
+def test_job_uses_the_pinned_store_not_the_current_defaults():
+    pinned = StoreLocation(uri="s3://pinned/p", endpoint="http://old:9000", region="eu-west-1", path_style=False)
+    job = build_job(RUN, make_spec(), 2, 1, "v1", CFG, store=pinned)
+    env = _env(job)
+    assert env["AGENTRUN_CHECKPOINT_URI"]["value"] == "s3://pinned/p"
+    assert env["AGENTRUN_S3_ENDPOINT"]["value"] == "http://old:9000"
+    assert env["AGENTRUN_S3_REGION"]["value"] == "eu-west-1" and env["AGENTRUN_S3_PATH_STYLE"]["value"] == "false"
+    assert store_of_env(job["spec"]["template"]["spec"]["containers"][0]["env"]) == pinned
+
+
+def test_resolve_store_from_spec_and_defaults():
+    assert resolve_store(make_spec(), CFG) == StoreLocation(uri="s3://bucket/prefix", endpoint="http://127.0.0.1:9000",
+                                                            path_style=True)
+    spec = make_spec(checkpoint={"uri": "s3://other/p", "pathStyle": False, "region": "r1"})
+    assert resolve_store(spec, CFG) == StoreLocation(uri="s3://other/p", endpoint="http://127.0.0.1:9000",
+                                                     region="r1", path_style=False)
+    with pytest.raises(ValueError, match="spec.checkpoint.uri"):
+        resolve_store(make_spec(), OperatorConfig())
+
+
+def test_credentials_in_an_endpoint_never_reach_status_but_are_still_used():
+    cfg = OperatorConfig(checkpoint_uri="s3://b/p", s3_endpoint="http://user:pw@minio:9000")
+    pinned = resolve_store(make_spec(), cfg)
+    assert pinned.endpoint == "http://minio:9000"
+    assert effective_endpoint(pinned, make_spec(), cfg) == "http://user:pw@minio:9000"
+    moved = pinned.model_copy(update={"endpoint": "http://elsewhere:9000"})
+    assert effective_endpoint(moved, make_spec(), cfg) == "http://elsewhere:9000"

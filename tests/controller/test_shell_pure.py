@@ -10,7 +10,7 @@ import pydantic
 import pytest
 
 from agentrun.api.spec import AgentRunSpec
-from agentrun.controller.handlers import _job_state, _pod_exit, spec_error_text
+from agentrun.controller.handlers import _job_state, _pod_exit, pruned_field, spec_error_text, status_refusal
 from agentrun.controller.lease import lease_action
 from agentrun.controller.logs import JSONFormatter, run_logger
 
@@ -186,3 +186,62 @@ def test_a_failing_on_acquire_does_not_stop_the_elector():
     asyncio.run(drive())
     assert len(attempts) == 3  # retried at the next renewals until it succeeded, then not again
     assert renewals["n"] >= 4 and elector.is_leader
+
+
+def test_status_refusal_tells_a_validation_error_from_a_conflict():
+    stale_test = json.dumps({"kind": "Status", "message": "the server rejected our request due to an error in our "
+                             "request", "reason": "Invalid", "details": {}, "code": 422})
+    assert status_refusal(422, stale_test) is None  # the json-patch test of resourceVersion failed: read again
+    assert status_refusal(409, "{}") is None
+    invalid = json.dumps({"reason": "Invalid", "code": 422, "details": {"name": "r1", "kind": "AgentRun", "causes": [
+        {"reason": "FieldValueTooLong", "message": "Too long: may not be more than 256 bytes",
+         "field": "status.approval.decidedBy"},
+        {"reason": "FieldValueInvalid", "message": "some validation rules were not checked", "field": "<nil>"}]}})
+    assert status_refusal(422, invalid) == "status.approval.decidedBy: Too long: may not be more than 256 bytes"
+    denied = json.dumps({"message": "agentruns.agentrun.dev \"r1\" is forbidden: ValidatingAdmissionPolicy 'p' "
+                         "denied request: no\x1b[2J", "code": 422,
+                         "details": {"name": "r1", "causes": [{"message": "denied"}]}})
+    text = status_refusal(422, denied)
+    assert "ValidatingAdmissionPolicy 'p' denied request" in text and "\x1b" not in text
+    assert status_refusal(403, "not json") == "HTTP 403"
+
+
+def test_pruned_field_finds_what_an_older_crd_dropped():
+    sent = {"phase": "Running", "store": {"uri": "s3://b/p"}, "approval": {"argumentsSha256": "ab"}}
+    assert pruned_field(sent, dict(sent)) is None
+    assert pruned_field(sent, {"phase": "Running", "approval": {"argumentsSha256": "ab"}}) == "status.store"
+    assert pruned_field(sent, {"phase": "Running", "store": {"uri": "s3://b/p"}, "approval": {}}) == \
+        "status.approval.argumentsSha256"
+    assert pruned_field(sent, None) == "status"
+
+
+def test_failed_reconciles_back_off_exponentially_per_run(monkeypatch):
+    import asyncio
+    from types import SimpleNamespace
+
+    from agentrun.controller.config import OperatorConfig
+    from agentrun.controller.handlers import Controller, StatusRefused
+
+    c = Controller(OperatorConfig())
+    c.elector = SimpleNamespace(is_leader=True)  # type: ignore[assignment]
+    delays: list[tuple[str, float]] = []
+    monkeypatch.setattr(c, "enqueue", lambda ns, name, delay=0.0: delays.append((name, delay)))
+
+    async def refused(ns, name):
+        raise StatusRefused("status.approval.decidedBy: Too long")
+
+    monkeypatch.setattr(c, "reconcile", refused)
+    for _ in range(8):
+        asyncio.run(c._worker(("ns", "r")))
+    asyncio.run(c._worker(("ns", "other")))
+    assert delays == [("r", d) for d in (5, 10, 20, 40, 80, 160, 300, 300)] + [("other", 5)]
+
+    async def ok(ns, name):
+        return None
+
+    monkeypatch.setattr(c, "reconcile", ok)
+    asyncio.run(c._worker(("ns", "r")))
+    assert ("ns", "r") not in c._failures
+    monkeypatch.setattr(c, "reconcile", refused)
+    asyncio.run(c._worker(("ns", "r")))
+    assert delays[-1] == ("r", 5)  # a success resets the backoff

@@ -10,6 +10,14 @@ from typing import Literal
 
 from pydantic import Field
 
+from .approval import (
+    ANN_ARGUMENTS_SHA256,
+    ANN_CALL_ID,
+    ANN_DECIDED_BY,
+    MAX_DECIDED_BY_CHARS,
+    MAX_REASON_CHARS,
+    SHA256_HEX_CHARS,
+)
 from .types import USD, APIModel
 
 Phase = Literal[
@@ -68,6 +76,23 @@ class ApprovalStatus(APIModel):
     arguments: str | None = Field(
         default=None, max_length=4096, description="Arguments of the call as JSON, truncated to 4 KiB."
     )
+    arguments_sha256: str | None = Field(
+        default=None,
+        min_length=SHA256_HEX_CHARS,
+        max_length=SHA256_HEX_CHARS,
+        pattern=f"^[0-9a-f]{{{SHA256_HEX_CHARS}}}$",
+        description=(
+            "sha256 (hex) of the FULL arguments of the pending call (canonical JSON: sorted keys, no "
+            "spaces, UTF-8), computed by the operator from the lap record, not from the 4 KiB cut above. "
+            f"A decision may carry it in the annotation {ANN_ARGUMENTS_SHA256} (with "
+            f"{ANN_CALL_ID}): a decision whose call id or digest differs from the pending call's "
+            "is refused (Warning Event ApprovalBindingMismatch) and the run keeps waiting."
+        ),
+    )
+    arguments_truncated: bool | None = Field(
+        default=None,
+        description="True when `arguments` was cut at 4 KiB; the full arguments are in the checkpoint store.",
+    )
     owner: str = Field(description="Who must decide.")
     requested_at: datetime = Field(description="When the approval was requested.")
     deadline: datetime = Field(description="When the onTimeout policy applies.")
@@ -78,9 +103,39 @@ class ApprovalStatus(APIModel):
             "`kubectl annotate agentrun NAME approved=true|false`."
         ),
     )
-    reason: str | None = Field(default=None, max_length=1024, description="Reason given with the decision.")
-    decided_by: str | None = Field(default=None, max_length=256, description="Who decided, when known.")
-    decided_at: datetime | None = Field(default=None, description="When the decision was recorded.")
+    reason: str | None = Field(
+        default=None, max_length=MAX_REASON_CHARS,
+        description="Reason given with the decision (control characters escaped).",
+    )
+    decided_by: str | None = Field(
+        default=None, max_length=MAX_DECIDED_BY_CHARS,
+        description=(
+            "Who decided: the authenticated user the API server's admission policy stamped into the "
+            f"decision (annotation {ANN_DECIDED_BY}, or this field on the status route)."
+        ),
+    )
+    decided_at: datetime | None = Field(
+        default=None,
+        description=(
+            "When the operator recorded the decision. The decision is in status before the lap Job "
+            "that executes it is created (write-ahead)."
+        ),
+    )
+
+
+class StoreLocation(APIModel):
+    """Where the run's checkpoints live: resolved from spec.checkpoint and the operator's defaults,
+    fixed in status before the run's first Job, and used for the run's whole life (the lap Jobs'
+    environment and the operator's own reads). Changing the operator's default store only affects
+    new runs."""
+
+    uri: str = Field(max_length=1024, description='Bucket and prefix, "s3://bucket/prefix".')
+    endpoint: str | None = Field(
+        default=None, max_length=2048,
+        description="S3 endpoint URL (empty: AWS). Credentials in the URL are never recorded.",
+    )
+    region: str | None = Field(default=None, max_length=64, description="S3 region, when set.")
+    path_style: bool = Field(default=False, description="Whether the store is addressed path-style.")
 
 
 class CostStatus(APIModel):
@@ -125,6 +180,13 @@ class AgentRunStatus(APIModel):
     lap: int = Field(default=0, description="Last checkpointed lap (0: none yet).")
     agent_version: str | None = Field(default=None, description="Agent version that wrote the last checkpoint.")
     checkpoint: CheckpointRef | None = Field(default=None, description="The latest lap checkpoint.")
+    store: StoreLocation | None = Field(
+        default=None,
+        description=(
+            "The checkpoint store of this run, pinned before its first Job and used for its whole life "
+            "(a run from an earlier release is pinned from status.checkpoint)."
+        ),
+    )
     active_job: ActiveJob | None = Field(default=None, description="The lap Job in flight, if any.")
     next_attempt_at: datetime | None = Field(default=None, description="When the next attempt may start (backoff).")
     retries: list[LapRetries] = Field(

@@ -11,7 +11,16 @@ Invariants (tested with hypothesis in tests/controller):
   ``status.activeJob``; applying the decision's status and calling ``decide`` again creates nothing;
 * no Job while AwaitingApproval (undecided), Suspended, or terminal;
 * attempts of a lap never exceed ``spec.retry.attemptsPerLap``;
-* terminal phases do nothing (except removing a stray approval annotation and a leftover Job).
+* terminal phases do nothing (except removing a stray approval annotation and a leftover Job);
+* write-ahead: a ``CreateJob`` happens only when the OBSERVED status (what the API server stored)
+  already holds what the Job executes: the pinned store (``status.store``) and, for a lap that
+  resumes after an approval, the decision (``status.approval`` Approved/Rejected/TimedOut). The
+  decision that first records either returns the status change alone (and ``RequeueAfter(0)``);
+  the Job follows on the next pass, so the status never shows a call pending once a Job resolving
+  it exists;
+* a decision (annotations) bound to another call (``agentrun.dev/call-id``,
+  ``agentrun.dev/arguments-sha256``) or with a malformed field is refused: one Warning Event, the
+  annotations removed, the run keeps waiting. Every value copied from annotations is bounded first.
 """
 
 from __future__ import annotations
@@ -24,7 +33,20 @@ from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
-from agentrun.api.approval import ANN_APPROVED, ANN_DECIDED_BY, ANN_REASON, ANN_REASON_SHORT
+from agentrun.api.approval import (
+    ANN_APPROVED,
+    ANN_ARGUMENTS_SHA256,
+    ANN_CALL_ID,
+    ANN_DECIDED_BY,
+    ANN_REASON,
+    ANN_REASON_SHORT,
+    DECISION_ANNOTATIONS,
+    MAX_CALL_ID_CHARS,
+    MAX_DECIDED_BY_CHARS,
+    MAX_REASON_CHARS,
+    SHA256_HEX_CHARS,
+    arguments_sha256,
+)
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import (
     TERMINAL_PHASES,
@@ -35,11 +57,13 @@ from agentrun.api.status import (
     Condition,
     CostStatus,
     LapRetries,
+    StoreLocation,
 )
 from agentrun.api.types import format_usd, parse_duration
 from agentrun.checkpoint.schema import LapRecord, Outcome, PendingApproval, RunState
+from agentrun.lap.keys import CALL_ID_PATTERN
 
-from .jobs import ApprovalEnv, job_name
+from .jobs import ApprovalEnv, approval_annotation, job_name
 
 FINALIZER = "agentrun.dev/checkpoints"
 MAX_RETRY_ENTRIES = 20
@@ -69,6 +93,11 @@ class ObservedJob:
     waiting_message: str | None = None
     waiting_since: datetime | None = None
     """Since when the pod exists without running (its creationTimestamp)."""
+    approval: str | None = None
+    """The Job's ``agentrun.dev/approval`` annotation (the decision it executes); None when the Job
+    has none (created by an earlier release)."""
+    store: StoreLocation | None = None
+    """The store the Job was given (its environment), when known."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +163,11 @@ class Observed:
     pod_config_grace_seconds: float = 30.0
     """AGENTRUN_POD_CONFIG_GRACE_SECONDS: how long a lap pod may wait on a config error before the
     run says so (condition + Warning Event)."""
+    resolved_store: StoreLocation | None = None
+    """The store a new run would use now (spec.checkpoint, else the operator's defaults): pinned
+    into status.store before the run's first Job, never used after that."""
+    store_error: str | None = None
+    """Why there is no ``resolved_store`` (no URI anywhere)."""
 
 
 # ----------------------------------------------------------------------------- actions
@@ -146,6 +180,8 @@ class CreateJob:
     agent_version: str
     name: str
     approval: ApprovalEnv | None = None
+    store: StoreLocation | None = None
+    """The run's pinned store (status.store as observed), for the Job's environment."""
 
 
 @dataclass(frozen=True)
@@ -280,6 +316,85 @@ def _truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+# ----------------------------------------------------------------------------- bounds of user input
+
+# C0 and C1 controls, DEL, line/paragraph separators and the bidirectional overrides (which make a
+# terminal show text in another order than it is stored).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_SHA256 = re.compile(f"^[0-9a-f]{{{SHA256_HEX_CHARS}}}$")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escape_controls(text: str) -> tuple[str, int]:
+    """``text`` with every control character written as an escape (``\\n``, ``\\x1b``, ``\\u202e``),
+    and how many there were: safe for status, Events, logs and terminals."""
+
+    def esc(m: re.Match[str]) -> str:
+        ch = m.group()
+        if ch in _NAMED_ESCAPES:
+            return _NAMED_ESCAPES[ch]
+        return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+
+    return _CONTROL.subn(esc, text)
+
+
+def shown(value: str, limit: int = 64) -> str:
+    """A user-supplied value quoted for a message: control characters escaped, cut at ``limit``."""
+    return '"' + _truncate(escape_controls(value)[0], limit) + '"'
+
+
+def bounded_reason(text: str | None) -> tuple[str | None, int]:
+    """A reason as status may hold it (control characters escaped, at most MAX_REASON_CHARS), and
+    how many control characters were escaped."""
+    if not text:
+        return None, 0
+    escaped, n = escape_controls(text)
+    return _truncate(escaped, MAX_REASON_CHARS), n
+
+
+def bounded_decider(text: str | None) -> str | None:
+    """``decidedBy`` as status may hold it."""
+    if not text:
+        return None
+    return _truncate(escape_controls(text)[0], MAX_DECIDED_BY_CHARS)
+
+
+# ----------------------------------------------------------------------------- the pinned store
+
+_STORE_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
+
+
+def store_uri_of_checkpoint(object_uri: str, namespace: str, name: str, uid: str) -> str | None:
+    """``s3://bucket/prefix`` of a run from the full URI of one of its objects
+    (``s3://bucket/prefix/<namespace>/<name>/<uid>/laps/...``), or None."""
+    i = object_uri.find(f"/{namespace}/{name}/{uid}/")
+    base = object_uri[:i] if i > 0 else ""
+    return base if _STORE_URI.match(base) else None
+
+
+def pinned_store(status: AgentRunStatus, namespace: str, name: str, uid: str,
+                 jobs: tuple[ObservedJob, ...] = (), resolved: StoreLocation | None = None) -> StoreLocation | None:
+    """The store a run already uses: ``status.store``; for a run started by an earlier release
+    (no status.store), the location of its last checkpoint (status.checkpoint: uri, endpoint,
+    region, pathStyle), else the store its active Job was given. Never the operator's current
+    default for a run that has written anything; None for a run that has not started."""
+    if status.store is not None:
+        return status.store
+    job_store = None
+    if status.active_job is not None:
+        job_store = next((j.store for j in jobs if j.name == status.active_job.name and j.store), None)
+    cp = status.checkpoint
+    base = store_uri_of_checkpoint(cp.uri, namespace, name, uid) if cp is not None and cp.uri else None
+    if base is not None:
+        assert cp is not None
+        if cp.path_style is not None:  # the release that wrote it recorded where the store is
+            return StoreLocation(uri=base, endpoint=cp.endpoint, region=cp.region, path_style=cp.path_style)
+        where = job_store or resolved
+        return StoreLocation(uri=base, endpoint=where.endpoint if where else None,
+                             region=where.region if where else None, path_style=bool(where and where.path_style))
+    return job_store
+
+
 class _Ctx:
     def __init__(self, o: Observed) -> None:
         self.o = o
@@ -366,6 +481,10 @@ def decide(o: Observed) -> Decision:
     terminal = st.phase in TERMINAL_PHASES
     waiting = st.phase == "AwaitingApproval" and st.approval is not None and st.approval.state == "Pending"
 
+    # The store is pinned in status (write-ahead) before anything of a live run touches it.
+    if not terminal and spec is not None and st.store is None:
+        return _pin_store(c)
+
     # Approval deadline first: a decision that arrives after the deadline is too late.
     if waiting and spec is not None:
         timed_out = _apply_timeout(c)
@@ -378,15 +497,15 @@ def decide(o: Observed) -> Decision:
         ap = st.approval
         assert ap is not None
         if ANN_APPROVED in o.annotations:
-            raw = o.annotations[ANN_APPROVED].strip().lower()
-            if raw in ("true", "false"):
-                ap.decision = "approved" if raw == "true" else "rejected"
-                reason = o.annotations.get(ANN_REASON) or o.annotations.get(ANN_REASON_SHORT)
-                ap.reason = _truncate(reason, 1024) if reason else None
-                ap.decided_by = o.annotations.get(ANN_DECIDED_BY) or None
-                _remove_annotation_keys(c)
-            else:
-                _consume_annotation(c, f"its value {raw!r} is neither true nor false")
+            needs = _annotation_decision(c, ap)
+            if needs is not None:
+                return needs
+        elif ap.decision is not None:  # the status route: bounded by the CRD; escape what it lets through
+            reason, escaped = bounded_reason(ap.reason)
+            if escaped:
+                c.event("Warning", "ApprovalReasonEscaped",
+                        f"status.approval.reason held {escaped} control character(s); recorded escaped")
+            ap.reason, ap.decided_by = reason, bounded_decider(ap.decided_by)
         if ap.decision is not None:
             ap.state = "Approved" if ap.decision == "approved" else "Rejected"
             ap.decided_at = ap.decided_at or o.now
@@ -425,6 +544,12 @@ def decide(o: Observed) -> Decision:
         name = job_name(o.name, o.uid, lap, attempt)
         if name in jobs:
             j = jobs[name]
+            mismatch = _adoption_mismatch(st, j)
+            if mismatch is not None:
+                c.act(DeleteJob(name))
+                c.event("Warning", "JobMismatch", f"Job {name} was not adopted: {mismatch}; it was deleted and the "
+                        "lap attempt is retried with a new Job", lap, attempt)
+                return _retry(c, lap, attempt, f"JobMismatch: {mismatch}")
             st.active_job = ActiveJob(
                 name=name, lap=lap, attempt=attempt,
                 agent_version=j.agent_version or spec.agent.version, started_at=j.started_at or o.now,
@@ -473,7 +598,7 @@ def _apply_timeout(c: _Ctx) -> Decision | None:
 
 
 def _remove_annotation_keys(c: _Ctx) -> None:
-    keys = [k for k in (ANN_APPROVED, ANN_REASON, ANN_REASON_SHORT, ANN_DECIDED_BY) if k in c.o.annotations]
+    keys = [k for k in DECISION_ANNOTATIONS if k in c.o.annotations]
     c.act(RemoveAnnotations(tuple(keys)))
 
 
@@ -484,9 +609,135 @@ def _consume_annotation(c: _Ctx, why: str) -> None:
     c.event(
         "Warning",
         "ApprovalIgnored",
-        f"annotation approved={c.o.annotations[ANN_APPROVED]!r} ignored and removed: {why} "
+        f"annotation {ANN_APPROVED}={shown(c.o.annotations[ANN_APPROVED])} ignored and removed: {why} "
         "(it cannot approve a future request in advance)",
     )
+
+
+def _refuse_decision(c: _Ctx, reason: str, problems: list[str]) -> None:
+    """A decision that cannot be applied: ONE Warning Event naming the fields, its annotations
+    removed (so it is not read again), the run keeps waiting for the pending call."""
+    ap = c.st.approval
+    assert ap is not None
+    _remove_annotation_keys(c)
+    c.event("Warning", reason, f"decision refused and removed: {'; '.join(problems)}. The run still waits for "
+            f"call {ap.call_id} of tool {ap.tool} (lap {ap.lap}); decide again")
+
+
+def _annotation_decision(c: _Ctx, ap: ApprovalStatus) -> Decision | None:
+    """Apply the decision in the annotations to the pending approval ``ap`` (in ``c.st``), or refuse
+    it. Returns a Decision only when the pending call's record must be read first (a decision
+    bound by digest to a call whose digest status does not hold: requested by an earlier release)."""
+    o = c.o
+    ann = o.annotations
+    problems: list[str] = []
+    raw = ann[ANN_APPROVED]
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        problems.append(f"{ANN_APPROVED}={shown(raw, 40)} is neither true nor false")
+    reason_key = ANN_REASON if ann.get(ANN_REASON) else ANN_REASON_SHORT
+    reason_raw = ann.get(reason_key) or None
+    reason, escaped = None, 0
+    if reason_raw is not None:
+        reason, escaped = escape_controls(reason_raw)
+        if len(reason) > MAX_REASON_CHARS:
+            extra = f" ({escaped} control characters escaped)" if escaped else ""
+            problems.append(f"{reason_key} is {len(reason)} characters{extra}, at most {MAX_REASON_CHARS}")
+    decided_by = ann.get(ANN_DECIDED_BY) or None
+    if decided_by is not None:
+        if len(decided_by) > MAX_DECIDED_BY_CHARS:
+            problems.append(f"{ANN_DECIDED_BY} is {len(decided_by)} characters, at most {MAX_DECIDED_BY_CHARS}")
+        elif escape_controls(decided_by)[1]:
+            problems.append(f"{ANN_DECIDED_BY}={shown(decided_by)} contains control characters")
+    call_id = ann.get(ANN_CALL_ID)
+    if call_id is not None:
+        call_id = call_id.strip()
+        if len(call_id) > MAX_CALL_ID_CHARS or not CALL_ID_PATTERN.match(call_id):
+            problems.append(f"{ANN_CALL_ID}={shown(call_id, 40)} is not a call id "
+                            f"(letters, digits, _ and -, at most {MAX_CALL_ID_CHARS})")
+    digest = ann.get(ANN_ARGUMENTS_SHA256)
+    if digest is not None:
+        digest = digest.strip().lower()
+        if not _SHA256.match(digest):
+            problems.append(f"{ANN_ARGUMENTS_SHA256}={shown(digest, 40)} is not a sha256 "
+                            f"({SHA256_HEX_CHARS} hex digits)")
+    if problems:
+        _refuse_decision(c, "ApprovalInvalid", problems)
+        return None
+
+    # The binding: the call the person saw must be the call pending now, with the same arguments.
+    mismatches: list[str] = []
+    if call_id is not None and call_id != ap.call_id:
+        mismatches.append(f"{ANN_CALL_ID} is {call_id!r} but the pending call is {ap.call_id!r}")
+    if digest is not None and not mismatches:
+        expected = ap.arguments_sha256
+        if expected is None:  # requested by an earlier release: digest the record's full arguments
+            cp = o.checkpoint
+            if cp is None or cp.lap != ap.lap:
+                return Decision([ReadCheckpoint(ap.lap)])
+            pa = cp.record.pending_approval if cp.kind == "ok" and cp.record is not None else None
+            if pa is not None and pa.call_id == ap.call_id:
+                expected = ap.arguments_sha256 = arguments_sha256(pa.arguments)
+            else:
+                mismatches.append(f"the arguments of call {ap.call_id} cannot be digested from its lap record "
+                                  f"({cp.kind}{': ' + _truncate(cp.error, 200) if cp.error else ''}); decide "
+                                  f"without {ANN_ARGUMENTS_SHA256}")
+        if expected is not None and digest != expected:
+            mismatches.append(f"{ANN_ARGUMENTS_SHA256} is {digest} but the arguments of the pending call "
+                              f"{ap.call_id} have {expected}")
+    if mismatches:
+        _refuse_decision(c, "ApprovalBindingMismatch", mismatches)
+        return None
+
+    ap.decision = "approved" if value == "true" else "rejected"
+    ap.reason = reason
+    ap.decided_by = decided_by
+    if escaped:
+        c.event("Warning", "ApprovalReasonEscaped",
+                f"{reason_key} held {escaped} control character(s); recorded escaped in status.approval.reason")
+    _remove_annotation_keys(c)
+    return None
+
+
+def _approval_env(status: AgentRunStatus) -> ApprovalEnv | None:
+    """The decision the next lap Job of ``status`` must carry: the decided approval of its last lap."""
+    ap = status.approval
+    if ap is None or ap.lap != status.lap or ap.state not in ("Approved", "Rejected", "TimedOut"):
+        return None
+    decision = {"Approved": "approved", "Rejected": "rejected", "TimedOut": "timed-out"}[ap.state]
+    return ApprovalEnv(decision=decision, call_id=ap.call_id, reason=ap.reason, decided_by=ap.decided_by,
+                       arguments_sha256=ap.arguments_sha256)
+
+
+def _adoption_mismatch(st: AgentRunStatus, job: ObservedJob) -> str | None:
+    """Why a Job found in the cluster (its creation not recorded) must not be adopted, else None: it
+    carries another decision or another store than the status. A Job without the annotation was
+    created by an earlier release: its decision is not known, it is adopted."""
+    if job.approval is not None:
+        want = approval_annotation(_approval_env(st))
+        if job.approval != want:
+            return f"it carries the decision {shown(job.approval, 300)} but status says {shown(want, 300)}"
+    if job.store is not None and st.store is not None and job.store != st.store:
+        return f"it uses the store {job.store.uri} but the run's store is {st.store.uri}"
+    return None
+
+
+def _pin_store(c: _Ctx) -> Decision:
+    """Fix the run's store in status.store; nothing else this pass (the next pass, once the status is
+    stored, goes on)."""
+    o, st = c.o, c.st
+    pinned = pinned_store(o.status, o.namespace, o.name, o.uid, o.jobs, o.resolved_store)
+    if pinned is not None:
+        c.event("Normal", "StorePinned", f"checkpoint store pinned from the run's own records (it started under an "
+                f"earlier release): {pinned.uri}")
+    else:
+        pinned = o.resolved_store
+    if pinned is None:
+        return c.fail("InvalidConfiguration", o.store_error or "no checkpoint store: spec.checkpoint.uri is not set "
+                      "and the operator has no default (AGENTRUN_CHECKPOINT_URI)")
+    st.store = pinned
+    c.act(RequeueAfter(0.0))
+    return c.finish()
 
 
 # Waiting reasons of a container that the kubelet retries by itself once the configuration is fixed.
@@ -731,7 +982,8 @@ def _apply_outcome(c: _Ctx, lap: int, outcome: Outcome, pa: PendingApproval | No
         args = json.dumps(pa.arguments, sort_keys=True)
         st.approval = ApprovalStatus(
             state="Pending", lap=lap, tool=pa.tool, call_id=pa.call_id, idempotency_key=pa.idempotency_key,
-            arguments=_truncate(args, 4096), owner=spec.approval.owner, requested_at=requested,
+            arguments=_truncate(args, 4096), arguments_sha256=arguments_sha256(pa.arguments),
+            arguments_truncated=len(args) > 4096, owner=spec.approval.owner, requested_at=requested,
             deadline=deadline,
         )
         st.waiting_on = spec.approval.owner
@@ -758,11 +1010,7 @@ def _next_step(c: _Ctx, waiting: bool) -> Decision:
     elif st.phase == "AwaitingApproval" and st.approval is None:
         return c.finish()
 
-    approval_env = None
-    ap = st.approval
-    if ap is not None and ap.lap == st.lap and ap.state in ("Approved", "Rejected", "TimedOut"):
-        decision = {"Approved": "approved", "Rejected": "rejected", "TimedOut": "timed-out"}[ap.state]
-        approval_env = ApprovalEnv(decision=decision, call_id=ap.call_id, reason=ap.reason, decided_by=ap.decided_by)
+    approval_env = _approval_env(st)
 
     if spec.suspend:
         if st.phase != "Suspended":
@@ -794,11 +1042,21 @@ def _next_step(c: _Ctx, waiting: bool) -> Decision:
         )
 
     version = spec.agent.version
+    # Write-ahead: the Job is created only once the API server holds what it executes (the decision
+    # it carries, the store it writes to). Otherwise record that first; the Job follows next pass.
+    if o.status.store is None or (approval_env is not None
+                                  and (o.status.lap, _approval_env(o.status)) != (st.lap, approval_env)):
+        ap = st.approval
+        after = f"call {ap.call_id} {approval_env.decision}; " if ap is not None and approval_env else ""
+        c.phase("Running", "LapStarting", f"{after}lap {lap} attempt {attempt} starts (agent {version})")
+        c.act(RequeueAfter(0.0))
+        return c.finish()
     if attempt == 1 and st.agent_version and st.agent_version != version:
         c.event("Normal", "VersionChanged", f"lap {lap} runs agent version {version} (lap {st.lap} ran {st.agent_version})",
                 lap, attempt)
     name = job_name(o.name, o.uid, lap, attempt)
-    c.act(CreateJob(lap=lap, attempt=attempt, agent_version=version, name=name, approval=approval_env))
+    c.act(CreateJob(lap=lap, attempt=attempt, agent_version=version, name=name, approval=approval_env,
+                    store=o.status.store))
     st.active_job = ActiveJob(name=name, lap=lap, attempt=attempt, agent_version=version, started_at=o.now)
     st.started_at = st.started_at or o.now
     st.next_attempt_at = None

@@ -22,14 +22,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import kopf
 import pydantic
 
 from agentrun import metrics
 from agentrun.api.spec import AgentRunSpec
-from agentrun.api.status import AgentRunStatus
+from agentrun.api.status import AgentRunStatus, StoreLocation
 from agentrun.api.types import parse_time
 from agentrun.checkpoint.schema import RunRef
 
@@ -37,12 +37,16 @@ from . import decide as d
 from .config import OperatorConfig
 from .jobs import (
     ANNOTATION_AGENT_VERSION,
+    ANNOTATION_APPROVAL,
     LABEL_ATTEMPT,
     LABEL_LAP,
     LABEL_RUN_UID,
     RunIdentity,
     build_job,
+    effective_endpoint,
     job_name,
+    resolve_store,
+    store_of_env,
 )
 from .lease import LeaseElector
 from .logs import run_logger
@@ -50,6 +54,8 @@ from .logs import run_logger
 GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
 #: Threads for the blocking API-server and S3 calls of reconciles (the loop's default executor).
 RECONCILE_THREADS = 32
+#: Per-run exponential backoff after a failed reconcile or a refused status write: first, cap.
+ERROR_BACKOFF_SECONDS = (5.0, 300.0)
 log = logging.getLogger("agentrun.controller")
 
 
@@ -127,6 +133,48 @@ def _pod_waiting(pods: list[dict[str, Any]]) -> tuple[str | None, str | None, st
     return None, None, None
 
 
+class StatusRefused(Exception):
+    """The API server refused a status write for good: the reconcile failed (backoff, one Event)."""
+
+
+def status_refusal(status: int, body: str | bytes | None) -> str | None:
+    """Why the API server refused a status write for good (validation, admission, authorization),
+    naming the fields from its error; None for a conflict (409, or the 422 of a failed json-patch
+    ``test`` of the resourceVersion, which carries no details): then the run changed, read again."""
+    if status == 409:
+        return None
+    try:
+        doc = json.loads(body or "{}")
+    except (TypeError, ValueError):
+        doc = {}
+    if not isinstance(doc, dict):
+        doc = {}
+    details = doc.get("details") or {}
+    if status == 422 and not details:
+        return None
+    causes = [c for c in details.get("causes") or [] if isinstance(c, dict) and c.get("field") not in (None, "<nil>")]
+    if causes:
+        text = "; ".join(f"{c.get('field')}: {c.get('message') or c.get('reason')}" for c in causes[:4])
+    else:
+        text = str(doc.get("message") or f"HTTP {status}")
+    return d.shown(text, 600)[1:-1]
+
+
+def pruned_field(sent: Any, stored: Any, path: str = "status") -> str | None:
+    """The first field of ``sent`` that the API server did not store (a CRD older than the operator
+    prunes unknown fields silently), else None."""
+    if isinstance(sent, dict):
+        if not isinstance(stored, dict):
+            return path
+        for k, v in sent.items():
+            if k not in stored:
+                return f"{path}.{k}"
+            found = pruned_field(v, stored[k], f"{path}.{k}")
+            if found:
+                return found
+    return None
+
+
 @dataclass
 class Controller:
     config: OperatorConfig
@@ -138,6 +186,10 @@ class Controller:
         self._running: dict[tuple[str, str], asyncio.Task] = {}
         self._dirty: set[tuple[str, str]] = set()
         self._stores: dict[tuple, Any] = {}
+        self._failures: dict[tuple[str, str], int] = {}
+        """Consecutive failed reconciles (errors, refused status writes) per run: the backoff."""
+        self._refusals: dict[tuple[str, str], str] = {}
+        """The last refused status write per run (its message): ONE Warning Event per refusal."""
         self._tasks: list[asyncio.Task] = []
         self.ready = False
 
@@ -232,8 +284,17 @@ class Controller:
         self._timer_due.pop(key, None)
         self.enqueue(*key)
 
+    def _backoff(self, key: tuple[str, str]) -> float:
+        """The delay before the next try after the n-th consecutive failure of ``key``: 5 s doubling,
+        capped at 5 min."""
+        n = self._failures[key] = self._failures.get(key, 0) + 1
+        first, cap = ERROR_BACKOFF_SECONDS
+        return min(cap, first * 2 ** min(n - 1, 16))
+
     def forget(self, namespace: str, name: str) -> None:
         key = (namespace, name)
+        self._failures.pop(key, None)
+        self._refusals.pop(key, None)
         h = self._timers.pop(key, None)
         self._timer_due.pop(key, None)
         if h:
@@ -249,13 +310,18 @@ class Controller:
                 result = "success"
                 try:
                     delay = await self.reconcile(*key)
+                    self._failures.pop(key, None)
+                    self._refusals.pop(key, None)
                     if delay is not None:
                         result = "requeue"
                         self.enqueue(*key, delay=delay)
-                except Exception as exc:  # never crash: log, count, retry later
+                except StatusRefused:  # one Event was posted; retry with the run's backoff, quietly
+                    result = "error"
+                    self.enqueue(*key, delay=self._backoff(key))
+                except Exception as exc:  # never crash: log, count, retry later (per-run backoff)
                     result = "error"
                     run_logger(*key).error("reconcile failed: %s", exc, exc_info=True)
-                    self.enqueue(*key, delay=5.0)
+                    self.enqueue(*key, delay=self._backoff(key))
                 metrics.reconcile_finished(result, time.monotonic() - started)
                 if key not in self._dirty:
                     break
@@ -264,19 +330,16 @@ class Controller:
 
     # ---------------------------------------------------------------- reconcile
 
-    def _store(self, spec: AgentRunSpec) -> Any:
+    def _store(self, spec: AgentRunSpec, where: StoreLocation) -> Any:
+        """The checkpoint store at the run's pinned location (status.store)."""
         from agentrun.checkpoint.store import CheckpointStore, StoreConfig
 
-        ck, cfg = spec.checkpoint, self.config
-        uri = ck.uri or cfg.checkpoint_uri
-        if not uri:
-            raise ValueError("spec.checkpoint.uri is not set and the operator has no default (AGENTRUN_CHECKPOINT_URI)")
         sc = StoreConfig(
-            uri=uri,
-            endpoint_url=ck.endpoint or cfg.s3_endpoint,
-            region=ck.region or cfg.s3_region,
-            path_style=cfg.s3_path_style if ck.path_style is None else ck.path_style,
-            snapshot_every=ck.snapshot_every,
+            uri=where.uri,
+            endpoint_url=effective_endpoint(where, spec, self.config),
+            region=where.region,
+            path_style=where.path_style,
+            snapshot_every=spec.checkpoint.snapshot_every,
         )
         key = (sc.uri, sc.endpoint_url, sc.region, sc.path_style)
         if key not in self._stores:
@@ -317,10 +380,17 @@ class Controller:
         if status.active_job is not None:
             current.add(status.active_job.name)
         jobs = await self._observe_jobs(namespace, uid, current)
+        resolved, store_error = None, None
+        if spec is not None:
+            try:
+                resolved = resolve_store(spec, self.config)
+            except (ValueError, pydantic.ValidationError) as exc:
+                store_error = str(exc)
         observed = d.Observed(
             namespace=namespace, name=name, uid=uid, generation=int(meta.get("generation") or 1),
             spec=spec, spec_error=spec_error, status=status, now=_now(),
             pod_config_grace_seconds=self.config.pod_config_grace_seconds,
+            resolved_store=resolved, store_error=store_error,
             annotations=dict(meta.get("annotations") or {}), finalizers=tuple(meta.get("finalizers") or ()),
             deleting=bool(meta.get("deletionTimestamp")), jobs=tuple(jobs),
         )
@@ -372,20 +442,32 @@ class Controller:
                 # a pod that does not run yet: is it stuck on its configuration (a missing Secret)?
                 waiting = _pod_waiting(await job_pods(meta["name"]))
             started = (job.get("status") or {}).get("startTime") or meta.get("creationTimestamp")
+            containers = ((job.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or [{}]
             out.append(d.ObservedJob(
                 name=meta["name"], lap=lap, attempt=attempt, state=state, exit_code=exit_code, reason=reason,
                 message=message,
                 agent_version=(meta.get("annotations") or {}).get(ANNOTATION_AGENT_VERSION),
                 started_at=parse_time(started),
                 waiting_reason=waiting[0], waiting_message=waiting[1], waiting_since=parse_time(waiting[2]),
+                approval=(meta.get("annotations") or {}).get(ANNOTATION_APPROVAL),
+                store=store_of_env(containers[0].get("env") or []),
             ))
         return out
+
+    @staticmethod
+    def _where(o: d.Observed) -> StoreLocation:
+        """The run's store: pinned in status (or, for a run of an earlier release not pinned yet, from
+        its records); the current resolution only for a run that never used one."""
+        where = d.pinned_store(o.status, o.namespace, o.name, o.uid, o.jobs, o.resolved_store) or o.resolved_store
+        if where is None:
+            raise ValueError(o.store_error or "the run has no checkpoint store")
+        return where
 
     async def _read(self, o: d.Observed, decision: d.Decision, run: RunRef, spec: AgentRunSpec | None) -> d.Observed:
         from agentrun.checkpoint import errors as ce
 
         assert spec is not None
-        store = self._store(spec)
+        store = self._store(spec, self._where(o))
         where = _store_location(store.config)
         for a in decision.actions:
             if isinstance(a, d.ReadCheckpoint):
@@ -450,7 +532,7 @@ class Controller:
             assert spec is not None
             try:
                 job = build_job(RunIdentity(ns, name, o.uid), spec, a.lap, a.attempt, a.agent_version, self.config,
-                                approval=a.approval)
+                                approval=a.approval, store=a.store)
                 await asyncio.to_thread(batch.create_namespaced_job, ns, job)
                 alog.info("created lap Job %s (agent %s)", a.name, a.agent_version)
             except ApiException as exc:
@@ -469,14 +551,24 @@ class Controller:
                 {"op": "test", "path": "/metadata/resourceVersion", "value": body["metadata"]["resourceVersion"]},
                 {"op": "add", "path": "/status", "value": status.model_dump(by_alias=True, exclude_none=True, mode="json")},
             ]
+            key = (ns, name)
             try:
-                await asyncio.to_thread(custom.patch_namespaced_custom_object_status, GROUP, VERSION, ns, PLURAL, name, patch,
-                                        _content_type="application/json-patch+json")
+                stored = await asyncio.to_thread(
+                    custom.patch_namespaced_custom_object_status, GROUP, VERSION, ns, PLURAL, name, patch,
+                    _content_type="application/json-patch+json")
             except ApiException as exc:
-                if exc.status in (409, 422):  # changed since we read it (e.g. a decision): redo
+                refusal = status_refusal(exc.status, exc.body) if exc.status in (400, 403, 422) else None
+                if refusal is None and exc.status in (409, 422):  # changed since we read it (e.g. a decision): redo
                     rlog.info("run changed while reconciling; reconciling again")
                     return 0.2
-                raise
+                if refusal is None:
+                    raise
+                return await self._status_refused(body, key, f"the API server refused the status update: {refusal}")
+            missing = pruned_field(patch[1]["value"], (stored or {}).get("status") if isinstance(stored, dict) else None)
+            if missing is not None:
+                return await self._status_refused(
+                    body, key, f"the API server did not store {missing}: the AgentRun CRD is older than the "
+                    "operator; apply the CRD of this release")
             metrics.observe_run(ns, name, body.get("spec") or {}, status.model_dump(by_alias=True, exclude_none=True, mode="json"))
             if status.phase != o.status.phase:
                 rlog.info("phase %s -> %s: %s", o.status.phase, status.phase, status.message)
@@ -486,7 +578,7 @@ class Controller:
         if decision.of(d.DeleteCheckpoints):
             try:
                 assert spec is not None
-                n = await asyncio.to_thread(self._store(spec).delete_run, run)
+                n = await asyncio.to_thread(self._store(spec, self._where(o)).delete_run, run)
                 rlog.info("retention Delete: deleted %d checkpoint objects", n)
             except Exception as exc:
                 rlog.warning("retention Delete: cannot delete checkpoints yet: %s", exc)
@@ -510,6 +602,19 @@ class Controller:
             elif isinstance(a, d.LapRetried):
                 metrics.lap_retried(ns, name, a.reason)
         return requeue
+
+    async def _status_refused(self, body: dict[str, Any], key: tuple[str, str], message: str) -> NoReturn:
+        """A status write refused for good (not a conflict): nothing after it is done this pass (no
+        annotation removed, no Event of the decision: the status does not hold it), ONE Warning Event
+        per distinct refusal, and the worker retries with the run's exponential backoff."""
+        rlog = run_logger(*key)
+        if self._refusals.get(key) != message:
+            self._refusals[key] = message
+            rlog.warning("StatusUpdateRefused: %s", message)
+            await self._event(body, "Warning", "StatusUpdateRefused", message)
+        else:
+            rlog.debug("status update refused again: %s", message)
+        raise StatusRefused(message)
 
     async def _event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         from kubernetes import client

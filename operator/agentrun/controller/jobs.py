@@ -12,9 +12,11 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from agentrun.api.spec import AgentRunSpec
-from agentrun.api.types import parse_duration
+from agentrun.api.status import StoreLocation
+from agentrun.api.types import parse_duration, redact_url
 
 from .config import OperatorConfig
 
@@ -24,6 +26,10 @@ LABEL_LAP = "agentrun.dev/lap"
 LABEL_ATTEMPT = "agentrun.dev/attempt"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 ANNOTATION_AGENT_VERSION = "agentrun.dev/agent-version"
+ANNOTATION_APPROVAL = "agentrun.dev/approval"
+"""On every lap Job: the approval decision it executes (:func:`approval_annotation`), so a Job the
+operator adopts (its creation was not recorded in status) is compared with status.approval."""
+NO_APPROVAL = "none"
 CONTAINER_NAME = "lap"
 
 
@@ -44,6 +50,67 @@ class ApprovalEnv:
     call_id: str
     reason: str | None = None
     decided_by: str | None = None
+    arguments_sha256: str | None = None
+
+
+def approval_annotation(approval: ApprovalEnv | None) -> str:
+    """The value of :data:`ANNOTATION_APPROVAL`: ``none``, or compact JSON of the decision, the call
+    id and the digest of the call's full arguments (what the decision is bound to)."""
+    if approval is None:
+        return NO_APPROVAL
+    doc = {"decision": approval.decision, "callId": approval.call_id,
+           "argumentsSha256": approval.arguments_sha256 or ""}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def resolve_store(spec: AgentRunSpec, config: OperatorConfig) -> StoreLocation:
+    """The store a NEW run would use: spec.checkpoint, else the operator's defaults. A run uses the
+    location pinned in its status.store (this, at its first Job), never a later resolution.
+    Raises ValueError when there is no URI at all."""
+    ck = spec.checkpoint
+    uri = ck.uri or config.checkpoint_uri
+    if not uri:
+        raise ValueError("spec.checkpoint.uri is not set and the operator has no default (AGENTRUN_CHECKPOINT_URI)")
+    endpoint = ck.endpoint or config.s3_endpoint or None
+    return StoreLocation(
+        uri=uri,
+        endpoint=recordable_endpoint(endpoint),
+        region=ck.region or config.s3_region or None,
+        path_style=config.s3_path_style if ck.path_style is None else ck.path_style,
+    )
+
+
+def recordable_endpoint(endpoint: str | None) -> str | None:
+    """An endpoint as status may hold it: without user info (credentials), query or fragment."""
+    if not endpoint:
+        return None
+    parts = urlsplit(endpoint)
+    if parts.username or parts.password or parts.query or parts.fragment:
+        return redact_url(endpoint)
+    return endpoint
+
+
+def effective_endpoint(pinned: StoreLocation, spec: AgentRunSpec, config: OperatorConfig) -> str | None:
+    """The endpoint to connect to for a pinned store: the pinned one, or the configured one it was
+    recorded from when that carried credentials (status never holds them)."""
+    configured = spec.checkpoint.endpoint or config.s3_endpoint or None
+    if configured and configured != pinned.endpoint and recordable_endpoint(configured) == pinned.endpoint:
+        return configured
+    return pinned.endpoint
+
+
+def store_of_env(env: list[dict[str, Any]]) -> StoreLocation | None:
+    """The store a lap Job was given (its container environment), or None."""
+    values = {e.get("name"): e.get("value") for e in env if isinstance(e, dict) and "value" in e}
+    uri = values.get("AGENTRUN_CHECKPOINT_URI")
+    if not uri:
+        return None
+    return StoreLocation(
+        uri=uri,
+        endpoint=recordable_endpoint(values.get("AGENTRUN_S3_ENDPOINT") or None),
+        region=values.get("AGENTRUN_S3_REGION") or None,
+        path_style=str(values.get("AGENTRUN_S3_PATH_STYLE", "")).lower() == "true",
+    )
 
 
 def job_name(run_name: str, uid: str, lap: int, attempt: int) -> str:
@@ -83,15 +150,16 @@ def build_env(
     agent_version: str,
     config: OperatorConfig,
     approval: ApprovalEnv | None = None,
+    store: StoreLocation | None = None,
 ) -> list[dict[str, Any]]:
-    """The lap container's environment, per docs/contracts.md."""
+    """The lap container's environment, per docs/contracts.md. ``store``: the run's pinned store
+    (status.store); without it, the store a new run would resolve to."""
     ck = spec.checkpoint
-    uri = ck.uri or config.checkpoint_uri
-    if not uri:
-        raise ValueError("spec.checkpoint.uri is not set and the operator has no default (AGENTRUN_CHECKPOINT_URI)")
-    endpoint = ck.endpoint or config.s3_endpoint or ""
-    region = ck.region or config.s3_region or ""
-    path_style = config.s3_path_style if ck.path_style is None else ck.path_style
+    store = store or resolve_store(spec, config)
+    uri = store.uri
+    endpoint = effective_endpoint(store, spec, config) or ""
+    region = store.region or ""
+    path_style = store.path_style
     env = [
         _value_env("AGENTRUN_NAMESPACE", run.namespace),
         _value_env("AGENTRUN_NAME", run.name),
@@ -137,6 +205,7 @@ def build_job(
     config: OperatorConfig,
     approval: ApprovalEnv | None = None,
     image: str | None = None,
+    store: StoreLocation | None = None,
 ) -> dict[str, Any]:
     """The batch/v1 Job of one lap attempt."""
     name = job_name(run.name, run.uid, lap, attempt)
@@ -161,7 +230,7 @@ def build_job(
         "image": image or spec.agent.image or config.lap_image,
         "imagePullPolicy": "IfNotPresent",
         "command": list(config.lap_command),
-        "env": build_env(run, spec, lap, attempt, agent_version, config, approval),
+        "env": build_env(run, spec, lap, attempt, agent_version, config, approval, store),
         "resources": resources,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
@@ -204,7 +273,8 @@ def build_job(
             "name": name,
             "namespace": run.namespace,
             "labels": labels,
-            "annotations": {ANNOTATION_AGENT_VERSION: agent_version},
+            "annotations": {ANNOTATION_AGENT_VERSION: agent_version,
+                            ANNOTATION_APPROVAL: approval_annotation(approval)},
             "ownerReferences": [
                 {
                     "apiVersion": "agentrun.dev/v1alpha1",
