@@ -304,3 +304,14 @@ def test_pinned_store_of_checkpoint_uris():
     assert d.store_uri_of_checkpoint(f"s3://b-1/ns/run/{UID}/laps/00000001.json", "ns", "run", UID) == "s3://b-1"
     assert d.store_uri_of_checkpoint(f"s3://b-1/a/b/ns/run/{UID}/snapshots/1.json", "ns", "run", UID) == "s3://b-1/a/b"
     assert d.store_uri_of_checkpoint("s3://b-1/elsewhere/laps/1.json", "ns", "run", UID) is None
+
+
+def test_run_of_an_earlier_release_without_a_readable_location_says_so():
+    w = World(make_spec())
+    w.status.lap = 1
+    w.status.phase = "Running"
+    w.status.checkpoint = CheckpointRef(lap=1, key="k", sha256="ab" * 32, agent_version="v1", schema_version=2)
+    w.reconcile_once()
+    assert w.status.store == STORE
+    (ev,) = w.events
+    assert ev.type == "Warning" and ev.reason == "StorePinned" and STORE.uri in ev.message

@@ -705,8 +705,9 @@ def _approval_env(status: AgentRunStatus) -> ApprovalEnv | None:
     if ap is None or ap.lap != status.lap or ap.state not in ("Approved", "Rejected", "TimedOut"):
         return None
     decision = {"Approved": "approved", "Rejected": "rejected", "TimedOut": "timed-out"}[ap.state]
-    return ApprovalEnv(decision=decision, call_id=ap.call_id, reason=ap.reason, decided_by=ap.decided_by,
-                       arguments_sha256=ap.arguments_sha256)
+    # bounded again: a status patch may have changed the reason or decider after the decision was recorded
+    return ApprovalEnv(decision=decision, call_id=ap.call_id, reason=bounded_reason(ap.reason)[0],
+                       decided_by=bounded_decider(ap.decided_by), arguments_sha256=ap.arguments_sha256)
 
 
 def _adoption_mismatch(st: AgentRunStatus, job: ObservedJob) -> str | None:
@@ -732,6 +733,9 @@ def _pin_store(c: _Ctx) -> Decision:
                 f"earlier release): {pinned.uri}")
     else:
         pinned = o.resolved_store
+        if pinned is not None and o.status.checkpoint is not None:  # written before, but where cannot be told
+            c.event("Warning", "StorePinned", f"the run's earlier checkpoint location cannot be read from "
+                    f"status.checkpoint; pinned the operator's current default {pinned.uri}")
     if pinned is None:
         return c.fail("InvalidConfiguration", o.store_error or "no checkpoint store: spec.checkpoint.uri is not set "
                       "and the operator has no default (AGENTRUN_CHECKPOINT_URI)")

@@ -442,7 +442,8 @@ class Controller:
                 # a pod that does not run yet: is it stuck on its configuration (a missing Secret)?
                 waiting = _pod_waiting(await job_pods(meta["name"]))
             started = (job.get("status") or {}).get("startTime") or meta.get("creationTimestamp")
-            containers = ((job.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or [{}]
+            pod_spec = (((job.get("spec") or {}).get("template") or {}).get("spec") or {})
+            containers = pod_spec.get("containers") or [{}]
             out.append(d.ObservedJob(
                 name=meta["name"], lap=lap, attempt=attempt, state=state, exit_code=exit_code, reason=reason,
                 message=message,
