@@ -80,6 +80,9 @@ def fork_read(lap: int, outcome: str = "continue", kind: str = "ok", cost: str =
                       sha256="ef" * 32, written_at=T0, endpoint="http://s3:9000")
 
 
+PROBE_OK = d.StoreProbeRead("ok", "http://s3:9000", "agentrun", "refused 412")
+
+
 @dataclasses.dataclass
 class World:
     """What the cluster and store hold for one run."""
@@ -100,13 +103,20 @@ class World:
     fork_reads: list[d.ForkRead] = dataclasses.field(default_factory=list)
     """Answers to ForkCheckpoint, in order (the last one repeats)."""
     fork_calls: list[d.ForkCheckpoint] = dataclasses.field(default_factory=list)
+    probe: d.StoreProbeRead | None = PROBE_OK
+    """The store probe's verdict the world answers ProbeStore with (and passes by default)."""
+    probe_answer: d.StoreProbeRead = PROBE_OK
+    """What the shell's probe finds when decide asks (``probe`` None)."""
+    probes: int = 0
+    deleted: bool = False
+    """A DeleteRun was applied (the run is then deleting)."""
 
     def observed(self, checkpoint=None, attempt_failure=None, fork=None) -> d.Observed:
         return d.Observed(
             namespace="ns", name="run", uid=UID, generation=self.generation, spec=self.spec,
             status=self.status, now=self.now, annotations=dict(self.annotations),
             finalizers=tuple(self.finalizers), deleting=self.deleting, jobs=tuple(self.jobs.values()),
-            checkpoint=checkpoint, attempt_failure=attempt_failure, fork=fork,
+            checkpoint=checkpoint, attempt_failure=attempt_failure, fork=fork, store_probe=self.probe,
         )
 
     def reconcile(self) -> d.Decision:
@@ -121,6 +131,9 @@ class World:
                     cp = self.store.get(a.lap) or d.CheckpointRead(lap=a.lap, kind="missing")
                 if isinstance(a, d.ReadAttemptFailure):
                     af = d.AttemptFailureRead(a.lap, a.attempt, self.failure_reports.get((a.lap, a.attempt)))
+                if isinstance(a, d.ProbeStore):
+                    self.probes += 1
+                    self.probe = self.probe_answer
                 if isinstance(a, d.ForkCheckpoint):
                     self.fork_calls.append(a)
                     assert self.fork_reads, "decide asked for a fork snapshot the test did not expect"
@@ -146,6 +159,8 @@ class World:
                 self.finalizers.append(a.name)
             elif isinstance(a, d.RemoveFinalizer):
                 self.finalizers.remove(a.name)
+            elif isinstance(a, d.DeleteRun):
+                self.deleted = self.deleting = True
         return dec
 
     def active(self) -> d.ObservedJob:
