@@ -5,7 +5,14 @@ servers themselves are the session fixtures of tests/conftest.py)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+ROOT = str(Path(__file__).resolve().parents[2])
+if ROOT not in sys.path:  # e2e/ (the S3 shim, versitygw)
+    sys.path.insert(0, ROOT)
 
 S3_IMPLEMENTATIONS = ("moto", "versitygw")
 

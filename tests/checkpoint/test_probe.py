@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from s3_shim import S3Shim
+from e2e.s3_shim import S3Shim
 
 from agentrun.checkpoint.errors import StoreConfigError, StoreUnavailable
 from agentrun.checkpoint.probe import PROBE_DIR, ProbeCache, probe_conditional_writes

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from ckpt_builders import RUN, make_record
-from s3_shim import S3Shim
+from e2e.s3_shim import S3Shim
 
 from agentrun.checkpoint import store as store_mod
 from agentrun.checkpoint.errors import LapAlreadyCheckpointed, StoreUnavailable

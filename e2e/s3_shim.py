@@ -1,7 +1,7 @@
 """A tiny S3-compatible HTTP server for tests of store behaviours real servers do not show on
-demand: one that ignores ``If-None-Match: *`` (like older MinIO or some gateways), one that refuses
-the header (501), and one that answers 409 ConditionalRequestConflict for a while (a concurrent
-conditional write in flight, as AWS S3 does). Spoken to over HTTP by boto3, like any store.
+demand (tests/checkpoint, tests/e2e/test_lifecycle.py): one that ignores ``If-None-Match: *``
+(like older MinIO or some gateways), one that refuses the header (501), and one that answers 409
+ConditionalRequestConflict for a while (a concurrent conditional write in flight, as AWS S3 does). Spoken to over HTTP by boto3, like any store.
 
 Path-style only; objects in memory; PUT/GET/HEAD/DELETE of objects, PUT of buckets, and
 ListObjectsV2 (one page). Not a general S3 server: only what the store's tests need.
