@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from controller_world import T0, World, fork_read, make_spec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agentrun.controller import decide as d
 
@@ -124,3 +126,47 @@ def test_a_failed_run_expires_too():
     assert w.status.phase == "Failed"
     w.now = w.status.completed_at + timedelta(seconds=5)
     assert w.reconcile().of(d.DeleteRun) == [d.DeleteRun(5)]
+
+
+# ---- properties -----------------------------------------------------------------------------
+
+LIFE_EVENTS = st.one_of(
+    st.tuples(st.just("finish"), st.sampled_from(["continue", "done", "failed"])),
+    st.tuples(st.just("exit"), st.sampled_from([75, 2, None])),
+    st.tuples(st.just("tick"), st.floats(min_value=0.1, max_value=30)),
+    st.tuples(st.just("restart"), st.none()),  # a new operator process: the probe cache is empty
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=st.lists(LIFE_EVENTS, max_size=30), ttl=st.sampled_from([None, 0, 5, 60]),
+       probe=st.sampled_from(["ok", "unsafe", "unavailable"]))
+def test_no_lap_on_an_unsafe_store_and_no_delete_before_the_ttl(events, ttl, probe):
+    answer = {"ok": World(make_spec()).probe_answer, "unsafe": UNSAFE, "unavailable": DOWN}[probe]
+    w = World(make_spec(**({} if ttl is None else {"ttlSecondsAfterFinished": ttl})), probe=None,
+              probe_answer=answer)
+    for kind, arg in events:
+        if w.deleted:
+            break
+        before = w.status
+        aj = w.status.active_job
+        if kind == "finish" and aj and aj.name in w.jobs:
+            w.finish_job(arg)
+        elif kind == "exit" and aj and aj.name in w.jobs:
+            w.fail_job(arg)
+        elif kind == "tick":
+            w.now += timedelta(seconds=arg)
+        elif kind == "restart":
+            w.probe = None
+        dec = w.reconcile()
+        if probe != "ok":
+            assert w.created == [] and dec.of(d.CreateJob) == []
+        if probe == "unsafe":
+            assert w.status.phase == "Failed"
+        for a in dec.of(d.DeleteRun):
+            assert ttl is not None and a.ttl_seconds == ttl
+            assert before.phase in ("Succeeded", "Failed", "BudgetExceeded")
+            assert before.completed_at is not None
+            assert w.now >= before.completed_at + timedelta(seconds=ttl)
+        if ttl is None:
+            assert not w.deleted
