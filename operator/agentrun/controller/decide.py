@@ -10,6 +10,8 @@ Invariants (tested with hypothesis in tests/controller):
 * at most one ``CreateJob`` per decision, never for a lap attempt whose Job exists or is in
   ``status.activeJob``; applying the decision's status and calling ``decide`` again creates nothing;
 * no Job while AwaitingApproval (undecided), Suspended, or terminal;
+* no first lap (nor fork snapshot) before the store probe said the store honours conditional
+  writes (``ProbeStore``); a finished run is deleted (``DeleteRun``) only past its ttl;
 * attempts of a lap never exceed ``spec.retry.attemptsPerLap``;
 * terminal phases do nothing (except removing a stray approval annotation and a leftover Job).
 """
