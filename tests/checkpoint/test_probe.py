@@ -122,3 +122,25 @@ def test_the_real_s3_servers_honour_if_none_match(s3_bucket: Any, s3_client: Any
     assert result.safe, result.detail
     left = s3_client.list_objects_v2(Bucket=s3_bucket.name).get("Contents", [])
     assert [o["Key"] for o in left if PROBE_DIR in o["Key"]] == []
+
+
+def test_the_operator_turns_the_verdict_into_an_observation() -> None:
+    """controller/handlers._probe_store: the probe through the process-wide cache, as decide() sees it."""
+    from agentrun.checkpoint.probe import PROBES
+    from agentrun.controller.handlers import _probe_store
+
+    PROBES.clear()
+    try:
+        with S3Shim("ignore") as shim:
+            store = shim_store(shim, "op-bucket")
+            seen = _probe_store(store)
+            assert (seen.kind, seen.endpoint, seen.bucket) == ("unsafe", shim.endpoint_url, "op-bucket")
+            assert "ignores the condition" in (seen.detail or "")
+            assert _probe_store(store).kind == "unsafe" and shim.state.conditional_puts == 2  # cached
+        with S3Shim("honour") as shim:
+            missing = shim_store(shim, "no-such-bucket", create=False)
+            down = _probe_store(missing)
+            assert down.kind == "unavailable" and "NoSuchBucket" in (down.detail or "")
+            assert _probe_store(shim_store(shim, "ok-bucket")).kind == "ok"
+    finally:
+        PROBES.clear()

@@ -170,3 +170,13 @@ def test_no_lap_on_an_unsafe_store_and_no_delete_before_the_ttl(events, ttl, pro
             assert w.now >= before.completed_at + timedelta(seconds=ttl)
         if ttl is None:
             assert not w.deleted
+
+
+def test_a_store_that_cannot_be_configured_fails_the_run_once():
+    bad = d.StoreProbeRead("invalid", detail="spec.checkpoint.uri is not set and the operator has no default")
+    w = World(make_spec(), probe=None, probe_answer=bad)
+    w.reconcile()
+    assert w.created == [] and w.status.phase == "Failed"
+    assert {c.type: c for c in w.status.conditions}["Failed"].reason == "InvalidConfiguration"
+    assert "spec.checkpoint.uri is not set" in w.status.message
+    assert w.reconcile().of(d.Event) == []

@@ -112,7 +112,8 @@ class StoreProbeRead:
     """The verdict of the store's conditional-write probe (``checkpoint/probe.py``, cached per
     endpoint and bucket by the shell): does it honour ``If-None-Match: *``?"""
 
-    kind: Literal["ok", "unsafe", "unavailable"]
+    kind: Literal["ok", "unsafe", "unavailable", "invalid"]
+    """invalid: no store is configured, or its configuration cannot be used (``detail`` says why)."""
     endpoint: str = ""
     """Redacted endpoint URL, or "AWS S3"."""
     bucket: str = ""
@@ -507,6 +508,8 @@ def _check_store_probe(c: _Ctx) -> Decision | None:
     pr = o.store_probe
     if pr is None:
         return Decision([ProbeStore()])
+    if pr.kind == "invalid":
+        return c.fail("InvalidConfiguration", f"the checkpoint store cannot be used: {pr.detail}")
     if pr.kind == "unsafe":
         return c.fail(
             "StoreUnsafe",

@@ -385,7 +385,12 @@ class Controller:
         from agentrun.checkpoint import errors as ce
 
         assert spec is not None
-        store = self._store(spec)
+        try:
+            store = self._store(spec)
+        except ValueError as exc:  # no store configured, or an unusable one: say so, do not loop
+            if decision.of(d.ProbeStore):
+                return replace(o, store_probe=d.StoreProbeRead("invalid", detail=str(exc).splitlines()[-1].strip()))
+            raise
         where = _store_location(store.config)
         for a in decision.actions:
             if isinstance(a, d.ReadCheckpoint):
