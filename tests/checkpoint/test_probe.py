@@ -144,3 +144,4 @@ def test_the_operator_turns_the_verdict_into_an_observation() -> None:
             assert _probe_store(shim_store(shim, "ok-bucket")).kind == "ok"
     finally:
         PROBES.clear()
+
