@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what the e2e control plane needs on a fresh Debian machine and build
-# (or reuse the cached) localkube binary. Called by .ci/run. Idempotent.
+# (or reuse the cached) localkube and versitygw binaries. Called by .ci/run. Idempotent.
 #
 # Needs: Go >= 1.26 on PATH (the Go module proxy must be reachable on a cold
 # module cache), Python >= 3.11 with pip. No Docker, no container runtime.
@@ -31,3 +31,9 @@ esac
 start=$(date +%s)
 bin="$("$here/localkube/build.sh")"
 echo "ci-install: localkube ready in $(( $(date +%s) - start ))s: $bin ($("$bin" version))" >&2
+
+# versitygw: the second S3 implementation of the checkpoint store's tests (tests/checkpoint),
+# built from the Go module proxy and cached like localkube.
+start=$(date +%s)
+vgw="$("$here/versitygw/build.sh")"
+echo "ci-install: versitygw ready in $(( $(date +%s) - start ))s: $vgw" >&2

@@ -17,6 +17,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -117,9 +118,16 @@ def start_moto_server(timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], s
 
 
 @pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
-    """A real S3 API server over HTTP for the whole session (moto's server app, see above). Sets dummy AWS
-    credentials in the environment so boto3's standard chain finds some."""
+def s3_server(moto_s3_server: S3Server) -> S3Server:
+    """A real S3 API server over HTTP for the whole session: moto (tests/checkpoint overrides it to
+    run the store's tests against moto and versitygw)."""
+    return moto_s3_server
+
+
+@pytest.fixture(scope="session")
+def moto_s3_server() -> Iterator[S3Server]:
+    """moto's server app (see above) over HTTP for the whole session. Sets dummy AWS credentials in
+    the environment so boto3's standard chain finds some."""
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     os.environ.setdefault("AWS_DEFAULT_REGION", S3_REGION)
@@ -133,6 +141,30 @@ def s3_server() -> Iterator[S3Server]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="session")
+def versitygw_s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """versitygw (Go; e2e/versitygw_server.py) over HTTP for the whole session, posix backend in a
+    temp dir: the second, independent S3 implementation of the store's tests (tests/checkpoint).
+    A failure to build or start it is an error, never a silent skip; ``AGENTRUN_SKIP_VERSITYGW=1``
+    skips explicitly (a machine without Go)."""
+    if os.environ.get("AGENTRUN_SKIP_VERSITYGW") == "1":
+        pytest.skip("AGENTRUN_SKIP_VERSITYGW=1")
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from e2e.versitygw_server import start_versitygw, stop
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", S3_REGION)
+    proc, endpoint = start_versitygw(tmp_path_factory.mktemp("versitygw"), os.environ["AWS_ACCESS_KEY_ID"],
+                                     os.environ["AWS_SECRET_ACCESS_KEY"], region=S3_REGION)
+    try:
+        yield S3Server(endpoint_url=endpoint)
+    finally:
+        stop(proc)
 
 
 @pytest.fixture

@@ -82,6 +82,9 @@ def fork_read(lap: int, outcome: str = "continue", kind: str = "ok", cost: str =
                       sha256="ef" * 32, written_at=T0, endpoint="http://s3:9000")
 
 
+PROBE_OK = d.StoreProbeRead("ok", "http://s3:9000", "agentrun", "refused 412")
+
+
 @dataclasses.dataclass
 class World:
     """What the cluster and store hold for one run."""
@@ -109,6 +112,13 @@ class World:
     refuse_status: int = 0
     """The next N status patches are refused by the 'API server' (422): like the shell, the Jobs of
     that decision are acted on first, the status and everything after it are not."""
+    probe: d.StoreProbeRead | None = PROBE_OK
+    """The store probe's verdict the world answers ProbeStore with (and passes by default)."""
+    probe_answer: d.StoreProbeRead = PROBE_OK
+    """What the shell's probe finds when decide asks (``probe`` None)."""
+    probes: int = 0
+    deleted: bool = False
+    """A DeleteRun was applied (the run is then deleting)."""
 
     def observed(self, checkpoint=None, attempt_failure=None, fork=None) -> d.Observed:
         return d.Observed(
@@ -116,7 +126,7 @@ class World:
             status=self.status, now=self.now, annotations=dict(self.annotations),
             finalizers=tuple(self.finalizers), deleting=self.deleting, jobs=tuple(self.jobs.values()),
             checkpoint=checkpoint, attempt_failure=attempt_failure, fork=fork,
-            resolved_store=self.resolved_store,
+            resolved_store=self.resolved_store, store_probe=self.probe,
             store_error=None if self.resolved_store else "no store configured for the test",
         )
 
@@ -149,6 +159,9 @@ class World:
                     cp = self.store.get(a.lap) or d.CheckpointRead(lap=a.lap, kind="missing")
                 if isinstance(a, d.ReadAttemptFailure):
                     af = d.AttemptFailureRead(a.lap, a.attempt, self.failure_reports.get((a.lap, a.attempt)))
+                if isinstance(a, d.ProbeStore):
+                    self.probes += 1
+                    self.probe = self.probe_answer
                 if isinstance(a, d.ForkCheckpoint):
                     self.fork_calls.append(a)
                     assert self.fork_reads, "decide asked for a fork snapshot the test did not expect"
@@ -182,6 +195,8 @@ class World:
                 self.finalizers.append(a.name)
             elif isinstance(a, d.RemoveFinalizer):
                 self.finalizers.remove(a.name)
+            elif isinstance(a, d.DeleteRun):
+                self.deleted = self.deleting = True
         return dec
 
     def active(self) -> d.ObservedJob:

@@ -285,7 +285,7 @@ def diag(henv, request):
 # needs to watch (list/watch AgentRuns and Jobs). Nothing else, and nothing cluster-scoped: with
 # exact watchNamespaces Kopf's scanning is disabled (no namespace list, no CRD list/watch).
 EXPECTED_RUN_NS = {
-    "agentruns.agentrun.dev []": {"get", "list", "watch", "patch"},
+    "agentruns.agentrun.dev []": {"get", "list", "watch", "patch", "delete"},
     "agentruns.agentrun.dev/status []": {"patch"},
     "jobs.batch []": {"create", "list", "watch", "delete"},
     "pods []": {"list"},

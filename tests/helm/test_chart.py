@@ -64,7 +64,7 @@ def test_rbac_least_privilege(helm, values):
                 granted.add((res, v))
     assert granted == {
         ("events", "create"),
-        *{("agentruns", v) for v in ("get", "list", "watch", "patch")},
+        *{("agentruns", v) for v in ("get", "list", "watch", "patch", "delete")},
         ("agentruns/status", "patch"),
         *{("jobs", v) for v in ("create", "list", "watch", "delete")},
         ("pods", "list"),

@@ -373,6 +373,17 @@ class AgentRunSpec(APIModel):
             "it cannot be added, changed or removed after creation."
         ),
     )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        le=2147483647,
+        description=(
+            "Seconds after the run finished (Succeeded, Failed or BudgetExceeded; status.completedAt) "
+            "when the operator deletes the AgentRun, like a Job's ttlSecondsAfterFinished. "
+            "spec.checkpoint.retention then decides whether its checkpoints go too. Unset: never deleted "
+            "automatically; 0: deleted as soon as it finished."
+        ),
+    )
 
     @model_validator(mode="after")
     def _tool_names_unique(self) -> AgentRunSpec:

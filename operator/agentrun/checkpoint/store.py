@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -67,7 +68,10 @@ _RETRYABLE_CODES = {
     "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "TooManyRequests",
 }  # fmt: skip
 _NOT_FOUND_CODES = {"NoSuchKey", "NotFound", "404"}
-_CONDITION_FAILED = {412, 409}
+#: Retries of a conditional PUT answered 409 ConditionalRequestConflict (another conditional write
+#: of the key is in flight); then StoreUnavailable (retryable).
+CONFLICT_RETRIES = 4
+CONFLICT_BACKOFF_SECONDS = 0.1
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,7 +268,12 @@ def verify_sha256(data: bytes, expected: str | None, key: str) -> str:
 
 
 class _ConditionFailed(Exception):
-    """A conditional put was refused because the object exists (412 / 409)."""
+    """A conditional put was refused because the object exists (412 PreconditionFailed)."""
+
+
+class _ConditionalConflict(StoreUnavailable):
+    """409 ConditionalRequestConflict: a concurrent conditional write of the key is still in
+    flight. Retryable: the outcome of that write is not known yet, so it never means "exists"."""
 
 
 class CheckpointStore:
@@ -318,9 +327,12 @@ class CheckpointStore:
     def _client_error(self, op: str, key: str, e: ClientError) -> CheckpointError | _ConditionFailed:
         code = str(e.response.get("Error", {}).get("Code", ""))
         status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        if status in _CONDITION_FAILED or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+        if status == 412 or code == "PreconditionFailed":
             return _ConditionFailed()
         what = f"S3 {op} {key}: {code or 'error'} (HTTP {status})"
+        if status == 409 or code == "ConditionalRequestConflict":
+            return _ConditionalConflict(
+                f"{what}: a concurrent conditional write of this key is in flight; retry", key)
         if code == "NoSuchBucket":
             return StoreConfigError(f"{what}: bucket {self.config.bucket!r} does not exist", key)
         if code in _NOT_FOUND_CODES or status == 404:
@@ -346,13 +358,25 @@ class CheckpointStore:
         if it existed. A retried put whose first try landed (same bytes) counts as written."""
         sha = sha256_hex(data)
         try:
-            self._put(key, data, sha, create_only=True)
+            self._put_conditional(key, data, sha)
         except _ConditionFailed:
             existing = self._head(key)
             if existing is not None and existing.sha256 == sha:
                 return existing, True
             return existing or StoredObject(key, "", 0, _now()), False
         return StoredObject(key, sha, len(data), _now()), True
+
+    def _put_conditional(self, key: str, data: bytes, sha: str) -> None:
+        """``_put(create_only=True)``, retried a few times with backoff while the store answers 409
+        ConditionalRequestConflict; then that StoreUnavailable is raised (retryable)."""
+        for attempt in range(CONFLICT_RETRIES + 1):
+            try:
+                self._put(key, data, sha, create_only=True)
+                return
+            except _ConditionalConflict:
+                if attempt == CONFLICT_RETRIES:
+                    raise
+                time.sleep(CONFLICT_BACKOFF_SECONDS * 2**attempt)
 
     def _head(self, key: str) -> StoredObject | None:
         try:

@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "reject": "agentrun.cli.approvals:reject_run_command",
     "runs": "agentrun.cli.runs:runs_command",
     "fork": "agentrun.cli.fork:fork_command",
+    "gc": "agentrun.cli.gc:gc_command",
 }
 
 

@@ -10,6 +10,8 @@ Invariants (tested with hypothesis in tests/controller):
 * at most one ``CreateJob`` per decision, never for a lap attempt whose Job exists or is in
   ``status.activeJob``; applying the decision's status and calling ``decide`` again creates nothing;
 * no Job while AwaitingApproval (undecided), Suspended, or terminal;
+* no first lap (nor fork snapshot) before the store probe said the store honours conditional
+  writes (``ProbeStore``); a finished run is deleted (``DeleteRun``) only past its ttl;
 * attempts of a lap never exceed ``spec.retry.attemptsPerLap``;
 * terminal phases do nothing (except removing a stray approval annotation and a leftover Job);
 * write-ahead: a ``CreateJob`` happens only when the OBSERVED status (what the API server stored)
@@ -135,6 +137,19 @@ class ForkRead:
 
 
 @dataclass(frozen=True)
+class StoreProbeRead:
+    """The verdict of the store's conditional-write probe (``checkpoint/probe.py``, cached per
+    endpoint and bucket by the shell): does it honour ``If-None-Match: *``?"""
+
+    kind: Literal["ok", "unsafe", "unavailable", "invalid"]
+    """invalid: no store is configured, or its configuration cannot be used (``detail`` says why)."""
+    endpoint: str = ""
+    """Redacted endpoint URL, or "AWS S3"."""
+    bucket: str = ""
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
 class AttemptFailureRead:
     """Result of reading ``attempts/<lap>-<attempt>.json`` (best effort: may be None)."""
 
@@ -160,6 +175,8 @@ class Observed:
     checkpoint: CheckpointRead | None = None
     attempt_failure: AttemptFailureRead | None = None
     fork: ForkRead | None = None
+    store_probe: StoreProbeRead | None = None
+    """The store probe's verdict; None: not probed yet (decide asks with ``ProbeStore``)."""
     pod_config_grace_seconds: float = 30.0
     """AGENTRUN_POD_CONFIG_GRACE_SECONDS: how long a lap pod may wait on a config error before the
     run says so (condition + Warning Event)."""
@@ -236,6 +253,20 @@ class ForkCheckpoint:
 
 
 @dataclass(frozen=True)
+class ProbeStore:
+    """Probe the run's store for conditional writes (once per endpoint and bucket per process):
+    the shell adds a ``StoreProbeRead``."""
+
+
+@dataclass(frozen=True)
+class DeleteRun:
+    """Delete the AgentRun itself (spec.ttlSecondsAfterFinished passed), with a precondition on
+    its uid. Its checkpoints then go or stay by spec.checkpoint.retention (the finalizer)."""
+
+    ttl_seconds: int
+
+
+@dataclass(frozen=True)
 class AddFinalizer:
     name: str = FINALIZER
 
@@ -270,6 +301,7 @@ class LapRetried:
 Action = (
     CreateJob | DeleteJob | PatchStatus | RemoveAnnotations | Event | RequeueAfter | ReadCheckpoint
     | ReadAttemptFailure | ForkCheckpoint | AddFinalizer | RemoveFinalizer | DeleteCheckpoints | LapFinished | LapRetried
+    | ProbeStore | DeleteRun
 )
 
 
@@ -292,7 +324,8 @@ class Decision:
 
     @property
     def needs_read(self) -> bool:
-        return bool(self.of(ReadCheckpoint) or self.of(ReadAttemptFailure) or self.of(ForkCheckpoint))
+        return bool(self.of(ReadCheckpoint) or self.of(ReadAttemptFailure) or self.of(ForkCheckpoint)
+                    or self.of(ProbeStore))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -524,10 +557,17 @@ def decide(o: Observed) -> Decision:
         for j in o.jobs:
             if j.state == "active":
                 c.act(DeleteJob(j.name))
+        _expire(c)
         return c.finish(touch_generation=False)
 
     if spec is None:
         return c.fail("InvalidSpec", f"the spec cannot be used: {o.spec_error or 'unknown error'}")
+
+    # Fencing rests on the store honouring If-None-Match: probe it before the run's first write.
+    if st.lap == 0 and st.active_job is None and st.checkpoint is None:
+        blocked = _check_store_probe(c)
+        if blocked is not None:
+            return blocked
 
     # A fork starts from the source's lap N: its fork snapshot first, then lap N+1.
     if spec.fork_from is not None and st.checkpoint is None and st.lap == 0 and st.active_job is None:
@@ -566,6 +606,52 @@ def decide(o: Observed) -> Decision:
             return result
 
     return _next_step(c, waiting)
+
+
+def _expire(c: _Ctx) -> None:
+    """A finished run with spec.ttlSecondsAfterFinished: delete it once that long has passed
+    since status.completedAt, else come back then."""
+    o, st, spec = c.o, c.st, c.o.spec
+    if spec is None or spec.ttl_seconds_after_finished is None or st.completed_at is None:
+        return
+    ttl = spec.ttl_seconds_after_finished
+    left = (st.completed_at + timedelta(seconds=ttl) - o.now).total_seconds()
+    if left > 0:
+        c.act(RequeueAfter(max(0.5, left)))
+        return
+    kept = "deleted with it" if spec.checkpoint.retention == "Delete" else "kept"
+    c.event("Normal", "TTLExpired", f"deleting the finished run: spec.ttlSecondsAfterFinished={ttl}s passed since "
+            f"it finished at {st.completed_at.isoformat()}; its checkpoints are {kept} "
+            f"(spec.checkpoint.retention {spec.checkpoint.retention})")
+    c.act(DeleteRun(ttl))
+
+
+def _check_store_probe(c: _Ctx) -> Decision | None:
+    """Before the first lap (or fork): the store must honour conditional writes. Returns a
+    Decision to stop (ask for the probe, fail, or wait for the store), or None to go on."""
+    o, st = c.o, c.st
+    pr = o.store_probe
+    if pr is None:
+        return Decision([ProbeStore()])
+    if pr.kind == "invalid":
+        return c.fail("InvalidConfiguration", f"the checkpoint store cannot be used: {pr.detail}")
+    if pr.kind == "unsafe":
+        return c.fail(
+            "StoreUnsafe",
+            f"the checkpoint store at {pr.endpoint} (bucket {pr.bucket}) does not honour conditional writes "
+            f"(If-None-Match: *): {pr.detail}. Lap fencing depends on them, so no lap was started; use a store "
+            "that honours them (see docs/operations.md, Store requirements) and recreate the run",
+        )
+    if pr.kind == "unavailable":
+        progressing = next((x for x in st.conditions if x.type == "Progressing"), None)
+        if not (progressing is not None and progressing.reason == "StoreUnavailable"):
+            msg = (f"cannot probe the checkpoint store at {pr.endpoint} (bucket {pr.bucket}) for conditional "
+                   f"writes yet (retrying): {pr.detail}")
+            c.phase("Pending", "StoreUnavailable", msg)
+            c.event("Warning", "StoreUnavailable", msg)
+        c.act(RequeueAfter(10.0))
+        return c.finish()
+    return None
 
 
 def _apply_timeout(c: _Ctx) -> Decision | None:

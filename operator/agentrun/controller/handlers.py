@@ -468,7 +468,12 @@ class Controller:
         from agentrun.checkpoint import errors as ce
 
         assert spec is not None
-        store = self._store(spec, self._where(o))
+        try:
+            store = self._store(spec, self._where(o))
+        except ValueError as exc:  # no store configured, or an unusable one: say so, do not loop
+            if decision.of(d.ProbeStore):
+                return replace(o, store_probe=d.StoreProbeRead("invalid", detail=str(exc).splitlines()[-1].strip()))
+            raise
         where = _store_location(store.config)
         for a in decision.actions:
             if isinstance(a, d.ReadCheckpoint):
@@ -485,6 +490,8 @@ class Controller:
                 except ce.CheckpointError as exc:
                     cp = d.CheckpointRead(lap=a.lap, kind="unavailable", error=str(exc))
                 o = replace(o, checkpoint=cp)
+            elif isinstance(a, d.ProbeStore):
+                o = replace(o, store_probe=await asyncio.to_thread(_probe_store, store))
             elif isinstance(a, d.ReadAttemptFailure):
                 try:
                     report = await asyncio.to_thread(store.get_attempt_failure, run, a.lap, a.attempt)
@@ -602,6 +609,17 @@ class Controller:
                 metrics.lap_finished(ns, name, a.outcome, a.duration_seconds)
             elif isinstance(a, d.LapRetried):
                 metrics.lap_retried(ns, name, a.reason)
+        for a in decision.of(d.DeleteRun):  # spec.ttlSecondsAfterFinished passed: after its Event
+            try:
+                await asyncio.to_thread(custom.delete_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name,
+                                        body=client.V1DeleteOptions(preconditions=client.V1Preconditions(
+                                            uid=o.uid, resource_version=body["metadata"]["resourceVersion"])))
+                rlog.info("deleted the finished run (ttlSecondsAfterFinished=%ds)", a.ttl_seconds)
+            except ApiException as exc:
+                if exc.status == 409:  # changed since we read it (e.g. a new ttl): decide again
+                    return 0.2
+                if exc.status != 404:
+                    raise
         return requeue
 
     async def _status_refused(self, body: dict[str, Any], key: tuple[str, str], message: str) -> NoReturn:
@@ -644,6 +662,19 @@ class Controller:
             await asyncio.to_thread(client.CoreV1Api().create_namespaced_event, meta["namespace"], event)
         except ApiException as exc:  # events are best effort
             log.warning("cannot post event %s: %s", reason, exc.reason)
+
+
+def _probe_store(store: Any) -> d.StoreProbeRead:
+    """The store's conditional-write verdict (checkpoint/probe.py; cached per endpoint and bucket
+    for the life of the process, so a run's reconciles do not probe again)."""
+    from agentrun.checkpoint.errors import CheckpointError
+    from agentrun.checkpoint.probe import PROBES, store_where
+
+    try:
+        result = PROBES.check(store)
+    except CheckpointError as exc:
+        return d.StoreProbeRead("unavailable", store_where(store.config), store.config.bucket, str(exc))
+    return d.StoreProbeRead("ok" if result.safe else "unsafe", result.endpoint, result.bucket, result.detail)
 
 
 def _store_location(config: Any) -> dict[str, Any]:
