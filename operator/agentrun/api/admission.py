@@ -74,6 +74,9 @@ def _list(items: tuple[str, ...] | list[str]) -> str:
 # --------------------------------------------------------------------------- shared CEL pieces
 
 _USER = "request.userInfo.username"
+_SUB = "request.?subResource.orValue('')"  # absent (not "") on the main resource
+ON_MAIN = f"{_SUB} == ''"
+ON_STATUS = f"{_SUB} == 'status'"
 _AUTHZ = (f"authorizer.group({_lit(GROUP)}).resource({_lit(PLURAL)}).namespace(request.namespace)"
           ".name(request.name)")
 CAN_APPROVE = f"{_AUTHZ}.check({_lit(ap.APPROVE_VERB)}).allowed()"
@@ -144,8 +147,7 @@ def _rules(resources: list[str]) -> dict[str, Any]:
 
 def decisions_policy() -> dict[str, Any]:
     """Who may decide, and that the recorded decider is the authenticated user."""
-    ann_route = "request.subResource == ''"
-    st_route = "request.subResource == 'status'"
+    ann_route, st_route = ON_MAIN, ON_STATUS
     decider = _lit(ap.ANN_DECIDED_BY)
     validations = [
         {
@@ -243,7 +245,7 @@ def status_policy() -> dict[str, Any]:
             "failurePolicy": "Fail",
             "matchConstraints": _rules([f"{PLURAL}/status"]),
             "matchConditions": [
-                {"name": "status-subresource", "expression": "request.subResource == 'status'"},
+                {"name": "status-subresource", "expression": ON_STATUS},
                 {"name": "not-the-operator", "expression": "!" + IS_OPERATOR},
             ],
             "validations": validations,
@@ -295,7 +297,7 @@ def stamp_status_policy() -> dict[str, Any]:
             "reinvocationPolicy": "IfNeeded",
             "matchConstraints": _rules([f"{PLURAL}/status"]),
             "matchConditions": [
-                {"name": "status-subresource", "expression": "request.subResource == 'status'"},
+                {"name": "status-subresource", "expression": ON_STATUS},
                 {"name": "decision-set", "expression": _status_changed(DECISION_STATUS_FIELDS)},
                 {"name": "not-the-operator", "expression": "!" + IS_OPERATOR},
             ],

@@ -83,7 +83,10 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
 PINNED_CHECKPOINT_FIELDS = ("uri", "endpoint", "region", "pathStyle", "credentialsSecretName")
 CEL_RULES["spec"] += [
     {
-        "rule": f"self.?checkpoint.?{f} == oldSelf.?checkpoint.?{f}",
+        # has() and plain equality, not optionals: their cost is bounded by the field's maxLength
+        "rule": f"(has(self.checkpoint) && has(self.checkpoint.{f})) == (has(oldSelf.checkpoint) && "
+        f"has(oldSelf.checkpoint.{f})) && (!has(self.checkpoint) || !has(self.checkpoint.{f}) || "
+        f"self.checkpoint.{f} == oldSelf.checkpoint.{f})",
         "message": f"spec.checkpoint.{f} is immutable (it cannot be added, removed or changed after creation): "
         "a run's checkpoints cannot move",
     }
