@@ -86,3 +86,13 @@ def test_checkpoint_location_rules_sit_on_spec():
         assert any(f"has(oldSelf.checkpoint.{f})" in r["rule"] and f"spec.checkpoint.{f} is immutable" in r["message"]
                    for r in rules), f
     assert "spec.checkpoint" not in crdgen.CEL_RULES  # a rule on the optional block misses add/remove
+
+
+def test_owner_group_convention():
+    policy = admission.decisions_policy()
+    var = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "ownerGroup")
+    assert f'startsWith("{admission.OWNER_GROUP_PREFIX}")' in var
+    assert f"substring({len(admission.OWNER_GROUP_PREFIX)})" in var
+    rule = policy["spec"]["validations"][-1]
+    assert "variables.ownerGroup in request.userInfo.?groups.orValue([])" in rule["expression"]
+    assert "variables.isOperator" in rule["expression"]  # the operator copying a decision is not deciding

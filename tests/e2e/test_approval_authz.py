@@ -312,3 +312,21 @@ def test_checkpoint_retention_stays_mutable_while_the_location_is_pinned(rbac, f
     doc["spec"]["checkpoint"] = {"retention": "Delete"}  # the uri removed: refused
     r = e.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc), check=False)
     assert r.returncode != 0 and "spec.checkpoint.uri is immutable" in r.stderr, r.stderr
+
+
+def test_owner_group_only_its_members_decide(rbac, fallback_ns):
+    """spec.approval.owner "group:finance": the approve verb is not enough, the group is needed too."""
+    e, ns = rbac, fallback_ns
+    doc = e.run_doc("grouped", [{"content": "x"}])
+    doc["spec"]["suspend"] = True
+    doc["spec"]["approval"]["owner"] = f"{admission.OWNER_GROUP_PREFIX}finance"
+    e.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(doc))
+    e.kubectl("create", "rolebinding", "approver-dave", "-n", ns,
+              f"--clusterrole={admission.APPROVER_CLUSTERROLE}", "--user=dave")
+    r = as_user(e, "dave", "annotate", "agentrun", "grouped", "-n", ns, f"{ANN_APPROVED}=true",
+                f"{ANN_DECIDED_BY}=dave")
+    assert r.returncode != 0, r.stdout
+    assert 'is decided by the members of group finance (spec.approval.owner "group:finance"); user "dave"' in r.stderr
+    r = as_user(e, "alice", "annotate", "agentrun", "grouped", "-n", ns, f"{ANN_APPROVED}=true",
+                f"{ANN_DECIDED_BY}=alice", groups=("finance",))
+    assert r.returncode == 0, r.stderr

@@ -51,6 +51,11 @@ MAP_STATUS: Final = "agentrun-stamp-decider-status"
 NO_STAMP_LABEL: Final = "agentrun.dev/decider-stamping"
 NO_STAMP_VALUE: Final = "disabled"
 
+OWNER_GROUP_PREFIX: Final = "group:"
+"""``spec.approval.owner: "group:NAME"``: only members of the Kubernetes group NAME (as the API
+server authenticates them) may decide, besides needing the approve verb. Any other owner is a
+label for people (the queue, Waiting-On), not checked."""
+
 VAP_API: Final = "admissionregistration.k8s.io/v1"
 MAP_API: Final = "admissionregistration.k8s.io/v1"
 
@@ -149,6 +154,9 @@ def decisions_policy() -> dict[str, Any]:
     """Who may decide, and that the recorded decider is the authenticated user."""
     ann_route, st_route = ON_MAIN, ON_STATUS
     decider = _lit(ap.ANN_DECIDED_BY)
+    group_msg = (f"'agentrun ' + request.namespace + '/' + request.name + ' is decided by the members of group ' + "
+                 f"variables.ownerGroup + ' (spec.approval.owner \"{OWNER_GROUP_PREFIX}' + variables.ownerGroup + "
+                 f"'\"); user \"' + {_USER} + '\" is not one'")
     validations = [
         {
             "expression": f"!({ann_route}) || !variables.decisionAnnSet || variables.canApprove",
@@ -190,6 +198,14 @@ def decisions_policy() -> dict[str, Any]:
                        "cannot be set or changed on its own",
             "reason": "Forbidden",
         },
+        {
+            # spec.approval.owner "group:NAME": only its members decide (the operator copying one is not deciding)
+            "expression": f"variables.ownerGroup == '' || !((({ann_route}) && variables.decisionAnnSet) || "
+                          f"(({st_route}) && variables.statusDecisionSet)) || variables.isOperator || "
+                          "variables.ownerGroup in request.userInfo.?groups.orValue([])",
+            "messageExpression": group_msg,
+            "reason": "Forbidden",
+        },
     ]
     return {
         "apiVersion": VAP_API,
@@ -201,6 +217,9 @@ def decisions_policy() -> dict[str, Any]:
             "variables": [
                 *ANNOTATION_VARIABLES,
                 *STATUS_VARIABLES,
+                {"name": "ownerGroup",
+                 "expression": f"object.spec.?approval.?owner.orValue('').startsWith({_lit(OWNER_GROUP_PREFIX)}) ? "
+                               f"object.spec.approval.owner.substring({len(OWNER_GROUP_PREFIX)}) : ''"},
                 {"name": "canApprove", "expression": CAN_APPROVE},
                 {"name": "isOperator", "expression": IS_OPERATOR},
             ],
