@@ -471,6 +471,22 @@ def sa_kubeconfig(cluster: Cluster, namespace: str, sa: str, out: str | os.PathL
     return str(out)
 
 
+# ------------------------------------------------------------------ the AgentRun API
+
+# What `make dev` and the e2e tests install, in this order: the CRD and the approval admission
+# policies (docs/security.md), all generated into crds/ by `make crds`.
+API_MANIFESTS = ("agentrun.dev_agentruns.yaml", "agentrun.dev_admission-policies.yaml",
+                 "agentrun.dev_admission-mutating.yaml")
+
+
+def install_api(cluster: Cluster) -> None:
+    """Apply the AgentRun CRD and the approval admission policies (idempotent), wait for the CRD."""
+    crds = Path(__file__).resolve().parents[1] / "crds"
+    files = [a for name in API_MANIFESTS for a in ("-f", str(crds / name))]
+    cluster.kubectl_run("apply", *files)
+    cluster.kubectl_run("wait", "--for=condition=Established", "crd/agentruns.agentrun.dev", "--timeout=60s")
+
+
 # ------------------------------------------------------------------ S3
 
 

@@ -1,5 +1,7 @@
-# CRDs and the CRD field reference, generated from the pydantic models (operator/agentrun/api).
+# CRDs, the approval admission policies and the CRD field reference, generated from the pydantic models (operator/agentrun/api).
 .PHONY: crds
 crds:
 	agentrun crd > crds/agentrun.dev_agentruns.yaml
 	agentrun crd --reference > docs/crd-reference.md
+	agentrun crd --admission validating > crds/agentrun.dev_admission-policies.yaml
+	agentrun crd --admission mutating > crds/agentrun.dev_admission-mutating.yaml

@@ -8,9 +8,11 @@ helm-tools:
 	tools/install-helm.sh
 	tools/install-promtool.sh
 
-## copy the generated CRD into the chart (Helm installs crds/ but never upgrades them)
+## copy the generated CRD into the chart (Helm installs crds/ but never upgrades them), and the
+## admission policies into files/ (rendered by templates/admission-policies.yaml where the API exists)
 helm-crds:
 	cp crds/agentrun.dev_agentruns.yaml $(CHART)/crds/agentrun.dev_agentruns.yaml
+	cp crds/agentrun.dev_admission-policies.yaml crds/agentrun.dev_admission-mutating.yaml $(CHART)/files/
 
 ## render the chart's alerts with default values into the plain promtool/Prometheus rules file
 helm-alerts:

@@ -97,7 +97,7 @@ fi
 CHECKPOINT_URI="s3://$AGENTRUN_S3_BUCKET/dev"
 
 # ---------------------------------------------------------------- CRD, ServiceAccount, Secret
-say "CRD, lap ServiceAccount, S3 credentials Secret (kubectl apply: unchanged when present)"
+say "CRD, approval admission policies (docs/security.md), lap ServiceAccount, S3 credentials Secret (kubectl apply: unchanged when present)"
 kubectl apply -f crds/
 kubectl wait --for=condition=Established crd/agentruns.agentrun.dev --timeout=60s
 kubectl create serviceaccount agentrun-lap --dry-run=client -o yaml | kubectl apply -f -

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from click.testing import CliRunner
 
+from agentrun.api.approval import arguments_sha256
 from agentrun.cli import approvals as ap
 from agentrun.cli.main import SUBCOMMANDS, main
 
@@ -156,7 +157,14 @@ def fake(monkeypatch):
                    run("busy", phase="Running")])
     monkeypatch.setattr(ap, "_api", lambda: (api, "team-a"))
     monkeypatch.setattr(ap, "_now", lambda: NOW)
+    # the two reads beside the run (real ones: tests/e2e/test_approval_authz.py)
+    monkeypatch.setattr(ap, "_whoami", lambda: "alice")
+    monkeypatch.setattr(ap, "_stored_call", lambda run: STORED.get(run["metadata"]["name"], ap.StoredCall(error="no store")))
     return api
+
+
+FULL_ARGS = {"orderId": "1001", "note": "x" * 5000}
+STORED = {"waiting": ap.StoredCall(arguments=FULL_ARGS, call_id="call-waiting", lap=3)}
 
 
 def invoke(*args: str):
@@ -188,15 +196,21 @@ def test_approve_a_waiting_run_patches_the_annotations(fake):
     r = invoke("approve", "waiting", "-n", "team-a", "--reason", "customer verified")
     assert r.exit_code == 0, r.output
     assert fake.patches == [("team-a", "waiting", {"metadata": {
-        "annotations": {"approved": "true", "agentrun.dev/reason": "customer verified"}, "resourceVersion": "42"}})]
+        "annotations": {"approved": "true", "agentrun.dev/reason": "customer verified",
+                        "agentrun.dev/call-id": "call-waiting",
+                        "agentrun.dev/arguments-sha256": arguments_sha256(FULL_ARGS),
+                        "agentrun.dev/decided-by": "alice"},
+        "resourceVersion": "42"}})]
     assert "approved call call-waiting of tool refund" in r.output
 
 
 def test_reject_uses_approved_false(fake):
     r = invoke("reject", "old", "-n", "team-b")
     assert r.exit_code == 0, r.output
-    assert fake.patches[0][2]["metadata"]["annotations"] == {"approved": "false"}
-    assert "rejected" in r.output
+    # no store and no status digest: bound by call id only, and it says why
+    assert fake.patches[0][2]["metadata"]["annotations"] == {
+        "approved": "false", "agentrun.dev/call-id": "call-old", "agentrun.dev/decided-by": "alice"}
+    assert "rejected" in r.output and "full arguments not read from the checkpoint store: no store" in r.output
 
 
 @pytest.mark.parametrize("verb", ["approve", "reject"])
@@ -227,6 +241,52 @@ def test_show(fake):
     r = invoke("show", "waiting")
     assert r.exit_code == 0, r.output
     assert '"orderId": "1001"' in r.output and "Deadline:" in r.output and "(1h left)" in r.output
+    # the full arguments from the store (not the 4 KiB cut of status) and their digest
+    assert "x" * 5000 in r.output and "Arguments (from the checkpoint store, lap 3):" in r.output
+    assert f"Sha256:      {arguments_sha256(FULL_ARGS)}" in r.output
+
+
+def test_binding_prefers_the_store_and_warns_on_a_differing_digest():
+    w = run("w")
+    stored = ap.StoredCall(arguments={"a": 1}, call_id="call-w", lap=3)
+    assert ap.binding(w, stored) == ("call-w", arguments_sha256({"a": 1}), [])
+    w["status"]["approval"]["argumentsSha256"] = "f" * 64
+    call_id, sha, warnings = ap.binding(w, stored)
+    assert sha == arguments_sha256({"a": 1}) and "differs from status.approval.argumentsSha256" in warnings[0]
+    # the store unreadable: the operator's digest in status
+    call_id, sha, warnings = ap.binding(w, ap.StoredCall(error="no credentials"))
+    assert (call_id, sha) == ("call-w", "f" * 64) and "no credentials" in warnings[0]
+    # the store's pending call is another one: no digest of it is sent
+    call_id, sha, warnings = ap.binding(run("v"), ap.StoredCall(arguments={"a": 1}, call_id="other", lap=4))
+    assert (call_id, sha) == ("call-v", None) and "moved on" in warnings[0]
+
+
+def test_decision_patch_binding_and_decider():
+    assert ap.decision_patch(True, None, None, call_id="c", sha256="s", decided_by="u") == {"metadata": {
+        "annotations": {"approved": "true", "agentrun.dev/call-id": "c", "agentrun.dev/arguments-sha256": "s",
+                        "agentrun.dev/decided-by": "u"}}}
+
+
+def test_a_refused_decision_is_one_line_naming_the_permission(fake, monkeypatch):
+    from kubernetes.client.exceptions import ApiException
+
+    msg = ('agentruns.agentrun.dev "waiting" is forbidden: ValidatingAdmissionPolicy \'agentrun-decisions\' with '
+           'binding \'agentrun-decisions\' denied request: user "bob" may not decide the approval of agentrun '
+           'team-a/waiting: deciding an approval needs the "approve" verb on agentruns.agentrun.dev in namespace '
+           'team-a (role agentrun-approver); patch alone is not enough')
+
+    def refused(*a, **k):
+        e = ApiException(status=403, reason="Forbidden")
+        e.body = json.dumps({"kind": "Status", "message": msg, "reason": "Forbidden", "code": 403})
+        raise e
+
+    monkeypatch.setattr(fake, "patch_namespaced_custom_object", refused)
+    r = invoke("approve", "waiting")
+    assert r.exit_code == 1
+    line = [ln for ln in r.output.splitlines() if ln.startswith("agentrun:")]
+    assert line == ['agentrun: cannot approve agentrun team-a/waiting: user "bob" may not decide the approval of '
+                    'agentrun team-a/waiting: deciding an approval needs the "approve" verb on '
+                    'agentruns.agentrun.dev in namespace team-a (role agentrun-approver); patch alone is not enough']
 
 
 def test_deciding_past_the_deadline_warns_but_still_patches(fake):

@@ -31,6 +31,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "bad-input"))
 import bad_input_table as table  # noqa: E402
+from e2e.cluster import install_api  # noqa: E402
 from e2e_support import wait_for  # noqa: E402
 from test_operator_e2e import Env  # noqa: E402
 
@@ -42,8 +43,7 @@ CASES = table.cases()
 @pytest.fixture(scope="module")
 def ns(cluster):
     name = f"bad-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl_run("apply", "-f", str(ROOT / "crds" / "agentrun.dev_agentruns.yaml"))
-    cluster.kubectl_run("wait", "--for=condition=Established", "crd/agentruns.agentrun.dev", "--timeout=60s")
+    install_api(cluster)
     cluster.kubectl_run("create", "namespace", name)
     yield name
     cluster.kubectl_run("delete", "namespace", name, "--wait=false", check=False)

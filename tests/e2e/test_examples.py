@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(EXAMPLES))
 import tool_server  # noqa: E402
+from e2e.cluster import install_api  # noqa: E402
 from test_operator_e2e import Env  # noqa: E402
 
 VALID = sorted(p.name for p in EXAMPLES.glob("*.yaml") if p.name != "invalid-run.yaml")
@@ -32,8 +33,7 @@ VALID = sorted(p.name for p in EXAMPLES.glob("*.yaml") if p.name != "invalid-run
 
 @pytest.fixture(scope="module")
 def crd(cluster):
-    cluster.kubectl_run("apply", "-f", str(ROOT / "crds" / "agentrun.dev_agentruns.yaml"))
-    cluster.kubectl_run("wait", "--for=condition=Established", "crd/agentruns.agentrun.dev", "--timeout=60s")
+    install_api(cluster)
     return cluster
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import pytest
 import yaml
+from e2e.cluster import API_MANIFESTS
 from e2e_support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -232,6 +233,11 @@ class HelmEnv:
         self.kubectl("create", "secret", "generic", "s3-creds", "-n", self.ns, *creds)
         self.kubectl("create", "secret", "generic", "operator-s3", "-n", self.sys_ns, *creds)
         self.write_values()
+        # The chart renders the approval admission policies (cluster-scoped, fixed names): remove
+        # the copies other modules applied from crds/ (install_api) so the release can own them;
+        # those modules apply them again. The operator then runs under them with the chart's RBAC.
+        self.kubectl("delete", "--ignore-not-found", *[a for f in API_MANIFESTS[1:]
+                                                       for a in ("-f", str(ROOT / "crds" / f))])
         self.helm("install", RELEASE, str(CHART), "-n", self.sys_ns, "-f", str(self.values),
                   "--wait", "--timeout", "3m")
         self.wait_leader()
@@ -286,7 +292,7 @@ def diag(henv, request):
 # exact watchNamespaces Kopf's scanning is disabled (no namespace list, no CRD list/watch).
 EXPECTED_RUN_NS = {
     "agentruns.agentrun.dev []": {"get", "list", "watch", "patch", "delete"},
-    "agentruns.agentrun.dev/status []": {"patch"},
+    "agentruns.agentrun.dev/status []": {"patch", "operate"},  # operate: docs/security.md
     "jobs.batch []": {"create", "list", "watch", "delete"},
     "pods []": {"list"},
     "events []": {"create"},
@@ -501,3 +507,17 @@ def test_helm_upgrade_with_a_lap_in_flight(henv, diag):
     new_log = next(henv.cluster.pods_dir.glob(f"{henv.sys_ns}_{new_leader}_*")) / "operator.log"
     first = new_log.read_text().splitlines()[0]
     assert not first.lstrip().startswith("{"), first
+
+
+def test_chart_installs_the_approval_policies_where_served(henv, diag):
+    """The local control plane serves both admissionregistration.k8s.io/v1 kinds: the chart installs
+    every generated policy and binding (docs/security.md), owned by the release; the operator's
+    status writes above passed agentrun-status-owner with the chart's `operate` verb."""
+    for f in API_MANIFESTS[1:]:
+        for doc in yaml.safe_load_all((ROOT / "crds" / f).read_text()):
+            if not doc:
+                continue
+            got = json.loads(henv.kubectl("get", doc["kind"], doc["metadata"]["name"], "-o", "json").stdout)
+            assert got["metadata"]["labels"].get("app.kubernetes.io/managed-by") == "Helm", got["metadata"]
+            for key in ("policyName", "validations", "mutations", "variables"):  # the API server adds defaults elsewhere
+                assert got["spec"].get(key) == doc["spec"].get(key), (doc["metadata"]["name"], key)

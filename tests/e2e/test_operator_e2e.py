@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e.cluster import operator_env
+from e2e.cluster import install_api, operator_env
 from e2e_support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,10 +84,10 @@ class Env:
         return operator_env(self.cluster, self.s3, namespace=self.ns, prefix=f"e2e-{self.ns}", **{**settings, **extra})
 
     def prepare_namespace(self) -> None:
-        """The CRD, this module's namespace, the lap ServiceAccount and the S3 credentials Secret."""
+        """The CRD and the approval admission policies, this module's namespace, the lap
+        ServiceAccount and the S3 credentials Secret."""
         c = self.cluster
-        c.kubectl_run("apply", "-f", str(ROOT / "crds" / "agentrun.dev_agentruns.yaml"))
-        c.kubectl_run("wait", "--for=condition=Established", "crd/agentruns.agentrun.dev", "--timeout=60s")
+        install_api(c)
         c.kubectl_run("create", "namespace", self.ns)
         c.kubectl_run("create", "serviceaccount", "agentrun-lap", "-n", self.ns)
         c.kubectl_run("create", "secret", "generic", "s3-creds", "-n", self.ns,

@@ -74,18 +74,24 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "message": "spec.retry.backoff.max must not be shorter than spec.retry.backoff.initial",
         },
     ],
-    "spec.checkpoint": [
-        {
-            "rule": "has(self.uri) == has(oldSelf.uri) && (!has(self.uri) || self.uri == oldSelf.uri)",
-            "message": "spec.checkpoint.uri is immutable: a run's checkpoints cannot move",
-        },
-        {
-            "rule": "has(self.endpoint) == has(oldSelf.endpoint) && (!has(self.endpoint) || "
-            "self.endpoint == oldSelf.endpoint)",
-            "message": "spec.checkpoint.endpoint is immutable: a run's checkpoints cannot move",
-        },
-    ],
 }
+
+# spec.checkpoint's location is pinned at creation: adding, removing or changing any of these is
+# refused. The rules sit on `spec` (always present on an update), not on the optional
+# `spec.checkpoint`, whose transition rules would not run when the block is added or removed.
+# retention and snapshotEvery stay mutable (they do not move the checkpoints).
+PINNED_CHECKPOINT_FIELDS = ("uri", "endpoint", "region", "pathStyle", "credentialsSecretName")
+CEL_RULES["spec"] += [
+    {
+        # has() and plain equality, not optionals: their cost is bounded by the field's maxLength
+        "rule": f"(has(self.checkpoint) && has(self.checkpoint.{f})) == (has(oldSelf.checkpoint) && "
+        f"has(oldSelf.checkpoint.{f})) && (!has(self.checkpoint) || !has(self.checkpoint.{f}) || "
+        f"self.checkpoint.{f} == oldSelf.checkpoint.{f})",
+        "message": f"spec.checkpoint.{f} is immutable (it cannot be added, removed or changed after creation): "
+        "a run's checkpoints cannot move",
+    }
+    for f in PINNED_CHECKPOINT_FIELDS
+]
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Phase of the run."},
@@ -353,6 +359,14 @@ def render_reference() -> str:
 
 @click.command("crd")
 @click.option("--reference", is_flag=True, help="Print the Markdown field reference instead of the CRD.")
-def crd_command(reference: bool) -> None:
+@click.option("--admission", type=click.Choice(["validating", "mutating"]), default=None,
+              help="Print the approval admission policies instead (validating: Kubernetes >= 1.30; "
+              "mutating: >= 1.36). See docs/security.md.")
+def crd_command(reference: bool, admission: str | None) -> None:
     """Print the AgentRun CustomResourceDefinition (YAML), generated from the models."""
+    if admission:
+        from .admission import render
+
+        sys.stdout.write(render(admission))
+        return
     sys.stdout.write(render_reference() if reference else render_crd())

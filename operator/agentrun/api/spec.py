@@ -251,7 +251,11 @@ class ApprovalSpec(APIModel):
         default="unassigned",
         min_length=1,
         max_length=256,
-        description="Who must decide (a person, team or queue); shown in status and `kubectl get`.",
+        description=(
+            "Who must decide (a person, team or queue); shown in status and `kubectl get`. \"group:NAME\" "
+            "names a Kubernetes group: only its members may decide (checked by the API server, besides the "
+            "approve verb; docs/security.md)."
+        ),
     )
     timeout: Duration = Field(default="72h", description="How long an approval may wait.")
     on_timeout: Literal["reject", "fail"] = Field(

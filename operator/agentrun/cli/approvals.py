@@ -1,9 +1,14 @@
 """``agentrun approvals``: the approval queue from the command line.
 
 ``list`` shows the runs in phase AwaitingApproval, oldest request first; ``show`` prints one
-pending call (its arguments and deadline); ``approve`` / ``reject`` set exactly the annotations a
-user would type with kubectl (``approved=true|false`` and ``agentrun.dev/reason``), and only on
-a run that is waiting right now, so a decision is never queued in advance.
+pending call: its full arguments read from the checkpoint store (not the 4 KiB cut in status) and
+their sha256 (``api.approval.arguments_sha256``); ``approve`` / ``reject`` set the annotations a
+user would type with kubectl (``approved=true|false`` and ``agentrun.dev/reason``) plus the
+binding of what was shown (``agentrun.dev/call-id``, ``agentrun.dev/arguments-sha256``) and the
+decider (``agentrun.dev/decided-by``, the user's name from a SelfSubjectReview: required where the
+API server has no MutatingAdmissionPolicy, overwritten by it where it has, see docs/security.md),
+and only on a run that is waiting right now, so a decision is never queued in advance. A decision
+the API server refuses (no ``approve`` permission) is one line naming the permission.
 
 The formatting (``queue_rows``, ``format_table``; columns and durations from ``cli.output``) is
 pure: rows are built from AgentRun dicts and ``now``; the Kubernetes I/O lives in ``_api`` and the
@@ -13,12 +18,21 @@ click commands.
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import click
 
-from agentrun.api.approval import ANN_APPROVED, ANN_REASON
+from agentrun.api.approval import (
+    ANN_APPROVED,
+    ANN_ARGUMENTS_SHA256,
+    ANN_CALL_ID,
+    ANN_DECIDED_BY,
+    ANN_REASON,
+    arguments_sha256,
+)
 from agentrun.api.crdgen import GROUP, PLURAL, VERSION
 from agentrun.api.types import parse_time
 from agentrun.cli.kube import (
@@ -95,18 +109,65 @@ def format_table(rows: list[dict]) -> str:
     return columns(COLUMNS, [table_cells(r) for r in rows])
 
 
-def show_text(run: dict, now: datetime) -> str:
-    """The pending call of one waiting run: who, which tool, its arguments (JSON), the deadline."""
+@dataclass(frozen=True)
+class StoredCall:
+    """The pending call as the checkpoint store holds it (``arguments`` None: not readable)."""
+
+    arguments: dict | None = None
+    call_id: str | None = None
+    lap: int | None = None
+    error: str | None = None
+
+    @property
+    def sha256(self) -> str | None:
+        return arguments_sha256(self.arguments) if self.arguments is not None else None
+
+
+def binding(run: dict, stored: StoredCall) -> tuple[str | None, str | None, list[str]]:
+    """(call id, arguments sha256, warnings) of the pending call, for showing and for a decision.
+    The call id is status.approval.callId; the digest is the store's (of the full arguments) when
+    the store holds that call, else status.approval.argumentsSha256 (written by the operator)."""
+    ap = ((run.get("status") or {}).get("approval")) or {}
+    call_id = ap.get("callId")
+    status_sha = ap.get("argumentsSha256")
+    warnings = []
+    sha = None
+    if stored.arguments is not None and stored.call_id not in (None, call_id):
+        warnings.append(f"the checkpoint store's pending call is {stored.call_id}, status says {call_id}: "
+                        "the run moved on; show it again")
+    elif stored.arguments is not None:
+        sha = stored.sha256
+        if status_sha and status_sha != sha:
+            warnings.append(f"the sha256 of the arguments in the checkpoint store ({sha}) differs from "
+                            f"status.approval.argumentsSha256 ({status_sha}): do not decide before finding out why")
+    if sha is None and status_sha:
+        sha = status_sha
+    if stored.error:
+        warnings.append(f"full arguments not read from the checkpoint store: {stored.error}")
+    return call_id, sha, warnings
+
+
+def show_text(run: dict, now: datetime, stored: StoredCall | None = None) -> str:
+    """The pending call of one waiting run: who, which tool, its arguments (JSON; the full ones from
+    the checkpoint store when ``stored`` has them, else the 4 KiB cut of status), their sha256,
+    the deadline."""
     meta = run.get("metadata") or {}
     st = run.get("status") or {}
     ap = st.get("approval") or {}
     rows = queue_rows([run], now)
     row = rows[0] if rows else None
-    args_raw = ap.get("arguments")
-    try:
-        args = json.dumps(json.loads(args_raw), indent=2, sort_keys=True) if args_raw else "<none>"
-    except ValueError:  # truncated to 4 KiB by the status: print it as stored
-        args = args_raw
+    stored = stored or StoredCall()
+    _, sha, _ = binding(run, stored)
+    if stored.arguments is not None:
+        args = json.dumps(stored.arguments, indent=2, sort_keys=True, ensure_ascii=False)
+        source = f"from the checkpoint store, lap {stored.lap}"
+    else:
+        args_raw = ap.get("arguments")
+        try:
+            args = json.dumps(json.loads(args_raw), indent=2, sort_keys=True) if args_raw else "<none>"
+        except ValueError:  # truncated to 4 KiB by the status: print it as stored
+            args = args_raw
+        source = "from status, cut at 4 KiB"
     out = [
         f"Name:        {meta.get('namespace', '')}/{meta.get('name', '')}",
         f"Phase:       {st.get('phase', 'Pending')}",
@@ -123,22 +184,49 @@ def show_text(run: dict, now: datetime) -> str:
         f"On timeout:  {((run.get('spec') or {}).get('approval') or {}).get('onTimeout', 'reject')}",
     ]
     if ap.get("decision"):
-        out.append(f"Decision:    {ap['decision']}" + (f" ({ap['reason']})" if ap.get("reason") else ""))
-    out += ["Arguments:", args]
+        out.append(f"Decision:    {ap['decision']}" + (f" ({ap['reason']})" if ap.get("reason") else "")
+                   + (f" by {ap['decidedBy']}" if ap.get("decidedBy") else ""))
+    out.append(f"Sha256:      {sha or '<unknown>'}"
+               + (" (of the full arguments, what approve binds the decision to)" if sha else ""))
+    out += [f"Arguments ({source}):", args]
     return "\n".join(out)
 
 
-def decision_patch(approve: bool, reason: str | None, resource_version: str | None) -> dict:
-    """The metadata merge patch of a decision: the annotations a user would type with kubectl.
-    With the resourceVersion the run was read at, the API server refuses the patch (409) if the
-    run changed in between (e.g. timed out), so the check and the decision are one step."""
+def decision_patch(approve: bool, reason: str | None, resource_version: str | None, *,
+                   call_id: str | None = None, sha256: str | None = None, decided_by: str | None = None) -> dict:
+    """The metadata merge patch of a decision: the annotations a user would type with kubectl, plus
+    the binding of the call that was shown (call id, arguments sha256) and the decider. With the
+    resourceVersion the run was read at, the API server refuses the patch (409) if the run changed
+    in between (e.g. timed out), so the check and the decision are one step."""
     annotations = {ANN_APPROVED: "true" if approve else "false"}
     if reason:
         annotations[ANN_REASON] = reason
+    if call_id:
+        annotations[ANN_CALL_ID] = call_id
+    if sha256:
+        annotations[ANN_ARGUMENTS_SHA256] = sha256
+    if decided_by:
+        annotations[ANN_DECIDED_BY] = decided_by
     meta: dict[str, Any] = {"annotations": annotations}
     if resource_version:
         meta["resourceVersion"] = resource_version
     return {"metadata": meta}
+
+
+def refusal(e: Any) -> str | None:
+    """The API server's message of a refused decision (an admission policy's, naming the missing
+    permission), or None when the error carries none."""
+    try:
+        body = json.loads(getattr(e, "body", None) or "{}")
+    except (TypeError, ValueError):
+        return None
+    msg = body.get("message") if isinstance(body, dict) else None
+    if not msg:
+        return None
+    # "agentruns.agentrun.dev "x" is forbidden: ValidatingAdmissionPolicy '...' with binding '...'
+    # denied request: <the policy's message>": keep the policy's message
+    marker = "denied request: "
+    return msg.split(marker, 1)[1] if marker in msg else msg
 
 
 # ------------------------------------------------------------------------------------------ I/O
@@ -154,6 +242,54 @@ def _now() -> datetime:
 
 def _get_run(api: Any, ns: str, name: str) -> dict:
     return get_run(api, ns, name)
+
+
+def _stored_call(run: dict) -> StoredCall:
+    """The pending call from the run's checkpoint store: the lap record of status.approval.lap
+    holds it (``pendingApproval``). The store is found as ``agentrun trace`` finds it
+    (``cli.trace.resolve_store``: AGENTRUN_CHECKPOINT_URI/AGENTRUN_S3_*, spec, status); credentials
+    from the AWS chain. Never raises: an unreadable store is reported in ``error``."""
+    from agentrun.checkpoint.errors import CheckpointError
+    from agentrun.checkpoint.schema import RunRef
+    from agentrun.cli.trace import open_store, resolve_store, store_error
+
+    meta = run.get("metadata") or {}
+    st = run.get("status") or {}
+    lap = (st.get("approval") or {}).get("lap") or st.get("lap")
+    if not lap:
+        return StoredCall(error="the run has no lap yet")
+    where = resolve_store({}, os.environ, run)
+    if not where["uri"]:
+        return StoredCall(error="no checkpoint store known (no status.checkpoint, spec.checkpoint.uri or "
+                                "AGENTRUN_CHECKPOINT_URI)")
+    try:
+        store = open_store(where)
+        ref = RunRef(namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""))
+        record, _ = store.get_lap(ref, int(lap))
+    except CLIError as e:
+        return StoredCall(error=e.format_message())
+    except CheckpointError as e:
+        return StoredCall(error=store_error(e, where).format_message())
+    except Exception as e:  # credentials, network: say so, show what status has
+        return StoredCall(error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    pending = record.pending_approval
+    if pending is None:
+        return StoredCall(error=f"lap {lap} in the checkpoint store has no pending approval")
+    return StoredCall(arguments=dict(pending.arguments), call_id=pending.call_id, lap=record.lap)
+
+
+def _whoami() -> str | None:
+    """The requesting user's name as the API server authenticates it (SelfSubjectReview,
+    authentication.k8s.io/v1, Kubernetes >= 1.28), or None when it cannot be asked."""
+    from kubernetes import client
+
+    try:
+        review = client.AuthenticationV1Api().create_self_subject_review(
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+    except Exception:
+        return None
+    info = getattr(getattr(review, "status", None), "user_info", None)
+    return getattr(info, "username", None) or None
 
 
 @click.group("approvals", invoke_without_command=True, short_help="The approval queue (every namespace); list, show, approve, reject.")
@@ -204,7 +340,10 @@ def show_command(name: str) -> None:
     """The pending call of a run: its arguments (JSON) and the deadline."""
     api, default_ns = _api()
     run = _get_run(api, current_options().namespace or default_ns, name)
-    click.echo(show_text(run, _now()))
+    stored = _stored_call(run) if (run.get("status") or {}).get("approval") else StoredCall()
+    for w in binding(run, stored)[2]:
+        click.echo(f"warning: {w}", err=True)
+    click.echo(show_text(run, _now(), stored))
 
 
 def _decide(name: str, reason: str | None, approve: bool) -> None:
@@ -225,13 +364,26 @@ def _decide(name: str, reason: str | None, approve: bool) -> None:
         click.echo(f"warning: the deadline {ap.get('deadline')} has passed by this machine's clock; if the "
                    f"operator has already applied onTimeout, this decision is ignored (check the phase with "
                    f"`kubectl get agentrun {name} -n {ns}`).", err=True)
-    body = decision_patch(approve, reason, (run.get("metadata") or {}).get("resourceVersion"))
+    stored = _stored_call(run)
+    call_id, sha, warnings = binding(run, stored)
+    for w in warnings:
+        click.echo(f"warning: {w}", err=True)
+    who = _whoami()
+    if who is None:
+        click.echo("warning: cannot ask the API server who you are (SelfSubjectReview); the decision is sent "
+                   f"without {ANN_DECIDED_BY} (a cluster with the MutatingAdmissionPolicy records you anyway)",
+                   err=True)
+    body = decision_patch(approve, reason, (run.get("metadata") or {}).get("resourceVersion"),
+                          call_id=call_id, sha256=sha, decided_by=who)
     try:
         api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, body)
     except ApiException as e:
         if e.status == 409:
             raise CLIError(f"agentrun {ns}/{name} changed while deciding; run `agentrun approvals show "
                            f"{name} -n {ns}` and try again.") from None
+        why = refusal(e) if e.status in (400, 403, 422) else None
+        if why:
+            raise CLIError(f"cannot {verb} agentrun {ns}/{name}: {why}") from None
         raise api_error(e, f'patch agentrun "{name}" in namespace "{ns}"') from None
     except Exception as e:
         raise CLIError(f"cannot patch agentrun {ns}/{name}: {e}") from None

@@ -1,0 +1,81 @@
+"""The chart's approval authorization (docs/security.md), rendered by the real helm: the
+agentrun-approver role is the only one with the approve verb, the operator gets the operate verb,
+and the admission policies are the generated ones, rendered only where the API server serves them."""
+from __future__ import annotations
+
+import pytest
+import yaml
+from helm_support import CHART, ROOT, template
+
+from agentrun.api import admission, approval
+
+VAP = ["--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"]
+MAP = ["--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"]
+POLICY_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
+
+
+def _by_kind(docs, *kinds):
+    return [d for d in docs if d["kind"] in kinds]
+
+
+def _verbs(role) -> set[tuple[str, str]]:
+    return {(res, v) for r in role["rules"] for res in r["resources"] for v in r["verbs"]}
+
+
+def test_approver_role_and_nobody_else_approves(helm):
+    _, docs = template(helm, *VAP, *MAP)
+    roles = _by_kind(docs, "Role", "ClusterRole")
+    approver = [r for r in roles if r["metadata"]["name"] == admission.APPROVER_CLUSTERROLE]
+    assert len(approver) == 1 and approver[0]["kind"] == "ClusterRole"
+    assert _verbs(approver[0]) == {
+        *{("agentruns", v) for v in ("get", "list", "watch", "patch", approval.APPROVE_VERB)},
+        ("agentruns/status", "get"), ("agentruns/status", "patch"),
+    }
+    # not aggregated into admin/edit: a run's creator is not implicitly an approver
+    assert not approver[0].get("aggregationRule") and not any(
+        k.startswith("rbac.authorization.k8s.io/aggregate") for k in approver[0]["metadata"]["labels"])
+    others = [r for r in roles if r["metadata"]["name"] != admission.APPROVER_CLUSTERROLE]
+    assert others and not any(v == approval.APPROVE_VERB for r in others for _, v in _verbs(r))
+    # the chart binds the approver role to nobody: that is the cluster admin's decision
+    for b in _by_kind(docs, "RoleBinding", "ClusterRoleBinding"):
+        assert b["roleRef"]["name"] != admission.APPROVER_CLUSTERROLE
+    # the operator's ServiceAccount, and only it, holds the operate verb
+    operate = [r["metadata"]["name"] for r in roles if ("agentruns/status", admission.OPERATE_VERB) in _verbs(r)]
+    assert operate == ["agentrun-operator"]
+
+
+def test_namespaced_mode_approver_roles_are_namespaced(helm):
+    _, docs = template(helm, "-f", str(CHART / "ci" / "namespaced-values.yaml"), *VAP, *MAP)
+    approver = [d for d in docs if d["metadata"]["name"] == admission.APPROVER_CLUSTERROLE]
+    assert sorted((d["kind"], d["metadata"]["namespace"]) for d in approver) == [("Role", "team-a"), ("Role", "team-b")]
+    _, docs = template(helm, "--set", "approvals.approverRole=false")
+    assert not [d for d in docs if d["metadata"]["name"] == admission.APPROVER_CLUSTERROLE]
+
+
+def test_policies_are_the_generated_ones_where_the_api_exists(helm):
+    _, docs = template(helm, *VAP, *MAP)
+    got = _by_kind(docs, *POLICY_KINDS)
+    want = [d for kind in ("validating", "mutating") for d in yaml.safe_load_all(admission.render(kind)) if d]
+    assert len(got) == len(want) == 8
+    want_by = {(w["kind"], w["metadata"]["name"]): w for w in want}
+    for g in got:
+        w = want_by.pop((g["kind"], g["metadata"]["name"]))
+        assert g["spec"] == w["spec"]  # the chart adds its labels, nothing else
+        assert g["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    # the chart's copies are byte-equal to crds/ (make helm-crds)
+    for name in admission.FILES.values():
+        assert (CHART / "files" / name).read_bytes() == (ROOT / "crds" / name).read_bytes(), "run `make helm-crds`"
+
+
+@pytest.mark.parametrize("args, kinds", [
+    ([], set()),  # neither API served (helm template's defaults here): nothing rendered
+    (VAP, {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}),  # Kubernetes 1.30-1.35
+    (VAP + MAP, POLICY_KINDS),  # >= 1.36
+    (VAP + MAP + ["--set", "approvals.admissionPolicies.mutating=false"],
+     {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}),
+    (VAP + MAP + ["--set", "approvals.admissionPolicies.enabled=false"], set()),
+], ids=["no-api", "validating-only-api", "both-apis", "mutating-off", "all-off"])
+def test_policies_render_only_where_served_and_enabled(helm, args, kinds):
+    _, docs = template(helm, *args)
+    assert {d["kind"] for d in _by_kind(docs, *POLICY_KINDS)} == kinds
