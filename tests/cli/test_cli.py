@@ -91,6 +91,21 @@ def test_resolve_store_precedence_flags_env_spec_status():
     assert tr.resolve_store({}, {}, {"metadata": {}, "spec": {}, "status": {}})["uri"] is None
 
 
+def test_resolve_store_prefers_the_pinned_status_store_to_env_and_spec():
+    """status.store is where the operator reads and writes the run for its whole life: only a flag
+    overrides it (a changed default or spec cannot point the CLI at another prefix)."""
+    body = {"metadata": {"namespace": "ns", "name": "n", "uid": "u"},
+            "spec": {"checkpoint": {"uri": "s3://spec/x"}},
+            "status": {"store": {"uri": "s3://pinned/p", "endpoint": "http://pin:9000", "pathStyle": False},
+                       "checkpoint": {"uri": "s3://b/p/ns/n/u/laps/00000001.json", "pathStyle": True}}}
+    env = {"AGENTRUN_CHECKPOINT_URI": "s3://envb/x", "AGENTRUN_S3_ENDPOINT": "http://env:1", "AGENTRUN_S3_PATH_STYLE": "true"}
+    got = tr.resolve_store({}, env, body)
+    assert (got["uri"], got["endpoint"], got["pathStyle"]) == ("s3://pinned/p", "http://pin:9000", False)
+    assert got["from"]["uri"] == "status.store.uri"
+    got = tr.resolve_store({"uri": "s3://flag/y"}, env, body)
+    assert got["uri"] == "s3://flag/y"
+
+
 # ---------------------------------------------------------------------------- trace output
 
 def test_trace_json_document_shape_and_text_details():

@@ -61,9 +61,11 @@ def store_prefix_from_status(object_uri: str, namespace: str, name: str, uid: st
 
 def resolve_store(flags: Mapping[str, Any], env: Mapping[str, str], run: Mapping[str, Any] | None) -> dict[str, Any]:
     """The store location: ``{"uri", "endpoint", "region", "pathStyle", "from": {field: source}}``.
-    Sources in order: flags, environment, spec.checkpoint, status.checkpoint. ``uri`` may be None
-    (nothing names the store); the caller says so."""
+    Sources in order: flags, status.store (the location pinned before the run's first Job, which
+    the operator uses for the run's whole life), environment, spec.checkpoint, status.checkpoint.
+    ``uri`` may be None (nothing names the store); the caller says so."""
     meta = (run or {}).get("metadata") or {}
+    pinned = ((run or {}).get("status") or {}).get("store") or {}
     spec_ck = ((run or {}).get("spec") or {}).get("checkpoint") or {}
     st_ck = ((run or {}).get("status") or {}).get("checkpoint") or {}
     st_uri = None
@@ -72,14 +74,18 @@ def resolve_store(flags: Mapping[str, Any], env: Mapping[str, str], run: Mapping
                                           meta.get("uid", ""))
     env_ps = env.get("AGENTRUN_S3_PATH_STYLE", "").strip().lower()
     candidates: dict[str, list[tuple[str, Any]]] = {
-        "uri": [("flag --uri", flags.get("uri")), ("AGENTRUN_CHECKPOINT_URI", env.get("AGENTRUN_CHECKPOINT_URI")),
+        "uri": [("flag --uri", flags.get("uri")), ("status.store.uri", pinned.get("uri")),
+                ("AGENTRUN_CHECKPOINT_URI", env.get("AGENTRUN_CHECKPOINT_URI")),
                 ("spec.checkpoint.uri", spec_ck.get("uri")), ("status.checkpoint.uri", st_uri)],
-        "endpoint": [("flag --endpoint", flags.get("endpoint")), ("AGENTRUN_S3_ENDPOINT", env.get("AGENTRUN_S3_ENDPOINT")),
+        "endpoint": [("flag --endpoint", flags.get("endpoint")), ("status.store.endpoint", pinned.get("endpoint")),
+                     ("AGENTRUN_S3_ENDPOINT", env.get("AGENTRUN_S3_ENDPOINT")),
                      ("spec.checkpoint.endpoint", spec_ck.get("endpoint")),
                      ("status.checkpoint.endpoint", st_ck.get("endpoint"))],
-        "region": [("flag --region", flags.get("region")), ("AGENTRUN_S3_REGION", env.get("AGENTRUN_S3_REGION")),
+        "region": [("flag --region", flags.get("region")), ("status.store.region", pinned.get("region")),
+                   ("AGENTRUN_S3_REGION", env.get("AGENTRUN_S3_REGION")),
                    ("spec.checkpoint.region", spec_ck.get("region")), ("status.checkpoint.region", st_ck.get("region"))],
         "pathStyle": [("flag --path-style", flags.get("path_style")),
+                      ("status.store.pathStyle", pinned.get("pathStyle") if pinned else None),
                       ("AGENTRUN_S3_PATH_STYLE", (env_ps in _TRUE) if env_ps else None),
                       ("spec.checkpoint.pathStyle", spec_ck.get("pathStyle")),
                       ("status.checkpoint.pathStyle", st_ck.get("pathStyle"))],
