@@ -150,7 +150,7 @@ def test_missing_secret_is_named_and_the_run_continues_once_it_exists(op):
         # the fix: add the key. The kubelet starts the pod, the lap runs, the run succeeds
         op.kubectl("patch", "secret", "model-key", "-n", op.ns, "--type=merge",
                    "-p", json.dumps({"stringData": {"api-key": "sk-e2e-NEVER-SHOWN"}}))
-        st = op.wait_phase("nokey", "Succeeded", "Failed", timeout=90)
+        st = op.wait_phase("nokey", "Succeeded", "Failed", timeout=240)
         assert st["phase"] == "Succeeded" and st.get("totalRetries", 0) == 0, st
         assert len(op.jobs("nokey")) == 1
         shown = json.dumps(op.get("nokey")) + json.dumps(op.events("nokey"))
