@@ -98,7 +98,7 @@ def test_kubelet_pod_watch_survives_bookmarks(world, tmp_path, caplog):
     assert not failures, failures
 
 
-@pytest.mark.timeout(1200)  # ≈ 6–7 min on an idle 2-core box; the scenarios time out on their own first
+@pytest.mark.timeout(1200)  # its measured times: docs/chaos.md, Measured; the scenarios time out on their own first
 def test_chaos_ci_schedule(world, tmp_path):
     seed, source = default_seed()  # fixed per commit; CHAOS_SEED overrides
     print(f"chaos seed {seed} ({source}): replay with CHAOS_SEED={seed}", flush=True)
