@@ -535,7 +535,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_s3(dir: str | os.PathLike, port: int = 0, bucket: str = "agentrun", timeout: float = 30) -> S3Server:
+def start_s3(dir: str | os.PathLike, port: int = 0, bucket: str = "agentrun", timeout: float = 120) -> S3Server:
     """Start moto's S3 server on 127.0.0.1 (conditional writes serialized) and create the bucket."""
     d = Path(dir).resolve()
     d.mkdir(parents=True, exist_ok=True)
