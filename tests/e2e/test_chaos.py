@@ -10,6 +10,7 @@ a failure with ``CHAOS_SEED=<seed> python -m pytest tests/e2e/test_chaos.py`` or
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 
@@ -81,6 +82,7 @@ def test_kubelet_pod_watch_survives_bookmarks(world, tmp_path, caplog):
     watches: list[int] = []
     list_pods = kl.v1.list_pod_for_all_namespaces
 
+    @functools.wraps(list_pods)  # the watch reads the return type from the docstring
     def counting(*args, **kwargs):  # the watch's own requests (not the relists)
         if kwargs.get("watch"):
             watches.append(1)
