@@ -40,6 +40,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--laps", type=int, default=500)
     ap.add_argument("--repeat", type=int, default=200, help="repetitions of build_job for its timing")
+    ap.add_argument("--json", help="write the figures here (every lap's reconcile time)")
     a = ap.parse_args()
 
     spec = make_spec(budget={"maxLaps": a.laps + 10})
@@ -78,6 +79,12 @@ def main() -> int:
           f"(first 50 laps {first:.3f} ms, last 50 {last:.3f} ms)")
     ok2 = status_bytes[a.laps] <= status_bytes[5] * 1.5
     print(f"{'PASS' if ok2 else 'FAIL'}: status size flat ({status_bytes[5]} -> {status_bytes[a.laps]} bytes)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"laps": a.laps, "reconcile_seconds": all_times,
+                       "status_bytes": {str(k): v for k, v in sorted(status_bytes.items())},
+                       "build_job_seconds": job_us / 1e6, "manifest_bytes": len(json.dumps(manifest)),
+                       "flat_reconcile": ok, "flat_status": ok2}, f)
     return 0 if ok and ok2 else 1
 
 

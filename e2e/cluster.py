@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -206,9 +207,10 @@ class Cluster:
     def stop(self) -> None:
         stop_cluster(self.dir)
 
-    def restart_apiserver(self, down_seconds: float = 5.0, timeout: float = 120) -> float:
+    def restart_apiserver(self, down_seconds: float = 5.0, timeout: float = 120,
+                          while_down: Callable[[], None] | None = None) -> float:
         """See restart_apiserver(): only for a cluster from start_restartable_cluster."""
-        return restart_apiserver(self, down_seconds, timeout)
+        return restart_apiserver(self, down_seconds, timeout, while_down)
 
     def start_kubelet(self, timeout: float = 60) -> int:
         """Start the process kubelet (again); return its pid once the node is registered."""
@@ -408,15 +410,20 @@ def start_restartable_cluster(dir: str | os.PathLike, *, timeout: float = 240, b
         raise
 
 
-def restart_apiserver(c: Cluster, down_seconds: float = 5.0, timeout: float = 120) -> float:
+def restart_apiserver(c: Cluster, down_seconds: float = 5.0, timeout: float = 120,
+                      while_down: Callable[[], None] | None = None) -> float:
     """Stop kube-apiserver (SIGTERM, SIGKILL after 20 s), wait down_seconds, start it again with the
     same argv, wait for /readyz. Needs a cluster from start_restartable_cluster. Returns the
-    seconds the apiserver was unavailable."""
+    seconds the apiserver was unavailable. ``while_down``, if given, is called once the apiserver
+    is stopped, and the apiserver stays down until it returns (then at least down_seconds in all):
+    what must happen during the outage happens, whatever the box's speed."""
     comps = _components(c.dir)
     if "apiserver" not in comps:
         raise ClusterError(f"{c.dir} is not a restartable cluster (no components.json): use start_restartable_cluster")
     t0 = time.time()
     _terminate(int(comps["apiserver"]["pid"]), grace=20, group=True)
+    if while_down is not None:
+        while_down()
     time.sleep(max(0.0, down_seconds - (time.time() - t0)))
     comps["apiserver"]["pid"] = _start_component(c.dir, "apiserver", comps["apiserver"]["argv"])
     _save_components(c.dir, comps)
@@ -544,7 +551,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_s3(dir: str | os.PathLike, port: int = 0, bucket: str = "agentrun", timeout: float = 30) -> S3Server:
+def start_s3(dir: str | os.PathLike, port: int = 0, bucket: str = "agentrun", timeout: float = 120) -> S3Server:
     """Start moto's S3 server on 127.0.0.1 (conditional writes serialized) and create the bucket."""
     d = Path(dir).resolve()
     d.mkdir(parents=True, exist_ok=True)

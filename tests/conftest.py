@@ -99,7 +99,7 @@ def _moto_command(port: int) -> list[str]:
     return [sys.executable, "-c", _MOTO_LAUNCHER, "127.0.0.1", str(port)]
 
 
-def start_moto_server(timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
+def start_moto_server(timeout: float = 120.0) -> tuple[subprocess.Popen[bytes], str]:
     """Start moto's S3 server on a free loopback port; return the process and its endpoint URL."""
     port = free_port()
     proc = subprocess.Popen(_moto_command(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

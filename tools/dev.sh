@@ -120,7 +120,7 @@ else
   nohup "$PY" examples/tool_server.py --port "$TOOL_PORT" --record "$DEV_DIR/tool-calls.jsonl" \
     --port-file "$DEV_DIR/tool-server.port" > "$DEV_DIR/tool-server.log" 2>&1 &
   echo $! > "$DEV_DIR/tool-server.pid"
-  for _ in $(seq 100); do [ -s "$DEV_DIR/tool-server.port" ] && break; sleep 0.1; done
+  for _ in $(seq 600); do [ -s "$DEV_DIR/tool-server.port" ] && break; sleep 0.1; done
   [ -s "$DEV_DIR/tool-server.port" ] || { cat "$DEV_DIR/tool-server.log"; echo "the tool server did not start" >&2; exit 1; }
 fi
 TOOL_URL="http://127.0.0.1:$TOOL_PORT"

@@ -1,17 +1,17 @@
 """python -m e2e.chaos --schedule ci|full [--seed N] [--only NAME ...] [--dir DIR]
 
-The seed defaults to $CHAOS_SEED, else a random one; it is printed first so a failure can be
-replayed with CHAOS_SEED=N."""
+The seed defaults to $CHAOS_SEED, else one derived from the git commit (schedule.default_seed), so
+every run of a commit injects the same plan; it is printed first so a failure can be replayed with
+CHAOS_SEED=N."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import random
 import sys
 import tempfile
 
 from e2e.chaos.runner import ScenarioFailed, run_schedule
+from e2e.chaos.schedule import default_seed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=None, help="run only these scenarios")
     ap.add_argument("--dir", default=None, help="work dir (default: a new temp dir)")
     a = ap.parse_args(argv)
-    seed = a.seed if a.seed is not None else int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(10**6))
+    seed, source = (a.seed, "--seed") if a.seed is not None else default_seed()
+    print(f"chaos seed {seed} ({source})", flush=True)
     tmp = a.dir or tempfile.mkdtemp(prefix="agentrun-chaos-")
     try:
         run_schedule(a.schedule, seed, tmp, a.only)

@@ -136,13 +136,13 @@ def test_missing_secret_is_named_and_the_run_continues_once_it_exists(op):
     op.apply(doc)
     try:
         cond = wait_for("SecretMissing (no Secret)", lambda: (c := _progressing(op, "nokey")).get("reason") == "SecretMissing"
-                        and "does not exist" in c["message"] and c, timeout=60)
+                        and "does not exist" in c["message"] and c, timeout=180)
         assert "Secret 'model-key' does not exist" in cond["message"], cond
         assert op.status("nokey")["phase"] == "Pending"
         # the Secret exists, but without the key: the condition follows the kubelet's new message
         op.kubectl("create", "secret", "generic", "model-key", "-n", op.ns, "--from-literal=other=x")
         cond = wait_for("SecretMissing (no key)", lambda: "has no key" in (c := _progressing(op, "nokey")).get("message", "")
-                        and c, timeout=60)
+                        and c, timeout=180)
         assert "Secret 'model-key' has no key 'api-key'" in cond["message"], cond
         warnings = [e for e in op.events("nokey") if e["reason"] == "SecretMissing"]
         assert warnings and all(e["type"] == "Warning" for e in warnings), warnings
@@ -150,7 +150,7 @@ def test_missing_secret_is_named_and_the_run_continues_once_it_exists(op):
         # the fix: add the key. The kubelet starts the pod, the lap runs, the run succeeds
         op.kubectl("patch", "secret", "model-key", "-n", op.ns, "--type=merge",
                    "-p", json.dumps({"stringData": {"api-key": "sk-e2e-NEVER-SHOWN"}}))
-        st = op.wait_phase("nokey", "Succeeded", "Failed", timeout=90)
+        st = op.wait_phase("nokey", "Succeeded", "Failed", timeout=240)
         assert st["phase"] == "Succeeded" and st.get("totalRetries", 0) == 0, st
         assert len(op.jobs("nokey")) == 1
         shown = json.dumps(op.get("nokey")) + json.dumps(op.events("nokey"))

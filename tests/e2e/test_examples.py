@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_support import wait_for
+from e2e_support import ToolGate, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -59,17 +59,22 @@ def test_invalid_example_is_refused_naming_the_fields(crd):
     assert "spec.approval.owner is required" in r.stderr, r.stderr
 
 
-def _invoice_doc(tool_url: str, slow_invoice: str) -> dict:
+def _invoice_doc(tool_url: str) -> dict:
+    """The example, its tools behind ``tool_url`` (a ToolGate), with long tool and lap timeouts: the
+    gate, not a timeout, decides when the held call ends."""
     text = (EXAMPLES / "invoice-run.yaml").read_text().replace("http://127.0.0.1:8765/", f"{tool_url}/")
     doc = yaml.safe_load(text)
     spec = doc["spec"]
     assert len(spec["agent"]["model"]["script"]) >= 8
-    for step in spec["agent"]["model"]["script"]:
-        for call in step.get("toolCalls") or []:
-            if call["arguments"].get("invoice") == slow_invoice:
-                call["arguments"]["sleepSeconds"] = 4  # slow enough to kill the lap pod mid-call
+    for t in spec["agent"]["tools"]:
+        t["http"]["timeout"] = "10m"
+    spec["lapTimeout"] = "15m"
     spec["retry"]["backoff"] = {"initial": "1s", "max": "2s", "factor": 2}
     return doc
+
+
+def _invoice(args: object) -> object:
+    return isinstance(args, dict) and args.get("invoice")
 
 
 @pytest.mark.e2e
@@ -79,21 +84,26 @@ def test_invoice_example_end_to_end_each_side_effect_once(cluster, s3, tmp_path_
     env.prepare_namespace()
     env.start_operator()
     run = "invoices-2024-06"
+    # INV-1003's call is held at a gate: the lap pod is killed while it is surely in flight
+    gate = ToolGate(env.tool_url, hold=lambda args: _invoice(args) == "INV-1003")
     try:
-        env.apply(_invoice_doc(env.tool_url, "INV-1003"))
+        env.apply(_invoice_doc(gate.url))
 
-        def inflight() -> bool:
-            with urllib.request.urlopen(f"{env.tool_url}/_inflight", timeout=5) as r:
-                return any((c.get("arguments") or {}).get("invoice") == "INV-1003" for c in json.load(r))
+        def arrived() -> int:
+            return gate.arrived(where=lambda args: _invoice(args) == "INV-1003")
 
-        wait_for("record_invoice INV-1003 in flight", inflight, timeout=120, interval=0.2)
+        wait_for("record_invoice INV-1003 held at the gate", arrived, timeout=240)
         pods = json.loads(env.kubectl("get", "pods", "-n", env.ns, "-l", f"agentrun.dev/run={run}",
                                       "-o", "json").stdout)["items"]
         running = [p["metadata"]["name"] for p in pods if p["status"].get("phase") in ("Running", "Pending")]
         assert running, pods
         env.kubectl("delete", "pod", *running, "-n", env.ns, "--wait=false")
+        # the retried lap sends the same call (same key) while the killed one is still held; then
+        # both go through: one is executed, the other answered from the record
+        wait_for("the retried INV-1003 call at the gate", lambda: arrived() >= 2, timeout=240)
+        gate.open()
 
-        st = env.wait_phase(run, "AwaitingApproval", "Failed", timeout=180)
+        st = env.wait_phase(run, "AwaitingApproval", "Failed", timeout=240)
         assert st["phase"] == "AwaitingApproval", st
         assert st["lap"] == 8 and st["approval"]["tool"] == "schedule_payment", st
         assert st["waitingOn"] == "finance-approvers", st
@@ -101,7 +111,7 @@ def test_invoice_example_end_to_end_each_side_effect_once(cluster, s3, tmp_path_
         assert env.calls("/payments/schedule") == []  # nothing paid before the decision
 
         env.kubectl("annotate", "agentrun", run, "-n", env.ns, "approved=true", "agentrun.dev/reason=e2e")
-        st = env.wait_phase(run, "Succeeded", "Failed", timeout=120)
+        st = env.wait_phase(run, "Succeeded", "Failed", timeout=240)
         assert st["phase"] == "Succeeded" and st["lap"] == 10, st
 
         record = [json.loads(line) for line in env.record.read_text().splitlines()]
@@ -119,6 +129,7 @@ def test_invoice_example_end_to_end_each_side_effect_once(cluster, s3, tmp_path_
         assert slow_key.split(":")[1:3] == ["4", "record_invoice"], slow_key
         assert view[slow_key] >= 1, view
     finally:
+        gate.close()
         env.kill_operator()
         env.tools.shutdown()
         cluster.kubectl_run("delete", "namespace", env.ns, "--wait=false", check=False)

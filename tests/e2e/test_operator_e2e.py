@@ -13,13 +13,15 @@ import subprocess
 import sys
 import urllib.request
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 import yaml
 from e2e.cluster import install_api, operator_env
-from e2e_support import wait_for
+from e2e_support import ToolGate, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -54,7 +56,7 @@ class Env:
     def status(self, name: str) -> dict:
         return self.get(name).get("status") or {}
 
-    def wait_phase(self, name: str, *phases: str, timeout: float = 90) -> dict:
+    def wait_phase(self, name: str, *phases: str, timeout: float = 180) -> dict:
         return _wait(f"{name} phase in {phases}", lambda: (s := self.status(name)).get("phase") in phases and s,
                      timeout=timeout)
 
@@ -170,6 +172,29 @@ def _one_job_per_attempt(jobs: list[dict]) -> None:
     assert len(keys) == len(set(keys)), keys
 
 
+def _gated(doc: dict, gate: ToolGate, tool: str = "note") -> dict:
+    """Route ``tool`` of the run through ``gate`` (e2e_support.ToolGate): a lap calling it stays in
+    flight until the test opens the gate. The tool's and the lap's timeouts are long, so only the
+    gate (or the test's kill) ends the call."""
+    for t in doc["spec"]["agent"]["tools"]:
+        if t["name"] == tool:
+            t["http"]["url"] = gate.url + urlparse(t["http"]["url"]).path
+            t["http"]["timeout"] = "10m"
+    doc["spec"]["lapTimeout"] = "15m"
+    return doc
+
+
+@pytest.fixture
+def gate(env):
+    g = ToolGate(env.tool_url)
+    yield g
+    g.close()
+
+
+def _ts(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
 def test_invalid_specs_are_refused_naming_the_field(env):
     r = env.kubectl("apply", "-n", env.ns, "-f", str(ROOT / "examples" / "invalid-run.yaml"), check=False)
     assert r.returncode != 0
@@ -262,12 +287,26 @@ def test_approval_rejected(env):
 
 
 def test_approval_timeout_is_timed_out(env):
-    # the deadline counts from the model's request inside lap 1: leave room to observe the pause
-    _approval_run(env, "timeout", approval_timeout="8s")
-    st = env.wait_phase("timeout", "Succeeded", "Failed", timeout=60)
+    # The deadline counts from the model's request inside lap 1, so on a slow box it may pass
+    # before the operator first sees the pause: the test does not try to catch AwaitingApproval.
+    # It checks what the status and the Events record instead: the approval was requested, timed
+    # out no earlier than its deadline, and the next lap began only after that.
+    script = [{"content": "refunding", "toolCalls": [{"name": "refund", "arguments": {"order": "timeout"}}]},
+              {"content": "finished"}]
+    env.apply(env.run_doc("timeout", script, approval_timeout="8s"))
+    st = env.wait_phase("timeout", "Succeeded", "Failed")
     assert st["phase"] == "Succeeded", st
-    assert st["approval"]["state"] == "TimedOut"
-    assert "ApprovalTimedOut" in [e["reason"] for e in env.events("timeout")]
+    ap = st["approval"]
+    assert ap["state"] == "TimedOut" and ap["tool"] == "refund" and ap["lap"] == 1, ap
+    requested, deadline, decided = _ts(ap["requestedAt"]), _ts(ap["deadline"]), _ts(ap["decidedAt"])
+    assert (deadline - requested).total_seconds() == 8, ap  # spec.approval.timeout, from the request
+    assert decided >= deadline, ap  # never timed out early
+    reasons = [e["reason"] for e in env.events("timeout")]
+    assert "ApprovalRequested" in reasons and "ApprovalTimedOut" in reasons, reasons
+    lap2 = [j for j in env.jobs("timeout") if j["metadata"]["labels"]["agentrun.dev/lap"] == "2"]
+    assert len(lap2) == 1, env.jobs("timeout")
+    # the lap after the decision started after the deadline (creationTimestamp has 1 s resolution)
+    assert _ts(lap2[0]["metadata"]["creationTimestamp"]) >= deadline.replace(microsecond=0), (lap2, ap)
     assert not [c for c in env.calls("/refund") if c["arguments"].get("order") == "timeout"]
 
 
@@ -290,13 +329,14 @@ def test_suspend_and_resume(env):
     assert "Resumed" in [e["reason"] for e in env.events("suspended")]
 
 
-def test_suspend_mid_lap_finishes_the_lap_then_pauses(env):
-    script = [{"content": "slow", "toolCalls": [{"name": "note", "arguments": {"order": "midsuspend", "sleepSeconds": 3}}]},
+def test_suspend_mid_lap_finishes_the_lap_then_pauses(env, gate):
+    script = [{"content": "slow", "toolCalls": [{"name": "note", "arguments": {"order": "midsuspend"}}]},
               {"content": "b", "toolCalls": [{"name": "note", "arguments": {"order": "midsuspend2"}}]},
               {"content": "done"}]
-    env.apply(env.run_doc("midsuspend", script))
-    _wait("lap 1 running", lambda: env.status("midsuspend").get("activeJob"))
+    env.apply(_gated(env.run_doc("midsuspend", script), gate))
+    _wait("lap 1's tool call held at the gate", lambda: gate.arrived("midsuspend"), timeout=180)
     env.kubectl("patch", "agentrun", "midsuspend", "-n", env.ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    gate.open()  # the suspension is in the API before lap 1 can end
     st = env.wait_phase("midsuspend", "Suspended", "Succeeded", "Failed")
     assert st["phase"] == "Suspended" and st["lap"] == 1, st  # the lap in flight finished and was checkpointed
     assert not st.get("activeJob") and len(env.jobs("midsuspend")) == 1
@@ -308,15 +348,20 @@ def test_suspend_mid_lap_finishes_the_lap_then_pauses(env):
     assert len(env.jobs("midsuspend")) == 3
 
 
-def test_lap_pod_deleted_mid_lap_is_retried_side_effect_once(env):
-    script = [{"content": "slow", "toolCalls": [{"name": "note", "arguments": {"order": "podkill", "sleepSeconds": 4}}]},
+def test_lap_pod_deleted_mid_lap_is_retried_side_effect_once(env, gate):
+    script = [{"content": "slow", "toolCalls": [{"name": "note", "arguments": {"order": "podkill"}}]},
               {"content": "done"}]
-    env.apply(env.run_doc("podkill", script))
+    env.apply(_gated(env.run_doc("podkill", script), gate))
     pod = _wait("lap pod running", lambda: next(iter(json.loads(env.kubectl(
         "get", "pods", "-n", env.ns, "-l", "agentrun.dev/run=podkill", "-o", "json").stdout)["items"]), None))
-    _wait("the slow tool call in flight", lambda: env.inflight("podkill"), timeout=60, interval=0.2)
+    _wait("the tool call held at the gate", lambda: gate.arrived("podkill"), timeout=180)
     env.kubectl("delete", "pod", pod["metadata"]["name"], "-n", env.ns, "--wait=false")
-    st = env.wait_phase("podkill", "Succeeded", "Failed", timeout=120)
+    # the retry reaches the same call with the same key while the killed attempt's call is still
+    # held; then both go through (a tool server finishes a call it began even if its caller died):
+    # one is executed, the other answered from the record
+    _wait("the retried attempt's call at the gate", lambda: gate.arrived("podkill") >= 2, timeout=240)
+    gate.open()
+    st = env.wait_phase("podkill", "Succeeded", "Failed", timeout=240)
     assert st["phase"] == "Succeeded", st
     assert st["totalRetries"] >= 1
     jobs = env.jobs("podkill")
@@ -324,13 +369,14 @@ def test_lap_pod_deleted_mid_lap_is_retried_side_effect_once(env):
     assert len([c for c in env.calls("/note") if c["arguments"].get("order") == "podkill"]) == 1
 
 
-def test_version_bump_mid_run(env):
-    script = [{"content": "slow", "toolCalls": [{"name": "note", "arguments": {"order": "bump", "sleepSeconds": 3}}]},
+def test_version_bump_mid_run(env, gate):
+    script = [{"content": "slow", "toolCalls": [{"name": "note", "arguments": {"order": "bump"}}]},
               {"content": "done"}]
-    env.apply(env.run_doc("bump", script))
-    _wait("lap 1 running", lambda: env.status("bump").get("activeJob"))
+    env.apply(_gated(env.run_doc("bump", script), gate))
+    _wait("lap 1's tool call held at the gate", lambda: gate.arrived("bump"), timeout=180)
     env.kubectl("patch", "agentrun", "bump", "-n", env.ns, "--type=merge", "-p", '{"spec":{"agent":{"version":"v2"}}}')
-    st = env.wait_phase("bump", "Succeeded", "Failed", timeout=90)
+    gate.open()  # the new version is in the API before lap 1 can end
+    st = env.wait_phase("bump", "Succeeded", "Failed")
     assert st["phase"] == "Succeeded" and st["agentVersion"] == "v2" and st["checkpoint"]["agentVersion"] == "v2"
     events = env.events("bump")
     assert "VersionChanged" in [e["reason"] for e in events]
@@ -340,18 +386,18 @@ def test_version_bump_mid_run(env):
     assert "lap 2 " in checkpointed[1] and "agent v2" in checkpointed[1], checkpointed
 
 
-def test_operator_killed_mid_run_resumes_exactly_one_job_per_attempt(env):
-    script = [{"content": "slow", "toolCalls": [{"name": "note", "arguments": {"order": "restart", "sleepSeconds": 3}}]},
+def test_operator_killed_mid_run_resumes_exactly_one_job_per_attempt(env, gate):
+    script = [{"content": "slow", "toolCalls": [{"name": "note", "arguments": {"order": "restart"}}]},
               {"content": "two", "toolCalls": [{"name": "note", "arguments": {"order": "restart2"}}]},
               {"content": "done"}]
-    env.apply(env.run_doc("restart", script))
-    _wait("lap 1 running", lambda: env.status("restart").get("activeJob"))
+    env.apply(_gated(env.run_doc("restart", script), gate))
+    _wait("lap 1's tool call held at the gate", lambda: gate.arrived("restart"), timeout=180)
     env.kill_operator()
-    # the lap finishes while the operator is down
+    gate.open()  # the lap finishes while the operator is down
     _wait("lap 1 Job finished", lambda: all((j.get("status") or {}).get("conditions") for j in env.jobs("restart")),
-          timeout=60)
+          timeout=180)
     env.start_operator()
-    st = env.wait_phase("restart", "Succeeded", "Failed", timeout=120)
+    st = env.wait_phase("restart", "Succeeded", "Failed", timeout=240)
     assert st["phase"] == "Succeeded", st
     jobs = env.jobs("restart")
     _one_job_per_attempt(jobs)
@@ -365,6 +411,6 @@ def test_deletion_garbage_collects_the_job(env):
     env.apply(env.run_doc("gc", script))
     _wait("lap Job", lambda: env.jobs("gc"))
     env.kubectl("delete", "agentrun", "gc", "-n", env.ns, "--wait=true", "--timeout=60s")
-    _wait("Job garbage-collected", lambda: env.jobs("gc") == [], timeout=60)
+    _wait("Job garbage-collected", lambda: env.jobs("gc") == [], timeout=180)
     _wait("lap pod gone", lambda: json.loads(env.kubectl(
-        "get", "pods", "-n", env.ns, "-l", "agentrun.dev/run=gc", "-o", "json").stdout)["items"] == [], timeout=60)
+        "get", "pods", "-n", env.ns, "-l", "agentrun.dev/run=gc", "-o", "json").stdout)["items"] == [], timeout=180)

@@ -29,6 +29,8 @@ from e2e.cluster import leftover_processes  # noqa: E402
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MARK = "<!-- quickstart -->"
+# seconds: each step's own budget; the test's pytest timeout is their sum plus slack
+QUICKSTART_BUDGET, SECOND_DEV_BUDGET, DOWN_BUDGET, CLEANUP_BUDGET = 900, 300, 120, 120
 RUN = "invoices-2024-06"
 
 
@@ -98,6 +100,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
+# its own budgets (the quickstart, the second `make dev`, `make dev-down`, the clean-up after a
+# failure: 1,440 s) plus slack for the checks between them
+@pytest.mark.timeout(QUICKSTART_BUDGET + SECOND_DEV_BUDGET + DOWN_BUDGET + 2 * CLEANUP_BUDGET)
 def test_readme_quickstart_as_written(tmp_path):
     state = tmp_path / "kube"
     blocks = quickstart_blocks((ROOT / "README.md").read_text())
@@ -109,7 +114,7 @@ def test_readme_quickstart_as_written(tmp_path):
     env.pop("KUBECONFIG", None)
     t0 = time.monotonic()
     try:
-        r = _bash(_script(main_cmds), env, timeout=900, log=tmp_path / "quickstart.log")
+        r = _bash(_script(main_cmds), env, timeout=QUICKSTART_BUDGET, log=tmp_path / "quickstart.log")
         assert r.returncode == 0, f"the quickstart failed (exit {r.returncode}):\n{r.stdout[-6000:]}"
         out = _sections(r.stdout, main_cmds)
         first = out["make dev"]
@@ -130,7 +135,7 @@ def test_readme_quickstart_as_written(tmp_path):
         # a second `make dev` is quick and safe: everything reused, the operator restarted once
         pids = {n: int((state / f"{n}.pid").read_text()) for n in ("localkube", "tool-server", "operator")}
         t1 = time.monotonic()
-        r2 = _bash("make dev", {**env, "DEV_APPROVE": "auto"}, timeout=300, log=tmp_path / "second.log")
+        r2 = _bash("make dev", {**env, "DEV_APPROVE": "auto"}, timeout=SECOND_DEV_BUDGET, log=tmp_path / "second.log")
         second = time.monotonic() - t1
         assert r2.returncode == 0, r2.stdout[-4000:]
         for what in ("control plane: already running", "S3 server: already running", "tool server: already running"):
@@ -144,7 +149,7 @@ def test_readme_quickstart_as_written(tmp_path):
         assert servers == [pids["tool-server"]], servers
         print(f"quickstart (first make dev .. fork) {t1 - t0:.0f}s, second make dev {second:.1f}s")
 
-        r3 = _bash(_script(down_cmds), env, timeout=120, log=tmp_path / "down.log")
+        r3 = _bash(_script(down_cmds), env, timeout=DOWN_BUDGET, log=tmp_path / "down.log")
         assert r3.returncode == 0, r3.stdout[-4000:]
         assert not leftover_processes(state), leftover_processes(state)
         assert not _alive(new_operator)
@@ -157,4 +162,4 @@ def test_readme_quickstart_as_written(tmp_path):
                 except (ProcessLookupError, ValueError):
                     pass
             subprocess.run(["bash", "tools/dev.sh", "down"], cwd=ROOT, env={**os.environ, "LOCALKUBE_DIR": str(state)},
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120, check=False)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=CLEANUP_BUDGET, check=False)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -155,38 +154,61 @@ def test_refused_api_key_is_permanent_and_names_the_secret_not_the_key() -> None
     assert API_KEY[:8] not in msg and API_KEY[-4:] not in msg, msg  # not even the provider's masked echo
 
 
-def _slow(headers_after: float, drip: float = 0.0) -> Callable[[BaseHTTPRequestHandler], None]:
+def _stalled(release: threading.Event, drip: bool) -> Callable[[BaseHTTPRequestHandler], None]:
+    """A model endpoint that never finishes its answer until the test releases it: no headers at
+    all, or headers and then one byte of (chunked) body every 50 ms (each read succeeds, so only a bound on
+    the whole call ends it)."""
     def behave(h: BaseHTTPRequestHandler) -> None:
-        time.sleep(headers_after)
+        if not drip:
+            release.wait(300)
+            return
         h.send_response(200)
         h.send_header("Content-Type", "application/json")
-        h.send_header("Content-Length", str(len(GOOD)))
+        h.send_header("Transfer-Encoding", "chunked")  # no size declared: nothing to refuse up front
         h.end_headers()
-        for i in range(len(GOOD)):
-            h.wfile.write(GOOD[i:i + 1])
+        while not release.is_set():
+            h.wfile.write(b"1\r\n \r\n")
             h.wfile.flush()
-            time.sleep(drip)
+            release.wait(0.05)
     return behave
 
 
-@pytest.mark.parametrize("behave", [_slow(headers_after=5), _slow(headers_after=0, drip=0.05)],
-                         ids=["no-answer", "dripping-body"])
-def test_model_timeout_is_retryable_and_honours_request_timeout(behave) -> None:
-    with Misbehaving(behave) as srv:
+@pytest.mark.parametrize("drip", [False, True], ids=["no-answer", "dripping-body"])
+def test_model_timeout_is_retryable_and_honours_request_timeout(drip: bool) -> None:
+    """requestTimeout bounds the whole call, body included. The server never completes an answer
+    while the call runs, so the call can only end by the client's own timeout: no wall-clock
+    window is asserted (a loaded box only makes the call end later, never wrongly)."""
+    release = threading.Event()
+    outcome: list[BaseException | object] = []
+    with Misbehaving(_stalled(release, drip)) as srv:
         model, request = _model(srv.url + "/v1", timeout="1s")
-        t0 = time.monotonic()
-        with pytest.raises(RetryableLapError, match=r"timed out after 1s \(spec.agent.model.requestTimeout\)") as err:
-            model.complete(request)
-        took = time.monotonic() - t0
-    assert 0.9 <= took < 3.0, took  # the whole call, body included, is bounded by requestTimeout
-    assert srv.url in str(err.value)
+
+        def call() -> None:
+            try:
+                outcome.append(model.complete(request))
+            except BaseException as exc:  # noqa: BLE001  (handed to the test thread)
+                outcome.append(exc)
+        t = threading.Thread(target=call, daemon=True)
+        t.start()
+        t.join(120)  # generous: the timeout is 1 s; the server would stall the call forever
+        ended = not t.is_alive()
+        release.set()
+    assert ended, "the model call did not end: spec.agent.model.requestTimeout does not bound it"
+    err = outcome[0]
+    assert isinstance(err, RetryableLapError), err
+    assert "timed out after 1s (spec.agent.model.requestTimeout)" in str(err), err
+    assert srv.url in str(err)
 
 
 def test_model_timeout_in_a_lap_process_exits_75(s3_env: dict[str, str]) -> None:
-    with Misbehaving(_slow(headers_after=5)) as srv:
+    release = threading.Event()
+    with Misbehaving(_stalled(release, drip=False)) as srv:
         spec = spec_doc([], [], model={"provider": "openai", "name": "m", "baseURL": srv.url + "/v1",
                                        "requestTimeout": "1s"})
-        p = run_lap_process(lap_env(s3_env, spec, 1))
+        try:
+            p = run_lap_process(lap_env(s3_env, spec, 1))
+        finally:
+            release.set()
     assert p.returncode == 75, p.stderr
     failed = [x for x in log_lines(p.stderr) if x["msg"] == "lap failed"]
     assert failed and "timed out after 1s" in failed[0]["error"], p.stderr
@@ -260,9 +282,7 @@ def test_an_enormous_tool_result_keeps_the_checkpoint_small_and_the_run_going(s3
         srv.httpd.owner = srv  # type: ignore[attr-defined]
         script = [{"content": "dumping", "toolCalls": [{"name": "dump", "arguments": {}}]}, {"content": "summarised"}]
         spec = spec_doc([tool("dump", srv.url, parameters={"type": "object"})], script)  # default 16 KiB
-        t0 = time.monotonic()
         first = run_lap_process(lap_env(s3_env, spec, 1))
-        took = time.monotonic() - t0
         second = run_lap_process(lap_env(s3_env, spec, 2))
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     store = CheckpointStore(StoreConfig.from_env(s3_env))
@@ -272,7 +292,7 @@ def test_an_enormous_tool_result_keeps_the_checkpoint_small_and_the_run_going(s3
     assert stored.size < 2 * 16384 + 4096, stored.size
     assert TRUNCATION_MARKER in (rec.tool_calls[0].result or "") and f"of {FIFTY_MB} bytes" in rec.tool_calls[0].result
     assert store.get_lap(RUN, 2)[0].outcome.type == "done"
-    assert srv.sent < FIFTY_MB and took < 30, (srv.sent, took)
+    assert srv.sent < FIFTY_MB, srv.sent  # the rest was not downloaded: the connection was closed
 
 
 # ------------------------------------------------------------------------ unreadable checkpoints (runner side)
