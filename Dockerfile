@@ -7,7 +7,8 @@
 #      ca-certificates; no compilers), user and group 65532 (agentrun);
 #   2. the project wheel and the pinned wheels of tools/image/requirements.txt, wheels only
 #      (--only-binary :all:), installed into the virtualenv /opt/agentrun by pip run from its own
-#      wheel (no pip left in the image), then `pip check`;
+#      wheel (no pip left in the image), then `pip check`; the kubernetes client's asyncio copy
+#      (kubernetes/aio, ~68 MB, imported by nothing here) is removed;
 #   3. USER 65532:65532, ENTRYPOINT ["agentrun"], CMD ["operator"].
 # Where they differ: the base here is the debian:bookworm-slim image (it also has apt and a few
 # packages more than mmdebstrap's `essential` variant), and the project wheel is built in a build
@@ -33,7 +34,8 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     python3 -m venv --without-pip /opt/agentrun \
  && /opt/agentrun/bin/python /wheels/pip-24.2-py3-none-any.whl/pip install --no-cache-dir --no-index \
       --find-links /wheels --only-binary :all: --no-deps -r /wheels/requirements.txt /wheels/agentrun-*.whl \
- && /opt/agentrun/bin/python /wheels/pip-24.2-py3-none-any.whl/pip check
+ && /opt/agentrun/bin/python /wheels/pip-24.2-py3-none-any.whl/pip check \
+ && rm -rf /opt/agentrun/lib/python3.11/site-packages/kubernetes/aio
 ENV PATH=/opt/agentrun/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /

@@ -56,7 +56,10 @@ scheduler:
 * watches pods with reconnects (and a periodic full resync); API errors are
   logged and retried, never fatal.
 
-What it fakes / does not do: images are never pulled (the ``image`` field is
+Runc mode: with ``AGENTRUN_NODE=runc``, a pod whose images are in the local image
+store runs under runc with its securityContext enforced instead (e2e/runc_node.py).
+
+What it fakes / does not do (host-process mode): images are never pulled (the ``image`` field is
 ignored; the command runs on the host, in the Python environment and with the
 PATH of the process kubelet itself, so ``agentrun lap`` works when the project
 is pip-installed); resource requests/limits, securityContext, volumes and

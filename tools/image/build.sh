@@ -19,7 +19,8 @@
 #      dependencies of tools/image/requirements.txt downloaded as wheels only
 #      (`--only-binary :all:`, manylinux x86_64 / pure Python), installed in a chroot of the base
 #      into the virtualenv /opt/agentrun by pip run from its own wheel (pip is not left in the
-#      image), then `pip check`. Rebuilt when the sources, the requirements or the base change.
+#      image), then `pip check`; the kubernetes client's unused asyncio copy (kubernetes/aio) is
+#      removed. Rebuilt when the sources, the requirements or the base change.
 #   3. buildah (vfs storage under $CACHE/image/buildah): base layer + app layer, USER 65532:65532,
 #      ENTRYPOINT ["agentrun"], CMD ["operator"], committed as an oci-archive with gzip layers.
 #
@@ -151,6 +152,9 @@ build_app() {  # $1 base tarball, $2 work dir; writes $2/app.tar
     -r /tmp/wheels/requirements.txt "/tmp/wheels/$(basename "$whl")" >&2
   chroot "$rootfs" env -i PATH=/usr/bin:/bin HOME=/tmp "${pip[@]}" check >&2
   [ ! -e "$rootfs/opt/agentrun/bin/pip" ] || die "pip ended up in the image venv"
+  # The kubernetes client ships a full asyncio copy of itself (kubernetes/aio, ~68 MB of the
+  # ~200 MB venv) that nothing here imports (kopf talks to the API with aiohttp): not in the image.
+  rm -rf "$rootfs/opt/agentrun/lib/python3.11/site-packages/kubernetes/aio"
   local mtime
   mtime=$(git -C "$ROOT" log -1 --format=%ct 2>/dev/null || echo 0)
   tar --sort=name --mtime="@$mtime" --numeric-owner --owner=0 --group=0 -C "$rootfs" -cf "$work/app.tar" opt/agentrun
