@@ -18,8 +18,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from e2e import proc_kubelet, runc_node  # noqa: E402
 from e2e.image_store import Image, normalize_ref  # noqa: E402
+
+from e2e import proc_kubelet, runc_node  # noqa: E402
 
 REF = "ghcr.io/agentrun/agentrun:0.1.0"
 
