@@ -305,3 +305,50 @@ def test_helm_installed_operator_runs_from_the_image(rcluster, s3, image_ref, tm
     finally:
         h.tools.shutdown()
         h.uninstall()
+
+
+def test_a_crashed_kubelet_leaves_no_container_behind(rcluster, image_ref):
+    """SIGKILL the process kubelet while a container runs: the container (in its own session, not
+    in the supervisor's process group) is killed and its root unmounted by the next kubelet, which
+    marks the pod Failed (KubeletRestarted), like in host-process mode."""
+    import signal
+
+    c = rcluster
+    ns = f"runc-{uuid.uuid4().hex[:6]}"
+    c.kubectl_run("create", "namespace", ns)
+    wait_for("default SA", lambda: c.kubectl_run("get", "sa", "default", "-n", ns, check=False).returncode == 0)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sleeper"},
+           "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+                    "containers": [{"name": "c", "image": image_ref, "command": ["sleep", "3600"],
+                                    "securityContext": {"readOnlyRootFilesystem": True,
+                                                        "allowPrivilegeEscalation": False,
+                                                        "capabilities": {"drop": ["ALL"]}}}]}}
+    c.kubectl_run("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(pod))
+    wait_for("the sleeper to run", lambda: _pod(c, ns, "sleeper").get("status", {}).get("phase") == "Running",
+             timeout=120)
+    pdir = _pod_dir(c, ns, "sleeper")
+    rootfs = str((pdir / "runc" / "c" / "rootfs").resolve())
+
+    def sleepers() -> list[int]:
+        out = []
+        for p in os.listdir("/proc"):
+            if p.isdigit():
+                try:
+                    if open(f"/proc/{p}/cmdline", "rb").read() == b"sleep\x003600\x00":
+                        env = open(f"/proc/{p}/environ", "rb").read()
+                        if f"AGENTRUN_PROCKUBELET_DIR={c.dir}".encode() in env:
+                            out.append(int(p))
+                except OSError:
+                    pass
+        return out
+
+    wait_for("the container's sleep process", sleepers, timeout=60)
+    c.stop_kubelet(sig=signal.SIGKILL)
+    c.start_kubelet()
+    st = wait_for("the pod to be marked failed", lambda: (p := _pod(c, ns, "sleeper")).get("status", {})
+                  .get("phase") == "Failed" and p["status"], timeout=120)
+    assert st["reason"] == "KubeletRestarted", st
+    assert not sleepers(), "the container outlived the kubelet that started it"
+    assert rootfs not in open("/proc/self/mountinfo").read(), "the container root is still mounted"
+    c.kubectl_run("delete", "namespace", ns, "--wait=false", check=False)
