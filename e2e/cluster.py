@@ -267,11 +267,13 @@ class Cluster:
 
 
 def start_cluster(dir: str | os.PathLike, *, kubelet: bool = True, timeout: float = 240,
-                  fresh: bool = True, binary: str | None = None, node: str | None = None) -> Cluster:
+                  fresh: bool = True, binary: str | None = None, node: str = "") -> Cluster:
     """Start etcd, kube-apiserver, kube-controller-manager (and the process kubelet) in dir.
 
     node: "runc" runs pods whose images are in the local image store under runc
-    (e2e/runc_node.py), "" host processes only; default: $AGENTRUN_NODE.
+    (e2e/runc_node.py); "" (default) host processes only. The CLI (``up --node``, ``make dev``)
+    takes it from $AGENTRUN_NODE; the e2e session cluster stays host processes, and
+    tests/e2e/test_image_runc.py starts a runc one.
 
     Returns once /readyz is OK, the node is Ready and the default ServiceAccount
     exists. Raises ClusterError (with log tails) on failure, after cleaning up.
@@ -287,7 +289,6 @@ def start_cluster(dir: str | os.PathLike, *, kubelet: bool = True, timeout: floa
             (d / stale).unlink()
         except FileNotFoundError:
             pass
-    node = os.environ.get("AGENTRUN_NODE", "") if node is None else node
     if node not in ("", "runc"):
         raise ClusterError(f"AGENTRUN_NODE must be runc or empty, not {node!r}")
     (d / "node").write_text(node + "\n")

@@ -147,9 +147,14 @@ class ImageStore:
                         self._apply_layer(self._blob(layout, layer["digest"]), staging / "rootfs")
                     (staging / "config.json").write_text(json.dumps(config, indent=2))
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    if target.exists():  # a half-unpacked leftover without rootfs/
+                    if target.exists() and not (target / "rootfs").is_dir():  # a leftover without rootfs/
                         shutil.rmtree(target)
-                    os.rename(staging, target)
+                    try:
+                        os.rename(staging, target)
+                    except OSError:
+                        if not (target / "rootfs").is_dir():
+                            raise
+                        shutil.rmtree(staging, ignore_errors=True)  # a concurrent load won
                 except BaseException:
                     shutil.rmtree(staging, ignore_errors=True)
                     raise

@@ -42,7 +42,8 @@ from e2e.cluster import start_cluster  # noqa: E402
 
 from e2e import image_store, runc_node  # noqa: E402
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# a cold image build takes minutes on a loaded box (the per-test default is 600 s)
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 BUILD = ROOT / "tools" / "image" / "build.sh"
 SA_MOUNT = runc_node.SA_MOUNT

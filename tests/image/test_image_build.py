@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from e2e import image_store, runc_node  # noqa: E402
 
-pytestmark = [pytest.mark.slow]
+# a cold image build takes minutes on a loaded box (the per-test default is 600 s)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 BUILD = ROOT / "tools" / "image" / "build.sh"
 SIZE_BOUND_MIB = 300  # unpacked; the image is ~212 MiB (Debian essential + python3 ~95, the venv ~115)

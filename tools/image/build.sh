@@ -102,13 +102,13 @@ build_base() {  # prints the base tarball path
   else
     say "base layer: mmdebstrap $SUITE ($(packages)); log $CACHE/base-$key.log"
     local t0=$(date +%s)
-    if ! mmdebstrap "${MM_OPTS[@]}" --customize-hook="$MM_HOOK" "$SUITE" "$CACHE/base-$key.partial.tar" "${MIRRORS[@]}" \
+    if ! mmdebstrap "${MM_OPTS[@]}" --customize-hook="$MM_HOOK" "$SUITE" "$CACHE/base-$key.partial.$$.tar" "${MIRRORS[@]}" \
         > "$CACHE/base-$key.log" 2>&1; then
       tail -30 "$CACHE/base-$key.log" >&2
-      rm -f "$CACHE/base-$key.partial.tar"
+      rm -f "$CACHE/base-$key.partial.$$.tar"
       die "mmdebstrap failed (log: $CACHE/base-$key.log)"
     fi
-    mv "$CACHE/base-$key.partial.tar" "$tarball"
+    mv "$CACHE/base-$key.partial.$$.tar" "$tarball"
     echo "$(( $(date +%s) - t0 ))" > "$CACHE/base-$key.seconds"
     say "base layer built in $(cat "$CACHE/base-$key.seconds")s: $(du -h "$tarball" | cut -f1) (uncompressed tar)"
   fi
@@ -165,6 +165,9 @@ build() {
   [ "$(id -u)" = 0 ] || die "needs root (mmdebstrap --mode=root and chroot); run it as root or in a root CI job"
   for t in mmdebstrap buildah; do command -v "$t" >/dev/null || die "$t is not installed: run tools/install-image-tools.sh"; done
   mkdir -p "$CACHE" "$OUT"
+  # one build at a time per cache (worktrees and CI jobs on one machine share it)
+  exec 9> "$CACHE/build.lock"
+  flock 9
   local base key
   base=$(build_base)
   key=$(sources_key "$(basename "$base")")
