@@ -19,6 +19,7 @@ CLI::
 
     python3 e2e/image_store.py load build/image/agentrun.oci.tar [--ref REF] [--store DIR]
     python3 e2e/image_store.py list [--store DIR]
+    python3 e2e/image_store.py prune [--store DIR]   # unpacked images no reference points at
 """
 
 from __future__ import annotations
@@ -167,6 +168,17 @@ class ImageStore:
         assert img is not None
         return img
 
+    def prune(self) -> list[Path]:
+        """Remove unpacked images no reference points at (a rebuilt image leaves its predecessor).
+        Only while no runc-node container runs from them: their roots are the containers' lower layer."""
+        keep = {d.split(":", 1)[1] for d in self.refs().values()}
+        gone = []
+        for d in sorted((self.root / "sha256").glob("*")):
+            if d.name not in keep:
+                shutil.rmtree(d)
+                gone.append(d)
+        return gone
+
     def _tmpdir(self) -> str:
         d = self.root / "tmp"
         d.mkdir(parents=True, exist_ok=True)
@@ -221,11 +233,15 @@ def _main(argv: list[str] | None = None) -> int:
     p.add_argument("source")
     p.add_argument("--ref", default=None, help="reference name (default: the archive's ref.name annotation)")
     sub.add_parser("list", help="the references in the store")
+    sub.add_parser("prune", help="remove unpacked images no reference points at (no runc-node cluster running)")
     a = ap.parse_args(argv)
     store = ImageStore(a.store)
     if a.cmd == "load":
         img = store.load(a.source, a.ref)
         print(f"loaded {img.ref} ({img.id[:19]}) into {store.root}: rootfs {img.rootfs}")
+    elif a.cmd == "prune":
+        for d in store.prune():
+            print(f"removed {d}")
     else:
         for ref, digest in sorted(store.refs().items()):
             print(f"{ref}\t{digest}")

@@ -45,7 +45,7 @@ def _archive(path: Path, layers: list[bytes], ref: str | None, corrupt: bool = F
                    for b in layers]
     config = {"architecture": "amd64", "os": "linux",
               "config": {"User": "65532:65532", "Entrypoint": ["agentrun"], "Env": ["PATH=/usr/bin"]},
-              "rootfs": {"type": "layers", "diff_ids": []}}
+              "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(b).hexdigest() for b in layers]}}
     cdesc = add(json.dumps(config).encode())
     manifest = {"schemaVersion": 2, "config": dict(cdesc, mediaType="application/vnd.oci.image.config.v1+json"),
                 "layers": layer_descs}
@@ -83,6 +83,11 @@ def test_load_applies_layers_with_whiteouts_and_maps_the_reference(tmp_path):
     # loading the same image again under a second name unpacks nothing new
     again = store.load(tmp_path / "img.tar", ref="example.com/agentrun:latest")
     assert again.rootfs == img.rootfs and store.lookup("example.com/agentrun") is not None
+    # a rebuilt image under the same name: the old one is unreferenced, prune removes only it
+    new = store.load(_archive(tmp_path / "img2.tar", [base], "example.com/agentrun:1"))
+    store.load(tmp_path / "img2.tar", ref="example.com/agentrun:latest")
+    assert new.rootfs != img.rootfs and img.rootfs.exists()
+    assert store.prune() == [img.rootfs.parent] and not img.rootfs.exists() and new.rootfs.exists()
 
 
 def test_a_blob_not_matching_its_digest_is_refused(tmp_path):
