@@ -130,6 +130,7 @@ class Refused(Exception):
     """The pod asks for something this node cannot enforce: it fails with this reason and message."""
 
     def __init__(self, reason: str, message: str) -> None:
+        message = message if len(message) <= 1024 else message[:1021] + "..."  # names from the spec: bounded
         super().__init__(message)
         self.reason = reason
         self.message = message
@@ -228,7 +229,10 @@ class Bundle:
 
     def write(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.json").write_text(json.dumps(self.config, indent=1))
+        cfg = self.dir / "config.json"  # holds the env, Secrets included: root only, like a runtime's state
+        cfg.touch(mode=0o600)
+        os.chmod(cfg, 0o600)
+        cfg.write_text(json.dumps(self.config, indent=1))
         (self.dir / "bundle.json").write_text(json.dumps({"id": self.id, "lower": str(self.lower)}))
 
 

@@ -129,6 +129,7 @@ def test_the_operators_lap_pod_maps_onto_a_confined_container(tmp_path, image):
     assert {n["type"] for n in cfg["linux"]["namespaces"]} == {"pid", "ipc", "uts", "mount"}  # host network
     joined = "; ".join(notes)
     assert "network" in joined and "sizeLimit 256Mi" in joined
+    assert (Path(runs[0].bundle) / "config.json").stat().st_mode & 0o777 == 0o600  # it holds the Secrets' values
     # the kubelet starts the supervisor, not the command
     assert runs[0].argv[-2:] == ["run", runs[0].bundle] and runs[0].cwd == runs[0].bundle
 
