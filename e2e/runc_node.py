@@ -30,7 +30,8 @@ What is enforced (mapped onto the OCI spec):
   syscalls container runtimes' default profiles deny (mount, unshare/setns and namespace clone
   flags, ptrace, kexec, modules, keyring, bpf, perf_event_open, userfaultfd, io_uring, clock and
   time setting, swap, reboot...): EPERM. It is a deny list derived from those profiles, not
-  containerd's allow list. ``Unconfined`` / unset: none. ``Localhost``: refused;
+  containerd's allow list. ``Unconfined`` / unset: none. ``Localhost``: refused. Where runc has
+  no libseccomp or the kernel no seccomp, RuntimeDefault is reported as not enforced;
 * volumes as bind mounts: ``emptyDir`` (a per-pod directory, mode 0777, group ``fsGroup``),
   ``projected`` (serviceAccountToken through the TokenRequest API bound to the pod, configMap,
   secret, downwardAPI), ``secret``, ``configMap``, ``downwardAPI``; ``readOnly`` mounts; ``subPath``;
@@ -247,6 +248,7 @@ class RuncNode:
         self.store = store or image_store.ImageStore()
         self.state_root = Path(kubelet.base_dir) / "runc"
         self.host_caps = host_capabilities()
+        self.seccomp_ok = True  # check(): runc built with libseccomp and a kernel with seccomp
         u = urllib.parse.urlsplit(kubelet.server)
         self.api_host, self.api_port = u.hostname or "127.0.0.1", str(u.port or 443)
 
@@ -259,9 +261,18 @@ class RuncNode:
         if os.geteuid() != 0:
             raise RuntimeError(f"{NODE_ENV}=runc needs root (runc, overlay mounts)")
         try:
-            subprocess.run([self.runc, "--version"], check=True, capture_output=True, timeout=30)
+            version = subprocess.run([self.runc, "--version"], check=True, capture_output=True, text=True,
+                                     timeout=30).stdout
         except (OSError, subprocess.SubprocessError) as e:
             raise RuntimeError(f"{NODE_ENV}=runc but runc ({self.runc}) does not run: {e}") from None
+        try:
+            kernel = any(ln.startswith("Seccomp:") for ln in open("/proc/self/status"))
+        except OSError:
+            kernel = False
+        self.seccomp_ok = "libseccomp" in version and kernel
+        if not self.seccomp_ok:
+            log.warning("runc node: no seccomp (runc without libseccomp or a kernel without it): "
+                        "seccompProfile RuntimeDefault is reported as not enforced")
         self.state_root.mkdir(parents=True, exist_ok=True)
         log.info("runc node: runc %s, image store %s (%d image(s))", self.runc, self.store.root,
                  len(self.store.refs()))
@@ -496,7 +507,10 @@ class RuncNode:
         prof = sc.get("seccompProfile") or psc.get("seccompProfile") or {}
         seccomp = None
         if prof.get("type") == "RuntimeDefault":
-            seccomp = seccomp_runtime_default()
+            if self.seccomp_ok:
+                seccomp = seccomp_runtime_default()
+            else:
+                not_enforced.append(f"{where}: seccompProfile RuntimeDefault (no seccomp in this runc/kernel)")
         elif prof.get("type") == "Localhost":
             raise Refused("Unsupported", f"{where}: seccompProfile Localhost is not supported by the runc node")
 

@@ -199,6 +199,15 @@ def test_command_and_args_follow_the_kubernetes_rules(tmp_path, image):
     assert argv(command=["sh"], args=["-c", "$$(X)"]) == ["sh", "-c", "$(X)"]
 
 
+def test_seccomp_is_reported_not_enforced_where_runc_has_none(tmp_path, image):
+    node = runc_node.RuncNode(FakeKubelet(tmp_path), proc_kubelet, runc="runc")
+    node.seccomp_ok = False  # what check() finds with a runc without libseccomp
+    b = node._bundle(_lap_pod(), tmp_path, _lap_pod()["spec"]["containers"][0], image, {}, {},
+                     {"runAsUser": 65532}, {"tmp": tmp_path})
+    assert "seccomp" not in b.config["linux"]
+    assert any("seccompProfile RuntimeDefault" in n for n in b.not_enforced), b.not_enforced
+
+
 def test_user_from_the_image_and_capabilities_add(tmp_path, image):
     pod = _lap_pod()
     del pod["spec"]["securityContext"]["runAsUser"], pod["spec"]["securityContext"]["runAsGroup"]
