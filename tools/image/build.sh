@@ -116,8 +116,9 @@ build_base() {  # prints the base tarball path
 }
 
 sources_key() {  # what the app layer is made of
-  { git -C "$ROOT" ls-files -co --exclude-standard -- pyproject.toml README.md operator | LC_ALL=C sort \
-      | while read -r f; do [ -f "$f" ] && sha256sum "$f"; done
+  { { git -C "$ROOT" ls-files -co --exclude-standard -- pyproject.toml README.md operator 2>/dev/null \
+      || find pyproject.toml README.md operator -type f ! -path '*/__pycache__/*'; } | LC_ALL=C sort \
+      | while read -r f; do if [ -f "$f" ]; then sha256sum "$f"; fi; done
     sha256sum tools/image/requirements.txt tools/image/build.sh
     printf '%s\n' "$1" "$PIP_VERSION" "$REF"; } | sha256sum | cut -c1-16
 }
