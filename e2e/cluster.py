@@ -177,6 +177,7 @@ class Cluster:
     ca_file: str
     version: str = ""
     pids: dict = field(default_factory=dict)
+    node: str = ""  # "runc": the process kubelet runs pods whose image is local under runc (e2e/runc_node.py)
 
     @property
     def kubectl(self) -> str:
@@ -223,6 +224,7 @@ class Cluster:
             # pods inherit this env: the cluster's bin dir (version-matched kubectl) first on PATH
             kenv = self.env()
             kenv.pop("KUBECONFIG", None)
+            kenv["AGENTRUN_NODE"] = self.node
             kl = subprocess.Popen([sys.executable, str(PROC_KUBELET), "--kubeconfig", self.kubeconfig,
                                    "--dir", str(d)], stdout=logf, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, start_new_session=True, cwd=d, env=kenv)
@@ -262,12 +264,18 @@ class Cluster:
         st = json.loads((d / "cluster.json").read_text())
         return cls(dir=d, kubeconfig=st["kubeconfig"], server=st["server"], admin_token=st["admin_token"],
                    bin_dir=st["bin_dir"], ca_file=st["ca_file"], version=st.get("version", ""),
-                   pids=dict(st.get("pids") or {}))
+                   pids=dict(st.get("pids") or {}),
+                   node=(d / "node").read_text().strip() if (d / "node").exists() else "")
 
 
 def start_cluster(dir: str | os.PathLike, *, kubelet: bool = True, timeout: float = 240,
-                  fresh: bool = True, binary: str | None = None) -> Cluster:
+                  fresh: bool = True, binary: str | None = None, node: str = "") -> Cluster:
     """Start etcd, kube-apiserver, kube-controller-manager (and the process kubelet) in dir.
+
+    node: "runc" runs pods whose images are in the local image store under runc
+    (e2e/runc_node.py); "" (default) host processes only. The CLI (``up --node``, ``make dev``)
+    takes it from $AGENTRUN_NODE; the e2e session cluster stays host processes, and
+    tests/e2e/test_image_runc.py starts a runc one.
 
     Returns once /readyz is OK, the node is Ready and the default ServiceAccount
     exists. Raises ClusterError (with log tails) on failure, after cleaning up.
@@ -283,6 +291,9 @@ def start_cluster(dir: str | os.PathLike, *, kubelet: bool = True, timeout: floa
             (d / stale).unlink()
         except FileNotFoundError:
             pass
+    if node not in ("", "runc"):
+        raise ClusterError(f"AGENTRUN_NODE must be runc or empty, not {node!r}")
+    (d / "node").write_text(node + "\n")
     binary = binary or os.environ.get("LOCALKUBE_BIN") or build_localkube()
     t0 = time.time()
     args = [binary, "up", "--dir", str(d), "--timeout", f"{int(timeout)}s"]
@@ -609,6 +620,9 @@ def _main(argv: list[str] | None = None) -> int:
         if name == "up":
             p.add_argument("--keep-data", action="store_true", help="reuse etcd data from a previous run")
             p.add_argument("--no-kubelet", action="store_true")
+            p.add_argument("--node", choices=("", "runc"), default=os.environ.get("AGENTRUN_NODE", ""),
+                           help="runc: pods whose image is in the local image store run under runc "
+                                "(default $AGENTRUN_NODE)")
     for name in ("s3-up", "s3-down"):
         p = sub.add_parser(name)
         p.add_argument("--dir", default=os.path.join(default_dir, "s3"))
@@ -624,7 +638,7 @@ def _main(argv: list[str] | None = None) -> int:
     if a.cmd == "build":
         print(build_localkube())
     elif a.cmd == "up":
-        c = start_cluster(a.dir, fresh=not a.keep_data, kubelet=not a.no_kubelet)
+        c = start_cluster(a.dir, fresh=not a.keep_data, kubelet=not a.no_kubelet, node=a.node)
         secs = (c.dir / "startup-seconds").read_text().strip()
         print(f"# agentrun local cluster {c.version} at {c.server} (started in {secs}s)", file=sys.stderr)
         print(f"# logs: {c.dir}/logs  pods: {c.dir}/pods  stop: make cluster-down", file=sys.stderr)

@@ -56,7 +56,10 @@ scheduler:
 * watches pods with reconnects (and a periodic full resync); API errors are
   logged and retried, never fatal.
 
-What it fakes / does not do: images are never pulled (the ``image`` field is
+Runc mode: with ``AGENTRUN_NODE=runc``, a pod whose images are in the local image
+store runs under runc with its securityContext enforced instead (e2e/runc_node.py).
+
+What it fakes / does not do (host-process mode): images are never pulled (the ``image`` field is
 ignored; the command runs on the host, in the Python environment and with the
 PATH of the process kubelet itself, so ``agentrun lap`` works when the project
 is pip-installed); resource requests/limits, securityContext, volumes and
@@ -90,6 +93,11 @@ from typing import Any
 
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
+
+try:
+    from . import runc_node  # type: ignore[no-redef]
+except ImportError:  # run as a script: e2e/ is on sys.path
+    import runc_node  # type: ignore[no-redef]
 
 log = logging.getLogger("proc_kubelet")
 
@@ -246,6 +254,7 @@ def kill_orphans(base_dir: str, grace: float = 3.0) -> list[int]:
     for p in victims:
         if pid_has_marker(p):
             kill_group(p, signal.SIGKILL)
+    runc_node.cleanup_all(base_dir)  # runc containers (own sessions) and their root mounts
     return victims
 
 
@@ -278,6 +287,10 @@ class ProcKubelet:
         self.parked: dict[tuple[str, str], tuple] = {}  # the newest event for a busy pod
         self.unsynced: dict[str, tuple[int, dict, dict]] = {}  # uid -> (seq, pod, status) not yet patched
         self._status_seq = 0
+        # AGENTRUN_NODE=runc: pods whose images are in the local image store run under runc (e2e/runc_node.py)
+        self.runc = runc_node.RuncNode(self, sys.modules[__name__]) if runc_node.RuncNode.enabled() else None
+        if self.runc is not None:
+            self.runc.check()
 
     # ---------------------------------------------------------------- node
     def register_node(self) -> None:
@@ -712,7 +725,8 @@ class ProcKubelet:
         base_env[MARKER_ENV] = uid
         base_env[DIR_ENV] = self.base_dir
         try:
-            sa_env = self.service_account_env(pod, pdir)
+            images = self.runc.images(pod) if self.runc is not None else None  # runc: the pod's local images
+            sa_env = self.service_account_env(pod, pdir) if not images else {}
             runs: list[ContainerRun] = []
             for kind in ("initContainers", "containers"):
                 for c in spec.get(kind) or []:
@@ -731,7 +745,18 @@ class ProcKubelet:
                         fallback_logs=c.get("terminationMessagePolicy") == "FallbackToLogsOnError",
                     )
                     cr.init = kind == "initContainers"  # type: ignore[attr-defined]
+                    cr.kube_env = cenv  # type: ignore[attr-defined]
                     runs.append(cr)
+            if images:
+                not_enforced = self.runc.adopt(pod, pdir, images, runs, {MARKER_ENV: uid, DIR_ENV: self.base_dir})
+                log.info("pod %s/%s runs under runc; not enforced: %s", md["namespace"], md["name"], "; ".join(not_enforced))
+                self.runc.event(pod, "Warning", "NotEnforced", "runc node: not enforced: " + "; ".join(not_enforced))
+        except runc_node.Refused as e:
+            log.info("pod %s/%s refused by the runc node: %s", md["namespace"], md["name"], e.message)
+            self.patch_status(pod, self.terminal_status(pod, "Failed", e.reason, e.message))
+            self.runc.event(pod, "Warning", e.reason, e.message)
+            self.finished.add(uid)
+            return
         except ConfigError as e:
             statuses = [{"name": c["name"], "ready": False, "restartCount": 0, "image": c.get("image", ""),
                          "imageID": "", "started": False,
@@ -868,6 +893,8 @@ class ProcKubelet:
             run.wake.wait(0.2)
 
     def record_exit(self, c: ContainerRun) -> None:
+        if getattr(c, "bundle", None):  # runc: no container or mount left, also after a SIGKILL
+            self.runc.cleanup(c.bundle)
         rc = c.proc.returncode
         c.exit_code = rc if rc >= 0 else 128 - rc  # killed by signal N -> 128+N
         c.finished_at = now()

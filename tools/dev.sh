@@ -17,6 +17,9 @@
 #                     auto: approve it, wait for Succeeded and print the trace (tests, CI)
 #   DEV_TOOL_PORT     port of the tool server (default 8765; a busy port falls back to a free one)
 #   DEV_METRICS_PORT  port of the operator's /metrics (default 9090; same fallback)
+#   AGENTRUN_NODE     runc: lap pods run `agentrun lap` in the agentrun image under runc, with their
+#                     securityContext enforced (e2e/runc_node.py); the image is built first
+#                     (`make image`, cached). Default: host processes from this checkout's venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -65,16 +68,31 @@ case "$MODE" in manual|auto) ;; *) echo "DEV_APPROVE must be manual or auto, not
 command -v agentrun >/dev/null || { echo "agentrun is not on PATH: run 'make install' (pip install -e '.[test]')" >&2; exit 1; }
 AGENTRUN_BIN=$(command -v agentrun)
 
+NODE=${AGENTRUN_NODE:-}
+case "$NODE" in ""|runc) ;; *) echo "AGENTRUN_NODE must be runc or empty, not '$NODE'" >&2; exit 2 ;; esac
+LAP_COMMAND="[\"$AGENTRUN_BIN\", \"lap\"]"
+LAP_IMAGE=""
+if [ "$NODE" = runc ]; then
+  say "AGENTRUN_NODE=runc: the agentrun image (make image; cached)"
+  bash tools/image/build.sh build
+  LAP_IMAGE=$(tar -xOf "$(bash tools/image/build.sh path)" index.json \
+    | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"])')
+  LAP_COMMAND='["agentrun", "lap"]'  # the image's entry point
+  export AGENTRUN_LAP_IMAGE=$LAP_IMAGE  # the operator's lap pods use it
+fi
+export AGENTRUN_NODE=$NODE
+
 # ---------------------------------------------------------------- control plane
 cluster_env() {  # prints KUBECONFIG/PATH exports of the cluster in DEV_DIR, from its cluster.json
   "$PY" -c 'import json,sys; c=json.load(open(sys.argv[1])); print("export KUBECONFIG=" + c["kubeconfig"]); print("export PATH=" + c["bin_dir"] + ":$PATH")' "$DEV_DIR/cluster.json"
 }
 if alive "$DEV_DIR/localkube.pid" && alive "$DEV_DIR/kubelet.pid" && [ -f "$DEV_DIR/cluster.json" ] \
+   && [ "$(cat "$DEV_DIR/node" 2>/dev/null)" = "$NODE" ] \
    && eval "$(cluster_env)" && kubectl get --raw /readyz >/dev/null 2>&1; then
   say "control plane: already running in $SHOW_DIR (reused)"
 else
   say "control plane (etcd, kube-apiserver, kube-controller-manager, process kubelet) in $SHOW_DIR"
-  if [ -f "$DEV_DIR/localkube.pid" ] || [ -f "$DEV_DIR/kubelet.pid" ]; then  # what a crashed run left
+  if [ -f "$DEV_DIR/localkube.pid" ] || [ -f "$DEV_DIR/kubelet.pid" ]; then  # what a crashed run left, or another AGENTRUN_NODE
     "$PY" e2e/cluster.py down --dir "$DEV_DIR" >/dev/null 2>&1 || true
   fi
   eval "$("$PY" e2e/cluster.py up --dir "$DEV_DIR")"
@@ -139,7 +157,7 @@ AGENTRUN_S3_ENDPOINT="$AWS_ENDPOINT_URL" \
 AGENTRUN_S3_REGION="$AWS_DEFAULT_REGION" \
 AGENTRUN_S3_PATH_STYLE=true \
 AGENTRUN_S3_CREDENTIALS_SECRET=agentrun-s3 \
-AGENTRUN_LAP_COMMAND="[\"$AGENTRUN_BIN\", \"lap\"]" \
+AGENTRUN_LAP_COMMAND="$LAP_COMMAND" \
 AGENTRUN_LEASE_DURATION=5 \
 AGENTRUN_LOG_FORMAT=text \
   nohup "$AGENTRUN_BIN" operator --metrics-port "$METRICS_PORT" >> "$DEV_DIR/operator.log" 2>&1 &
