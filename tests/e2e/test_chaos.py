@@ -11,14 +11,13 @@ a failure with ``CHAOS_SEED=<seed> python -m pytest tests/e2e/test_chaos.py`` or
 from __future__ import annotations
 
 import logging
-import os
-import random
 import threading
 import time
 
 import pytest
 import yaml
 from e2e.chaos.runner import run_schedule
+from e2e.chaos.schedule import default_seed
 from e2e.chaos.world import World
 from e2e.proc_kubelet import ProcKubelet
 from e2e_support import wait_for
@@ -84,7 +83,7 @@ def test_kubelet_pod_watch_survives_bookmarks(world, tmp_path, caplog):
 
 @pytest.mark.timeout(1200)  # ≈ 6–7 min on an idle 2-core box; the scenarios time out on their own first
 def test_chaos_ci_schedule(world, tmp_path):
-    seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(10**6))
+    seed = default_seed()
     print(f"chaos seed {seed}: replay with CHAOS_SEED={seed}", flush=True)
     results = run_schedule("ci", seed, str(tmp_path), world=world)
     assert [r["scenario"] for r in results] == ["faults", "scale"]
