@@ -344,7 +344,9 @@ class Watcher:
             return
         with self._lock:
             self.lease_writes.append(LeaseWrite(rv=int(md.get("resourceVersion") or 0),
-                                                holder=obj.spec.holder_identity if obj.spec else None))
+                                                holder=obj.spec.holder_identity if obj.spec else None,
+                                                duration=float((obj.spec.lease_duration_seconds if obj.spec else 0)
+                                                               or 3)))
 
     def _watch(self, name: str, list_fn: Any, on: Any) -> None:
         from kubernetes import watch
@@ -358,8 +360,8 @@ class Watcher:
                     for it in items:
                         on(it)
                     rv = lst["metadata"]["resourceVersion"] if isinstance(lst, dict) else lst.metadata.resource_version
-                for ev in watch.Watch().stream(list_fn, self.ns, resource_version=rv, timeout_seconds=20,
-                                               allow_watch_bookmarks=True, _request_timeout=40):
+                for ev in watch.Watch().stream(list_fn, self.ns, resource_version=rv, timeout_seconds=10,
+                                               allow_watch_bookmarks=True, _request_timeout=30):
                     if self.stop_event.is_set():
                         return
                     obj, typ = ev["object"], ev["type"]

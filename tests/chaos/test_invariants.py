@@ -132,8 +132,9 @@ def good() -> inv.Evidence:
                        inv.StatusWrite(rv=40, run=NAME, lap=3, approval=None)],
         ticks=[inv.Tick(sent=t_exec - 10, answered=t_exec - 9.9, rv=15), inv.Tick(sent=t_exec + 0.5, answered=t_exec + 0.6, rv=25),
                inv.Tick(sent=t_exec + 100, answered=t_exec + 100.1, rv=35)],
-        lease_writes=[inv.LeaseWrite(rv=5, holder="op-1"), inv.LeaseWrite(rv=6, holder="op-1"),
-                      inv.LeaseWrite(rv=50, holder="op-2")],
+        lease_writes=[inv.LeaseWrite(rv=5, holder="op-1"), inv.LeaseWrite(rv=16, holder="op-1"),
+                      inv.LeaseWrite(rv=30, holder="op-2"),  # op-1's last renewal >= 10 s before (ticks 15 and 35)
+                      inv.LeaseWrite(rv=31, holder=None), inv.LeaseWrite(rv=32, holder="op-1")],  # released: at once
         kills={"op-1": t_exec + 50},
         faults=[Fault(kind=POD_SIGKILL, at=0.3, fired_at=5.0, landed=True),
                 Fault(kind=S3_OUTAGE, at=0.5, fired_at=9.0, landed=True)],
@@ -153,6 +154,14 @@ def _tool_key(ev: inv.Evidence, key: str, **changes: int) -> None:
         k[f] = k.get(f, 0) + d
         if f in ("requests", "executions", "replays", "conflicts"):
             ev.tool["totals"][f] += d
+
+
+def _quick_take(ev: inv.Evidence) -> None:
+    """op-2 renews at rv 41, op-1 takes at rv 42; ticks at rv 40 and 44, 1 s apart: the take came
+    at most 1.1 s after the renewal."""
+    t = ev.ticks[-1].answered + 100
+    ev.ticks += [inv.Tick(sent=t, answered=t + 0.1, rv=40), inv.Tick(sent=t + 1, answered=t + 1.1, rv=44)]
+    ev.lease_writes += [inv.LeaseWrite(rv=41, holder="op-2"), inv.LeaseWrite(rv=42, holder="op-1")]
 
 
 def _set_status(ev, **kw):
@@ -209,9 +218,7 @@ BROKEN = {
         "after status.lap reached 2"),
     "no Pending ever observed (a vacuous approval check)": (
         lambda ev: ev.status_writes.pop(0), "approval check vacuous"),
-    "a Lease taken from a live holder": (lambda ev: ev.kills.clear(), "was never killed"),
-    "a Lease taken before its holder was killed": (
-        lambda ev: ev.lease_writes.__setitem__(2, inv.LeaseWrite(rv=20, holder="op-2")), "before op-1 was killed"),
+    "a Lease taken from a holder that renewed a second before": (lambda ev: _quick_take(ev), "less than the 3s lease"),
 }
 
 

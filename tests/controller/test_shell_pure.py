@@ -132,10 +132,15 @@ class VirtualTime:
         import asyncio
 
         while self.t < t_end:
+            polls = 0
             while True:  # wait (by condition, not by time) until everybody is parked
                 self.sleepers = [s for s in self.sleepers if not s[2].done()]  # cancelled sleepers
                 if len(self.sleepers) >= parties:
+                    for _ in range(10):  # let tasks the electors spawned (on_acquire) run first
+                        await asyncio.sleep(0)
                     break
+                polls += 1  # a generous bound, only so a blocked elector fails instead of hanging
+                assert polls < 30_000, f"an elector never got back to its clock's sleep (virtual t={self.t})"
                 await asyncio.sleep(0.001)
             self.sleepers.sort(key=lambda s: (s[0], s[1]))
             wake, _, fut = self.sleepers.pop(0)
@@ -179,7 +184,7 @@ class FakeLeaseAPI:
         if self.down:
             raise ConnectionError("apiserver unavailable")
 
-    def read_namespaced_lease(self, name, ns):
+    def read_namespaced_lease(self, name, ns, **kw):
         from types import SimpleNamespace
 
         from kubernetes.client.rest import ApiException
@@ -194,7 +199,7 @@ class FakeLeaseAPI:
         return SimpleNamespace(spec=SimpleNamespace(to_dict=lambda: dict(snake), holder_identity=snake["holder_identity"]),
                                metadata=SimpleNamespace(resource_version=str(self.rv)))
 
-    def create_namespaced_lease(self, ns, body):
+    def create_namespaced_lease(self, ns, body, **kw):
         from kubernetes.client.rest import ApiException
 
         self._check()
@@ -203,7 +208,7 @@ class FakeLeaseAPI:
         self.spec, self.rv = dict(body["spec"]), self.rv + 1
         self.writes.append((self.spec["holderIdentity"], "create"))
 
-    def replace_namespaced_lease(self, name, ns, body):
+    def replace_namespaced_lease(self, name, ns, body, **kw):
         from kubernetes.client.rest import ApiException
 
         self._check()
@@ -213,7 +218,7 @@ class FakeLeaseAPI:
         self.spec, self.rv = dict(body["spec"]), self.rv + 1
         self.writes.append((self.spec["holderIdentity"], "renew" if before == self.spec["holderIdentity"] else "take"))
 
-    def patch_namespaced_lease(self, name, ns, body):
+    def patch_namespaced_lease(self, name, ns, body, **kw):
         self._check()
         self.spec, self.rv = {**self.spec, **body["spec"]}, self.rv + 1
 
@@ -361,3 +366,23 @@ def test_clock_skew_between_replicas_never_makes_two_leaders(offsets, rates):
     assert not both, f"two leaders at {both[:5]}"
     assert api.spec["holderIdentity"] == "b"
     assert [k for h, k in api.writes if k == "take"] == ["take"]
+
+
+def test_a_slow_on_acquire_does_not_hold_up_the_renewals():
+    """Regression (found by the chaos suite's leader-kill scenario on a loaded box): on_acquire (the
+    resync) was awaited inside the renewal loop, so a replica that just took the Lease stopped
+    renewing while it resynced, lost the Lease to the standby and the two swapped back and forth.
+    It runs in its own task now: here it never finishes, and the renewals go on."""
+    import asyncio
+
+    vt, api = VirtualTime(), FakeLeaseAPI()
+    started: list[float] = []
+
+    async def on_acquire() -> None:
+        started.append(vt.t)
+        await asyncio.Event().wait()  # a resync that takes forever
+
+    e = _elector("me", api, ViewClock(vt), on_acquire=on_acquire)
+    _drive(vt, [e], 10.0)
+    assert len(started) == 1  # once: it is still running
+    assert sum(1 for _, k in api.writes if k == "renew") >= 9 and e.is_leader

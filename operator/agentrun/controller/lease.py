@@ -125,6 +125,7 @@ class LeaseElector:
         self.holder: str | None = None  # the other replica holding the Lease, when we wait
         self._standby_logged: str | None = None
         self._acquire_pending = False  # on_acquire failed: run it again while we hold the Lease
+        self._acquire_task: asyncio.Task | None = None
         self._observed: Observation | None = None
 
     @property
@@ -144,8 +145,10 @@ class LeaseElector:
 
         started = self.clock.monotonic()
         api = self._api()
+        # bounded: a hung call must not hold the renewal loop past the Lease's life
+        timeout = max(1.0, self.duration / 2)
         try:
-            lease = api.read_namespaced_lease(self.name, self.namespace)
+            lease = api.read_namespaced_lease(self.name, self.namespace, _request_timeout=timeout)
             raw = lease.spec.to_dict() if lease.spec else {}
             spec = {
                 "holderIdentity": raw.get("holder_identity"),
@@ -175,7 +178,7 @@ class LeaseElector:
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.name, "namespace": self.namespace}, "spec": body_spec}
             try:
-                api.create_namespaced_lease(self.namespace, body)
+                api.create_namespaced_lease(self.namespace, body, _request_timeout=timeout)
             except ApiException as exc:
                 if exc.status == 409:
                     return False
@@ -193,7 +196,7 @@ class LeaseElector:
             if isinstance(body["spec"].get(k), datetime):
                 body["spec"][k] = _micro(body["spec"][k])
         try:
-            api.replace_namespaced_lease(self.name, self.namespace, body)
+            api.replace_namespaced_lease(self.name, self.namespace, body, _request_timeout=timeout)
         except ApiException as exc:
             if exc.status == 409:  # someone else won
                 return False
@@ -201,7 +204,25 @@ class LeaseElector:
         self._renewed_at = started
         return True
 
+    async def _on_acquire(self) -> None:
+        # a failing callback (the API went away right after the renewal) is run again at the next
+        # renewal: the replica must not sit idle for good
+        assert self.on_acquire is not None
+        try:
+            await self.on_acquire()
+        except Exception as exc:  # noqa: BLE001
+            self._acquire_pending = True
+            log.warning("lease %s/%s: on-acquire failed (%s); retrying at the next renewal",
+                        self.namespace, self.name, exc)
+
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            if self._acquire_task is not None:
+                self._acquire_task.cancel()
+
+    async def _run(self) -> None:
         while True:
             self.last_tick = time.monotonic()
             was = self.is_leader
@@ -215,16 +236,12 @@ class LeaseElector:
                 self._leader = True
                 if not was:
                     log.info("lease %s/%s acquired by %s: this replica is active", self.namespace, self.name, self.identity)
-                if (not was or self._acquire_pending) and self.on_acquire is not None:
-                    # a failing callback (the API went away right after the renewal) must not end
-                    # this loop: the replica would never renew again and sit idle for good
-                    try:
-                        await self.on_acquire()
-                        self._acquire_pending = False
-                    except Exception as exc:  # noqa: BLE001
-                        self._acquire_pending = True
-                        log.warning("lease %s/%s: on-acquire failed (%s); retrying at the next renewal",
-                                    self.namespace, self.name, exc)
+                if (not was or self._acquire_pending) and self.on_acquire is not None \
+                        and (self._acquire_task is None or self._acquire_task.done()):
+                    # in its own task: a long resync (every run) must never hold up the renewals,
+                    # or a loaded replica loses the Lease it just took (found by the chaos suite)
+                    self._acquire_pending = False
+                    self._acquire_task = asyncio.create_task(self._on_acquire())
             elif self._leader and not self.is_leader:
                 self._leader = False
                 log.warning("lease %s/%s lost: this replica stops acting", self.namespace, self.name)
