@@ -272,7 +272,9 @@ class ScenarioRun:
         self.watcher.start()
         skews = list(scn.skews) + [0.0] * scn.replicas
         for i in range(scn.replicas):
-            w.start_operator(self.ns, skew=skews[i], replace=(i == 0))
+            ident = w.start_operator(self.ns, skew=skews[i], replace=(i == 0))
+            if i == 0 and scn.replicas > 1 and scn.skews:
+                self.wait_holder(ident)  # the skewed standby must meet a Lease that is renewed
         self.t0 = time.time()
         self.create_runs()
         pending = sorted((f for f in scn.faults if f.at != AT_BURST), key=lambda f: f.at) \
@@ -389,6 +391,17 @@ class ScenarioRun:
             status_writes=list(wt.status_writes), ticks=list(wt.ticks), lease_writes=list(wt.lease_writes),
             kills=dict(w.kills), faults=self.scn.faults, events=w.event_reasons(self.ns),
             s3_refused=w.proxy.refused - self.refused0, watched=bool(wt.ticks))
+
+    def wait_holder(self, identity: str, timeout: float = 120) -> None:
+        end = time.time() + timeout
+        while time.time() < end:
+            try:
+                if self.world.lease_holder(self.ns) == identity:
+                    return
+            except Exception:  # noqa: BLE001  (no Lease yet)
+                pass
+            time.sleep(0.5)
+        self.errors.append(f"replica {identity} never took the Lease")
 
     def settle(self, what: str, check, timeout: float) -> list[str]:
         end = time.time() + timeout

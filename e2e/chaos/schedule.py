@@ -66,7 +66,9 @@ class Scenario:
     create_over: float = 0.0  # seconds over which the runs are created
     timeout: float = 600.0
     replicas: int = 1  # operator replicas (2: a standby holds off until the Lease expires)
-    skews: tuple[float, ...] = ()  # per replica: wall-clock offset (s) of its Lease elector's time source
+    skews: tuple[float, ...] = ()  # per replica: wall-clock offset (s) of its Lease elector's time source;
+    # the first replica holds the Lease before the others start, so a standby ahead of the holder
+    # would take it at once under an expiry that compares renewTime with the local clock
     approval_burst: int = 0  # hold approvals until this many runs wait, then decide them all at once
 
     @property
@@ -145,13 +147,14 @@ def build_soak(seed: int, runs: int, laps: int, minutes: float) -> list[Scenario
     """``make soak``: waves of ``runs`` runs of ``laps`` laps each, until ``minutes`` have passed
     (the runner stops starting waves then). Each wave draws 4-8 random faults from every kind
     (times, victims and durations from the seed); every 3rd wave runs two replicas (Lease
-    elector time sources skewed by up to +-30 s) with an approval burst and a leader kill."""
+    elector time sources 10-30 s apart) with an approval burst and a leader kill."""
     out: list[Scenario] = []
     waves = max(1, int(minutes * 60 // 120) + 1)  # an upper bound; the runner stops on time
     for w in range(waves):
         r = random.Random(f"{seed}:soak:{w}")
         if w % 3 == 2:
-            skews = (0.0, round(r.uniform(-30, 30), 1))
+            a = round(r.uniform(5, 15), 1)
+            skews = (-a, a)
             scn = leader_scenario(r, f"soak{w:03d}", f"w{w:03d}", max(4, runs // 2), skews)
         else:
             plans = make_runs(r, f"w{w:03d}", runs, (max(2, laps - 1), laps), max(1, runs // 10), slow=0.4)
@@ -241,5 +244,6 @@ def _new_scenarios(rng) -> list[Scenario]:
                     faults=_infra(r, 0.15, 0.45) + _infra(r, 0.5, 0.8), create_over=5, timeout=600)]
     out.append(leader_scenario(rng("leader-kill"), "leader-kill", "lk", 12))
     r = rng("clock-skew")
-    out.append(leader_scenario(r, "clock-skew", "cs", 10, skews=(0.0, round(r.choice([-1, 1]) * r.uniform(20, 60), 1))))
+    a = round(r.uniform(10, 30), 1)  # the first replica (the holder) behind, the standby ahead: 2a apart
+    out.append(leader_scenario(r, "clock-skew", "cs", 10, skews=(-a, a)))
     return out
