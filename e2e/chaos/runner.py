@@ -76,6 +76,7 @@ class ScenarioRun:
         self.watcher: Watcher | None = None
         self.burst_done = False
         self.key_runs: dict[str, str] = {}  # expected idempotency key -> run uid (for in-flight victims)
+        self.hit_pods: set[str] = set()
 
     # ------------------------------------------------------------------ helpers
     def progress(self) -> float:
@@ -147,6 +148,7 @@ class ScenarioRun:
                                and not p.metadata.deletion_timestamp), key=lambda p: p.metadata.name)
             except Exception:  # noqa: BLE001
                 return False
+            pods = [p for p in pods if p.metadata.uid not in self.hit_pods]  # one fault per pod
             if f.kind == POD_SIGKILL:
                 pods = [p for p in pods if w.pod_pid(self.ns, p)]
             # prefer a lap with a tool call in flight: the kill then lands mid-call, and the retried
@@ -163,15 +165,21 @@ class ScenarioRun:
             if not pods:
                 return False  # try again at the next poll
             pod = pods[min(len(pods) - 1, int(f.pick * len(pods)))]
+            self.hit_pods.add(pod.metadata.uid)
             delay = 0.0 if mid_call else f.delay
             f.note = f"{f.kind} {pod.metadata.name} {delay}s after {el:.0f}s{' (mid-call)' if mid_call else ''}"
 
             def hit() -> None:
                 time.sleep(delay)
                 if f.kind == POD_DELETE:
-                    r = w.kubectl("delete", "pod", pod.metadata.name, "-n", self.ns, "--wait=false",
-                                  f"--grace-period={int(f.pick * 3)}", check=False)
-                    f.landed = r.returncode == 0
+                    end = time.time() + 90  # the apiserver may be restarting (another fault): retry
+                    while True:
+                        r = w.kubectl("delete", "pod", pod.metadata.name, "-n", self.ns, "--wait=false",
+                                      f"--grace-period={int(f.pick * 3)}", check=False)
+                        f.landed = r.returncode == 0
+                        if f.landed or "NotFound" in r.stderr or time.time() > end:
+                            break
+                        time.sleep(1)
                     if not f.landed:
                         f.note += f" (delete failed: {r.stderr.strip()[:100]})"
                 else:

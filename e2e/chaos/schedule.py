@@ -165,7 +165,7 @@ def build_soak(seed: int, runs: int, laps: int, minutes: float) -> list[Scenario
                 if kind == OPERATOR_KILL:
                     f.down_seconds = round(r.uniform(1.0, 6.0), 1)
                 elif kind == S3_OUTAGE:
-                    f.down_seconds = round(r.uniform(5.0, 30.0), 1)
+                    f.down_seconds = round(r.uniform(15.0, 30.0), 1)  # long enough to meet a store write
                 elif kind in (APISERVER_RESTART, ETCD_RESTART):
                     f.down_seconds = round(r.uniform(2.0, 10.0), 1)
                 elif kind == KUBELET_RESTART:
