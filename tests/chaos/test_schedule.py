@@ -43,3 +43,11 @@ def test_default_seed_reads_chaos_seed(monkeypatch):
     assert sch.default_seed() == 4242
     monkeypatch.delenv("CHAOS_SEED")
     assert isinstance(sch.default_seed(), int)  # without it: random, or per commit (the evidence branch)
+
+
+def test_soak_waves_stay_recoverable():
+    """At most one S3 outage per wave, short enough for the runs' attempts (10 per lap, 1-3 s backoff)."""
+    for seed in range(20):
+        for w in sch.build_soak(seed, 10, 4, 60):
+            outages = [f for f in w.faults if f.kind == sch.S3_OUTAGE]
+            assert len(outages) <= 1 and all(f.down_seconds <= 20 for f in outages)
