@@ -234,8 +234,9 @@ class World:
         return self.core.list_namespaced_pod(ns, _request_timeout=REQ_TIMEOUT).items
 
     def executed_calls(self) -> list[dict]:
-        with tool_server._lock:
-            return list(tool_server._calls)
+        rec = self.tools.recorder
+        with rec.lock:
+            return list(rec.calls)
 
     def run_ref(self, run: dict) -> RunRef:
         md = run["metadata"]
