@@ -29,8 +29,9 @@ negative control) and a correct one (which must pass).
    Job for a lap beyond N; Jobs == N + status.totalRetries.
 5. faults landed (``check_faults_landed``): every fault fired and hit something (a running lap, a
    live operator, the Lease holder, a running pod for the kubelet restart, a real outage for the
-   control-plane restarts); with pod kills, retried attempts > 0 and repeats answered from the
-   record > 0; with an S3 outage, refused connections > 0 and StoreUnavailable Events > 0.
+   control-plane restarts); with pod kills, retried attempts > 0, and with a pod SIGKILLed while a
+   tool call was in flight, repeats answered from the record > 0; with an S3 outage, refused
+   connections > 0 and StoreUnavailable Events > 0.
 6. approvals (issue 11): ``status`` never shows a call Pending after it executed. Sound, from the
    global resourceVersion order (the etcd revision, which orders every write of this cluster):
    a ticker patches a ConfigMap every ~0.5 s and keeps (time sent, time answered, rv). A status
@@ -360,8 +361,11 @@ def check_faults_landed(ev: Evidence) -> list[str]:
         replays = (ev.tool.get("totals") or {}).get("replays", 0)
         if retries == 0:
             out.append("lap pods were killed but no lap attempt was retried")
-        if kinds[POD_DELETE] + kinds[POD_SIGKILL] and replays == 0:
-            out.append("lap pods were killed but no repeated call was answered from the tool server's record")
+        # a SIGKILL mid-call leaves the call executed but not journaled: the retry must send the same
+        # key again (a graceful delete may let the lap journal the answer first, so it is not required)
+        if any(f.kind == POD_SIGKILL and f.landed and f.mid_call for f in ev.faults) and replays == 0:
+            out.append("lap pods were SIGKILLed mid-call but no repeated call was answered from the tool "
+                       "server's record")
     if kinds[S3_OUTAGE]:
         if ev.s3_refused == 0:
             out.append("S3 was cut but no connection was refused")

@@ -157,10 +157,10 @@ class ScenarioRun:
             mid_call = [p for p in pods if (p.metadata.labels or {}).get("agentrun.dev/run-uid") in busy]
             if mid_call:
                 pods = mid_call
-            elif pods and time.time() - self.t0 < self.scn.timeout / 2 and not getattr(f, "_waited", False):
+            elif pods and self.progress() < 0.7 and not getattr(f, "_waited", False):
                 f._waited = time.time()  # type: ignore[attr-defined]
                 return False  # wait a little for a call in flight
-            elif pods and time.time() - getattr(f, "_waited", 0) < 20:
+            elif pods and self.progress() < 0.7 and time.time() - getattr(f, "_waited", 0) < 8:
                 return False
             if not pods:
                 return False  # try again at the next poll
@@ -187,6 +187,7 @@ class ScenarioRun:
                     if pid:
                         os.killpg(pid, signal.SIGKILL)
                         f.landed = True
+                        f.mid_call = bool(mid_call)
                     else:
                         f.note += " (the lap had already ended)"
             self.background(f.kind, hit)

@@ -45,6 +45,7 @@ class Fault:
     fired_at: float | None = None
     note: str = ""
     landed: bool = False  # set by the runner when the fault hit something (see invariants.check_faults_landed)
+    mid_call: bool = False  # a pod fault that hit a lap with a tool call in flight
 
 
 @dataclass

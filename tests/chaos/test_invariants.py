@@ -136,7 +136,7 @@ def good() -> inv.Evidence:
                       inv.LeaseWrite(rv=30, holder="op-2"),  # op-1's last renewal >= 10 s before (ticks 15 and 35)
                       inv.LeaseWrite(rv=31, holder=None), inv.LeaseWrite(rv=32, holder="op-1")],  # released: at once
         kills={"op-1": t_exec + 50},
-        faults=[Fault(kind=POD_SIGKILL, at=0.3, fired_at=5.0, landed=True),
+        faults=[Fault(kind=POD_SIGKILL, at=0.3, fired_at=5.0, landed=True, mid_call=True),
                 Fault(kind=S3_OUTAGE, at=0.5, fired_at=9.0, landed=True)],
         events=Counter({"StoreUnavailable": 2}), s3_refused=4)
 
