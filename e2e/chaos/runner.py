@@ -196,10 +196,21 @@ class ScenarioRun:
             w.proxy.cut()
             f.note = f"S3 cut at {el:.0f}s for {f.down_seconds}s"
 
+            cut_at = time.time()
+
             def back() -> None:
+                # keep S3 away (up to 30 s in all) until the operator itself met the outage: its
+                # StoreUnavailable Event is part of what an outage must show
+                try:
+                    met = w.event_reasons(self.ns).get("StoreUnavailable", 0) > 0
+                except Exception:  # noqa: BLE001
+                    met = False
+                if not met and time.time() - cut_at < max(30.0, f.down_seconds):
+                    self.timers.append((time.time() + 1.0, "S3 still cut", back))
+                    return
                 w.proxy.resume()
                 f.landed = w.proxy.refused > before
-                f.note += f", {w.proxy.refused - before} connection(s) refused"
+                f.note += f", {w.proxy.refused - before} connection(s) refused, back after {time.time() - cut_at:.0f}s"
             self.timers.append((time.time() + f.down_seconds, "S3 back", back))
         elif f.kind == APISERVER_RESTART:
             f.note = f"apiserver restart at {el:.0f}s"
@@ -299,7 +310,8 @@ class ScenarioRun:
             for t in [t for t in self.timers if t[0] <= now]:
                 self.timers.remove(t)
                 t[2]()
-                say(f"{scn.name}: {t[1]} at {now - self.t0:.0f}s")
+                if t[1] != "S3 still cut":
+                    say(f"{scn.name}: {t[1]} at {now - self.t0:.0f}s")
             code = w.operator_exited_by_itself()
             if code is not None:
                 self.errors.append(f"the operator exited by itself with code {code} at {now - self.t0:.0f}s")
