@@ -31,7 +31,8 @@ negative control) and a correct one (which must pass).
    live operator, the Lease holder, a running pod for the kubelet restart, a real outage for the
    control-plane restarts); with pod kills, retried attempts > 0, and with a pod SIGKILLed while a
    tool call was in flight, repeats answered from the record > 0; with an S3 outage, refused
-   connections > 0 and StoreUnavailable Events > 0.
+   connections > 0 and StoreUnavailable Events > 0 (or, when the operator did not read the store
+   during the outage, LapRetry Events naming the store > 0).
 6. approvals (issue 11): ``status`` never shows a call Pending after it executed. Sound, from the
    global resourceVersion order (the etcd revision, which orders every write of this cluster):
    a ticker patches a ConfigMap every ~0.5 s and keeps (time sent, time answered, rv). A status
@@ -369,8 +370,9 @@ def check_faults_landed(ev: Evidence) -> list[str]:
     if kinds[S3_OUTAGE]:
         if ev.s3_refused == 0:
             out.append("S3 was cut but no connection was refused")
-        if ev.events.get("StoreUnavailable", 0) == 0:
-            out.append("S3 was cut but no StoreUnavailable Event was recorded")
+        if ev.events.get("StoreUnavailable", 0) == 0 and ev.events.get("LapRetry:store", 0) == 0:
+            out.append("S3 was cut but no StoreUnavailable Event (the operator) and no LapRetry Event naming "
+                       "the store (a lap) was recorded")
     return out
 
 

@@ -202,7 +202,8 @@ class ScenarioRun:
                 # keep S3 away (up to 30 s in all) until the operator itself met the outage: its
                 # StoreUnavailable Event is part of what an outage must show
                 try:
-                    met = w.event_reasons(self.ns).get("StoreUnavailable", 0) > 0
+                    reasons = w.event_reasons(self.ns)
+                    met = reasons.get("StoreUnavailable", 0) > 0 or reasons.get("LapRetry:store", 0) > 0
                 except Exception:  # noqa: BLE001
                     met = False
                 if not met and time.time() - cut_at < max(30.0, f.down_seconds):

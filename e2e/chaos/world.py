@@ -220,6 +220,8 @@ class World:
         c: Counter = Counter()
         for e in self.core.list_namespaced_event(ns, _request_timeout=REQ_TIMEOUT).items:
             c[e.reason or ""] += e.count or 1
+            if e.reason == "LapRetry" and "cannot reach the store" in (e.message or ""):
+                c["LapRetry:store"] += e.count or 1  # a lap attempt that met a store outage
         return c
 
     # ------------------------------------------------------------------ reads

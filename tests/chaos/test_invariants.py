@@ -206,7 +206,8 @@ BROKEN = {
         lambda ev: _tool_key(ev, K_A, requests=-1, replays=-1), "no repeated call"),
     "pod kills without a retry": (lambda ev: (_set_status(ev, totalRetries=0), ev.jobs.pop(1)), "no lap attempt was retried"),
     "an S3 outage nobody met": (lambda ev: setattr(ev, "s3_refused", 0), "no connection was refused"),
-    "an S3 outage without StoreUnavailable": (lambda ev: setattr(ev, "events", Counter()), "no StoreUnavailable"),
+    "an S3 outage nobody noticed (no StoreUnavailable, no store LapRetry)": (
+        lambda ev: setattr(ev, "events", Counter({"LapRetry": 3})), "no StoreUnavailable"),
     "status Pending after the call executed": (
         lambda ev: ev.status_writes.append(inv.StatusWrite(rv=31, run=NAME, lap=1,
                                                            approval={"state": "Pending", "idempotencyKey": K_REFUND})),
