@@ -151,7 +151,7 @@ def build_soak(seed: int, runs: int, laps: int, minutes: float) -> list[Scenario
     elector time sources 10-30 s apart) with an approval burst and a leader kill. Only recoverable
     faults: at most one S3 outage (12-20 s) per wave."""
     out: list[Scenario] = []
-    waves = max(1, int(minutes * 60 // 120) + 1)  # an upper bound; the runner stops on time
+    waves = max(1, int(minutes * 60 // 20) + 1)  # an upper bound; the runner stops on time
     for w in range(waves):
         r = random.Random(f"{seed}:soak:{w}")
         if w % 3 == 2:
