@@ -443,6 +443,35 @@ def restart_apiserver(c: Cluster, down_seconds: float = 5.0, timeout: float = 12
     return time.time() - t0
 
 
+def restart_etcd(c: Cluster, down_seconds: float = 3.0, timeout: float = 120) -> tuple[float, bool]:
+    """Stop etcd (SIGTERM, SIGKILL after 20 s), wait down_seconds, start it again with the same argv
+    (so the same data dir: nothing is lost), wait for its /health and the apiserver's /readyz.
+    Needs a cluster from start_restartable_cluster. Returns (seconds until the apiserver was ready
+    again, whether the apiserver was seen not ready while etcd was down)."""
+    comps = _components(c.dir)
+    if "etcd" not in comps:
+        raise ClusterError(f"{c.dir} is not a restartable cluster (no components.json): use start_restartable_cluster")
+    t0 = time.time()
+    _terminate(int(comps["etcd"]["pid"]), grace=20, group=True)
+    seen_down = False
+    while True:  # the apiserver must notice: /readyz fails (its etcd check) while etcd is away
+        try:
+            _wait_http_ok(f"{c.server}/readyz", 0.5, token=c.admin_token, ca_file=c.ca_file)
+        except ClusterError:
+            seen_down = True
+        if time.time() - t0 >= down_seconds and (seen_down or time.time() - t0 >= down_seconds + 30):
+            break
+        time.sleep(0.3)
+    comps["etcd"]["pid"] = _start_component(c.dir, "etcd", comps["etcd"]["argv"])
+    _save_components(c.dir, comps)
+    c.pids["etcd"] = comps["etcd"]["pid"]
+    etcd_url = json.loads((c.dir / "cluster.json").read_text()).get("etcd_url")
+    if etcd_url:
+        _wait_http_ok(f"{etcd_url}/health", timeout)
+    _wait_http_ok(f"{c.server}/readyz", timeout, token=c.admin_token, ca_file=c.ca_file)
+    return time.time() - t0, seen_down
+
+
 def stop_cluster(dir: str | os.PathLike, check: bool = True) -> None:
     """Stop the process kubelet (killing pod processes), then the control plane.
 

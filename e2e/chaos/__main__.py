@@ -1,8 +1,9 @@
-"""python -m e2e.chaos --schedule ci|full [--seed N] [--only NAME ...] [--dir DIR]
+"""python -m e2e.chaos --schedule ci|full|smoke|new|soak [--seed N] [--only NAME ...] [--dir DIR]
 
 The seed defaults to $CHAOS_SEED, else one derived from the git commit (schedule.default_seed), so
 every run of a commit injects the same plan; it is printed first so a failure can be replayed with
-CHAOS_SEED=N."""
+CHAOS_SEED=N. ``--schedule soak --runs N --laps L --minutes M``:
+waves of N runs of up to L laps with random faults, until M minutes have passed."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ from e2e.chaos.schedule import default_seed
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m e2e.chaos", description=__doc__.splitlines()[0])
-    ap.add_argument("--schedule", choices=["ci", "full", "smoke"], default="ci")
+    ap.add_argument("--schedule", choices=["ci", "full", "smoke", "new", "soak"], default="ci")
+    ap.add_argument("--runs", type=int, default=20, help="soak: runs per wave")
+    ap.add_argument("--laps", type=int, default=4, help="soak: laps per run (at most)")
+    ap.add_argument("--minutes", type=float, default=10.0, help="soak: no new wave after this many minutes")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--only", nargs="*", default=None, help="run only these scenarios")
     ap.add_argument("--dir", default=None, help="work dir (default: a new temp dir)")
@@ -25,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chaos seed {seed} ({source})", flush=True)
     tmp = a.dir or tempfile.mkdtemp(prefix="agentrun-chaos-")
     try:
-        run_schedule(a.schedule, seed, tmp, a.only)
+        run_schedule(a.schedule, seed, tmp, a.only,
+                     soak=(a.runs, a.laps, a.minutes) if a.schedule == "soak" else None)
     except ScenarioFailed as e:
         print(f"CHAOS FAILED: {e}", file=sys.stderr)
         return 1

@@ -1,117 +1,457 @@
-"""What must hold after every chaos scenario. Each check returns a list of violations (strings
-naming the run and what is wrong); an empty list means the invariant holds.
+"""What must hold after every chaos scenario, checked against records kept OUTSIDE the code under
+test. Each check is a pure function of an ``Evidence`` (built by the runner from the recording tool
+server, the raw S3 objects, watches of AgentRuns, Jobs and the Lease, and the fault log) and returns
+a list of violations (strings naming the run and what is wrong); empty means the invariant holds.
+``tests/chaos/test_invariants.py`` feeds deliberately broken evidence into every check (the
+negative control) and a correct one (which must pass).
 
-* every run reached its terminal phase (Succeeded: the scripts are finite and every fault is
-  recoverable);
-* every side effect happened exactly once: at the recording tool server, every idempotency key was
-  executed once, and the set of keys equals the set the scripts imply
-  (``r_<uid8>:<lap>:<tool>:call_<n>``; a rejected approval's call absent);
-* no lap missing or duplicated in the store: lap keys 1..N contiguous, each record's lap equals its
-  key, the hash chain intact (``CheckpointStore.load_state`` folds with the chain checked), N equals
-  the number of scripted laps and the run's status.lap;
-* the status agrees with the store: status.checkpoint key and sha256 are lap N's, status.cost
-  (usd, input and output tokens) equals the folded totals;
-* no orphan Jobs or pods: every Job is finished and owned by an existing run, every pod is owned by
-  an existing Job and not running; after the runs are deleted nothing is left, not even a lap
-  process.
+1. phases: every run reached ``Succeeded`` (the scripts are finite, every fault is recoverable).
+2. side effects (from the tool server's own record, ``GET /_record``), over EVERY key it saw, not
+   only keys that look like a run's:
+   * executions per key == 1;
+   * executed keys == the keys the scripts imply (derived from each run's uid with the project's
+     key function ``agentrun.lap.keys.idempotency_key``; a rejected approval's call absent), nothing
+     outside that set;
+   * requests per key <= attempts of the lap that sends it (a ``note`` call: its own lap; an
+     approved call: the lap after the approval), attempts counted from the recorded Jobs;
+   * totals: executions == the expected number of keys; requests == executions + replays +
+     refusals (nothing lost, nothing refused silently); requests <= the sum of the bounds above;
+     no request without an Idempotency-Key, no key reused with other arguments, no bad request.
+3. store (``e2e.chaos.rawstore``: raw bytes via boto3, an independent decoder, NOT CheckpointStore
+   or fold): lap keys 1..N contiguous with N == the script's laps == status.lap; every object's
+   sha256 matches its metadata; each record's lap == its key and run uid == the run's;
+   prevSha256 of lap n == the sha256 of lap n-1 (none for lap 1); usage, costUSD and the running
+   totals (laps, tokens, cost) of every record == what the script and the pricing give;
+   status.checkpoint (key, sha256) == lap N's; status.cost == the recomputed totals.
+4. Jobs (recorded from a watch, plus the final list; finished Jobs are kept in chaos): every Job
+   belongs to a scenario run; its name == ``jobs.job_name(run, uid, lap, attempt)`` of its labels;
+   each name was created once (one uid); per run, laps 1..N each with attempts 1..a contiguous, no
+   Job for a lap beyond N; Jobs == N + status.totalRetries.
+5. faults landed (``check_faults_landed``): every fault fired and hit something (a running lap, a
+   live operator, the Lease holder, a running pod for the kubelet restart, a real outage for the
+   control-plane restarts); with pod kills, retried attempts > 0, and with a pod SIGKILLed while a
+   tool call was in flight, repeats answered from the record > 0; with an S3 outage, refused
+   connections > 0 and StoreUnavailable Events > 0 (or, when the operator did not read the store
+   during the outage, LapRetry Events naming the store > 0).
+6. approvals (issue 11): ``status`` never shows a call Pending after it executed. Sound, from the
+   global resourceVersion order (the etcd revision, which orders every write of this cluster):
+   a ticker patches a ConfigMap every ~0.5 s and keeps (time sent, time answered, rv). A status
+   write whose rv is above the rv of a tick SENT after the call's execution time (tool server
+   clock, same host) was certainly committed after the execution; if it still shows that call
+   Pending, that is a violation. A second, clock-free bound: no write showing the call Pending
+   after (in rv order) a write showing the executing lap (approval lap + 1) checkpointed. Writes
+   the watch missed (during apiserver restarts) make the check weaker, never wrong. The check
+   must not be vacuous: some Pending write must have been observed.
+7. leadership (two replicas, clock skew): a replica takes the Lease from another only once the
+   other's last renewal is at least a lease duration old (an upper bound of the gap from the
+   ticks, so a violation is certain). A standby taking a Lease that is still renewed (what a
+   clock-skewed expiry did) fails; a starved holder losing its Lease on a loaded box does not.
+8. no orphans / nothing left: see ``check_no_orphans`` and ``check_nothing_left`` (these read the
+   live cluster).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from decimal import Decimal
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Any
 
-from agentrun.checkpoint.store import lap_of_key
-from e2e.chaos.schedule import RunPlan, Scenario
-from e2e.chaos.world import World
+from agentrun.checkpoint.schema import RunRef
+from agentrun.controller.jobs import job_name
+from agentrun.lap.keys import idempotency_key, normalize_call_ids
+from e2e.chaos.rawstore import RawLap
+from e2e.chaos.schedule import (
+    APISERVER_RESTART,
+    ETCD_RESTART,
+    KUBELET_RESTART,
+    LEADER_KILL,
+    OPERATOR_KILL,
+    POD_DELETE,
+    POD_SIGKILL,
+    S3_OUTAGE,
+    Fault,
+    RunPlan,
+)
+
+APPROVAL_TOOLS = {"refund"}  # tools the chaos runs declare with requiresApproval
+PRICE_IN = Decimal("3.00")  # per million tokens, as in runner.run_doc
+PRICE_OUT = Decimal("15.00")
+MICRO = Decimal("0.000001")
 
 
-def expected_keys(plan: RunPlan, short_id: str) -> set[str]:
-    keys = set()
+@dataclass
+class RunFacts:
+    name: str
+    namespace: str
+    uid: str
+    status: dict
+    laps: list[RawLap] = field(default_factory=list)  # the raw store objects (rawstore.list_laps)
+
+
+@dataclass
+class JobFacts:
+    name: str
+    uid: str
+    owner_uids: tuple[str, ...]
+    lap: int | None
+    attempt: int | None
+
+
+@dataclass
+class StatusWrite:
+    rv: int
+    run: str
+    lap: int | None
+    approval: dict | None
+
+
+@dataclass
+class LeaseWrite:
+    rv: int
+    holder: str | None
+    duration: float = 3.0  # spec.leaseDurationSeconds
+
+
+@dataclass
+class Tick:
+    sent: float
+    answered: float
+    rv: int
+
+
+@dataclass
+class Evidence:
+    plans: list[RunPlan]
+    runs: dict[str, RunFacts]  # by run name; a run that is gone is absent
+    tool: dict  # the tool server's GET /_record
+    jobs: list[JobFacts] = field(default_factory=list)  # one per Job uid ever seen
+    status_writes: list[StatusWrite] = field(default_factory=list)
+    ticks: list[Tick] = field(default_factory=list)
+    lease_writes: list[LeaseWrite] = field(default_factory=list)
+    kills: dict[str, float] = field(default_factory=dict)  # operator identity -> when SIGKILLed
+    faults: list[Fault] = field(default_factory=list)
+    events: Counter = field(default_factory=Counter)  # Event reason -> count
+    s3_refused: int = 0
+    watched: bool = True  # status/Lease watches and the ticker ran (checks 6, 7)
+
+
+# ---------------------------------------------------------------------------------- expectations
+def expected_calls(plan: RunPlan, ns: str, uid: str) -> dict[str, tuple[str, int]]:
+    """key -> (tool, the lap whose attempts send it). Keys come from the project's key function, with the
+    run's full identity: whatever format it has, it is derived from the uid, never matched by prefix."""
+    ref = RunRef(namespace=ns, name=plan.name, uid=uid)
+    out: dict[str, tuple[str, int]] = {}
     for s, step in enumerate(plan.steps):
-        for j, call in enumerate(step.get("toolCalls") or [], start=1):
-            if call["name"] == "refund" and plan.approval == "reject":
+        calls = step.get("toolCalls") or []
+        ids = normalize_call_ids([c.get("id") for c in calls])
+        for cid, call in zip(ids, calls):
+            if call["name"] in APPROVAL_TOOLS and plan.approval == "reject":
                 continue
-            keys.add(f"{short_id}:{s + 1}:{call['name']}:call_{j}")
-    return keys
+            lap = s + 1
+            sender = lap + 1 if call["name"] in APPROVAL_TOOLS else lap
+            out[idempotency_key(ref, lap, call["name"], cid)] = (call["name"], sender)
+    return out
 
 
-def check_phases(scn: Scenario, runs: dict[str, dict]) -> list[str]:
+def lap_cost(step: dict) -> tuple[int, int, Decimal]:
+    u = step.get("usage") or {}
+    i, o = int(u.get("inputTokens") or 0), int(u.get("outputTokens") or 0)
+    cost = ((Decimal(i) * PRICE_IN + Decimal(o) * PRICE_OUT) / Decimal(1_000_000)).quantize(MICRO, ROUND_HALF_EVEN)
+    return i, o, cost
+
+
+def _dec(v: Any) -> Decimal | None:
+    try:
+        return Decimal(str(v))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def attempts_by_lap(ev: Evidence) -> dict[str, dict[int, set[int]]]:
+    """run uid -> lap -> attempts that had a Job."""
+    out: dict[str, dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
+    for j in ev.jobs:
+        if j.lap is not None and j.attempt is not None:
+            for u in j.owner_uids:
+                out[u][j.lap].add(j.attempt)
+    return out
+
+
+# ---------------------------------------------------------------------------------- the checks
+def check_phases(ev: Evidence) -> list[str]:
     out = []
-    for plan in scn.runs:
-        st = (runs.get(plan.name) or {}).get("status") or {}
-        if plan.name not in runs:
+    for plan in ev.plans:
+        run = ev.runs.get(plan.name)
+        if run is None:
             out.append(f"{plan.name}: the AgentRun is gone")
-        elif st.get("phase") != "Succeeded":
-            out.append(f"{plan.name}: phase {st.get('phase')!r}, expected Succeeded ({st.get('message', '')})")
+        elif run.status.get("phase") != "Succeeded":
+            out.append(f"{plan.name}: phase {run.status.get('phase')!r}, expected Succeeded "
+                       f"({run.status.get('message', '')})")
     return out
 
 
-def check_side_effects(world: World, scn: Scenario, runs: dict[str, dict]) -> list[str]:
+def check_side_effects(ev: Evidence) -> list[str]:
     out = []
-    calls = world.executed_calls()
-    per_key = Counter(c["idempotencyKey"] for c in calls)
-    for plan in scn.runs:
-        run = runs.get(plan.name)
+    keys: dict[str, dict] = ev.tool.get("keys") or {}
+    expected: dict[str, tuple[str, int]] = {}  # key -> (run, sending lap)
+    for plan in ev.plans:
+        run = ev.runs.get(plan.name)
         if run is None:
             continue
-        short = world.run_ref(run).short_id
-        want = expected_keys(plan, short)
-        got = {k for k in per_key if k and k.startswith(short + ":")}
-        twice = {k: n for k, n in per_key.items() if k in got and n != 1}
-        if twice:
-            out.append(f"{plan.name}: side effects executed more than once: {twice}")
-        if got != want:
-            out.append(f"{plan.name}: executed keys differ from the script: missing {sorted(want - got)}, "
-                       f"unexpected {sorted(got - want)}")
-    if None in per_key:
-        out.append(f"{per_key[None]} tool call(s) without an Idempotency-Key")
+        for k, (_, lap) in expected_calls(plan, run.namespace, run.uid).items():
+            expected[k] = (plan.name, lap)
+    attempts = attempts_by_lap(ev)
+    uid_of = {r.name: r.uid for r in ev.runs.values()}
+    executed = {k for k, v in keys.items() if v.get("executions", 0) > 0}
+    for k, v in sorted(keys.items()):
+        n = v.get("executions", 0)
+        if n > 1:
+            out.append(f"key {k}: executed {n} times")
+        if v.get("conflicts"):
+            out.append(f"key {k}: sent {v['conflicts']} time(s) with other arguments than its execution (refused)")
+        if k in expected:
+            name, lap = expected[k]
+            bound = max(1, len(attempts[uid_of[name]].get(lap, ())))
+            if v.get("requests", 0) > bound:
+                out.append(f"{name}: key {k} requested {v['requests']} times, more than the {bound} attempt(s) of lap {lap}")
+    missing, extra = set(expected) - executed, executed - set(expected)
+    by_run: dict[str, list[str]] = defaultdict(list)
+    for k in missing:
+        by_run[expected[k][0]].append(k)
+    for name, ks in sorted(by_run.items()):
+        out.append(f"{name}: scripted side effects never executed: {sorted(ks)}")
+    if extra:
+        out.append(f"side effects executed outside the scripted set: {sorted(extra)[:20]}"
+                   + (f" (+{len(extra) - 20} more)" if len(extra) > 20 else ""))
+    tot = ev.tool.get("totals") or {}
+    nokey = ev.tool.get("withoutKey") or {}
+    if nokey.get("requests") or nokey.get("executions"):
+        out.append(f"{nokey.get('requests', 0)} request(s) without an Idempotency-Key "
+                   f"({nokey.get('executions', 0)} executed)")
+    if tot.get("executions", 0) != len(expected):
+        out.append(f"total executions {tot.get('executions', 0)} != {len(expected)} scripted side effects")
+    accounted = tot.get("executions", 0) + tot.get("replays", 0) + tot.get("conflicts", 0) + tot.get("badRequests", 0)
+    if tot.get("requests", 0) != accounted:
+        out.append(f"total requests {tot.get('requests', 0)} != executions + replays + refusals ({accounted}): "
+                   "a request was lost or refused silently")
+    if tot.get("badRequests"):
+        out.append(f"{tot['badRequests']} bad request(s) at the tool server")
+    bound_sum = sum(max(1, len(attempts[uid_of[n]].get(lap, ())))
+                    for n, lap in expected.values())
+    if tot.get("requests", 0) > bound_sum + (nokey.get("requests") or 0):
+        out.append(f"total requests {tot.get('requests', 0)} > {bound_sum}, the attempts that could send them")
     return out
 
 
-def check_store(world: World, scn: Scenario, runs: dict[str, dict]) -> list[str]:
+def check_store(ev: Evidence) -> list[str]:
     out = []
-    for plan in scn.runs:
-        run = runs.get(plan.name)
+    for plan in ev.plans:
+        run = ev.runs.get(plan.name)
         if run is None:
             continue
-        ref = world.run_ref(run)
-        st = run.get("status") or {}
-        prefix = world.store.run_prefix(ref) + "laps/"
-        keys = [o["Key"] for page in world.s3c.get_paginator("list_objects_v2").paginate(
-            Bucket=world.s3.bucket, Prefix=prefix) for o in page.get("Contents", [])]
-        laps = [lap_of_key(k) for k in keys]
-        n = len(keys)
-        if laps != list(range(1, n + 1)):
-            out.append(f"{plan.name}: lap keys not 1..N contiguous: {laps}")
+        st, name = run.status, plan.name
+        laps = run.laps
+        n = len(laps)
+        if [x.lap_in_key for x in laps] != list(range(1, n + 1)):
+            out.append(f"{name}: lap keys not 1..N contiguous: {[x.lap_in_key for x in laps]}")
             continue
-        try:
-            loaded = world.store.load_state(ref)
-        except Exception as e:  # noqa: BLE001
-            out.append(f"{plan.name}: load_state failed (hash chain / record): {type(e).__name__}: {e}")
+        if n != plan.laps or st.get("lap") != n:
+            out.append(f"{name}: laps: store {n}, script {plan.laps}, status {st.get('lap')}")
+        prev_digest = None
+        t_in = t_out = 0
+        t_cost = Decimal(0)
+        broken = False
+        for x in laps:
+            if x.problems:
+                out += [f"{name}: {p}" for p in x.problems]
+                broken = True
+                break
+            try:
+                lap, uid, prev = x.f("lap"), x.f("uid"), x.f("prev")
+                if lap != x.lap_in_key:
+                    out.append(f"{name}: {x.key} holds lap {lap}")
+                if uid != run.uid:
+                    out.append(f"{name}: {x.key} belongs to run uid {uid}, not {run.uid}")
+                if prev != prev_digest:
+                    out.append(f"{name}: hash chain broken at lap {x.lap_in_key}: prevSha256 {prev} but lap "
+                               f"{x.lap_in_key - 1} has sha256 {prev_digest}")
+                    broken = True
+                prev_digest = x.digest
+                if x.lap_in_key > len(plan.steps):
+                    continue
+                i, o, c = lap_cost(plan.steps[x.lap_in_key - 1])
+                t_in, t_out, t_cost = t_in + i, t_out + o, t_cost + c
+                if (x.f("in"), x.f("out")) != (i, o) or _dec(x.f("cost")) != c:
+                    out.append(f"{name}: lap {x.lap_in_key} usage {x.f('in')}/{x.f('out')} cost {x.f('cost')}, "
+                               f"script gives {i}/{o} cost {c}")
+                if (x.f("t_laps"), x.f("t_in"), x.f("t_out")) != (x.lap_in_key, t_in, t_out) \
+                        or _dec(x.f("t_cost")) != t_cost:
+                    out.append(f"{name}: lap {x.lap_in_key} totals {x.f('t_laps')}/{x.f('t_in')}/{x.f('t_out')}/"
+                               f"{x.f('t_cost')}, recomputed {x.lap_in_key}/{t_in}/{t_out}/{t_cost}")
+            except ValueError as e:  # an unknown schema version (rawstore.RawStoreError)
+                out.append(f"{name}: {e}")
+                broken = True
+                break
+        if broken or not n:
             continue
-        state = loaded.state
-        if state.lap != n or n != plan.laps or st.get("lap") != n:
-            out.append(f"{plan.name}: laps: store {n} (folded {state.lap}), script {plan.laps}, status {st.get('lap')}")
-        for lap in range(1, n + 1):
-            record, _ = world.store.get_lap(ref, lap)
-            if record.lap != lap:
-                out.append(f"{plan.name}: {world.store.lap_key(ref, lap)} holds lap {record.lap}")
         ck = st.get("checkpoint") or {}
-        last = world.store.head_lap(ref, n) if n else None
-        if n and (ck.get("key") != world.store.lap_key(ref, n) or last is None or ck.get("sha256") != last.sha256):
-            out.append(f"{plan.name}: status.checkpoint {ck} is not lap {n} ({last})")
+        if ck.get("key") != laps[-1].key or ck.get("sha256") != laps[-1].digest:
+            out.append(f"{name}: status.checkpoint {ck} is not lap {n} ({laps[-1].key} {laps[-1].digest})")
         cost = st.get("cost") or {}
-        totals = state.totals
-        if (cost.get("inputTokens", 0) != totals.input_tokens or cost.get("outputTokens", 0) != totals.output_tokens
-                or Decimal(str(cost.get("usd", "0"))) != Decimal(totals.cost_usd)):
-            out.append(f"{plan.name}: status.cost {cost} != store totals {totals.model_dump(by_alias=True)}")
-        if totals.laps != n:
-            out.append(f"{plan.name}: store totals.laps {totals.laps} != {n}")
+        if (cost.get("inputTokens", 0), cost.get("outputTokens", 0)) != (t_in, t_out) \
+                or _dec(cost.get("usd", "0")) != t_cost:
+            out.append(f"{name}: status.cost {cost} != recomputed usd {t_cost}, tokens {t_in}/{t_out}")
     return out
 
 
-def check_no_orphans(world: World, ns: str, runs: dict[str, dict]) -> list[str]:
+def check_jobs(ev: Evidence) -> list[str]:
+    out = []
+    runs_by_uid = {r.uid: r for r in ev.runs.values()}
+    plans = {p.name: p for p in ev.plans}
+    names: dict[str, set[str]] = defaultdict(set)
+    per_run: dict[str, list[JobFacts]] = defaultdict(list)
+    for j in ev.jobs:
+        names[j.name].add(j.uid)
+        owners = [u for u in j.owner_uids if u in runs_by_uid]
+        if not owners:
+            out.append(f"Job {j.name} owned by {list(j.owner_uids)}, no scenario run")
+            continue
+        run = runs_by_uid[owners[0]]
+        per_run[run.name].append(j)
+        if j.lap is None or j.attempt is None:
+            out.append(f"Job {j.name}: no lap/attempt labels")
+        elif j.name != job_name(run.name, run.uid, j.lap, j.attempt):
+            out.append(f"Job {j.name}: name is not {job_name(run.name, run.uid, j.lap, j.attempt)} "
+                       f"(lap {j.lap}, attempt {j.attempt})")
+    for n, uids in sorted(names.items()):
+        if len(uids) > 1:
+            out.append(f"Job {n} created {len(uids)} times")
+    for name, run in sorted(ev.runs.items()):
+        plan = plans.get(name)
+        if plan is None:
+            continue
+        jobs = per_run.get(name, [])
+        by_lap: dict[int, set[int]] = defaultdict(set)
+        for j in jobs:
+            if j.lap is not None and j.attempt is not None:
+                by_lap[j.lap].add(j.attempt)
+        n = run.status.get("lap") or 0
+        if sorted(by_lap) != list(range(1, n + 1)):
+            out.append(f"{name}: Jobs for laps {sorted(by_lap)}, expected 1..{n}")
+        for lap, att in sorted(by_lap.items()):
+            if sorted(att) != list(range(1, max(att) + 1)):
+                out.append(f"{name}: lap {lap} Job attempts {sorted(att)} not 1..{max(att)}")
+        want = n + (run.status.get("totalRetries") or 0)
+        if len({j.name for j in jobs}) != want:
+            out.append(f"{name}: {len({j.name for j in jobs})} Job(s), expected {want} "
+                       f"(laps {n} + retries {run.status.get('totalRetries') or 0})")
+    return out
+
+
+def check_faults_landed(ev: Evidence) -> list[str]:
+    out = []
+    kinds = Counter(f.kind for f in ev.faults)
+    for f in ev.faults:
+        if f.fired_at is None:
+            out.append(f"fault {f.kind}@{f.at:.0%} never fired")
+        elif not f.landed:
+            out.append(f"fault {f.kind}@{f.at:.0%} fired but did not land: {f.note}")
+    if kinds[POD_DELETE] + kinds[POD_SIGKILL] + kinds[KUBELET_RESTART]:
+        retries = sum((r.status.get("totalRetries") or 0) for r in ev.runs.values())
+        replays = (ev.tool.get("totals") or {}).get("replays", 0)
+        if retries == 0:
+            out.append("lap pods were killed but no lap attempt was retried")
+        # a SIGKILL mid-call leaves the call executed but not journaled: the retry must send the same
+        # key again (a graceful delete may let the lap journal the answer first, so it is not required)
+        if any(f.kind == POD_SIGKILL and f.landed and f.mid_call for f in ev.faults) and replays == 0:
+            out.append("lap pods were SIGKILLed mid-call but no repeated call was answered from the tool "
+                       "server's record")
+    if kinds[S3_OUTAGE]:
+        if ev.s3_refused == 0:
+            out.append("S3 was cut but no connection was refused")
+        if ev.events.get("StoreUnavailable", 0) == 0 and ev.events.get("LapRetry:store", 0) == 0:
+            out.append("S3 was cut but no StoreUnavailable Event (the operator) and no LapRetry Event naming "
+                       "the store (a lap) was recorded")
+    return out
+
+
+def _after_tick(ticks: list[Tick], t: float) -> int | None:
+    """rv of the first tick sent after t (committed after t), None if none."""
+    cands = [k.rv for k in ticks if k.sent > t]
+    return min(cands) if cands else None
+
+
+def check_approvals(ev: Evidence) -> list[str]:
+    out = []
+    if not ev.watched:
+        return ["approval check: the status watch and the ticker did not run"]
+    keys = ev.tool.get("keys") or {}
+    looked = 0
+    for plan in ev.plans:
+        run = ev.runs.get(plan.name)
+        if run is None or plan.approval in (None, "reject"):
+            continue
+        exp = {k: lap for k, (tool, lap) in expected_calls(plan, run.namespace, run.uid).items()
+               if tool in APPROVAL_TOOLS}
+        writes = sorted((w for w in ev.status_writes if w.run == plan.name), key=lambda w: w.rv)
+        for k, exec_lap in exp.items():
+            pend = [w for w in writes if (w.approval or {}).get("state") == "Pending"
+                    and (w.approval or {}).get("idempotencyKey") == k]
+            at = (keys.get(k) or {}).get("executedAt") or []
+            if pend:
+                looked += 1
+            if at:
+                rv = _after_tick(ev.ticks, min(at))
+                bad = [w.rv for w in pend if rv is not None and w.rv > rv]
+                if bad:
+                    out.append(f"{plan.name}: status showed {k} Pending at rv {bad[:3]}, after it executed "
+                               f"(a tick sent after the execution has rv {rv})")
+            done = [w.rv for w in writes if (w.lap or 0) >= exec_lap]
+            if done:
+                bad = [w.rv for w in pend if w.rv > min(done)]
+                if bad:
+                    out.append(f"{plan.name}: status showed {k} Pending at rv {bad[:3]}, after status.lap "
+                               f"reached {exec_lap} (rv {min(done)}), the lap that executes it")
+    if looked == 0 and any(p.approval not in (None, "reject") for p in ev.plans):
+        out.append("approval check vacuous: no status write showing an approval Pending was observed")
+    return out
+
+
+def check_leadership(ev: Evidence) -> list[str]:
+    """A replica takes the Lease from another only after the other's last write is at least a
+    lease duration old: B's take must not be committed less than ``leaseDurationSeconds`` after A's
+    last renewal. Sound from the ticks: A's renewal was committed after the last tick with a lower
+    rv was SENT, B's take before the first tick with a higher rv was ANSWERED; if even that upper
+    bound of the gap is below the duration, B took a Lease A was still renewing (what comparing a
+    skewed renewTime with the local clock does). A release (holder emptied) may be taken at once."""
+    out = []
+    writes = sorted(ev.lease_writes, key=lambda w: w.rv)
+    ticks = sorted(ev.ticks, key=lambda k: k.rv)
+    for i, w in enumerate(writes):
+        if i == 0 or not w.holder:
+            continue
+        prev = writes[i - 1]
+        if not prev.holder or prev.holder == w.holder:
+            continue
+        before = [k for k in ticks if k.rv < prev.rv]
+        after = [k for k in ticks if k.rv > w.rv]
+        if not before or not after:
+            continue
+        gap_max = after[0].answered - before[-1].sent
+        if gap_max < w.duration:
+            out.append(f"Lease taken from {prev.holder} by {w.holder} at rv {w.rv} at most {gap_max:.1f}s after "
+                       f"{prev.holder}'s last renewal (rv {prev.rv}), less than the {w.duration:g}s lease duration")
+    return out
+
+
+def check_all(ev: Evidence) -> list[str]:
+    return (check_phases(ev) + check_side_effects(ev) + check_store(ev) + check_jobs(ev)
+            + check_faults_landed(ev) + check_approvals(ev) + check_leadership(ev))
+
+
+# ---------------------------------------------------------------------------------- live cluster
+def check_no_orphans(world: Any, ns: str, runs: dict[str, dict]) -> list[str]:
     """While the runs exist: every Job finished and owned by an existing run; every pod owned by an
     existing Job and not running."""
     out = []
@@ -135,8 +475,13 @@ def check_no_orphans(world: World, ns: str, runs: dict[str, dict]) -> list[str]:
     return out
 
 
-def check_nothing_left(world: World, ns: str) -> list[str]:
+def check_nothing_left(world: Any, ns: str) -> list[str]:
     out = [f"Job {j.metadata.name} left after the runs were deleted" for j in world.list_jobs(ns)]
     out += [f"pod {p.metadata.name} ({p.status.phase}) left after the runs were deleted" for p in world.list_pods(ns)]
     out += [f"lap process {pid} still alive" for pid in world.live_lap_processes(ns)]
     return out
+
+
+# kinds named here so a new one is not forgotten in check_faults_landed's landing rules
+KINDS = (OPERATOR_KILL, LEADER_KILL, POD_DELETE, POD_SIGKILL, S3_OUTAGE, APISERVER_RESTART, ETCD_RESTART,
+         KUBELET_RESTART)

@@ -39,6 +39,14 @@ class CuttableProxy:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
         except OSError:
             pass
+        # shutdown() first: close() alone does not end a socket another pipe thread is blocked in
+        # recv() on, so the peer never learnt the connection was gone. The S3 server then waited
+        # for the rest of a PUT body forever, holding its write lock: every later PUT hung and the
+        # chaos run stalled (found by the ci schedule, seed 7)
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             s.close()
         except OSError:
@@ -51,7 +59,9 @@ class CuttableProxy:
             except TimeoutError:
                 continue
             except OSError:
-                return
+                if self._stop.is_set():
+                    return
+                continue  # e.g. a client that reset before it was accepted: keep serving
             with self._lock:
                 if not self.up:
                     self.refused += 1

@@ -16,6 +16,10 @@ from typing import Any
 from e2e.chaos import invariants
 from e2e.chaos.schedule import (
     APISERVER_RESTART,
+    AT_BURST,
+    ETCD_RESTART,
+    KUBELET_RESTART,
+    LEADER_KILL,
     OPERATOR_KILL,
     POD_DELETE,
     POD_SIGKILL,
@@ -24,8 +28,9 @@ from e2e.chaos.schedule import (
     RunPlan,
     Scenario,
     build,
+    build_soak,
 )
-from e2e.chaos.world import GROUP, PLURAL, REQ_TIMEOUT, VERSION, World, say
+from e2e.chaos.world import GROUP, PLURAL, REQ_TIMEOUT, VERSION, Watcher, World, say
 
 TERMINAL = ("Succeeded", "Failed", "BudgetExceeded")
 STALL_SECONDS = 240.0  # no lap checkpointed for this long while runs are active: fail early, with a diagnosis
@@ -68,6 +73,10 @@ class ScenarioRun:
         self.errors: list[str] = []
         self.api_errors = 0
         self.t0 = time.time()
+        self.watcher: Watcher | None = None
+        self.burst_done = False
+        self.key_runs: dict[str, str] = {}  # expected idempotency key -> run uid (for in-flight victims)
+        self.hit_pods: set[str] = set()
 
     # ------------------------------------------------------------------ helpers
     def progress(self) -> float:
@@ -95,51 +104,141 @@ class ScenarioRun:
         self.threads.append(t)
 
     # ------------------------------------------------------------------ faults
+    def _inflight_run_uids(self) -> set[str]:
+        """uids of runs with a tool call in flight at the tool server right now."""
+        rec = self.world.tools.recorder
+        with rec.lock:
+            keys = [e.get("idempotencyKey") for e in rec.inflight]
+        if not self.key_runs:
+            for name, r in self.runs.items():
+                plan = self.plans.get(name)
+                if plan:
+                    md = r["metadata"]
+                    for k in invariants.expected_calls(plan, md["namespace"], md["uid"]):
+                        self.key_runs[k] = md["uid"]
+        return {self.key_runs[k] for k in keys if k in self.key_runs}
+
     def fire(self, f: Fault) -> bool:
         w = self.world
         el = time.time() - self.t0
         if f.kind == OPERATOR_KILL:
             if any(t[1] == "operator restart" for t in self.timers):
                 return False  # still down from the previous kill: kill it again once it is back
-            w.kill_operator()
+            f.landed = w.kill_operator()
             f.note = f"operator SIGKILLed at {el:.0f}s, restarted {f.down_seconds}s later"
             self.timers.append((time.time() + f.down_seconds, "operator restart", lambda: w.start_operator(self.ns)))
+        elif f.kind == LEADER_KILL:
+            try:
+                holder = w.lease_holder(self.ns)
+            except Exception:  # noqa: BLE001
+                return False
+            if holder not in w.operators:
+                return False  # no live holder yet: try again at the next poll
+            f.note = f"leader {holder} SIGKILLed {f.delay}s after the approval burst at {el:.0f}s"
+
+            def kill_leader() -> None:
+                time.sleep(f.delay)
+                f.landed = w.kill_operator(holder)
+                self.timers.append((time.time() + f.down_seconds, "replica restart",
+                                    lambda: w.start_operator(self.ns, replace=False)))
+            self.background(f.kind, kill_leader)
         elif f.kind in (POD_DELETE, POD_SIGKILL):
             try:
                 pods = sorted((p for p in w.list_pods(self.ns) if p.status.phase == "Running"
                                and not p.metadata.deletion_timestamp), key=lambda p: p.metadata.name)
             except Exception:  # noqa: BLE001
                 return False
+            pods = [p for p in pods if p.metadata.uid not in self.hit_pods]  # one fault per pod
             if f.kind == POD_SIGKILL:
                 pods = [p for p in pods if w.pod_pid(self.ns, p)]
+            # prefer a lap with a tool call in flight: the kill then lands mid-call, and the retried
+            # attempt sends the same key again (answered from the record)
+            busy = self._inflight_run_uids()
+            mid_call = [p for p in pods if (p.metadata.labels or {}).get("agentrun.dev/run-uid") in busy]
+            if mid_call:
+                pods = mid_call
+            elif pods and self.progress() < 0.7 and not getattr(f, "_waited", False):
+                f._waited = time.time()  # type: ignore[attr-defined]
+                return False  # wait a little for a call in flight
+            elif pods and self.progress() < 0.7 and time.time() - getattr(f, "_waited", 0) < 8:
+                return False
             if not pods:
                 return False  # try again at the next poll
             pod = pods[min(len(pods) - 1, int(f.pick * len(pods)))]
-            f.note = f"{f.kind} {pod.metadata.name} {f.delay}s after {el:.0f}s"
+            self.hit_pods.add(pod.metadata.uid)
+            delay = 0.0 if mid_call else f.delay
+            f.note = f"{f.kind} {pod.metadata.name} {delay}s after {el:.0f}s{' (mid-call)' if mid_call else ''}"
 
             def hit() -> None:
-                time.sleep(f.delay)
+                time.sleep(delay)
                 if f.kind == POD_DELETE:
-                    w.kubectl("delete", "pod", pod.metadata.name, "-n", self.ns, "--wait=false",
-                              f"--grace-period={int(f.pick * 3)}", check=False)
+                    end = time.time() + 90  # the apiserver may be restarting (another fault): retry
+                    while True:
+                        r = w.kubectl("delete", "pod", pod.metadata.name, "-n", self.ns, "--wait=false",
+                                      f"--grace-period={int(f.pick * 3)}", check=False)
+                        f.landed = r.returncode == 0
+                        if f.landed or "NotFound" in r.stderr or time.time() > end:
+                            break
+                        time.sleep(1)
+                    if not f.landed:
+                        f.note += f" (delete failed: {r.stderr.strip()[:100]})"
                 else:
                     pid = w.pod_pid(self.ns, pod)
                     if pid:
                         os.killpg(pid, signal.SIGKILL)
+                        f.landed = True
+                        f.mid_call = bool(mid_call)
                     else:
                         f.note += " (the lap had already ended)"
             self.background(f.kind, hit)
         elif f.kind == S3_OUTAGE:
+            before = w.proxy.refused
             w.proxy.cut()
             f.note = f"S3 cut at {el:.0f}s for {f.down_seconds}s"
-            self.timers.append((time.time() + f.down_seconds, "S3 back", w.proxy.resume))
+
+            cut_at = time.time()
+
+            def back() -> None:
+                # keep S3 away (up to 30 s in all) until the operator itself met the outage: its
+                # StoreUnavailable Event is part of what an outage must show
+                try:
+                    reasons = w.event_reasons(self.ns)
+                    met = reasons.get("StoreUnavailable", 0) > 0 or reasons.get("LapRetry:store", 0) > 0
+                except Exception:  # noqa: BLE001
+                    met = False
+                if not met and time.time() - cut_at < max(30.0, f.down_seconds):
+                    self.timers.append((time.time() + 1.0, "S3 still cut", back))
+                    return
+                w.proxy.resume()
+                f.landed = w.proxy.refused > before
+                f.note += f", {w.proxy.refused - before} connection(s) refused, back after {time.time() - cut_at:.0f}s"
+            self.timers.append((time.time() + f.down_seconds, "S3 back", back))
         elif f.kind == APISERVER_RESTART:
             f.note = f"apiserver restart at {el:.0f}s"
 
             def restart() -> None:
                 took = w.cluster.restart_apiserver(down_seconds=f.down_seconds)
+                f.landed = took > 0
                 f.note += f", unavailable {took:.1f}s"
             self.background(f.kind, restart)
+        elif f.kind == ETCD_RESTART:
+            f.note = f"etcd restart at {el:.0f}s ({f.down_seconds}s down, data dir kept)"
+
+            def restart_etcd() -> None:
+                took, seen_down = w.restart_etcd(f.down_seconds)
+                f.landed = seen_down
+                f.note += f", apiserver ready again after {took:.1f}s" + ("" if seen_down else " (never saw it not ready)")
+            self.background(f.kind, restart_etcd)
+        elif f.kind == KUBELET_RESTART:
+            if not w.live_lap_processes(self.ns):
+                return False  # wait for a running lap: the point is a restart while pods run
+            f.note = f"kubelet SIGKILLed at {el:.0f}s, restarted {f.down_seconds}s later"
+
+            def restart_kubelet() -> None:
+                alive = w.restart_kubelet(self.ns, f.down_seconds)
+                f.landed = alive > 0
+                f.note += f" ({alive} lap process(es) were running)"
+            self.background(f.kind, restart_kubelet)
         else:
             raise ValueError(f.kind)
         f.fired_at = el
@@ -188,10 +287,19 @@ class ScenarioRun:
             f"{sum(1 for p in scn.runs if p.approval)} approvals, faults: "
             f"{', '.join(f'{f.kind}@{f.at:.0%}' for f in sorted(scn.faults, key=lambda f: f.at))}")
         w.new_namespace(self.ns)
-        w.start_operator(self.ns)
+        w.new_tool_record()
+        self.refused0 = w.proxy.refused
+        self.watcher = Watcher(w, self.ns)
+        self.watcher.start()
+        skews = list(scn.skews) + [0.0] * scn.replicas
+        for i in range(scn.replicas):
+            ident = w.start_operator(self.ns, skew=skews[i], replace=(i == 0))
+            if i == 0 and scn.replicas > 1 and scn.skews:
+                self.wait_holder(ident)  # the skewed standby must meet a Lease that is renewed
         self.t0 = time.time()
         self.create_runs()
-        pending = sorted(scn.faults, key=lambda f: f.at)
+        pending = sorted((f for f in scn.faults if f.at != AT_BURST), key=lambda f: f.at) \
+            + [f for f in scn.faults if f.at == AT_BURST]
         deadline = self.t0 + scn.timeout
         last_print = 0.0
         last_progress = [0.0, time.time()]  # [progress, when it last grew]
@@ -203,11 +311,12 @@ class ScenarioRun:
             for t in [t for t in self.timers if t[0] <= now]:
                 self.timers.remove(t)
                 t[2]()
-                say(f"{scn.name}: {t[1]} at {now - self.t0:.0f}s")
+                if t[1] != "S3 still cut":
+                    say(f"{scn.name}: {t[1]} at {now - self.t0:.0f}s")
             code = w.operator_exited_by_itself()
             if code is not None:
                 self.errors.append(f"the operator exited by itself with code {code} at {now - self.t0:.0f}s")
-                w.start_operator(self.ns)
+                w.start_operator(self.ns, replace=False)
             if not self.poll():
                 time.sleep(1)
                 continue
@@ -217,15 +326,30 @@ class ScenarioRun:
             elif prog < 1.0 and now - last_progress[1] > STALL_SECONDS:
                 self.errors.append(f"stalled: no lap checkpointed for {STALL_SECONDS:.0f}s (progress {prog:.0%})")
                 break
-            while pending and pending[0].at <= prog:
+            while pending and 0 <= pending[0].at <= prog:
                 if not self.fire(pending[0]):
                     break
                 pending.pop(0)
-            for name, r in self.runs.items():
-                plan = self.plans.get(name)
-                if plan and plan.approval and name not in self.decided \
-                        and (r.get("status") or {}).get("phase") == "AwaitingApproval":
-                    self.approve(name, plan)
+            waiting = [(name, self.plans[name]) for name, r in self.runs.items()
+                       if name in self.plans and self.plans[name].approval and name not in self.decided
+                       and (r.get("status") or {}).get("phase") == "AwaitingApproval"]
+            if scn.approval_burst and not self.burst_done:
+                # hold the approvals until enough runs wait, then decide them all at once: a burst
+                undecided = sum(1 for p in scn.runs if p.approval and p.name not in self.decided)
+                if len(waiting) >= min(scn.approval_burst, undecided) and waiting:
+                    say(f"{scn.name}: approval burst: deciding {len(waiting)} approvals at once")
+                    for name, plan in waiting:
+                        self.approve(name, plan)
+                    self.burst_done = True
+                    for f in [f for f in pending if f.at == AT_BURST]:
+                        if self.fire(f):
+                            pending.remove(f)
+                waiting = []
+            for f in [f for f in pending if f.at == AT_BURST and self.burst_done]:
+                if self.fire(f):  # the leader was not known yet: again
+                    pending.remove(f)
+            for name, plan in waiting:
+                self.approve(name, plan)
             terminal = [n for n, r in self.runs.items() if (r.get("status") or {}).get("phase") in TERMINAL]
             if now - last_print > 10:
                 phases = Counter((r.get("status") or {}).get("phase") or "-" for r in self.runs.values())
@@ -233,8 +357,6 @@ class ScenarioRun:
                 last_print = now
             if len(terminal) == len(scn.runs) and len(self.runs) == len(scn.runs) and not self.timers \
                     and all(not t.is_alive() for t in self.threads):
-                if pending:
-                    self.errors.append(f"faults never fired (the runs ended first): {[f.kind for f in pending]}")
                 break
             time.sleep(1)
         elapsed = time.time() - self.t0
@@ -243,28 +365,65 @@ class ScenarioRun:
         say(f"{scn.name}: all runs ended after {elapsed:.0f}s; checking invariants")
         self.poll()
         violations = list(self.errors)
-        violations += invariants.check_phases(scn, self.runs)
-        violations += invariants.check_side_effects(w, scn, self.runs)
-        violations += invariants.check_store(w, scn, self.runs)
         violations += self.settle("no orphan Jobs or pods", lambda: invariants.check_no_orphans(w, self.ns, self.runs), 90)
+        self.evidence = ev = self.collect()
+        violations += invariants.check_all(ev)
         if violations:
             self.diagnose(violations)
             raise ScenarioFailed(f"scenario {scn.name} (seed {self.seed}, replay: CHAOS_SEED={self.seed} "
                                  f"python -m e2e.chaos --schedule {self.schedule}): {len(violations)} violation(s):\n  "
                                  + "\n  ".join(violations[:40]))
         w.kubectl("delete", "agentruns", "--all", "-n", self.ns, "--wait=true", "--timeout=120s", check=False)
-        left = self.settle("nothing left after deleting the runs", lambda: invariants.check_nothing_left(w, self.ns), 120)
-        w.kill_operator()
+        left = self.settle("nothing left after deleting the runs", lambda: invariants.check_nothing_left(w, self.ns), 180)
+        w.kill_operators()
         if left:
             self.diagnose(left)
             raise ScenarioFailed(f"scenario {scn.name} (seed {self.seed}): left behind:\n  " + "\n  ".join(left[:40]))
         retries = sum((r.get("status") or {}).get("totalRetries") or 0 for r in self.runs.values())
+        tot = ev.tool.get("totals") or {}
         result = {"scenario": scn.name, "runs": len(scn.runs), "laps": scn.expected_laps, "seconds": round(elapsed),
-                  "retries": retries, "faults": [f.note for f in scn.faults], "api_poll_errors": self.api_errors,
-                  "s3_refused": w.proxy.refused}
-        say(f"{scn.name}: OK in {elapsed:.0f}s ({retries} lap retries): every run Succeeded, each side effect once, "
-            f"lap chains intact, status == store, nothing left")
+                  "retries": retries, "jobs": len(ev.jobs), "tool_requests": tot.get("requests"),
+                  "tool_executions": tot.get("executions"), "tool_replays": tot.get("replays"),
+                  "store_unavailable_events": ev.events.get("StoreUnavailable", 0),
+                  "status_writes": len(ev.status_writes), "lease_writes": len(ev.lease_writes),
+                  "faults": [f.note for f in scn.faults], "api_poll_errors": self.api_errors,
+                  "s3_refused": ev.s3_refused}
+        say(f"{scn.name}: OK in {elapsed:.0f}s ({retries} lap retries, {len(ev.jobs)} Jobs, "
+            f"{tot.get('replays')} repeats answered from the record): every run Succeeded, each side effect once, "
+            f"lap chains intact, status == store, every fault landed, nothing left")
         return result
+
+    def collect(self) -> invariants.Evidence:
+        """Everything the invariants read, from records outside the code under test."""
+        w = self.world
+        assert self.watcher is not None
+        self.watcher.stop()
+        wt = self.watcher
+        jobs = dict(wt.jobs)
+        for j in w.list_jobs(self.ns):  # the final list too (a watch may have missed an ADDED)
+            wt._on_job(j)
+        jobs = dict(wt.jobs)
+        runs = {}
+        for name, r in self.runs.items():
+            md = r["metadata"]
+            runs[name] = invariants.RunFacts(name=name, namespace=md["namespace"], uid=md["uid"],
+                                             status=r.get("status") or {}, laps=w.raw_laps(r))
+        return invariants.Evidence(
+            plans=self.scn.runs, runs=runs, tool=w.tool_record(), jobs=list(jobs.values()),
+            status_writes=list(wt.status_writes), ticks=list(wt.ticks), lease_writes=list(wt.lease_writes),
+            kills=dict(w.kills), faults=self.scn.faults, events=w.event_reasons(self.ns),
+            s3_refused=w.proxy.refused - self.refused0, watched=bool(wt.ticks))
+
+    def wait_holder(self, identity: str, timeout: float = 120) -> None:
+        end = time.time() + timeout
+        while time.time() < end:
+            try:
+                if self.world.lease_holder(self.ns) == identity:
+                    return
+            except Exception:  # noqa: BLE001  (no Lease yet)
+                pass
+            time.sleep(0.5)
+        self.errors.append(f"replica {identity} never took the Lease")
 
     def settle(self, what: str, check, timeout: float) -> list[str]:
         end = time.time() + timeout
@@ -295,10 +454,14 @@ class ScenarioRun:
                     keys = [o["Key"][len(prefix):] for page in w.s3c.get_paginator("list_objects_v2").paginate(
                         Bucket=w.s3.bucket, Prefix=prefix) for o in page.get("Contents", [])]
                     out.append(f"    store: {keys}")
-                    short = w.run_ref(r).short_id
-                    calls = Counter(c["idempotencyKey"] for c in w.executed_calls()
-                                    if (c["idempotencyKey"] or "").startswith(short))
-                    out.append(f"    tool calls per key: {dict(calls)}")
+                    md = r["metadata"]
+                    tkeys = w.tool_record().get("keys") or {}
+                    mine = invariants.expected_calls(self.plans[name], md["namespace"], md["uid"]) \
+                        if name in self.plans else {}
+                    out.append("    tool record of its scripted keys (requests, executions, replays): "
+                               + str({k: tuple((tkeys.get(k) or {}).get(f, 0) for f in ("requests", "executions",
+                                                                                        "replays"))
+                                      for k in mine}))
                     out.append(f"    status: {st}")
                 except Exception as e:  # noqa: BLE001
                     out.append(f"    (store/tool read failed: {e})")
@@ -314,11 +477,19 @@ class ScenarioRun:
 
 
 def run_schedule(schedule: str, seed: int, tmp: str, only: list[str] | None = None,
-                 world: World | None = None) -> list[dict]:
+                 world: World | None = None, *, soak: tuple[int, int, float] | None = None) -> list[dict]:
     """Run every scenario of the schedule in ``world`` (default: a new one started in tmp and
-    stopped at the end). Raises ScenarioFailed on the first scenario whose invariants do not hold."""
-    scenarios = [s for s in build(schedule, seed) if not only or s.name in only]
-    say(f"chaos seed {seed} (replay: CHAOS_SEED={seed} python -m e2e.chaos --schedule {schedule}); "
+    stopped at the end). Raises ScenarioFailed on the first scenario whose invariants do not hold.
+    ``schedule == "soak"`` with ``soak=(runs, laps, minutes)``: waves of random faults from the seed
+    (schedule.build_soak), no new wave started once ``minutes`` have passed."""
+    if schedule == "soak":
+        runs, laps, minutes = soak or (20, 4, 10.0)
+        scenarios = build_soak(seed, runs, laps, minutes)
+    else:
+        scenarios = [s for s in build(schedule, seed) if not only or s.name in only]
+        minutes = None
+    say(f"chaos seed {seed} (replay: CHAOS_SEED={seed} python -m e2e.chaos --schedule {schedule}"
+        f"{f' --runs {soak[0]} --laps {soak[1]} --minutes {soak[2]}' if soak else ''}); "
         f"scenarios: {', '.join(s.name for s in scenarios)}; work dir {tmp}")
     t0 = time.time()
     own = world is None
@@ -330,6 +501,8 @@ def run_schedule(schedule: str, seed: int, tmp: str, only: list[str] | None = No
         if own:
             world.start()
         for scn in scenarios:
+            if minutes is not None and results and time.time() - t0 > minutes * 60:
+                break
             results.append(ScenarioRun(world, scn, seed, schedule).execute())
     finally:
         if own:
@@ -339,4 +512,9 @@ def run_schedule(schedule: str, seed: int, tmp: str, only: list[str] | None = No
     say(f"schedule {schedule} seed {seed}: {len(results)} scenario(s) OK in {time.time() - t0:.0f}s")
     for r in results:
         say(f"  {r}")
+    if schedule == "soak":
+        tot = {k: sum(r[k] or 0 for r in results) for k in ("runs", "laps", "retries", "jobs", "tool_executions",
+                                                            "tool_replays", "s3_refused")}
+        say(f"soak totals: {len(results)} waves, {tot}, "
+            f"{sum(len(r['faults']) for r in results)} faults, all landed, invariants held")
     return results

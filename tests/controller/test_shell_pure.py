@@ -4,29 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import UTC, datetime, timedelta
 
 import pydantic
 import pytest
 
 from agentrun.api.spec import AgentRunSpec
 from agentrun.controller.handlers import _job_state, _pod_exit, pruned_field, spec_error_text, status_refusal
-from agentrun.controller.lease import lease_action
 from agentrun.controller.logs import JSONFormatter, run_logger
-
-NOW = datetime(2030, 1, 1, tzinfo=UTC)
-
-
-@pytest.mark.parametrize("spec,expected", [
-    (None, "create"),
-    ({"holderIdentity": "me", "renewTime": NOW}, "renew"),
-    ({"holderIdentity": None}, "take"),
-    ({"holderIdentity": "other", "renewTime": NOW - timedelta(seconds=5), "leaseDurationSeconds": 15}, "wait"),
-    ({"holderIdentity": "other", "renewTime": NOW - timedelta(seconds=16), "leaseDurationSeconds": 15}, "take"),
-    ({"holderIdentity": "other", "renewTime": "2029-12-31T23:59:59.000000Z", "leaseDurationSeconds": 15}, "wait"),
-])
-def test_lease_action(spec, expected):
-    assert lease_action(spec, "me", NOW, 15) == expected
 
 
 def test_job_state():
@@ -95,97 +79,313 @@ def test_startup_disables_kopf_scanning_for_exact_namespaces(monkeypatch, namesp
     assert settings.persistence.finalizer == "kopf.agentrun.dev/finalizer"
 
 
-def test_lease_standby_logs_the_holder_once(monkeypatch, caplog):
-    import asyncio
+# ---------------------------------------------------------------------------------------------------
+# The Lease elector, driven by an injected clock and an in-memory Lease API: no sleeps, no wall-clock
+# windows. Virtual time only moves when every elector under test is parked in its clock's sleep.
 
+
+def test_lease_action_expires_by_the_replicas_own_observed_time():
+    from agentrun.controller.lease import lease_action
+
+    other = {"holderIdentity": "other", "renewTime": "2000-01-01T00:00:00.000000Z", "leaseDurationSeconds": 15}
+    assert lease_action(None, "me", 0.0, 0.0, 15) == "create"
+    assert lease_action({"holderIdentity": "me"}, "me", 0.0, 100.0, 15) == "renew"
+    assert lease_action({"holderIdentity": None}, "me", 0.0, 0.0, 15) == "take"
+    # a renewTime far in the past (a holder whose clock is behind) is NOT expired: only the time this
+    # replica has watched the record stay unchanged counts
+    assert lease_action(other, "me", 100.0, 114.9, 15) == "wait"
+    assert lease_action(other, "me", 100.0, 115.0, 15) == "take"
+    future = {**other, "renewTime": "2999-01-01T00:00:00.000000Z"}  # a holder whose clock is ahead
+    assert lease_action(future, "me", 100.0, 115.0, 15) == "take"
+    assert lease_action({**other, "leaseDurationSeconds": None}, "me", 0.0, 9.9, 10) == "wait"
+
+
+def test_observe_restarts_the_observed_time_only_when_the_record_changes():
+    from agentrun.controller.lease import observe
+
+    spec = {"holderIdentity": "a", "renewTime": "t1", "leaseDurationSeconds": 3}
+    o1 = observe(None, spec, 10.0, "5")
+    assert observe(o1, dict(spec), 20.0, "5").at == 10.0  # unchanged: keeps the first observation
+    assert observe(o1, {**spec, "renewTime": "t2"}, 20.0, "6").at == 20.0
+    assert observe(o1, dict(spec), 20.0, "7").at == 20.0  # same fields, new write (resourceVersion)
+    assert observe(o1, None, 20.0).at == 20.0
+
+
+class VirtualTime:
+    """Shared virtual time. ``sleep`` parks the caller; ``advance`` wakes the earliest sleeper once
+    all ``parties`` are parked (so a renewal in flight in the elector's thread is never overtaken)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.sleepers: list = []  # (wake_at, seq, future)
+        self.seq = 0
+
+    async def sleep(self, seconds: float) -> None:
+        import asyncio
+
+        fut = asyncio.get_running_loop().create_future()
+        self.seq += 1
+        self.sleepers.append((self.t + seconds, self.seq, fut))
+        await fut
+
+    async def run_until(self, t_end: float, parties: int, each_step=None) -> None:
+        import asyncio
+
+        while self.t < t_end:
+            polls = 0
+            while True:  # wait (by condition, not by time) until everybody is parked
+                self.sleepers = [s for s in self.sleepers if not s[2].done()]  # cancelled sleepers
+                if len(self.sleepers) >= parties:
+                    for _ in range(10):  # let tasks the electors spawned (on_acquire) run first
+                        await asyncio.sleep(0)
+                    break
+                polls += 1  # a generous bound, only so a blocked elector fails instead of hanging
+                assert polls < 30_000, f"an elector never got back to its clock's sleep (virtual t={self.t})"
+                await asyncio.sleep(0.001)
+            self.sleepers.sort(key=lambda s: (s[0], s[1]))
+            wake, _, fut = self.sleepers.pop(0)
+            self.t = max(self.t, wake)
+            fut.set_result(None)
+            await asyncio.sleep(0)
+            if each_step is not None:
+                each_step(self.t)
+
+
+class ViewClock:
+    """One replica's view of the virtual time: its wall clock off by ``offset`` seconds, its clock
+    running at ``rate`` (1.0 = true time)."""
+
+    def __init__(self, vt: VirtualTime, offset: float = 0.0, rate: float = 1.0) -> None:
+        self.vt, self.offset, self.rate = vt, offset, rate
+
+    def wall(self):
+        from datetime import UTC, datetime, timedelta
+
+        return datetime(2030, 1, 1, tzinfo=UTC) + timedelta(seconds=self.vt.t * self.rate + self.offset)
+
+    def monotonic(self) -> float:
+        return self.vt.t * self.rate
+
+    async def sleep(self, seconds: float) -> None:
+        await self.vt.sleep(seconds / self.rate)
+
+
+class FakeLeaseAPI:
+    """An in-memory coordination/v1 Lease endpoint with resourceVersion conflicts (what the
+    elector uses of the kubernetes client). ``down`` makes every call fail like an unreachable API."""
+
+    def __init__(self) -> None:
+        self.spec: dict | None = None
+        self.rv = 0
+        self.down = False
+        self.writes: list[tuple[str, str]] = []  # (holder, kind)
+
+    def _check(self) -> None:
+        if self.down:
+            raise ConnectionError("apiserver unavailable")
+
+    def read_namespaced_lease(self, name, ns, **kw):
+        from types import SimpleNamespace
+
+        from kubernetes.client.rest import ApiException
+
+        self._check()
+        if self.spec is None:
+            raise ApiException(status=404)
+        snake = {"holder_identity": self.spec.get("holderIdentity"), "renew_time": self.spec.get("renewTime"),
+                 "acquire_time": self.spec.get("acquireTime"),
+                 "lease_duration_seconds": self.spec.get("leaseDurationSeconds"),
+                 "lease_transitions": self.spec.get("leaseTransitions")}
+        return SimpleNamespace(spec=SimpleNamespace(to_dict=lambda: dict(snake), holder_identity=snake["holder_identity"]),
+                               metadata=SimpleNamespace(resource_version=str(self.rv)))
+
+    def create_namespaced_lease(self, ns, body, **kw):
+        from kubernetes.client.rest import ApiException
+
+        self._check()
+        if self.spec is not None:
+            raise ApiException(status=409)
+        self.spec, self.rv = dict(body["spec"]), self.rv + 1
+        self.writes.append((self.spec["holderIdentity"], "create"))
+
+    def replace_namespaced_lease(self, name, ns, body, **kw):
+        from kubernetes.client.rest import ApiException
+
+        self._check()
+        if body["metadata"].get("resourceVersion") != str(self.rv):
+            raise ApiException(status=409)
+        before = (self.spec or {}).get("holderIdentity")
+        self.spec, self.rv = dict(body["spec"]), self.rv + 1
+        self.writes.append((self.spec["holderIdentity"], "renew" if before == self.spec["holderIdentity"] else "take"))
+
+    def patch_namespaced_lease(self, name, ns, body, **kw):
+        self._check()
+        self.spec, self.rv = {**self.spec, **body["spec"]}, self.rv + 1
+
+
+def _elector(identity, api, clock, duration=3.0, **kw):
     from agentrun.controller.lease import LeaseElector
 
-    e = LeaseElector("l", "ns", "me", 0.3)
-    calls = {"n": 0}
+    return LeaseElector("l", "ns", identity, duration, clock=clock, api=lambda: api, **kw)
 
-    def fake_try() -> bool:
-        calls["n"] += 1
-        e.holder = "other"
-        return False
 
-    monkeypatch.setattr(e, "_try", fake_try)
+def _drive(vt: VirtualTime, electors, t_end: float, each_step=None) -> None:
+    import asyncio
 
-    async def run() -> None:
-        task = asyncio.create_task(e.run())
-        while calls["n"] < 3:
-            await asyncio.sleep(0.05)
-        task.cancel()
+    async def go() -> None:
+        tasks = [asyncio.create_task(e.run()) for e in electors]
+        try:
+            await vt.run_until(t_end, len(tasks), each_step)
+            for t in tasks:
+                assert not t.done(), t.exception()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(go())
+
+
+def test_lease_standby_logs_the_holder_once(caplog):
+    vt, api = VirtualTime(), FakeLeaseAPI()
+    api.spec = {"holderIdentity": "other", "renewTime": "x", "leaseDurationSeconds": 3}
+    standby = _elector("me", api, ViewClock(vt))
+
+    def holder_renews(t: float) -> None:  # the other replica keeps renewing: the record changes
+        api.spec = {**api.spec, "renewTime": f"t{t}"}
+        api.rv += 1
 
     with caplog.at_level(logging.INFO, logger="agentrun.lease"):
-        asyncio.run(run())
-    standby = [r.getMessage() for r in caplog.records if "standby" in r.getMessage()]
-    assert standby == ["lease ns/l held by other: this replica (me) is standby"]
-    assert not e.is_leader
+        _drive(vt, [standby], 30.0, holder_renews)
+    msgs = [r.getMessage() for r in caplog.records if "standby" in r.getMessage()]
+    assert msgs == ["lease ns/l held by other: this replica (me) is standby"]
+    assert not standby.is_leader and api.spec["holderIdentity"] == "other"
+
+
+def test_a_standby_takes_over_a_dead_holder_after_the_lease_duration_on_its_own_clock():
+    vt, api = VirtualTime(), FakeLeaseAPI()
+    # the dead holder's last renewTime is "now" by the standby's wall clock: irrelevant either way
+    api.spec = {"holderIdentity": "dead", "renewTime": "2030-01-01T00:00:00.000000Z", "leaseDurationSeconds": 3}
+    standby = _elector("me", api, ViewClock(vt))
+    took_at: list[float] = []
+    _drive(vt, [standby], 10.0, lambda t: took_at.append(t) if standby.is_leader and not took_at else None)
+    assert api.spec["holderIdentity"] == "me" and api.spec["leaseTransitions"] == 1
+    assert took_at and 3.0 <= took_at[0] <= 3.0 + 1.0 + 1e-9  # one duration of unchanged record, + one period
 
 
 def test_losing_the_lease_calls_on_lose_once_and_stops_acting():
-    """A replica whose renewals fail past the lease's life stops acting and drops its per-run
-    metrics (on_lose), so a standby never exports stale runs. _try is replaced: no API here."""
-    import asyncio
-
-    from agentrun.controller.lease import LeaseElector
-
-    answers = iter([True, False, False, False])
-    lost: list[bool] = []
-    acquired: list[bool] = []
+    """A replica whose renewals fail past 0.8 x the lease's life stops acting and drops its per-run
+    metrics (on_lose), so a standby never exports stale runs."""
+    vt, api = VirtualTime(), FakeLeaseAPI()
+    lost: list[float] = []
+    acquired: list[float] = []
 
     async def on_acquire() -> None:
-        acquired.append(True)
+        acquired.append(vt.t)
 
-    elector = LeaseElector("l", "ns", "me", duration=0.6, on_acquire=on_acquire, on_lose=lambda: lost.append(True))
-    elector._try = lambda: next(answers, False)  # type: ignore[method-assign]
+    e = _elector("me", api, ViewClock(vt), on_acquire=on_acquire, on_lose=lambda: lost.append(vt.t))
+    leader_at: dict[float, bool] = {}
 
-    async def drive() -> None:
-        task = asyncio.create_task(elector.run())
-        await asyncio.sleep(0.2)
-        assert elector.is_leader and acquired == [True]
-        await asyncio.sleep(1.6)
-        task.cancel()
+    def step(t: float) -> None:
+        leader_at[t] = e.is_leader
+        if t >= 5.0:
+            api.down = True  # renewals fail from t=5 on
 
-    asyncio.run(drive())
-    assert lost == [True]
-    assert not elector.is_leader
+    _drive(vt, [e], 12.0, step)
+    assert acquired == [0.0]
+    assert all(v for t, v in leader_at.items() if t < 5.0)
+    assert lost and len(lost) == 1
+    last_renewal = max(t for t in leader_at if t < 5.0)
+    assert not e.is_leader and lost[0] >= last_renewal + 0.8 * 3.0 - 1e-9
+    # it stopped acting no later than 0.8 x duration after the start of its last renewal
+    assert all(not v for t, v in leader_at.items() if t >= last_renewal + 0.8 * 3.0)
 
 
 def test_a_failing_on_acquire_does_not_stop_the_elector():
     """Regression (found by the chaos suite, e2e/chaos): the Lease was renewed just before the
     apiserver went away, so on_acquire (a resync listing the runs) raised; the exception ended
     LeaseElector.run, the replica never renewed again and sat idle for good. The elector keeps
-    renewing and runs on_acquire again until it succeeds. _try is replaced: no API here."""
-    import asyncio
-
-    from agentrun.controller.lease import LeaseElector
-
-    attempts: list[int] = []
+    renewing and runs on_acquire again until it succeeds."""
+    vt, api = VirtualTime(), FakeLeaseAPI()
+    attempts: list[float] = []
 
     async def on_acquire() -> None:
-        attempts.append(1)
+        attempts.append(vt.t)
         if len(attempts) < 3:
             raise ConnectionError("apiserver unavailable")
 
-    elector = LeaseElector("l", "ns", "me", duration=1.5, on_acquire=on_acquire)
-    renewals = {"n": 0}
-
-    def renew() -> bool:
-        renewals["n"] += 1
-        return True
-
-    elector._try = renew  # type: ignore[method-assign]
-
-    async def drive() -> None:
-        task = asyncio.create_task(elector.run())
-        await asyncio.sleep(2.2)
-        assert not task.done(), task.exception()
-        task.cancel()
-
-    asyncio.run(drive())
+    e = _elector("me", api, ViewClock(vt, rate=1.0), duration=1.5, on_acquire=on_acquire)
+    _drive(vt, [e], 5.0)
     assert len(attempts) == 3  # retried at the next renewals until it succeeded, then not again
-    assert renewals["n"] >= 4 and elector.is_leader
+    assert sum(1 for _, k in api.writes if k == "renew") >= 4 and e.is_leader
+
+
+@pytest.mark.parametrize("offsets,rates", [
+    ((0.0, 3600.0), (1.0, 1.0)),  # the standby's wall clock an hour ahead
+    ((0.0, -3600.0), (1.0, 1.0)),  # ... an hour behind
+    ((-7.0, 7.0), (1.0, 1.0)),  # both off, by more than the lease duration
+    ((0.0, 0.0), (1.0, 1.1)),  # the standby's clock runs 10 % fast
+])
+def test_clock_skew_between_replicas_never_makes_two_leaders(offsets, rates):
+    """Two replicas whose clocks disagree share one Lease. The holder renews; the standby must never
+    take over while it does, and at no instant may both act. Then the holder dies: the standby takes
+    over, once, after a lease duration of its own observing. (Comparing the holder's renewTime with
+    the local clock, as the elector once did, fails every case: checked when this test was written.)"""
+    vt, api = VirtualTime(), FakeLeaseAPI()
+    a = _elector("a", api, ViewClock(vt, offsets[0], rates[0]))
+    both: list[float] = []
+
+    def step(t: float) -> None:
+        if a.is_leader and b.is_leader:
+            both.append(t)
+
+    b_box: list = []
+
+    async def scenario() -> None:
+        import asyncio
+
+        ta = asyncio.create_task(a.run())
+        await vt.run_until(0.5, 1)  # a is first
+        nonlocal b
+        b = _elector("b", api, ViewClock(vt, offsets[1], rates[1]))
+        b_box.append(b)
+        tb = asyncio.create_task(b.run())
+        await vt.run_until(60.0, 2, step)
+        assert api.spec["holderIdentity"] == "a" and not [w for w in api.writes if w == ("b", "take")]
+        ta.cancel()  # a dies (SIGKILL: no release)
+        await asyncio.gather(ta, return_exceptions=True)
+        a._leader = False
+        await vt.run_until(80.0, 1, step)
+        tb.cancel()
+        await asyncio.gather(tb, return_exceptions=True)
+
+    import asyncio
+
+    b = _elector("b-placeholder", FakeLeaseAPI(), ViewClock(vt))
+    asyncio.run(scenario())
+    assert not both, f"two leaders at {both[:5]}"
+    assert api.spec["holderIdentity"] == "b"
+    assert [k for h, k in api.writes if k == "take"] == ["take"]
+
+
+def test_a_slow_on_acquire_does_not_hold_up_the_renewals():
+    """Regression (found by the chaos suite's leader-kill scenario on a loaded box): on_acquire (the
+    resync) was awaited inside the renewal loop, so a replica that just took the Lease stopped
+    renewing while it resynced, lost the Lease to the standby and the two swapped back and forth.
+    It runs in its own task now: here it never finishes, and the renewals go on."""
+    import asyncio
+
+    vt, api = VirtualTime(), FakeLeaseAPI()
+    started: list[float] = []
+
+    async def on_acquire() -> None:
+        started.append(vt.t)
+        await asyncio.Event().wait()  # a resync that takes forever
+
+    e = _elector("me", api, ViewClock(vt), on_acquire=on_acquire)
+    _drive(vt, [e], 10.0)
+    assert len(started) == 1  # once: it is still running
+    assert sum(1 for _, k in api.writes if k == "renew") >= 9 and e.is_leader
 
 
 def test_status_refusal_tells_a_validation_error_from_a_conflict():

@@ -195,6 +195,7 @@ def test_a_pod_asking_for_what_the_node_cannot_enforce_fails_naming_it(rcluster,
 
 
 def test_invoice_example_in_the_image_each_side_effect_once(rcluster, s3, image_ref, tmp_path_factory):
+    from e2e_support import ToolGate
     from test_examples import _invoice_doc
     from test_operator_e2e import Env
 
@@ -208,20 +209,23 @@ def test_invoice_example_in_the_image_each_side_effect_once(rcluster, s3, image_
     env.prepare_namespace()
     env.start_operator()
     run = "invoices-2024-06"
+    gate = ToolGate(env.tool_url, hold=lambda args: isinstance(args, dict) and args.get("invoice") == "INV-1003")
     try:
-        env.apply(_invoice_doc(env.tool_url, "INV-1003"))
+        # INV-1003's call is held at a gate (as in test_examples): the lap pod is killed while it is
+        # surely in flight, then the retried lap sends the same call (same key) and the gate opens
+        env.apply(_invoice_doc(gate.url))
 
-        def inflight() -> bool:
-            import urllib.request
-            with urllib.request.urlopen(f"{env.tool_url}/_inflight", timeout=5) as r:
-                return any((c.get("arguments") or {}).get("invoice") == "INV-1003" for c in json.load(r))
+        def arrived() -> int:
+            return gate.arrived(where=lambda args: isinstance(args, dict) and args.get("invoice") == "INV-1003")
 
-        wait_for("record_invoice INV-1003 in flight", inflight, timeout=240, interval=0.2)
+        wait_for("record_invoice INV-1003 held at the gate", arrived, timeout=400)
         pods = json.loads(env.kubectl("get", "pods", "-n", env.ns, "-l", f"agentrun.dev/run={run}",
                                       "-o", "json").stdout)["items"]
         running = [p["metadata"]["name"] for p in pods if p["status"].get("phase") in ("Running", "Pending")]
         assert running, pods
         env.kubectl("delete", "pod", *running, "-n", env.ns, "--wait=false")
+        wait_for("the retried INV-1003 call at the gate", lambda: arrived() >= 2, timeout=400)
+        gate.open()
 
         st = env.wait_phase(run, "AwaitingApproval", "Failed", timeout=400)
         assert st["phase"] == "AwaitingApproval", (st, env.log.read_text()[-3000:])
@@ -249,6 +253,7 @@ def test_invoice_example_in_the_image_each_side_effect_once(rcluster, s3, image_
             assert cfg["process"]["user"]["uid"] == 65532 and cfg["root"]["readonly"] is True, b
             assert cfg["process"]["args"] == ["agentrun", "lap"], cfg["process"]["args"]
     finally:
+        gate.close()
         env.kill_operator()
         env.tools.shutdown()
         rcluster.kubectl_run("delete", "namespace", env.ns, "--wait=false", check=False)

@@ -1,10 +1,20 @@
 """Leader election with a coordination.k8s.io/v1 Lease, so two replicas never both act.
 
 Every replica watches; only the holder of the Lease reconciles. The holder renews every
-``duration/3``; a standby takes the Lease once ``renewTime + leaseDurationSeconds`` has passed
-without a renewal (the holder died or is partitioned), then resyncs every run. A holder that
-could not renew for ``0.8 * duration`` stops acting before anyone else may take over. Updates
-use the Lease's resourceVersion, so two standbys cannot both take it.
+``duration/3``. Expiry is measured the way client-go's leaderelection does it: each replica keeps
+the Lease record it last read and its OWN clock's time of the last *change* of that record (the
+"observed time"). A standby takes the Lease once ``leaseDurationSeconds`` have passed on its own
+clock since it last saw the record change (the holder died or is partitioned). The holder's
+``renewTime`` is never compared with the local clock, so clock skew between the replicas (or
+between a replica and the apiserver) cannot make a standby take a Lease that is still renewed.
+A holder that could not renew for ``0.8 * duration`` (on its own clock, counted from the start of
+its last successful renewal) stops acting before anyone else may take over. Updates use the
+Lease's resourceVersion, so two standbys cannot both take it.
+
+The time source is injectable (``Clock``): ``wall()`` for the timestamps written into the Lease
+(informational only), ``monotonic()`` for every expiry decision, and ``sleep()`` for the renewal
+period. Unit tests drive the elector with a fake clock (no sleeps); the chaos suite runs a replica
+with a skewed clock (``e2e/chaos/skewed_operator.py``) through :func:`set_default_clock`.
 """
 
 from __future__ import annotations
@@ -14,16 +24,73 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
-from typing import Any
-
-from agentrun.api.types import parse_time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 log = logging.getLogger("agentrun.lease")
 
+RECORD_FIELDS = ("holderIdentity", "renewTime", "acquireTime", "leaseDurationSeconds", "leaseTransitions")
 
-def lease_action(spec: dict[str, Any] | None, identity: str, now: datetime, duration: float) -> str:
-    """``create`` (no Lease), ``renew`` (ours), ``take`` (expired or released), or ``wait``."""
+
+class Clock(Protocol):
+    """The elector's time source."""
+
+    def wall(self) -> datetime: ...  # timestamps written into the Lease (never used to decide)
+
+    def monotonic(self) -> float: ...  # every expiry decision
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    def wall(self) -> datetime:
+        return datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+_default_clock: Clock = SystemClock()
+
+
+def set_default_clock(clock: Clock) -> None:
+    """The clock of electors created without one (the operator's). For tests and the chaos suite."""
+    global _default_clock
+    _default_clock = clock
+
+
+def default_clock() -> Clock:
+    return _default_clock
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The Lease record a replica last read, and when (on its own monotonic clock) it last changed."""
+
+    record: tuple | None
+    at: float
+
+
+def observe(prev: Observation | None, spec: dict[str, Any] | None, now: float,
+            version: str | None = None) -> Observation:
+    """Keep the observed time when the record (its fields and resourceVersion: every write changes
+    it, even one with the same timestamps) is unchanged; restart it when anything changed."""
+    record = None if spec is None else (version, *(str(spec.get(k)) for k in RECORD_FIELDS))
+    if prev is not None and prev.record == record:
+        return prev
+    return Observation(record, now)
+
+
+def lease_action(spec: dict[str, Any] | None, identity: str, observed_at: float, now: float, duration: float) -> str:
+    """``create`` (no Lease), ``renew`` (ours), ``take`` (expired or released), or ``wait``.
+
+    Expired means: ``leaseDurationSeconds`` (else ``duration``) have passed on THIS replica's
+    monotonic clock (``now``) since it observed the record's last change (``observed_at``). The
+    holder's renewTime is not looked at."""
     if spec is None:
         return "create"
     holder = spec.get("holderIdentity")
@@ -31,99 +98,131 @@ def lease_action(spec: dict[str, Any] | None, identity: str, now: datetime, dura
         return "renew"
     if not holder:
         return "take"
-    renew = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
     held_for = float(spec.get("leaseDurationSeconds") or duration)
-    if renew is None or now >= renew + timedelta(seconds=held_for):
+    if now >= observed_at + held_for:
         return "take"
     return "wait"
 
 
-def _now_micro() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def _micro(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaseElector:
     def __init__(self, name: str, namespace: str, identity: str, duration: float,
                  on_acquire: Callable[[], Awaitable[None]] | None = None,
-                 on_lose: Callable[[], None] | None = None) -> None:
+                 on_lose: Callable[[], None] | None = None, *, clock: Clock | None = None,
+                 api: Callable[[], Any] | None = None) -> None:
         self.name, self.namespace, self.identity, self.duration = name, namespace, identity, duration
         self.on_acquire = on_acquire
         self.on_lose = on_lose  # e.g. drop per-run metrics, so a standby never exports stale runs
-        self._renewed_at = 0.0  # monotonic time of our last successful acquire/renew
+        self.clock = clock or default_clock()
+        self._api_factory = api
+        self._renewed_at = float("-inf")  # clock.monotonic() at the start of our last successful acquire/renew
         self._leader = False
-        self.last_tick = time.monotonic()
+        self.last_tick = time.monotonic()  # liveness heartbeat (real time: read by the probe in cli.py)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="lease")
         self.holder: str | None = None  # the other replica holding the Lease, when we wait
         self._standby_logged: str | None = None
         self._acquire_pending = False  # on_acquire failed: run it again while we hold the Lease
+        self._acquire_task: asyncio.Task | None = None
+        self._observed: Observation | None = None
 
     @property
     def is_leader(self) -> bool:
-        return self._leader and time.monotonic() - self._renewed_at < 0.8 * self.duration
+        return self._leader and self.clock.monotonic() - self._renewed_at < 0.8 * self.duration
 
     def _api(self) -> Any:
+        if self._api_factory is not None:
+            return self._api_factory()
         from kubernetes import client
 
         return client.CoordinationV1Api()
 
     def _try(self) -> bool:
+        """One acquire/renew round; True if this replica holds the Lease afterwards."""
         from kubernetes.client.rest import ApiException
 
+        started = self.clock.monotonic()
         api = self._api()
+        # bounded: a hung call must not hold the renewal loop past the Lease's life
+        timeout = max(1.0, self.duration / 2)
         try:
-            lease = api.read_namespaced_lease(self.name, self.namespace)
-            spec = lease.spec.to_dict() if lease.spec else {}
+            lease = api.read_namespaced_lease(self.name, self.namespace, _request_timeout=timeout)
+            raw = lease.spec.to_dict() if lease.spec else {}
             spec = {
-                "holderIdentity": spec.get("holder_identity"),
-                "renewTime": spec.get("renew_time"),
-                "acquireTime": spec.get("acquire_time"),
-                "leaseDurationSeconds": spec.get("lease_duration_seconds"),
-                "leaseTransitions": spec.get("lease_transitions"),
+                "holderIdentity": raw.get("holder_identity"),
+                "renewTime": raw.get("renew_time"),
+                "acquireTime": raw.get("acquire_time"),
+                "leaseDurationSeconds": raw.get("lease_duration_seconds"),
+                "leaseTransitions": raw.get("lease_transitions"),
             }
         except ApiException as exc:
             if exc.status != 404:
                 raise
             lease, spec = None, None
-        action = lease_action(spec, self.identity, datetime.now(UTC), self.duration)
+        now = self.clock.monotonic()
+        self._observed = observe(self._observed, spec, now, lease.metadata.resource_version if lease else None)
+        action = lease_action(spec, self.identity, self._observed.at, now, self.duration)
         if action == "wait":
             self.holder = (spec or {}).get("holderIdentity")
             return False
-        body_spec = {
+        stamp = _micro(self.clock.wall())
+        body_spec: dict[str, Any] = {
             "holderIdentity": self.identity,
             "leaseDurationSeconds": int(max(1, round(self.duration))),
-            "renewTime": _now_micro(),
+            "renewTime": stamp,
         }
         if action == "create":
-            body_spec.update(acquireTime=_now_micro(), leaseTransitions=0)
+            body_spec.update(acquireTime=stamp, leaseTransitions=0)
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.name, "namespace": self.namespace}, "spec": body_spec}
             try:
-                api.create_namespaced_lease(self.namespace, body)
+                api.create_namespaced_lease(self.namespace, body, _request_timeout=timeout)
             except ApiException as exc:
                 if exc.status == 409:
                     return False
                 raise
+            self._renewed_at = started
             return True
         if action == "take":
-            body_spec.update(acquireTime=_now_micro(), leaseTransitions=int((spec or {}).get("leaseTransitions") or 0) + 1)
+            body_spec.update(acquireTime=stamp, leaseTransitions=int((spec or {}).get("leaseTransitions") or 0) + 1)
+        kept = {k: spec.get(k) for k in ("acquireTime", "leaseTransitions")} if spec else {}
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": self.name, "namespace": self.namespace,
                              "resourceVersion": lease.metadata.resource_version},
-                "spec": {**(spec and {k: v for k, v in {
-                    "acquireTime": spec.get("acquireTime"), "leaseTransitions": spec.get("leaseTransitions")}.items()
-                    if v is not None} or {}), **body_spec}}
+                "spec": {**{k: v for k, v in kept.items() if v is not None}, **body_spec}}
         for k in ("acquireTime", "renewTime"):
             if isinstance(body["spec"].get(k), datetime):
-                body["spec"][k] = body["spec"][k].strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                body["spec"][k] = _micro(body["spec"][k])
         try:
-            api.replace_namespaced_lease(self.name, self.namespace, body)
+            api.replace_namespaced_lease(self.name, self.namespace, body, _request_timeout=timeout)
         except ApiException as exc:
             if exc.status == 409:  # someone else won
                 return False
             raise
+        self._renewed_at = started
         return True
 
+    async def _on_acquire(self) -> None:
+        # a failing callback (the API went away right after the renewal) is run again at the next
+        # renewal: the replica must not sit idle for good
+        assert self.on_acquire is not None
+        try:
+            await self.on_acquire()
+        except Exception as exc:  # noqa: BLE001
+            self._acquire_pending = True
+            log.warning("lease %s/%s: on-acquire failed (%s); retrying at the next renewal",
+                        self.namespace, self.name, exc)
+
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            if self._acquire_task is not None:
+                self._acquire_task.cancel()
+
+    async def _run(self) -> None:
         while True:
             self.last_tick = time.monotonic()
             was = self.is_leader
@@ -134,20 +233,15 @@ class LeaseElector:
                 log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
                 ok = False
             if ok:
-                self._renewed_at = time.monotonic()
                 self._leader = True
                 if not was:
                     log.info("lease %s/%s acquired by %s: this replica is active", self.namespace, self.name, self.identity)
-                if (not was or self._acquire_pending) and self.on_acquire is not None:
-                    # a failing callback (the API went away right after the renewal) must not end
-                    # this loop: the replica would never renew again and sit idle for good
-                    try:
-                        await self.on_acquire()
-                        self._acquire_pending = False
-                    except Exception as exc:  # noqa: BLE001
-                        self._acquire_pending = True
-                        log.warning("lease %s/%s: on-acquire failed (%s); retrying at the next renewal",
-                                    self.namespace, self.name, exc)
+                if (not was or self._acquire_pending) and self.on_acquire is not None \
+                        and (self._acquire_task is None or self._acquire_task.done()):
+                    # in its own task: a long resync (every run) must never hold up the renewals,
+                    # or a loaded replica loses the Lease it just took (found by the chaos suite)
+                    self._acquire_pending = False
+                    self._acquire_task = asyncio.create_task(self._on_acquire())
             elif self._leader and not self.is_leader:
                 self._leader = False
                 log.warning("lease %s/%s lost: this replica stops acting", self.namespace, self.name)
@@ -162,7 +256,7 @@ class LeaseElector:
                          self.holder, self.identity)
             if ok:
                 self._standby_logged = None
-            await asyncio.sleep(max(0.5, self.duration / 3))
+            await self.clock.sleep(max(0.5, self.duration / 3))
 
     async def release(self) -> None:
         """Give the Lease up on a clean shutdown so a standby takes over at once."""
