@@ -109,7 +109,7 @@ def test_trace_json_document_shape_and_text_details():
     assert doc["totals"] == recs[1].totals.to_api()
     json.dumps(doc)  # serializable
     text = "\n".join(tr.text_lap(recs[0], 120))
-    assert f"key {RUN.short_id}:1:extract_invoice:call_1" in text
+    assert f"key {RUN.long_id}:1:extract_invoice:call_1" in text
     assert 'args {"doc": "doc_4401"}' in text and "result {" in text
     assert "tokens 1000 in / 100 out, cost 0.0125 USD" in text and "tool[call_1]:" in text
 
