@@ -14,6 +14,7 @@ from ckpt_builders import RUN, make_record
 from agentrun.checkpoint.codec import encode_object, pack_lap
 from agentrun.checkpoint.errors import (
     CheckpointNotFound,
+    CheckpointTooLarge,
     CorruptCheckpoint,
     LapAlreadyCheckpointed,
     StoreConfigError,
@@ -569,3 +570,32 @@ def test_missing_bucket_is_a_permanent_config_error(s3_server: Any) -> None:
     config = StoreConfig(uri="s3://no-such-bucket-here/p", endpoint_url=s3_server.endpoint_url, region="us-east-1", path_style=True)
     with pytest.raises(StoreConfigError, match="no-such-bucket-here"):
         CheckpointStore(config).put_lap(make_record(1))
+
+
+# ---- size ceilings and storage accounting (schema 3) -----------------------------------------------
+
+
+def test_a_lap_over_max_lap_bytes_is_refused_and_nothing_is_written(s3_bucket: Any, s3_client: Any) -> None:
+    store = CheckpointStore(StoreConfig.from_env(s3_bucket.env, max_lap_bytes=2048))
+    shas = write_laps(store, 2)
+    before = all_keys(s3_client, s3_bucket.name)
+    big = make_record(3, shas[-1], payload=0, text="".join(f"{i:08x}" for i in range(2000)))  # ~16 kB, incompressible-ish
+    with pytest.raises(CheckpointTooLarge) as info:
+        store.put_lap(big)
+    e = info.value
+    assert e.permanent and (e.lap, e.limit, e.field) == (3, 2048, "maxLapBytes") and e.size > 2048
+    assert str(e).startswith(f"lap 3: its checkpoint is {e.size} bytes (compressed), over the limit of 2048 bytes")
+    assert "spec.checkpoint.maxLapBytes" in str(e)
+    assert all_keys(s3_client, s3_bucket.name) == before  # the store is left as it was
+
+
+def test_a_lap_that_would_pass_max_run_bytes_is_refused(s3_bucket: Any, s3_client: Any) -> None:
+    store = CheckpointStore(StoreConfig.from_env(s3_bucket.env, max_run_bytes=10_000))
+    record = make_record(1).model_copy(update={"storage": Storage(bytes=9_900, objects=12)})
+    with pytest.raises(CheckpointTooLarge) as info:
+        store.put_lap(record)
+    e = info.value
+    assert e.field == "maxRunBytes" and e.limit == 10_000 and e.size > 10_000
+    assert f"the run's checkpoints would reach {e.size} bytes (9900 stored before this lap's record" in str(e)
+    assert all_keys(s3_client, s3_bucket.name) == {}
+    store.put_lap(make_record(1).model_copy(update={"storage": Storage(bytes=100, objects=1)}))  # under it: written

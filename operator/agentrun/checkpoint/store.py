@@ -463,7 +463,7 @@ class CheckpointStore:
         if limit is not None and size > limit:
             raise CheckpointTooLarge(
                 f"lap {record.lap}: its checkpoint is {size} bytes (compressed), over the limit of {limit} "
-                f"bytes per lap (spec.checkpoint.maxLapBytes); nothing was written for this lap",
+                f"bytes per lap (spec.checkpoint.maxLapBytes); the lap record was not written",
                 key, record.lap, size, limit, "maxLapBytes",
             )
         limit = self.config.max_run_bytes
@@ -472,7 +472,7 @@ class CheckpointStore:
             raise CheckpointTooLarge(
                 f"lap {record.lap}: the run's checkpoints would reach {before + size} bytes ({before} stored "
                 f"before this lap's record + {size}), over the limit of {limit} bytes per run "
-                f"(spec.checkpoint.maxRunBytes); nothing was written for this lap",
+                f"(spec.checkpoint.maxRunBytes); the lap record was not written",
                 key, record.lap, before + size, limit, "maxRunBytes",
             )
 
