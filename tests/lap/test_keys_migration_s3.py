@@ -149,3 +149,26 @@ def test_a_run_checkpointed_by_the_v2_code_finishes_with_its_old_keys_and_no_rep
     assert records[3].prev_sha256 == next(o["sha256"] for o in manifest["objects"] if o["key"] == "laps/00000003.json")
     loaded = store.load_state(run)
     assert loaded.state.lap == 6 and loaded.state.key_scheme == "uid8" and loaded.objects_read <= 3
+
+
+@pytest.mark.s3
+def test_a_first_lap_started_by_the_v2_code_keeps_the_old_keys_when_the_new_code_finishes_it(
+    s3_env: dict[str, str], s3_client: Any, s3_bucket: Any
+) -> None:
+    manifest = json.loads((FIXTURE / "manifest.json").read_text())
+    run = RunRef.model_validate(manifest["run"])
+    store = CheckpointStore(StoreConfig.from_env(s3_env))
+    # only lap 1's journaled model response, as the v2 code wrote it before it was killed
+    key = store.journal_key(run, 1, "model")
+    sha = next(o["sha256"] for o in manifest["objects"] if o["key"] == "journal/00000001/model.json")
+    s3_client.put_object(Bucket=s3_bucket.name, Key=key, Body=(FIXTURE / "objects/journal/00000001/model.json").read_bytes(),
+                         Metadata={"sha256": sha})
+    with RecordingToolServer() as srv:
+        script = [{"content": "not used: the journaled response wins", "toolCalls": []}]
+        spec = spec_doc([tool("extract_invoice", srv.url, sideEffects=False)], script)
+        ident = {"AGENTRUN_NAMESPACE": run.namespace, "AGENTRUN_NAME": run.name, "AGENTRUN_UID": run.uid}
+        p = run_lap_process(lap_env(s3_env, spec, 1, attempt=2, **ident))
+        assert p.returncode == 0, p.stderr
+    record, _ = store.get_lap(run, 1)
+    assert record.key_scheme == "uid8" and record.messages[-2].content == "extracting doc_1"
+    assert [c.idempotency_key for c in record.tool_calls] == ["r_5e1d9a3b:1:extract_invoice:call_1"]
