@@ -598,7 +598,8 @@ def _observe_active(c: _Ctx, job: ObservedJob | None) -> Decision | None:
         c.act(LapRetried(aj.lap, "Permanent"))
         if af.report and af.report.get("reason") == "CheckpointTooLarge":
             return c.fail("CheckpointTooLarge", f"lap {aj.lap} attempt {aj.attempt}: {detail}. The store was left "
-                          "as it is; raise the limit in a new run (spec.checkpoint is immutable) or fork this one",
+                          "as it is; to go on, fork the run from its last lap with a higher limit "
+                          "(agentrun fork --dry-run -o yaml, edit spec.checkpoint, kubectl apply)",
                           lap=aj.lap, attempt=aj.attempt)
         if af.report and af.report.get("reason") == "CheckpointUnreadable":
             return c.fail(
