@@ -60,3 +60,38 @@ def test_a_lap_over_max_lap_bytes_fails_permanently_naming_lap_size_and_limit(
     assert store.head_lap(RUN, 1) is None  # never checkpointed
     assert _bucket_bytes(s3_client, s3_bucket.name) == before  # the retry changed nothing but its report
     assert list(executions.values()) == [1]  # the tool ran once: the retry reused the journal
+
+
+def _journal_keys(client: Any, bucket: str) -> list[str]:
+    return [o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", []) if "/journal/" in o["Key"]]
+
+
+def test_a_journal_left_by_a_runner_killed_after_its_checkpoint_is_deleted_by_the_next(
+    s3_env: dict[str, str], s3_client: Any, s3_bucket: Any
+) -> None:
+    with RecordingToolServer() as srv:
+        spec = spec_doc([tool("pay", srv.url)], [{"content": "pay", "toolCalls": [{"name": "pay", "arguments": {"doc": "d"}}]}])
+        killed = run_lap_process(lap_env(s3_env, spec, 1, AGENTRUN_TEST_CRASH_AT="after-checkpoint"))
+        assert killed.returncode == -9
+        assert len(_journal_keys(s3_client, s3_bucket.name)) == 2  # model + tool-call_1
+        again = run_lap_process(lap_env(s3_env, spec, 1, attempt=2))
+    assert again.returncode == 3 and "already checkpointed" in again.stderr
+    assert _journal_keys(s3_client, s3_bucket.name) == []
+
+
+def test_a_zombie_whose_model_response_lands_after_the_checkpoint_stops_before_any_tool_call(
+    s3_env: dict[str, str], s3_client: Any, s3_bucket: Any
+) -> None:
+    from agentrun.checkpoint.errors import LapAlreadyCheckpointed
+    from agentrun.lap.runner import StoreJournal
+
+    with RecordingToolServer() as srv:
+        spec = spec_doc([tool("pay", srv.url)], [{"content": "pay", "toolCalls": [{"name": "pay", "arguments": {"doc": "d"}}]}])
+        assert run_lap_process(lap_env(s3_env, spec, 1)).returncode == 0
+    store = CheckpointStore(StoreConfig.from_env(s3_env))
+    assert _journal_keys(s3_client, s3_bucket.name) == []  # the winner deleted its journal
+    zombie = StoreJournal(store, RUN, 1, "v1")  # loaded its state before the winner's checkpoint
+    with pytest.raises(LapAlreadyCheckpointed):
+        zombie.put("model", {"kind": "ModelResponse", "response": {"content": "another answer", "toolCalls": []}})
+    assert _journal_keys(s3_client, s3_bucket.name) == []  # and it cleaned up its own entry
+    assert zombie.put("tool-call_9", {"kind": "ToolResult", "record": {}}) is True  # other entries: no check
