@@ -19,6 +19,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -79,6 +80,8 @@ _RETRYABLE_CODES = {
 }  # fmt: skip
 _NOT_FOUND_CODES = {"NoSuchKey", "NotFound", "404"}
 _CONDITION_FAILED = {412, 409}
+_RESUME_READERS = 10
+"""Parallel GETs of a resume at a known lap (the snapshot and up to K-1 lap records)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -609,21 +612,35 @@ class CheckpointStore:
     def _load_from_expected_snapshot(self, run: RunRef, through: int) -> LoadResult | None:
         """``load_state`` without listing: the snapshot a run writes every K laps, at
         ``through // K * K``, read directly, then the lap records after it (so a resume at a
-        known lap costs one GET per object read, no LIST). None, to take the listing path,
-        when that snapshot is absent or unreadable (a fork, K changed, a failed snapshot write)
-        or a lap record after it is missing."""
+        known lap costs one GET per object read, no LIST; the GETs run in parallel, so a resume
+        K-1 laps after a snapshot waits for about one GET, not K). None, to take the listing
+        path, when that snapshot is absent or unreadable (a fork, K changed, a failed snapshot
+        write) or a lap record after it is missing. Errors are raised in lap order, as the
+        sequential fold would."""
         lap = through // self.config.snapshot_every * self.config.snapshot_every
+        laps = list(range(lap + 1, through + 1))
+        if not laps:
+            return self._fold_expected(run, lap, through, lambda: self.get_snapshot(run, lap), [])
+        with ThreadPoolExecutor(max_workers=min(_RESUME_READERS, len(laps) + 1)) as pool:
+            snap_future = pool.submit(self.get_snapshot, run, lap)
+            futures = [pool.submit(self._get_lap, run, n) for n in laps]
+            return self._fold_expected(run, lap, through, snap_future.result, [f.result for f in futures])
+
+    def _fold_expected(
+        self, run: RunRef, lap: int, through: int, snapshot: Callable[[], tuple[RunState, StoredObject]],
+        records: list[Callable[[], tuple[LapRecord, StoredObject, int]]],
+    ) -> LoadResult | None:
         try:
-            state, snap = self.get_snapshot(run, lap)
+            state, snap = snapshot()
         except (CheckpointNotFound, CorruptCheckpoint):
             return None
         keys = [snap.key]
         if lap == through:
             state = state.model_copy(update={"storage": Storage(
                 bytes=state.storage.bytes + snap.size, objects=state.storage.objects + 1)})
-        for n in range(lap + 1, through + 1):
+        for read in records:
             try:
-                record, stored, version = self._get_lap(run, n)
+                record, stored, version = read()
             except CheckpointNotFound:
                 return None
             self._check_link(run, state, record, version)
