@@ -13,6 +13,18 @@ by ``langgraph-checkpoint-sqlite``'s ``SqliteSaver`` in a file. Bytes are the su
 ``get_tuple`` of the latest checkpoint (what a LangGraph resume loads).
 
     python bench/bench_vs_langgraph.py [--laps 500] [--json out.json]
+
+Matrix mode (issue 16): agentrun (schema 3, K=10) beside LangGraph ``add_messages`` and
+``DeltaChannel`` (``_messages_delta_reducer``) at ``snapshot_frequency`` 10, 50 and 100, all on
+``SqliteSaver``, at 50, 500 and 2,000 laps, for one message size per process (~530 B per lap, or
+~2 kB with ``--tool-result-padding 1500``). One run of the largest lap count gives every point: the
+objects (rows) written for laps <= N do not depend on later laps. ``add_messages`` is run to 500
+laps only (quadratic: ~1.7 GB at 2,000). Then ``render`` merges the per-size JSON files into
+``bench/results-checkpoints.json``, two plots and the Markdown section of bench/results.md:
+
+    nice -n 10 python bench/bench_vs_langgraph.py matrix --laps 2000 --tool-result-padding 0 --json /tmp/m0.json
+    nice -n 10 python bench/bench_vs_langgraph.py matrix --laps 2000 --tool-result-padding 1500 --json /tmp/m1.json
+    python bench/bench_vs_langgraph.py render /tmp/m0.json /tmp/m1.json
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import re
 import sqlite3
@@ -35,7 +48,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_lap_run import RUN, ToolHandler, lap_env, spec_doc, start_moto  # noqa: E402
-from benchlib import ratio, summary  # noqa: E402
+from benchlib import fmt_bytes, fmt_ms, markdown_table, ratio, summary, verdict  # noqa: E402
 
 from agentrun.checkpoint.store import CheckpointStore, StoreConfig  # noqa: E402
 from agentrun.lap.config import parse_env  # noqa: E402
@@ -172,7 +185,381 @@ def run_langgraph(lap_messages: list[list[Any]], task: str, path: str) -> dict[s
     }
 
 
+# ------------------------------------------------------------------------------------------------
+# matrix mode (issue 16)
+# ------------------------------------------------------------------------------------------------
+
+POINTS = (50, 500, 2000)
+DELTA_FREQUENCIES = (10, 50, 100)
+ADD_MESSAGES_MAX_LAPS = 500
+
+
+def message_bytes(m: Any) -> int:
+    """Raw bytes of one message: its JSON (role, content, tool calls, tool call id), as stored."""
+    return len(m.model_dump_json(by_alias=True, exclude_none=True))
+
+
+def run_agentrun_matrix(laps: int, max_tokens: int, extra: int) -> tuple[dict[str, Any], list[list[Any]], list[Any]]:
+    """The scripted run through ``execute_lap`` (schema 3, K=10), with each lap's wall time."""
+    moto, endpoint = start_moto()
+    tools = ThreadingHTTPServer(("127.0.0.1", 0), padded_handler(extra) if extra else ToolHandler)
+    threading.Thread(target=tools.serve_forever, daemon=True).start()
+    try:
+        base = {"AGENTRUN_CHECKPOINT_URI": "s3://bench-vs/runs", "AGENTRUN_S3_ENDPOINT": endpoint,
+                "AGENTRUN_S3_REGION": "us-east-1", "AGENTRUN_S3_PATH_STYLE": "true", "AGENTRUN_LOG_FORMAT": "json"}
+        store = CheckpointStore(StoreConfig.from_env(base, snapshot_every=10))
+        store.client.create_bucket(Bucket="bench-vs")
+        spec_json = json.dumps(spec_doc(f"http://127.0.0.1:{tools.server_address[1]}", laps, max_tokens))
+        sink = io.StringIO()
+        lap_seconds, lap_cpu_seconds = [], []
+        for lap in range(1, laps + 1):
+            env = lap_env(base, spec_json, lap)
+            t0, c0 = time.perf_counter(), time.process_time()
+            result = execute_lap(parse_env(env), store, env, LapLogger({"lap": lap}, stream=sink))
+            lap_seconds.append(time.perf_counter() - t0)
+            lap_cpu_seconds.append(time.process_time() - c0)
+            if result.code != 0:
+                raise SystemExit(f"lap {lap} exited {result.code}: {result.message}")
+            sink.seek(0)
+            sink.truncate()
+        per_lap = [0] * (laps + 1)
+        objects_per_lap = [0] * (laps + 1)
+        kinds: dict[str, int] = {}
+        for page in store.client.get_paginator("list_objects_v2").paginate(Bucket="bench-vs"):
+            for o in page.get("Contents", []):
+                m = KEY_LAP.search(o["Key"])
+                if not m:
+                    raise SystemExit(f"unexpected key {o['Key']}")
+                per_lap[int(m.group(2))] += o["Size"]
+                objects_per_lap[int(m.group(2))] += 1
+                kinds[m.group(1)] = kinds.get(m.group(1), 0) + o["Size"]
+        state = store.load_state(RUN).state
+        assert state.storage.bytes == sum(per_lap), (state.storage, sum(per_lap))  # status.storage is exact
+        resume: dict[str, Any] = {}
+        get_seconds = []
+        for point in sorted({*(p for p in POINTS if p <= laps), laps, laps - 1}):  # laps - 1: K-1 records after a snapshot
+            times, loaded = [], None
+            for _ in range(20):
+                t0 = time.perf_counter()
+                loaded = store.load_state(RUN, through_lap=point)
+                times.append(time.perf_counter() - t0)
+            assert loaded is not None
+            resume[str(point)] = {"seconds": times, "objects_read": loaded.objects_read}
+        key = store.lap_key(RUN, laps)
+        for _ in range(50):
+            t0 = time.perf_counter()
+            store.client.get_object(Bucket="bench-vs", Key=key)["Body"].read()
+            get_seconds.append(time.perf_counter() - t0)
+        records = [store.get_lap(RUN, lap)[0] for lap in range(1, laps + 1)]
+        lap0 = [m for m in records[0].messages if m.lap == 0]
+        messages = [[m for m in r.messages if m.lap == r.lap] for r in records]
+        figures = {
+            "laps": laps, "per_lap_bytes": per_lap[1:], "objects_per_lap": objects_per_lap[1:],
+            "bytes_by_kind": kinds, "lap_seconds": lap_seconds, "lap_cpu_seconds": lap_cpu_seconds,
+            "resume": resume, "s3_get_seconds": get_seconds,
+            "storage_status": state.storage.to_api(), "snapshot_every": 10,
+            "message_bytes_lap0": sum(message_bytes(m) for m in lap0),
+            "message_bytes_per_lap": [sum(message_bytes(m) for m in ms) for ms in messages],
+        }
+        return figures, messages, lap0
+    finally:
+        tools.shutdown()
+        moto.terminate()
+        moto.wait(timeout=10)
+
+
+def run_langgraph_matrix(lap_messages: list[list[Any]], lap0: list[Any], path: str, channel: str,
+                         frequency: int | None, laps: int) -> dict[str, Any]:
+    """One LangGraph run of ``laps`` supersteps (one per lap) appending our laps' messages, on
+    SqliteSaver; bytes per step (checkpoint + metadata + writes blobs), resume = ``get_state``."""
+    from typing import Annotated, TypedDict
+
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import END, StateGraph
+
+    def to_lc(m: Any, mid: str) -> Any:
+        if m.role == "assistant":
+            return AIMessage(content=m.content or "", id=mid, tool_calls=[
+                {"id": c.id, "name": c.name, "args": c.arguments} for c in m.tool_calls])
+        if m.role == "tool":
+            return ToolMessage(content=m.content or "", tool_call_id=m.tool_call_id, id=mid)
+        if m.role == "system":
+            return SystemMessage(content=m.content or "", id=mid)
+        return HumanMessage(content=m.content or "", id=mid)
+
+    steps = [[to_lc(m, f"m{lap}-{i}") for i, m in enumerate(ms)] for lap, ms in enumerate(lap_messages[:laps], 1)]
+    first = [to_lc(m, f"m0-{i}") for i, m in enumerate(lap0)]
+    if channel == "add_messages":
+        from langgraph.graph.message import add_messages
+
+        reducer: Any = add_messages
+    else:
+        from langgraph.channels.delta import DeltaChannel
+        from langgraph.graph.message import _messages_delta_reducer
+
+        reducer = DeltaChannel(_messages_delta_reducer, snapshot_frequency=frequency or 100)
+    State = TypedDict("State", {"messages": Annotated[list, reducer], "lap": int})  # noqa: UP013
+
+    def lap_node(state: dict[str, Any]) -> dict[str, Any]:
+        return {"messages": steps[state["lap"] - 1], "lap": state["lap"] + 1}
+
+    graph = StateGraph(State)
+    graph.add_node("lap", lap_node)
+    graph.set_entry_point("lap")
+    graph.add_conditional_edges("lap", lambda s: END if s["lap"] > laps else "lap")
+    conn = sqlite3.connect(path, check_same_thread=False)
+    saver = SqliteSaver(conn)
+    app = graph.compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": "run"}, "recursion_limit": laps + 10}
+    t0 = time.perf_counter()
+    final = app.invoke({"messages": first, "lap": 1}, config)
+    run_seconds = time.perf_counter() - t0
+    total_messages = len(first) + sum(len(x) for x in steps)
+    assert final["lap"] == laps + 1 and len(final["messages"]) == total_messages
+    rows = conn.execute(
+        "SELECT checkpoint_id, json_extract(CAST(metadata AS TEXT), '$.step'), length(checkpoint) + length(metadata) "
+        "FROM checkpoints ORDER BY checkpoint_id").fetchall()
+    writes = dict(conn.execute(
+        "SELECT checkpoint_id, sum(length(value)) FROM writes GROUP BY checkpoint_id").fetchall())
+    # bytes through lap N = every row of the steps up to N's (step -1 is the input, lap N runs in step N-1)
+    per_lap = [0] * (laps + 1)
+    for cid, step, size in rows:
+        per_lap[min(laps, max(0, int(step) + 1))] += size + (writes.get(cid) or 0)
+    resume = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        st = app.get_state({"configurable": {"thread_id": "run"}})
+        resume.append(time.perf_counter() - t0)
+    assert len(st.values["messages"]) == total_messages
+    conn.close()
+    return {"channel": channel, "snapshot_frequency": frequency, "laps": laps, "checkpoints": len(rows),
+            "per_lap_bytes": per_lap, "file_bytes": os.path.getsize(path), "resume_seconds": resume,
+            "run_seconds": run_seconds}
+
+
+def matrix(args: argparse.Namespace) -> None:
+    load_at_start = os.getloadavg()
+    ours, lap_messages, lap0 = run_agentrun_matrix(args.laps, args.max_tokens, args.tool_result_padding)
+    print(f"agentrun: {sum(ours['per_lap_bytes']):,} B through lap {args.laps}", flush=True)
+    theirs = []
+    configs = [("add_messages", None, min(args.laps, ADD_MESSAGES_MAX_LAPS))]
+    configs += [("DeltaChannel", k, args.laps) for k in DELTA_FREQUENCIES]
+    for channel, freq, laps in configs:
+        with tempfile.TemporaryDirectory(prefix="bench-langgraph-") as tmp:
+            r = run_langgraph_matrix(lap_messages, lap0, os.path.join(tmp, "c.sqlite"), channel, freq, laps)
+        print(f"{channel} k={freq}: {sum(r['per_lap_bytes']):,} B through lap {laps} ({r['run_seconds']:.0f} s)", flush=True)
+        theirs.append(r)
+    out = {"agentrun": ours, "langgraph": theirs, "tool_result_padding": args.tool_result_padding,
+           "langgraph_version": version("langgraph"), "sqlite_version": version("langgraph-checkpoint-sqlite"),
+           "load_at_start": load_at_start, "load_at_end": os.getloadavg(), "cpus": os.cpu_count()}
+    with open(args.json, "w") as f:
+        json.dump(out, f)
+
+
+def cumulative(per_lap: list[int], n: int, base: int = 0) -> int:
+    return base + sum(per_lap[:n])
+
+
+def render(paths: list[str], out_json: str, plot_bytes: str, plot_time: str, out_md: str) -> None:
+    """Merge the matrix runs; write the JSON figures, the two plots and the Markdown section."""
+    runs = [json.load(open(p)) for p in paths]
+    rows, checks, figures = [], [], {"runs": []}
+    for run in runs:
+        a = run["agentrun"]
+        n_max = a["laps"]
+        raw_per_lap = a["message_bytes_per_lap"]
+        size = statistics.median(raw_per_lap)
+        fig: dict[str, Any] = {"message_bytes_per_lap_median": size, "tool_result_padding": run["tool_result_padding"],
+                               "points": []}
+        for n in (p for p in POINTS if p <= n_max):
+            raw = cumulative(raw_per_lap, n, a["message_bytes_lap0"])
+            ours = cumulative(a["per_lap_bytes"], n)
+            objects = cumulative(a["objects_per_lap"], n)
+            point: dict[str, Any] = {"laps": n, "raw_message_bytes": raw, "agentrun_bytes": ours,
+                                     "agentrun_objects": objects, "agentrun_over_raw": ours / raw,
+                                     "resume_objects_read": a["resume"][str(n)]["objects_read"],
+                                     "resume_p50_seconds": summary(a["resume"][str(n)]["seconds"])["p50"]}
+            for lg in run["langgraph"]:
+                if n > lg["laps"]:
+                    continue
+                name = "add_messages" if lg["channel"] == "add_messages" else f"delta_k{lg['snapshot_frequency']}"
+                point[name + "_bytes"] = sum(lg["per_lap_bytes"][: n + 1])
+            fig["points"].append(point)
+            limit = 3 if n < 500 else 2
+            checks.append((f"agentrun bytes / raw message bytes, {size:.0f} B/lap, {n} laps", f"≤ {limit}x",
+                           f"{ours / raw:.2f}x", ours / raw <= limit))
+            for k in DELTA_FREQUENCIES:
+                theirs = point.get(f"delta_k{k}_bytes")
+                if theirs is not None:
+                    checks.append((f"agentrun < DeltaChannel k={k}, {size:.0f} B/lap, {n} laps", "fewer bytes",
+                                   f"{fmt_bytes(ours)} vs {fmt_bytes(theirs)} ({theirs / ours:.1f}x)", ours < theirs))
+            if n == 500 and "add_messages_bytes" in point:
+                r = point["add_messages_bytes"] / ours
+                checks.append((f"add_messages / agentrun, {size:.0f} B/lap, 500 laps", "≥ 100x", f"{r:.0f}x", r >= 100))
+            checks.append((f"resume reads, {size:.0f} B/lap, lap {n}", "≤ K+1 = 11 objects",
+                           str(point["resume_objects_read"]), point["resume_objects_read"] <= 11))
+            rows.append([f"{size:.0f} B", n, fmt_bytes(raw), fmt_bytes(ours), f"{ours / raw:.2f}x",
+                         f"{objects / n:.2f}", fmt_bytes(point.get("add_messages_bytes") or math.nan)
+                         if "add_messages_bytes" in point else "-",
+                         *[fmt_bytes(point[f"delta_k{k}_bytes"]) if f"delta_k{k}_bytes" in point else "-"
+                           for k in DELTA_FREQUENCIES]])
+        lg_resume = {("add_messages" if lg["channel"] == "add_messages" else f"delta_k{lg['snapshot_frequency']}"):
+                     {"laps": lg["laps"], "p50_seconds": summary(lg["resume_seconds"])["p50"]} for lg in run["langgraph"]}
+        laps_t = a["lap_seconds"]
+        fig.update({
+            "lap_seconds_mean": {"laps 1-100": statistics.mean(laps_t[:100]),
+                                 "laps 901-1000": statistics.mean(laps_t[900:1000]) if n_max >= 1000 else None,
+                                 f"laps {n_max - 99}-{n_max}": statistics.mean(laps_t[-100:])},
+            "s3_get_p50_seconds": summary(a["s3_get_seconds"])["p50"], "langgraph_resume": lg_resume,
+            "bytes_by_kind": a["bytes_by_kind"], "storage_status": a["storage_status"],
+            "resume_worst": {"lap": n_max - 1, "objects_read": a["resume"][str(n_max - 1)]["objects_read"],
+                             "p50_seconds": summary(a["resume"][str(n_max - 1)]["seconds"])["p50"]},
+        })
+        worst_reads = a["resume"][str(n_max - 1)]["objects_read"]
+        checks.append((f"resume reads, {size:.0f} B/lap, lap {n_max - 1}", "≤ K+1 = 11 objects", str(worst_reads),
+                       worst_reads <= 11))
+        lg_last = lg_resume.get("delta_k100") or next(iter(lg_resume.values()))
+        ours_p50 = summary(a["resume"][str(n_max)]["seconds"])["p50"]
+        get_p50 = summary(a["s3_get_seconds"])["p50"]
+        checks.append((f"resume p50 at lap {n_max}, {size:.0f} B/lap", "≤ LangGraph (DeltaChannel k=100) + one S3 GET",
+                       f"{fmt_ms(ours_p50)} vs {fmt_ms(lg_last['p50_seconds'])} + {fmt_ms(get_p50)}",
+                       ours_p50 <= lg_last["p50_seconds"] + get_p50))
+        cpu = a.get("lap_cpu_seconds")
+        if cpu:  # CPU time of the lap runner: what the lap costs, not how busy the shared box was
+            fig["lap_cpu_seconds_mean"] = {"laps 1-100": statistics.mean(cpu[:100]),
+                                           "laps 901-1000": statistics.mean(cpu[900:1000]) if n_max >= 1000 else None,
+                                           f"laps {n_max - 99}-{n_max}": statistics.mean(cpu[-100:])}
+            first, last = statistics.mean(cpu[:100]), statistics.mean(cpu[-100:])
+            checks.append((f"lap runner CPU per lap, laps {n_max - 99}-{n_max} vs 1-100, {size:.0f} B/lap",
+                           "flat (≤ 1.25x)", f"{fmt_ms(last)} vs {fmt_ms(first)}", last <= 1.25 * first))
+        first, last = statistics.mean(laps_t[:100]), statistics.mean(laps_t[-100:])
+        checks.append((f"lap wall time, laps {n_max - 99}-{n_max} vs 1-100, {size:.0f} B/lap (shared, loaded box)",
+                       "flat (≤ 1.25x)", f"{fmt_ms(last)} vs {fmt_ms(first)}", last <= 1.25 * first))
+        figures["runs"].append(fig)
+    figures["checks"] = [{"figure": c[0], "target": c[1], "measured": c[2], "met": c[3]} for c in checks]
+    figures["langgraph_version"] = runs[0]["langgraph_version"]
+    figures["sqlite_version"] = runs[0]["sqlite_version"]
+    figures["load_at_start"] = [r.get("load_at_start") for r in runs]
+    figures["load_at_end"] = [r.get("load_at_end") for r in runs]
+    figures["load_after_render"] = os.getloadavg()
+    with open(out_json, "w") as f:
+        json.dump(figures, f, indent=1)
+        f.write("\n")
+    _plots(runs, plot_bytes, plot_time)
+    md = [markdown_table(["messages/lap", "laps", "raw messages", "agentrun", "agentrun/raw", "objects/lap",
+                          "add_messages", *[f"DeltaChannel k={k}" for k in DELTA_FREQUENCIES]], rows), "",
+          markdown_table(["figure", "target", "measured", "verdict"], [[c[0], c[1], c[2], verdict(c[3])] for c in checks])]
+    for fig in figures["runs"]:
+        if not fig["points"]:
+            continue
+        res = fig["points"][-1]
+        lr = fig["langgraph_resume"]
+        worst = fig["resume_worst"]
+        md.append("")
+        md.append(
+            f"~{fig['message_bytes_per_lap_median']:.0f} B/lap: resume at lap {res['laps']}: agentrun p50 "
+            f"{fmt_ms(res['resume_p50_seconds'])} ({res['resume_objects_read']} objects; one S3 GET on loopback p50 "
+            f"{fmt_ms(fig['s3_get_p50_seconds'])}); LangGraph get_state p50: "
+            + ", ".join(f"{k} at lap {v['laps']} {fmt_ms(v['p50_seconds'])}" for k, v in lr.items())
+            + f". Resume at lap {worst['lap']} (a snapshot and {worst['objects_read'] - 1} lap records): p50 "
+            f"{fmt_ms(worst['p50_seconds'])}, {worst['objects_read']} objects"
+            + ". Lap runner wall time per lap, mean: "
+            + ", ".join(f"{k} {fmt_ms(v)}" for k, v in fig["lap_seconds_mean"].items() if v is not None)
+            + ("; CPU time per lap, mean: " + ", ".join(
+                f"{k} {fmt_ms(v)}" for k, v in fig["lap_cpu_seconds_mean"].items() if v is not None)
+               if "lap_cpu_seconds_mean" in fig else "") + "."
+        )
+    with open(out_md, "w") as f:
+        f.write("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+def _plots(runs: list[dict[str, Any]], plot_bytes: str, plot_time: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    styles = ["-", "--"]
+    for run, ls in zip(runs, styles, strict=False):
+        a = run["agentrun"]
+        size = statistics.median(a["message_bytes_per_lap"])
+        xs = range(1, a["laps"] + 1)
+        cum, t = [], 0
+        for b in a["per_lap_bytes"]:
+            t += b
+            cum.append(t)
+        ax.plot(xs, cum, ls, color="black", lw=2, label=f"agentrun K=10, {size:.0f} B/lap")
+        raw, t = [], a["message_bytes_lap0"]
+        for b in a["message_bytes_per_lap"]:
+            t += b
+            raw.append(t)
+        ax.plot(xs, raw, ls, color="grey", lw=1, label=f"raw message bytes, {size:.0f} B/lap")
+        for lg, color in zip(run["langgraph"], ["tab:red", "tab:orange", "tab:blue", "tab:green"], strict=False):
+            name = "add_messages" if lg["channel"] == "add_messages" else f"DeltaChannel k={lg['snapshot_frequency']}"
+            cum, t = [], 0
+            for b in lg["per_lap_bytes"][1:]:
+                t += b
+                cum.append(t)
+            cum[0] += lg["per_lap_bytes"][0]
+            ax.plot(range(1, lg["laps"] + 1), cum, ls, color=color, lw=1.2, label=f"LangGraph {name}, {size:.0f} B/lap")
+    ax.set_yscale("log")
+    ax.set_xlabel("laps")
+    ax.set_ylabel("bytes stored (cumulative)")
+    ax.set_title("Checkpoint bytes vs laps (log y): agentrun schema 3 vs LangGraph SqliteSaver")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(plot_bytes, dpi=110)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for run, ls in zip(runs, styles, strict=False):
+        a = run["agentrun"]
+        secs = a["lap_seconds"]
+        w = 20
+        xs = [i + w for i in range(0, len(secs) - w + 1, w)]
+        ys = [statistics.mean(secs[i:i + w]) * 1000 for i in range(0, len(secs) - w + 1, w)]
+        size = statistics.median(a["message_bytes_per_lap"])
+        ax.plot(xs, ys, ls, label=f"wall, {size:.0f} B/lap (mean of {w} laps)")
+        if a.get("lap_cpu_seconds"):
+            cpu = a["lap_cpu_seconds"]
+            ax.plot(xs, [statistics.mean(cpu[i:i + w]) * 1000 for i in range(0, len(cpu) - w + 1, w)], ls,
+                    lw=2, label=f"CPU of the lap runner, {size:.0f} B/lap (mean of {w} laps)")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("lap")
+    ax.set_ylabel("lap runner time per lap (ms)")
+    ax.set_title("agentrun lap runner (in-process execute_lap, moto S3 on loopback): time per lap")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(plot_time, dpi=110)
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in ("matrix", "render"):
+        cmd = sys.argv.pop(1)
+        ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        if cmd == "matrix":
+            ap.add_argument("--laps", type=int, default=2000)
+            ap.add_argument("--max-tokens", type=int, default=4000)
+            ap.add_argument("--tool-result-padding", type=int, default=0)
+            ap.add_argument("--json", required=True)
+            matrix(ap.parse_args())
+        else:
+            here = os.path.dirname(os.path.abspath(__file__))
+            ap.add_argument("runs", nargs="+")
+            ap.add_argument("--json", default=os.path.join(here, "results-checkpoints.json"))
+            ap.add_argument("--plot", default=os.path.join(here, "results-checkpoints-v3.png"))
+            ap.add_argument("--plot-time", default=os.path.join(here, "results-lap-time.png"))
+            ap.add_argument("--md", default=os.path.join(here, "results-checkpoints.md"))
+            a = ap.parse_args()
+            render(a.runs, a.json, a.plot, a.plot_time, a.md)
+        return
+    legacy_main()
+
+
+def legacy_main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--laps", type=int, default=500)
     ap.add_argument("--max-tokens", type=int, default=4000)

@@ -349,6 +349,13 @@ def render(res: dict[str, Any], analysis: str | None = None) -> str:
     if lg:
         a, t = lg["agentrun"], lg["langgraph"]
         md.append("\n## 2. Checkpoint cost over a 500-lap run, beside LangGraph\n")
+        md.append("**Superseded for checkpoint schema 3** (issue 16): the figures of this section are from the run "
+                  "named in its record, before schema 3. Schema 3 beside LangGraph `add_messages` and `DeltaChannel` "
+                  "(snapshot frequency 10/50/100) at 50/500/2,000 laps is in "
+                  "[results-checkpoints.md](results-checkpoints.md), rendered from results-checkpoints.json by "
+                  "`python bench/bench_vs_langgraph.py render` (bytes against laps for all of them, log y: "
+                  "[results-checkpoints-v3.png](results-checkpoints-v3.png); lap runner time per lap: "
+                  "[results-lap-time.png](results-lap-time.png)).\n")
         md.append(
             f"The same {a['laps']}-lap run on both sides. **agentrun**: `bench_lap_run.py`'s scripted run through "
             "the real lap code (`execute_lap`): each lap journals the model response and the tool result, "
@@ -576,8 +583,13 @@ def readme_block(text: str) -> str:
 def write_outputs(res: dict[str, Any], out: Path, analysis: Path) -> None:
     """results.md, the plots and README's table, all from ``res``."""
     out.write_text(render(res, analysis.read_text() if analysis.exists() else None))
-    for png in out.parent.glob("results-*.png"):
-        png.unlink()
+    try:
+        import matplotlib  # noqa: F401  (the bench extra: without it the committed plots stay as they are)
+    except ImportError as exc:
+        print(f"no plots ({exc}): pip install -e '.[bench]'", file=sys.stderr)
+    else:
+        for own in ("results-checkpoints.png", "results-overhead.png", "results-scale.png"):  # its own plots only
+            (out.parent / own).unlink(missing_ok=True)
     cl = _data(res, "operator_cluster") or {}
     try:
         if _data(res, "langgraph"):

@@ -225,11 +225,11 @@ def show(url: str, out: Any = sys.stdout) -> int:
     except OSError as exc:
         print(f"tool_server: cannot reach {url}: {exc}", file=sys.stderr)
         return 1
-    print(f"{'#':>3}  {'TIME':8}  {'PATH':22}  {'IDEMPOTENCY-KEY':44}  {'REPEATS-REFUSED':>15}  ARGUMENTS", file=out)
+    print(f"{'#':>3}  {'TIME':8}  {'PATH':22}  {'IDEMPOTENCY-KEY':60}  {'REPEATS-REFUSED':>15}  ARGUMENTS", file=out)
     for i, c in enumerate(calls, 1):
         at = time.strftime("%H:%M:%S", time.localtime(c.get("at") or 0))
         args = json.dumps(c.get("arguments"), separators=(",", ":"))
-        print(f"{i:>3}  {at:8}  {c.get('path', ''):22}  {c.get('idempotencyKey') or '-':44}  "
+        print(f"{i:>3}  {at:8}  {c.get('path', ''):22}  {c.get('idempotencyKey') or '-':60}  "
               f"{c.get('repeatsRefused', 0):>15}  {args[:80]}", file=out)
     keys = [c["idempotencyKey"] for c in calls if c.get("idempotencyKey")]
     dup = len(keys) - len(set(keys))

@@ -66,7 +66,7 @@ def make_record(
                 call_id=call_id,
                 tool="extract_invoice",
                 arguments={"doc": f"doc_{4400 + lap}"},
-                idempotency_key=f"{run.short_id}:{lap}:extract_invoice:{call_id}",
+                idempotency_key=f"{run.long_id}:{lap}:extract_invoice:{call_id}",
                 status="ok",
                 result=result,
                 http_status=200,
@@ -78,7 +78,7 @@ def make_record(
         pending_approval=(
             PendingApproval(
                 call_id=f"pay_{lap}", tool="post_ledger", arguments={"amount": "1.00"},
-                idempotency_key=f"{run.short_id}:{lap}:post_ledger:pay_{lap}", lap=lap, requested_at=started,
+                idempotency_key=f"{run.long_id}:{lap}:post_ledger:pay_{lap}", lap=lap, requested_at=started,
             )
             if pending
             else None

@@ -12,7 +12,13 @@ import pytest
 
 from agentrun.checkpoint.errors import CorruptCheckpoint, UnsupportedSchemaVersion
 from agentrun.checkpoint.fold import fold
-from agentrun.checkpoint.migrations import MIGRATIONS, MIN_SCHEMA_VERSION, migrate, migrate_v1_to_v2
+from agentrun.checkpoint.migrations import (
+    MIGRATIONS,
+    MIN_SCHEMA_VERSION,
+    migrate,
+    migrate_v1_to_v2,
+    migrate_v2_to_v3,
+)
 from agentrun.checkpoint.schema import SCHEMA_VERSION, LapRecord, RunState
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "checkpoints" / "v1"
@@ -23,9 +29,9 @@ def load(name: str) -> dict[str, Any]:
 
 
 def test_registry_covers_every_step_to_the_current_version() -> None:
-    assert MIN_SCHEMA_VERSION == 1 and SCHEMA_VERSION == 2
+    assert MIN_SCHEMA_VERSION == 1 and SCHEMA_VERSION == 3
     assert set(MIGRATIONS) == set(range(MIN_SCHEMA_VERSION, SCHEMA_VERSION))
-    assert MIGRATIONS[1] is migrate_v1_to_v2
+    assert MIGRATIONS[1] is migrate_v1_to_v2 and MIGRATIONS[2] is migrate_v2_to_v3
 
 
 def test_v1_lap_fixture_migrates_field_by_field() -> None:
@@ -33,7 +39,7 @@ def test_v1_lap_fixture_migrates_field_by_field() -> None:
     pristine = copy.deepcopy(raw)
     record = LapRecord.model_validate(migrate(raw, "laps/00000007.json"))
     assert raw == pristine, "migrations must not mutate their input"
-    assert record.kind == "LapRecord" and record.schema_version == 2
+    assert record.kind == "LapRecord" and record.schema_version == 3 and record.key_scheme == "uid8"
     assert record.agent_version == "invoice-agent:0.9.2"
     assert (record.run.namespace, record.run.name) == ("billing", "invoices-nov")
     assert record.run.uid == "8f2a1c0d-4b7e-4f10-9a51-2c3d4e5f6a7b"
@@ -72,7 +78,7 @@ def test_v1_lap_fixture_migrates_field_by_field() -> None:
 
 def test_v1_snapshot_fixture_migrates_field_by_field_and_folds_with_the_v1_lap() -> None:
     state = RunState.model_validate(migrate(load("snapshot-00000006.json"), "snapshots/00000006.json"))
-    assert state.kind == "Snapshot" and state.schema_version == 2
+    assert state.kind == "Snapshot" and state.schema_version == 3 and state.key_scheme == "uid8"
     assert (state.lap, state.agent_version, state.last_sha256) == (6, "invoice-agent:0.9.2", None)
     assert state.summary is not None and state.summary.startswith("Laps 1-4")
     assert state.pinned_facts == ["vendor ACME uses EUR", "doc_4402 is a duplicate of doc_4401"]
@@ -94,11 +100,11 @@ def test_v1_snapshot_fixture_migrates_field_by_field_and_folds_with_the_v1_lap()
 
 
 def test_current_version_documents_pass_through_unchanged() -> None:
-    doc = {"schemaVersion": 2, "kind": "LapRecord", "anything": 1}
+    doc = {"schemaVersion": 3, "kind": "LapRecord", "anything": 1}
     assert migrate(doc, "k") is doc
 
 
-@pytest.mark.parametrize("version", [9, 3, 0, -1])
+@pytest.mark.parametrize("version", [9, 4, 0, -1])
 def test_unknown_schema_version_names_both_versions(version: int) -> None:
     doc = load("lap-00000007.json")
     doc.pop("schema_version")
@@ -107,7 +113,7 @@ def test_unknown_schema_version_names_both_versions(version: int) -> None:
         migrate(doc, "ns/run/uid/laps/00000007.json")
     assert str(info.value) == (
         f"checkpoint ns/run/uid/laps/00000007.json has schemaVersion {version}; this agentrun reads "
-        "schema versions 1..2 — upgrade the operator/runner image"
+        "schema versions 1..3 — upgrade the operator/runner image"
     )
     assert info.value.permanent and info.value.found == version
 
@@ -134,3 +140,32 @@ def test_a_malformed_v1_document_is_corrupt_naming_key_and_field(mutate: Any, fi
     assert "checkpoint p/laps/00000007.json" in str(info.value)
     assert field in str(info.value)
     assert info.value.permanent
+
+
+V2 = Path(__file__).parent.parent / "fixtures" / "checkpoints" / "v2-run"
+
+
+def test_v2_fixture_objects_migrate_to_v3_with_the_old_key_scheme() -> None:
+    manifest = json.loads((V2 / "manifest.json").read_text())
+    for obj in manifest["objects"]:
+        raw = json.loads((V2 / "objects" / obj["key"]).read_bytes())
+        assert raw["schemaVersion"] == 2
+        doc = migrate(raw, obj["key"])
+        assert doc["schemaVersion"] == 3 and raw["schemaVersion"] == 2  # input not mutated
+        if raw["kind"] in ("LapRecord", "Snapshot"):
+            assert doc["keyScheme"] == "uid8"
+            if raw["kind"] == "LapRecord":
+                assert LapRecord.model_validate(doc).storage is None  # not counted before v3
+            else:
+                assert RunState.model_validate(doc).key_scheme == "uid8"
+        else:
+            assert "keyScheme" not in doc
+    lap3 = LapRecord.model_validate(migrate(json.loads((V2 / "objects/laps/00000003.json").read_bytes()), "k"))
+    assert lap3.pending_approval is not None
+    assert lap3.pending_approval.idempotency_key == "r_5e1d9a3b:3:post_ledger:call_1"
+
+
+def test_v2_to_v3_refuses_an_unknown_kind() -> None:
+    with pytest.raises(CorruptCheckpoint, match=r"field kind: expected one of"):
+        migrate({"schemaVersion": 2, "kind": "Mystery"}, "k")
+    assert migrate_v2_to_v3({"schemaVersion": 2, "kind": "JournalEntry"})["schemaVersion"] == 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 from pathlib import Path
@@ -10,8 +11,10 @@ from typing import Any
 import pytest
 from ckpt_builders import RUN, make_record
 
+from agentrun.checkpoint.codec import encode_object, pack_lap
 from agentrun.checkpoint.errors import (
     CheckpointNotFound,
+    CheckpointTooLarge,
     CorruptCheckpoint,
     LapAlreadyCheckpointed,
     StoreConfigError,
@@ -19,12 +22,17 @@ from agentrun.checkpoint.errors import (
     UnsupportedSchemaVersion,
 )
 from agentrun.checkpoint.fold import fold_all, initial_state
-from agentrun.checkpoint.schema import Compaction, LapRecord, RunRef, RunState
+from agentrun.checkpoint.schema import Compaction, LapRecord, RunRef, RunState, Storage
 from agentrun.checkpoint.store import CheckpointStore, StoreConfig, canonical_json, sha256_hex
 
 pytestmark = pytest.mark.s3
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "checkpoints" / "v1"
+
+
+def same_state(a: RunState, b: RunState) -> bool:
+    """Equal apart from ``storage`` (these records carry no storage count; a snapshot adds its own size)."""
+    return a.model_copy(update={"storage": Storage()}) == b.model_copy(update={"storage": Storage()})
 
 
 def make_store(s3_bucket: Any, k: int = 10) -> CheckpointStore:
@@ -71,10 +79,12 @@ def test_layout_canonical_bytes_and_sha256_metadata(s3_bucket: Any, s3_client: A
     assert stored.key == "checkpoints/billing/invoices-nov/8f2a1c0d-4b7e-4f10-9a51-2c3d4e5f6a7b/laps/00000001.json"
     obj = s3_client.get_object(Bucket=s3_bucket.name, Key=stored.key)
     body = obj["Body"].read()
-    assert body == canonical_json(record.to_api())
+    assert body == encode_object(pack_lap(record.to_api()))  # gzip of the compact canonical JSON
     assert obj["Metadata"]["sha256"] == sha256_hex(body) == stored.sha256
+    assert obj["Metadata"]["encoding"] == "gzip" and obj["ContentType"] == "application/gzip"
     assert stored.size == len(body)
-    assert json.loads(body)["schemaVersion"] == 2 and json.loads(body)["agentVersion"] == "invoice-agent:1.0.0"
+    doc = json.loads(gzip.decompress(body))  # the standard library reads it
+    assert doc["schemaVersion"] == 3 and doc["agentVersion"] == "invoice-agent:1.0.0" and doc["keyScheme"] == "uid128"
     got, got_obj = store.get_lap(RUN, 1)
     assert got == record
     assert (got_obj.key, got_obj.sha256, got_obj.size) == (stored.key, stored.sha256, stored.size)
@@ -134,7 +144,8 @@ def test_tampered_body_is_corrupt_and_the_store_is_left_intact(s3_bucket: Any, s
     write_laps(store, 3)
     key = store.lap_key(RUN, 2)
     original = s3_client.get_object(Bucket=s3_bucket.name, Key=key)
-    tampered = original["Body"].read().replace(b"lap 2: extracting", b"lap 2: EXTRACTING")
+    body = original["Body"].read()
+    tampered = body[:30] + bytes([body[30] ^ 1]) + body[31:]
     raw_put(s3_client, s3_bucket.name, key, tampered, sha=original["Metadata"]["sha256"])
     before = all_keys(s3_client, s3_bucket.name)
     with pytest.raises(CorruptCheckpoint) as info:
@@ -190,7 +201,7 @@ def test_future_schema_version_is_refused_naming_both_versions(s3_bucket: Any, s
     key = store.lap_key(RUN, 7)
     raw_put(s3_client, s3_bucket.name, key, canonical_json(doc))
     expected = (
-        f"checkpoint {key} has schemaVersion 9; this agentrun reads schema versions 1..2 "
+        f"checkpoint {key} has schemaVersion 9; this agentrun reads schema versions 1..3 "
         "— upgrade the operator/runner image"
     )
     with pytest.raises(UnsupportedSchemaVersion) as info:
@@ -231,7 +242,7 @@ def test_v1_objects_in_the_store_are_migrated_on_load(s3_bucket: Any, s3_client:
     raw_put(s3_client, s3_bucket.name, store.snapshot_key(RUN, 6), snap)
     raw_put(s3_client, s3_bucket.name, store.lap_key(RUN, 7), lap7)
     record, stored = store.get_lap(RUN, 7)
-    assert record.schema_version == 2 and record.outcome.type == "awaiting-approval"
+    assert record.schema_version == 3 and record.outcome.type == "awaiting-approval" and record.key_scheme == "uid8"
     assert stored.sha256 == sha256_hex(lap7)  # the sha256 of the stored (v1) bytes
     loaded = store.load_state(RUN)
     assert loaded.objects_read == 2
@@ -262,7 +273,8 @@ def test_load_state_reads_at_most_k_plus_one_objects(s3_bucket: Any, k: int) -> 
         assert result.objects_read <= k + 1
         expected_reads = through if through < k else 1 + through % k
         assert result.objects_read == expected_reads
-        assert result.state == fold_all(initial_state(RUN), pairs[:through])
+        # (storage is counted by the lap runner's records: tests/lap/test_lap_s3.py)
+        assert same_state(result.state, fold_all(initial_state(RUN), pairs[:through]))
 
 
 def test_snapshot_holds_the_folded_state(s3_bucket: Any) -> None:
@@ -330,16 +342,15 @@ def corrupt(client: Any, bucket: str, key: str, how: str) -> bytes:
     original = client.get_object(Bucket=bucket, Key=key)
     body = original["Body"].read()
     if how == "sha":
-        tampered = body.replace(b"extracting", b"EXTRACTING")
-        assert tampered != body
+        tampered = body[:30] + bytes([body[30] ^ 1]) + body[31:]
         raw_put(client, bucket, key, tampered, sha=original["Metadata"]["sha256"])
         return tampered
     if how == "json":
         tampered = body[: len(body) // 2]
     else:
-        doc = json.loads(body)
+        doc = json.loads(gzip.decompress(body))
         doc["lap"] = "twelve"
-        tampered = canonical_json(doc)
+        tampered = encode_object(doc)
     raw_put(client, bucket, key, tampered)
     return tampered
 
@@ -378,7 +389,7 @@ def test_a_corrupt_newest_snapshot_falls_back_to_the_previous_one(
     expected = fold_all(intact.state, [(make_record(lap, p), sha) for lap, p, sha in zip(range(14, 17), prevs, shas)])
     after = store.load_state(RUN)
     assert after.keys_read == (store.snapshot_key(RUN, 16),) and after.skipped_snapshots == ()
-    assert after.state == expected
+    assert same_state(after.state, expected)
     assert s3_client.get_object(Bucket=s3_bucket.name, Key=snap12)["Body"].read() == tampered
 
 
@@ -431,7 +442,7 @@ def test_a_future_schema_snapshot_is_not_skipped(s3_bucket: Any, s3_client: Any)
     store = make_store(s3_bucket, k=4)
     write_laps(store, 9)
     key = store.snapshot_key(RUN, 8)
-    doc = json.loads(s3_client.get_object(Bucket=s3_bucket.name, Key=key)["Body"].read())
+    doc = json.loads(gzip.decompress(s3_client.get_object(Bucket=s3_bucket.name, Key=key)["Body"].read()))
     doc["schemaVersion"] = 9
     raw_put(s3_client, s3_bucket.name, key, canonical_json(doc))
     with pytest.raises(UnsupportedSchemaVersion, match="snapshots/00000008.json has schemaVersion 9"):
@@ -559,3 +570,32 @@ def test_missing_bucket_is_a_permanent_config_error(s3_server: Any) -> None:
     config = StoreConfig(uri="s3://no-such-bucket-here/p", endpoint_url=s3_server.endpoint_url, region="us-east-1", path_style=True)
     with pytest.raises(StoreConfigError, match="no-such-bucket-here"):
         CheckpointStore(config).put_lap(make_record(1))
+
+
+# ---- size ceilings and storage accounting (schema 3) -----------------------------------------------
+
+
+def test_a_lap_over_max_lap_bytes_is_refused_and_nothing_is_written(s3_bucket: Any, s3_client: Any) -> None:
+    store = CheckpointStore(StoreConfig.from_env(s3_bucket.env, max_lap_bytes=2048))
+    shas = write_laps(store, 2)
+    before = all_keys(s3_client, s3_bucket.name)
+    big = make_record(3, shas[-1], payload=0, text="".join(f"{i:08x}" for i in range(2000)))  # ~16 kB, incompressible-ish
+    with pytest.raises(CheckpointTooLarge) as info:
+        store.put_lap(big)
+    e = info.value
+    assert e.permanent and (e.lap, e.limit, e.field) == (3, 2048, "maxLapBytes") and e.size > 2048
+    assert str(e).startswith(f"lap 3: its checkpoint is {e.size} bytes (compressed), over the limit of 2048 bytes")
+    assert "spec.checkpoint.maxLapBytes" in str(e)
+    assert all_keys(s3_client, s3_bucket.name) == before  # the store is left as it was
+
+
+def test_a_lap_that_would_pass_max_run_bytes_is_refused(s3_bucket: Any, s3_client: Any) -> None:
+    store = CheckpointStore(StoreConfig.from_env(s3_bucket.env, max_run_bytes=10_000))
+    record = make_record(1).model_copy(update={"storage": Storage(bytes=9_900, objects=12)})
+    with pytest.raises(CheckpointTooLarge) as info:
+        store.put_lap(record)
+    e = info.value
+    assert e.field == "maxRunBytes" and e.limit == 10_000 and e.size > 10_000
+    assert f"the run's checkpoints would reach {e.size} bytes (9900 stored before this lap's record" in str(e)
+    assert all_keys(s3_client, s3_bucket.name) == {}
+    store.put_lap(make_record(1).model_copy(update={"storage": Storage(bytes=100, objects=1)}))  # under it: written

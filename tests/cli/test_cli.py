@@ -124,9 +124,18 @@ def test_trace_json_document_shape_and_text_details():
     assert doc["totals"] == recs[1].totals.to_api()
     json.dumps(doc)  # serializable
     text = "\n".join(tr.text_lap(recs[0], 120))
-    assert f"key {RUN.short_id}:1:extract_invoice:call_1" in text
+    assert f"key {RUN.long_id}:1:extract_invoice:call_1" in text
     assert 'args {"doc": "doc_4401"}' in text and "result {" in text
     assert "tokens 1000 in / 100 out, cost 0.0125 USD" in text and "tool[call_1]:" in text
+    assert "stored " not in text  # size unknown: no bytes line
+    from agentrun.checkpoint.schema import Storage
+
+    counted = recs[1].model_copy(update={"storage": Storage(bytes=5000, objects=7)})
+    text = "\n".join(tr.text_lap(counted, 120, 640))
+    assert "stored 640 B (lap record, gzip); the run's checkpoints through this lap: 5640 B in 8 objects" in text
+    sized = tr.trace_doc(RUN, {"uri": "s3://b", "endpoint": None, "region": None, "pathStyle": False}, None,
+                         [(counted, type("O", (), {"key": "k", "sha256": "s", "size": 640})())])
+    assert sized["laps"][0]["bytes"] == 640 and sized["laps"][0]["storage"] == {"bytes": 5000, "objects": 7}
 
 
 # ---------------------------------------------------------------------------------- fork

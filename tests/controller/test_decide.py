@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
-from controller_world import T0, UID, World, make_spec
+from controller_world import T0, UID, World, make_spec, ok_read, record
 
 from agentrun.controller import decide as d
 from agentrun.controller.jobs import job_name
@@ -403,3 +404,46 @@ def test_exit_2_with_an_unreadable_checkpoint_report_fails_checkpoint_unreadable
     assert {c.type: c.reason for c in w.status.conditions}["Failed"] == "CheckpointUnreadable"
     assert "CheckpointUnreadable" in w.reasons() and w.status.total_retries == 0
     assert w.reconcile().actions == [] and w.created == [(1, 1), (2, 1)]
+
+
+def test_exit_2_with_a_checkpoint_too_large_report_fails_naming_lap_size_and_limit():
+    w = World(make_spec())
+    w.reconcile()
+    w.finish_job()
+    w.reconcile()  # lap 2 running
+    msg = ("lap 2: its checkpoint is 9437184 bytes (compressed), over the limit of 8388608 bytes per lap "
+           "(spec.checkpoint.maxLapBytes); the lap record was not written")
+    w.failure_reports[(2, 1)] = {"exitClass": "permanent", "reason": "CheckpointTooLarge", "message": msg}
+    w.fail_job(2)
+    w.reconcile()
+    assert w.status.phase == "Failed" and msg in w.status.message
+    assert {c.type: c.reason for c in w.status.conditions}["Failed"] == "CheckpointTooLarge"
+    assert "CheckpointTooLarge" in w.reasons() and w.status.total_retries == 0
+    assert w.reconcile().actions == [] and w.created == [(1, 1), (2, 1)]  # never retried
+
+
+def test_status_storage_is_the_records_count_plus_the_record_itself():
+    from agentrun.checkpoint.schema import Storage
+
+    w = World(make_spec())
+    w.reconcile()
+    rec = record(1).model_copy(update={"storage": Storage(bytes=1000, objects=3)})
+    w.store[1] = dataclasses.replace(ok_read(rec), size=500)
+    w.finish_job()
+    decision = w.reconcile()
+    assert w.status.storage is not None and (w.status.storage.bytes, w.status.storage.objects) == (1500, 4)
+    (fin,) = [a for a in decision.actions if isinstance(a, d.LapFinished)]
+    assert fin.checkpoint_bytes == 500
+    w.finish_job()
+    w.store[2] = dataclasses.replace(ok_read(record(2).model_copy(update={"storage": Storage(bytes=1900, objects=5)})), size=600)
+    decision = w.reconcile()
+    (fin,) = [a for a in decision.actions if isinstance(a, d.LapFinished)]
+    assert (w.status.storage.bytes, fin.checkpoint_bytes) == (2500, 1000)  # the record + what came before it
+
+
+def test_records_without_storage_leave_status_storage_unset():
+    w = World(make_spec())
+    w.reconcile()
+    w.finish_job()
+    w.reconcile()
+    assert w.status.lap == 1 and w.status.storage is None

@@ -172,9 +172,10 @@ def test_trace_shows_the_store_and_fork_continues_from_lap_2(env):  # noqa: F811
     assert [lap["lap"] for lap in doc["laps"]] == [1, 2, 3, 4]
     for got, (rec, obj) in zip(doc["laps"], stored):
         assert got["sha256"] == obj.sha256 and got["key"] == obj.key
-        assert {k: v for k, v in got.items() if k not in ("key", "sha256")} == rec.to_api()
+        assert got["bytes"] == obj.size
+        assert {k: v for k, v in got.items() if k not in ("key", "sha256", "bytes")} == rec.to_api()
     keys = [c.idempotency_key for rec, _ in stored for c in rec.tool_calls]
-    assert len(keys) == 3 and all(k.startswith(ref.short_id + ":") for k in keys)
+    assert len(keys) == 3 and all(k.startswith(ref.long_id + ":") for k in keys)
     assert doc["totals"] == stored[-1][0].totals.to_api() and doc["totals"]["inputTokens"] == 1000
     # text: the table, the tool calls with their idempotency keys, tokens and the totals
     r = cli(env, "trace", "orig", "-n", env.ns)
@@ -219,7 +220,7 @@ def test_trace_shows_the_store_and_fork_continues_from_lap_2(env):  # noqa: F811
     assert [lap["lap"] for lap in fdoc["laps"]] == [3, 4]
     assert fdoc["forkedFrom"] == {"run": ref.to_api(), "lap": 2, "sha256": stored[1][1].sha256}
     assert fdoc["laps"][0]["prevSha256"] == stored[1][1].sha256  # the chain continues from orig's lap 2
-    assert fdoc["laps"][0]["toolCalls"][0]["idempotencyKey"].startswith(fref.short_id + ":3:note:")
+    assert fdoc["laps"][0]["toolCalls"][0]["idempotencyKey"].startswith(fref.long_id + ":3:note:")
     r = cli(env, "trace", "orig-fork", "-n", env.ns)
     assert f"forked from {env.ns}/orig (uid {ref.uid}) at lap 2" in r.stdout, r.stdout
     # the original: CR and store objects untouched

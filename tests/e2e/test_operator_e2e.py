@@ -234,6 +234,17 @@ def test_happy_path_to_succeeded(env):
     assert out[0].split() == ["NAME", "PHASE", "LAP", "VERSION", "COST", "WAITING-ON", "LAST-CHECKPOINT", "AGE"], out[0]
     row = next(line.split() for line in out if line.split()[0] == "happy")
     assert row[1:4] == ["Succeeded", "2", "v1"] and row[4] == st["cost"]["usd"], row
+    # status.storage: the run's two lap records (their journals deleted once written), as in the store
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=env.s3.endpoint_url, region_name=env.s3.region,
+                      aws_access_key_id=env.s3.access_key, aws_secret_access_key=env.s3.secret_key)
+    run_prefix = st["checkpoint"]["key"].rsplit("laps/", 1)[0]
+    mine = [o for o in s3.list_objects_v2(Bucket=env.s3.bucket, Prefix=run_prefix).get("Contents", [])
+            if "/attempts/" not in o["Key"]]
+    assert st["storage"] == {"bytes": sum(o["Size"] for o in mine), "objects": 2} and len(mine) == 2, (st, mine)
+    wide = env.kubectl("get", "agentruns", "-n", env.ns, "-o", "wide").stdout.splitlines()
+    assert "STORAGE" in wide[0].split(), wide[0]
     # no secret value in the status, the Events, the Jobs or the operator log (secretKeyRef only)
     jobs_json = json.dumps(jobs)
     assert '"secretKeyRef"' in jobs_json

@@ -126,7 +126,7 @@ def test_readme_quickstart_as_written(tmp_path):
         trace = out[f"agentrun trace {RUN} --lap 9"]
         # the decider is the authenticated user (the dev kubeconfig's admin), stamped by admission
         assert "schedule_payment:ok(200)" in trace and "approved by admin: matches the PO batch" in trace, trace
-        assert re.search(r"key r_[0-9a-f]{8}:8:schedule_payment:call_1", trace), trace
+        assert re.search(r"key r_[0-9a-f]{32}:8:schedule_payment:call_1", trace), trace
         show = out["python3 examples/tool_server.py --show"]
         assert "9 call(s) executed" in show and "0 key(s) executed twice" in show, show
         fork_trace = out[f"agentrun trace {RUN}-b --lap 9"]

@@ -27,7 +27,7 @@ def test_plain_rules_file_is_the_default_rendering_of_the_chart(helm):
 def test_promtool_check_rules(promtool):
     proc = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 8 rules found" in proc.stdout + proc.stderr
+    assert "SUCCESS: 9 rules found" in proc.stdout + proc.stderr
 
 
 def test_promtool_unit_tests(promtool):

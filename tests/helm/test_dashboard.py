@@ -18,7 +18,7 @@ PROMETHEUS_SERIES = {"up"}
 PROMQL_WORDS = {
     "sum", "max", "min", "avg", "count", "by", "without", "on", "ignoring", "group_left", "group_right",
     "rate", "increase", "irate", "histogram_quantile", "sort_desc", "sort", "time", "absent", "and", "or",
-    "unless", "topk", "bottomk", "le", "bool", "offset",
+    "unless", "topk", "bottomk", "le", "bool", "offset", "delta", "clamp_min",
 }
 
 
@@ -27,7 +27,7 @@ def exported_series() -> set[str]:
     # make every optional series appear: a running run with budget and checkpoint, a pending approval
     m.observe_run("ns", "a", {"budget": {"maxCostUSD": "1"}}, {
         "phase": "AwaitingApproval", "lap": 1, "startedAt": "2033-01-01T00:00:00Z",
-        "lastCheckpointTime": "2033-01-01T00:00:00Z", "cost": {"usd": "0.1"},
+        "lastCheckpointTime": "2033-01-01T00:00:00Z", "cost": {"usd": "0.1"}, "storage": {"bytes": 1, "objects": 1},
         "approval": {"state": "Pending", "owner": "o", "requestedAt": "2033-01-01T00:00:00Z",
                      "deadline": "2033-01-02T00:00:00Z"}})
     names = set()

@@ -220,7 +220,8 @@ class Crash(BaseException):
 # ------------------------------------------------------------------------ comparing records
 
 
-VOLATILE = {"timings", "attempt", "startedAt", "finishedAt", "replayed", "requestedAt", "prevSha256"}
+VOLATILE = {"timings", "attempt", "startedAt", "finishedAt", "replayed", "requestedAt", "prevSha256",
+            "storage"}  # storage: sizes of gzip objects holding timestamps
 
 
 def comparable(record: LapRecord | dict[str, Any]) -> Any:

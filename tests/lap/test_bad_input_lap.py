@@ -318,7 +318,7 @@ def test_a_truncated_or_foreign_checkpoint_stops_the_lap_with_exit_2_and_is_left
         whole = s3_client.get_object(Bucket=s3_bucket.name, Key=key)["Body"].read()
         data = whole[: len(whole) // 2]
         s3_client.put_object(Bucket=s3_bucket.name, Key=key, Body=data, Metadata={"sha256": sha256_hex(data)})
-        expect = f"checkpoint {key} is not valid JSON"
+        expect = f"checkpoint {key} is a truncated or padded gzip stream"
     else:  # another run's lap 1, copied byte for byte (with its metadata) under this run's key
         other = lap_env(s3_env, spec, 1, AGENTRUN_NAME=OTHER.name, AGENTRUN_UID=OTHER.uid)
         assert run_lap_process(other).returncode == 0

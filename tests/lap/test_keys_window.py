@@ -26,7 +26,8 @@ from agentrun.lap.window import (
 
 def test_idempotency_key_shape_and_stability() -> None:
     key = idempotency_key(RUN, 301, "extract_invoice", "doc_4410")
-    assert key == "r_8f2a1c0d:301:extract_invoice:doc_4410"
+    assert key == "r_8f2a1c0d111122223333444455556666:301:extract_invoice:doc_4410"
+    assert idempotency_key(RUN, 301, "extract_invoice", "doc_4410", "uid8") == "r_8f2a1c0d:301:extract_invoice:doc_4410"
     assert key == idempotency_key(RUN, 301, "extract_invoice", "doc_4410")
     assert key != idempotency_key(RUN, 302, "extract_invoice", "doc_4410")
 

@@ -22,6 +22,7 @@ from lap_helpers import (
     tool,
 )
 
+from agentrun.checkpoint.codec import inflate
 from agentrun.checkpoint.schema import LapRecord
 from agentrun.checkpoint.store import CheckpointStore, StoreConfig, canonical_json, sha256_hex
 from agentrun.lap.config import parse_env
@@ -41,8 +42,9 @@ def _records(env: dict[str, str], n: int) -> list[LapRecord]:
 
 
 def _keys(client: Any, bucket: str) -> dict[str, bytes]:
+    """key -> the object's JSON bytes (gunzipped: schema 3 objects are gzip)."""
     objs = client.list_objects_v2(Bucket=bucket).get("Contents", [])
-    return {o["Key"]: client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read() for o in objs}
+    return {o["Key"]: inflate(client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read(), o["Key"]) for o in objs}
 
 
 def _three_lap_spec(url: str) -> dict[str, Any]:
@@ -86,8 +88,8 @@ def test_a_three_lap_run_writes_checkpoints_and_logs(s3_env: dict[str, str]) -> 
         procs = _run_laps(s3_env, spec, range(1, 4))
         recs = _records(s3_env, 3)
     assert [r.outcome.type for r in recs] == ["continue", "continue", "done"]
-    assert [c.idempotency_key for c in recs[1].tool_calls] == ["r_8f2a1c0d:2:pay:call_1", "r_8f2a1c0d:2:notify:call_2"]
-    assert srv.executions == {"(no key) /extract_invoice": 1, "r_8f2a1c0d:2:pay:call_1": 1, "r_8f2a1c0d:2:notify:call_2": 1}
+    assert [c.idempotency_key for c in recs[1].tool_calls] == ["r_8f2a1c0d111122223333444455556666:2:pay:call_1", "r_8f2a1c0d111122223333444455556666:2:notify:call_2"]
+    assert srv.executions == {"(no key) /extract_invoice": 1, "r_8f2a1c0d111122223333444455556666:2:pay:call_1": 1, "r_8f2a1c0d111122223333444455556666:2:notify:call_2": 1}
     assert recs[2].totals.laps == 3 and recs[2].prev_sha256 == _store(s3_env).get_lap(RUN, 2)[1].sha256
     for lap, p in enumerate(procs, start=1):
         lines = log_lines(p.stderr)
@@ -115,7 +117,7 @@ def test_a_crash_at_every_point_of_a_lap_is_replayed_exactly_once(point: str, s3
         recs = _records(s3_env, 3)
     # every side effect landed exactly once at the tool, whatever the crash point
     assert {k: n for k, n in srv.executions.items() if not k.startswith("(no key)")} == {
-        "r_8f2a1c0d:2:pay:call_1": 1, "r_8f2a1c0d:2:notify:call_2": 1}
+        "r_8f2a1c0d111122223333444455556666:2:pay:call_1": 1, "r_8f2a1c0d111122223333444455556666:2:notify:call_2": 1}
     assert [comparable(r) for r in recs] == reference
     assert any(c.replayed for c in recs[1].tool_calls) == (point in ("after-tool-journal-1", "after-tool-call-2", "after-tool-journal-2", "before-checkpoint"))
 
@@ -137,7 +139,7 @@ def test_two_runners_racing_on_a_lap_one_checkpoint_wins(s3_env: dict[str, str])
         assert other[0].returncode == 0, other[0].stderr
         assert a.code == 3 and "lap 2 already checkpointed" in a.message
         # the winner reused A's journal: each side effect executed once
-        assert srv.executions["r_8f2a1c0d:2:pay:call_1"] == 1 and srv.executions["r_8f2a1c0d:2:notify:call_2"] == 1
+        assert srv.executions["r_8f2a1c0d111122223333444455556666:2:pay:call_1"] == 1 and srv.executions["r_8f2a1c0d111122223333444455556666:2:notify:call_2"] == 1
         # and truly concurrent processes: one 0 and one 3, or both see the lap exists
         procs = [subprocess.Popen(["python", "-m", "agentrun.cli.main", "lap"], env=lap_env(s3_env, spec, 3, attempt=i),
                                   stderr=subprocess.PIPE, text=True) for i in (1, 2)]
@@ -163,7 +165,7 @@ def test_approval_pauses_then_approved_runs_once_with_the_recorded_key(s3_env: d
         _run_laps(s3_env, spec, range(1, 2))
         first = _records(s3_env, 1)[0]
         assert first.outcome.type == "awaiting-approval" and first.pending_approval is not None
-        assert "r_8f2a1c0d:1:pay:call_1" not in srv.executions and srv.executions["r_8f2a1c0d:1:notify:call_2"] == 1
+        assert "r_8f2a1c0d111122223333444455556666:1:pay:call_1" not in srv.executions and srv.executions["r_8f2a1c0d111122223333444455556666:1:notify:call_2"] == 1
         missing = run_lap_process(lap_env(s3_env, spec, 2))
         assert missing.returncode == 2 and "lap 2 started without a decision for pending approval of tool pay" in missing.stderr
         decided = dict(AGENTRUN_APPROVAL_DECISION="approved", AGENTRUN_APPROVAL_BY="alice", AGENTRUN_APPROVAL_REASON="budgeted",
@@ -172,10 +174,10 @@ def test_approval_pauses_then_approved_runs_once_with_the_recorded_key(s3_env: d
         assert crashed.returncode == -9
         _run_laps(s3_env, spec, range(2, 3), AGENTRUN_ATTEMPT="3", **decided)
         second = _records(s3_env, 2)[1]
-    assert srv.executions["r_8f2a1c0d:1:pay:call_1"] == 1
-    assert [r["key"] for r in srv.requests if r["path"] == "/pay"] == ["r_8f2a1c0d:1:pay:call_1"] * 2
+    assert srv.executions["r_8f2a1c0d111122223333444455556666:1:pay:call_1"] == 1
+    assert [r["key"] for r in srv.requests if r["path"] == "/pay"] == ["r_8f2a1c0d111122223333444455556666:1:pay:call_1"] * 2
     assert second.approval_decision is not None and second.approval_decision.decided_by == "alice"
-    assert second.tool_calls[0].status == "ok" and second.tool_calls[0].idempotency_key == "r_8f2a1c0d:1:pay:call_1"
+    assert second.tool_calls[0].status == "ok" and second.tool_calls[0].idempotency_key == "r_8f2a1c0d111122223333444455556666:1:pay:call_1"
     assert second.outcome.type == "done"
     report = _store(s3_env).get_attempt_failure(RUN, 2, 1)
     assert report is not None and report["exitCode"] == 2 and "without a decision" in report["message"]
@@ -219,7 +221,7 @@ def test_a_corrupt_or_unknown_version_checkpoint_fails_permanently_and_is_left_i
             data = b'{"kind": "LapRecord", "schemaVers'
             s3_client.put_object(Bucket=s3_bucket.name, Key=key, Body=data, Metadata={"sha256": "0" * 64})
         else:
-            doc = json.loads(s3_client.get_object(Bucket=s3_bucket.name, Key=key)["Body"].read())
+            doc = json.loads(inflate(s3_client.get_object(Bucket=s3_bucket.name, Key=key)["Body"].read(), key))
             doc["schemaVersion"] = 99
             data = canonical_json(doc)
             s3_client.put_object(Bucket=s3_bucket.name, Key=key, Body=data, Metadata={"sha256": sha256_hex(data)})
@@ -250,8 +252,8 @@ def test_tool_outage_is_retryable_and_the_replay_uses_the_same_key(s3_env: dict[
         p = run_lap_process(lap_env(s3_env, spec, 2))
         assert p.returncode == 75 and "tool 'pay' returned HTTP 503" in p.stderr
         _run_laps(s3_env, spec, range(2, 3), AGENTRUN_ATTEMPT="2")
-    assert {r["key"] for r in srv.requests if r["path"] == "/pay"} == {"r_8f2a1c0d:2:pay:call_1"}
-    assert srv.executions["r_8f2a1c0d:2:pay:call_1"] == 1
+    assert {r["key"] for r in srv.requests if r["path"] == "/pay"} == {"r_8f2a1c0d111122223333444455556666:2:pay:call_1"}
+    assert srv.executions["r_8f2a1c0d111122223333444455556666:2:pay:call_1"] == 1
 
 
 def test_openai_lap_never_leaks_the_api_key_or_tool_headers(s3_env: dict[str, str], s3_client: Any, s3_bucket: Any) -> None:

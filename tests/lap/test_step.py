@@ -62,8 +62,8 @@ def test_lap_one_opens_the_conversation_and_runs_the_calls() -> None:
     rec = r.lap()
     assert [(m.role, m.lap) for m in rec.messages] == [("system", 0), ("user", 0), ("assistant", 1), ("tool", 1), ("tool", 1)]
     assert rec.messages[1].content == r.spec.task
-    assert [c.idempotency_key for c in rec.tool_calls] == ["r_8f2a1c0d:1:extract_invoice:c1", "r_8f2a1c0d:1:notify:c2"]
-    assert [k for _, _, k in r.tools.calls] == ["r_8f2a1c0d:1:extract_invoice:c1", "r_8f2a1c0d:1:notify:c2"]
+    assert [c.idempotency_key for c in rec.tool_calls] == ["r_8f2a1c0d111122223333444455556666:1:extract_invoice:c1", "r_8f2a1c0d111122223333444455556666:1:notify:c2"]
+    assert [k for _, _, k in r.tools.calls] == ["r_8f2a1c0d111122223333444455556666:1:extract_invoice:c1", "r_8f2a1c0d111122223333444455556666:1:notify:c2"]
     assert rec.outcome.type == "continue" and rec.pending_approval is None
     # 1000 in * 2.50/M + 100 out * 10/M = 0.0025 + 0.001
     assert rec.cost_usd == "0.0035" and Decimal(rec.totals.cost_usd) == Decimal("0.0035")
@@ -95,7 +95,7 @@ def test_a_replayed_lap_reuses_the_journal_and_equals_the_uncrashed_lap(point: s
     # sent again with the same key (the tool server dedupes it, see the S3 crash tests)
     expected_sends = {"after-model-journal": 2, "after-tool-call-1": 3, "after-tool-journal-1": 2,
                       "after-tool-call-2": 3, "after-tool-journal-2": 2}[point]
-    assert len(keys) == expected_sends and set(keys) == {"r_8f2a1c0d:1:notify:c1", "r_8f2a1c0d:1:notify:c2"}
+    assert len(keys) == expected_sends and set(keys) == {"r_8f2a1c0d111122223333444455556666:1:notify:c1", "r_8f2a1c0d111122223333444455556666:1:notify:c2"}
     journaled_before_crash = point in ("after-tool-journal-1", "after-tool-call-2", "after-tool-journal-2")
     assert any(c.replayed for c in rec.tool_calls) == journaled_before_crash
 
@@ -133,14 +133,14 @@ def test_approval_request_ends_the_lap_without_running_the_call() -> None:
     assert first.outcome.type == "awaiting-approval"
     assert [c.status for c in first.tool_calls] == ["ok", "awaiting-approval", "error", "ok"]
     assert "already awaits approval" in first.tool_calls[2].result
-    assert first.pending_approval is not None and first.pending_approval.idempotency_key == "r_8f2a1c0d:1:pay:c2"
+    assert first.pending_approval is not None and first.pending_approval.idempotency_key == "r_8f2a1c0d111122223333444455556666:1:pay:c2"
     assert not any(m.tool_call_id == "c2" for m in first.messages if m.role == "tool")
 
 
 def test_approved_call_runs_once_with_the_recorded_key() -> None:
     r, first, second = _approval_run("approved")
     pay_calls = [k for n, _, k in r.tools.calls if n == "pay"]
-    assert pay_calls == ["r_8f2a1c0d:1:pay:c2"]
+    assert pay_calls == ["r_8f2a1c0d111122223333444455556666:1:pay:c2"]
     assert second.approval_decision is not None and second.approval_decision.decision == "approved"
     assert second.approval_decision.call_id == "c2" and second.tool_calls[0].status == "ok"
     assert second.messages[0].role == "tool" and second.messages[0].tool_call_id == "c2"
@@ -154,7 +154,7 @@ def test_rejected_and_timed_out_calls_are_not_run_and_differ(decision: str) -> N
     r, _, second = _approval_run(decision)
     assert [n for n, _, _ in r.tools.calls] == ["notify", "notify"]
     assert second.tool_calls[0].status == decision
-    assert second.tool_calls[0].idempotency_key == "r_8f2a1c0d:1:pay:c2"
+    assert second.tool_calls[0].idempotency_key == "r_8f2a1c0d111122223333444455556666:1:pay:c2"
     assert "not executed" in second.messages[0].content
     assert second.outcome.type == "done"
 

@@ -371,3 +371,24 @@ def test_leaving_suspension_is_progress_even_without_a_status_time(m, clock):
     clock.now += 10
     m.observe_run("ns1", "r", SPEC, running_status(phase="Running"))  # kept on later observations
     assert val(scrape(m), "agentrun_run_last_progress_timestamp_seconds", **run) == T0 + 50_000
+
+
+def test_checkpoint_bytes_gauges_and_the_per_lap_histogram(m):
+    from agentrun import metrics
+
+    m.observe_run("ns1", "r", {**SPEC, "checkpoint": {"maxRunBytes": 5_000_000}},
+                  running_status(storage={"bytes": 123456, "objects": 42}))
+    m.observe_run("ns1", "legacy", SPEC, running_status())  # no status.storage: no bytes series, default ceiling
+    m.lap_finished("ns1", "r", "continue", 5.0, 900)
+    m.lap_finished("ns1", "r", "continue", 5.0, 70_000)
+    m.lap_finished("ns1", "r", "continue", 5.0)  # unknown: not observed
+    s = scrape(m)
+    assert val(s, "agentrun_run_checkpoint_bytes", namespace="ns1", name="r") == 123456
+    assert val(s, "agentrun_run_checkpoint_max_bytes", namespace="ns1", name="r") == 5_000_000
+    assert "legacy" not in names_of(s, "agentrun_run_checkpoint_bytes")
+    assert val(s, "agentrun_run_checkpoint_max_bytes", namespace="ns1", name="legacy") == 1024**3
+    assert val(s, "agentrun_lap_checkpoint_bytes_count") == 2 and val(s, "agentrun_lap_checkpoint_bytes_sum") == 70_900
+    assert val(s, "agentrun_lap_checkpoint_bytes_bucket", le="1024.0") == 1
+    import inspect
+
+    assert "checkpoint_bytes" in inspect.signature(metrics.lap_finished).parameters  # what handlers.py passes

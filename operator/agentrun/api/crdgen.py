@@ -130,6 +130,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".spec.agent.version",
         "description": "Agent version the next lap will run.",
     },
+    {
+        "name": "Storage",
+        "type": "integer",
+        "priority": 1,
+        "jsonPath": ".status.storage.bytes",
+        "description": "Stored bytes of the run's checkpoints so far.",
+    },
     {"name": "Message", "type": "string", "priority": 1, "jsonPath": ".status.message", "description": "Details."},
 ]
 

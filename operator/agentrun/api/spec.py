@@ -290,6 +290,10 @@ class RetrySpec(APIModel):
     backoff: BackoffSpec = Field(default_factory=BackoffSpec, description="Delay between attempts.")
 
 
+DEFAULT_MAX_LAP_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_RUN_BYTES = 1024**3
+
+
 class CheckpointSpec(APIModel):
     """Where checkpoints are stored. Unset fields take the operator's defaults."""
 
@@ -321,6 +325,29 @@ class CheckpointSpec(APIModel):
     )
     retention: Literal["Retain", "Delete"] = Field(
         default="Retain", description="What happens to the checkpoints when the AgentRun is deleted."
+    )
+    max_lap_bytes: int = Field(
+        default=DEFAULT_MAX_LAP_BYTES,
+        ge=1024,
+        le=1024**3,
+        description=(
+            "Ceiling of one lap's checkpoint object, in stored (gzip) bytes. A lap whose checkpoint would "
+            "pass it ends the run Failed (reason CheckpointTooLarge, naming the lap, the size and the "
+            "limit); nothing is written for that lap. Default 8 MiB: the largest model response accepted "
+            "(8 MiB) plus tool results at their maxResultBytes compress to well under it, and the operator "
+            "reads each lap object whole."
+        ),
+    )
+    max_run_bytes: int = Field(
+        default=DEFAULT_MAX_RUN_BYTES,
+        ge=1024**2,
+        le=1024**4,
+        description=(
+            "Ceiling of all checkpoint objects of the run (lap records, journal, snapshots), in stored "
+            "bytes. The lap that would pass it ends the run Failed (reason CheckpointTooLarge); the store "
+            "is left as it is. Default 1 GiB: about a million typical laps (~1 kB each), while a runaway "
+            "run stops at a bounded cost. status.storage shows the bytes so far."
+        ),
     )
 
 

@@ -65,6 +65,13 @@ class CheckpointRef(APIModel):
     path_style: bool | None = Field(default=None, description="Whether the store is read with path-style addressing.")
 
 
+class StorageStatus(APIModel):
+    """Bytes and objects of the run's checkpoints in the store, as stored (compressed)."""
+
+    bytes: int = Field(default=0, description="Stored bytes of the run's checkpoint objects so far.")
+    objects: int = Field(default=0, description="Checkpoint objects of the run so far.")
+
+
 class ApprovalStatus(APIModel):
     """A pending or decided human approval."""
 
@@ -199,6 +206,15 @@ class AgentRunStatus(APIModel):
     approval: ApprovalStatus | None = Field(default=None, description="The current or last approval.")
     waiting_on: str | None = Field(default=None, description="Owner of the pending approval, while waiting.")
     cost: CostStatus = Field(default_factory=CostStatus, description="Spend and tokens so far.")
+    storage: StorageStatus | None = Field(
+        default=None,
+        description=(
+            "The run's checkpoint objects so far (lap records, journal entries, snapshots) through the last "
+            "lap's record, from the checkpoints themselves (schema 3; laps written by older versions are not "
+            "counted; the snapshot of the last lap counts from the next lap on; attempt reports are not "
+            "counted). Compare with spec.checkpoint.maxRunBytes."
+        ),
+    )
     started_at: datetime | None = Field(default=None, description="When the first lap started.")
     completed_at: datetime | None = Field(default=None, description="When the run reached a terminal phase.")
     last_checkpoint_time: datetime | None = Field(default=None, description="When the last checkpoint was written.")

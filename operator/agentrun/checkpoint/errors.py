@@ -76,3 +76,14 @@ class StoreConfigError(CheckpointError):
     no credentials, a malformed checkpoint URI."""
 
     permanent = True
+
+
+class CheckpointTooLarge(CheckpointError):
+    """A lap's checkpoint would pass a size ceiling (``spec.checkpoint.maxLapBytes`` or
+    ``maxRunBytes``). Permanent: the same lap would be as large again. Nothing is written."""
+
+    permanent = True
+
+    def __init__(self, message: str, key: str, lap: int, size: int, limit: int, field: str) -> None:
+        super().__init__(message, key)
+        self.lap, self.size, self.limit, self.field = lap, size, limit, field

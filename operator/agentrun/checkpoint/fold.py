@@ -11,7 +11,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from agentrun.checkpoint.errors import CorruptCheckpoint
-from agentrun.checkpoint.schema import SCHEMA_VERSION, ForkProvenance, LapRecord, Message, RunRef, RunState
+from agentrun.checkpoint.schema import (
+    KEY_SCHEME,
+    SCHEMA_VERSION,
+    ForkProvenance,
+    LapRecord,
+    Message,
+    RunRef,
+    RunState,
+    Storage,
+)
 
 
 def initial_state(run: RunRef) -> RunState:
@@ -47,10 +56,15 @@ def _compact(messages: list[Message], through_lap: int) -> list[Message]:
     return [m for m in messages if m.lap == 0 or m.lap > through_lap]
 
 
-def fold(state: RunState, record: LapRecord, sha256: str | None = None) -> RunState:
+def fold(state: RunState, record: LapRecord, sha256: str | None = None, size: int | None = None) -> RunState:
     """The state after ``record``. ``sha256`` is the sha256 of the record's stored object (kept as
-    ``lastSha256`` so the next lap can chain to it); None when the record is not stored yet."""
+    ``lastSha256`` so the next lap can chain to it); None when the record is not stored yet.
+    ``size``: the stored size of the record's object, added to ``storage`` when the record carries
+    the run's storage so far (schema >= 3); records without it keep the state's count."""
     check_chain(state, record)
+    storage = state.storage
+    if record.storage is not None and size is not None:
+        storage = Storage(bytes=record.storage.bytes + size, objects=record.storage.objects + 1)
     messages = [*state.messages, *record.messages]
     summary, pinned, compacted = state.summary, state.pinned_facts, state.compacted_through_lap
     if record.compaction is not None:
@@ -77,6 +91,8 @@ def fold(state: RunState, record: LapRecord, sha256: str | None = None) -> RunSt
             "pending_approval": pending,
             "last_outcome": record.outcome,
             "totals": record.totals,
+            "key_scheme": record.key_scheme,
+            "storage": storage,
         }
     )
 
@@ -95,20 +111,25 @@ def fork_state(source: RunState, target: RunRef) -> RunState:
     """The fork snapshot of ``target``: the source's state through its lap ``source.lap``, owned by
     ``target`` (so the target's lap ``source.lap + 1`` folds onto it), keeping ``lastSha256`` (the
     next lap's ``prevSha256`` chains onto the source's lap) and recording the provenance. A pending
-    approval gets the target's idempotency key: the fork's side effects are its own."""
+    approval gets the target's idempotency key: the fork's side effects are its own. A fork is a new
+    run, so it uses the current key scheme (``KEY_SCHEME``) whatever the source's; its storage count
+    starts at zero (its objects live under its own prefix)."""
     if source.lap < 1:
         raise ValueError("a fork needs a source state of lap 1 or later")
     pending = source.pending_approval
     if pending is not None:
-        old, new = source.run.short_id + ":", target.short_id + ":"
+        old = source.run.key_id(source.key_scheme or KEY_SCHEME) + ":"
         key = pending.idempotency_key
         if key.startswith(old):
+            new = target.key_id(KEY_SCHEME) + ":"
             pending = pending.model_copy(update={"idempotency_key": new + key[len(old):]})
     return source.model_copy(
         update={
             "schema_version": SCHEMA_VERSION,
             "run": target,
             "pending_approval": pending,
+            "key_scheme": KEY_SCHEME,
+            "storage": Storage(),
             "forked_from": ForkProvenance(run=source.run, lap=source.lap, sha256=source.last_sha256),
         }
     )

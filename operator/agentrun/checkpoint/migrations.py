@@ -1,7 +1,7 @@
 """Schema versions of stored checkpoint objects, and the explicit migrations between them.
 
 Every stored object carries its schema version. Reading an object applies the migrations in
-``MIGRATIONS`` step by step (``{1: migrate_v1_to_v2}``: v1 -> v2, then v2 is current) on the parsed
+``MIGRATIONS`` step by step (``{1: migrate_v1_to_v2, 2: migrate_v2_to_v3}``) on the parsed
 JSON document, before it is validated against the current models in ``schema.py``. Migrations work
 on plain dicts and never import the current models, so later schema changes cannot break them.
 
@@ -314,7 +314,30 @@ def migrate_v1_to_v2(doc: Doc) -> Doc:
     raise MigrationError("kind", f"expected 'lap' or 'snapshot' in schema version 1, got {kind!r}")
 
 
-MIGRATIONS: dict[int, Callable[[Doc], Doc]] = {1: migrate_v1_to_v2}
+# ---------------------------------------------------------------------------------------------
+# v2 -> v3
+# ---------------------------------------------------------------------------------------------
+
+_V2_KINDS = {"LapRecord", "Snapshot", "JournalEntry", "AttemptFailure"}
+
+
+def migrate_v2_to_v3(doc: Doc) -> Doc:
+    """Schema version 2 -> 3. The document shape is unchanged (schema 3 changes the stored bytes:
+    gzip, and the compact lap record of ``codec.pack_lap``, both undone before migrations run);
+    what v3 adds is the run's idempotency key scheme. Lap records and snapshots written by v2
+    derived their keys as ``r_<uid8>``: they get ``keyScheme: uid8`` so the run keeps deriving
+    the same keys (issue 11, item 5). ``storage`` stays absent (not counted before v3)."""
+    kind = doc.get("kind")
+    if kind not in _V2_KINDS:
+        raise MigrationError("kind", f"expected one of {sorted(_V2_KINDS)} in schema version 2, got {kind!r}")
+    out = dict(doc)
+    out["schemaVersion"] = 3
+    if kind in ("LapRecord", "Snapshot"):
+        out["keyScheme"] = "uid8"
+    return out
+
+
+MIGRATIONS: dict[int, Callable[[Doc], Doc]] = {1: migrate_v1_to_v2, 2: migrate_v2_to_v3}
 """``MIGRATIONS[n]`` turns a version-n document into a version-(n+1) document."""
 
 

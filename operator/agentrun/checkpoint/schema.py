@@ -12,6 +12,7 @@ size does not grow with the run's length. The full per-lap trace stays in the la
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from typing import Any, Literal
 
@@ -19,8 +20,18 @@ from pydantic import Field
 
 from agentrun.api.types import APIModel
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The schema version this code writes."""
+
+KEY_SCHEME_UID8 = "uid8"
+"""Idempotency keys ``r_<first 8 hex of the uid>:<lap>:<tool>:<callId>`` (schema versions 1-2; kept
+by runs that were checkpointed with them, so their keys never change)."""
+KEY_SCHEME_UID128 = "uid128"
+"""Idempotency keys ``r_<the 32 hex of the uid>:<lap>:<tool>:<callId>`` (schema 3, new runs): unique
+across runs and tenants, not only within a run."""
+KEY_SCHEME = KEY_SCHEME_UID128
+"""The key scheme a run starts with when nothing in its checkpoints says otherwise."""
+KeyScheme = Literal["uid8", "uid128"]
 
 
 class RunRef(APIModel):
@@ -32,8 +43,26 @@ class RunRef(APIModel):
 
     @property
     def short_id(self) -> str:
-        """A short stable run id for idempotency keys, e.g. ``r_8f2a1c0d``."""
+        """The run id of the legacy key scheme ``uid8``, e.g. ``r_8f2a1c0d`` (32 bits of the uid)."""
         return "r_" + self.uid.replace("-", "")[:8]
+
+    @property
+    def long_id(self) -> str:
+        """The run id of the key scheme ``uid128``: ``r_`` + the uid's 32 hex digits (a Kubernetes
+        uid is a UUID), e.g. ``r_8f2a1c0d4b7e4f109a512c3d4e5f6a7b``. A uid that is not 32 hex digits
+        gets the first 32 hex digits of sha256(namespace/uid) instead (128 bits either way)."""
+        hex32 = self.uid.replace("-", "").lower()
+        if len(hex32) == 32 and all(ch in "0123456789abcdef" for ch in hex32):
+            return "r_" + hex32
+        return "r_" + hashlib.sha256(f"{self.namespace}/{self.uid}".encode()).hexdigest()[:32]
+
+    def key_id(self, scheme: str) -> str:
+        """The run part of an idempotency key under ``scheme``."""
+        if scheme == KEY_SCHEME_UID8:
+            return self.short_id
+        if scheme == KEY_SCHEME_UID128:
+            return self.long_id
+        raise ValueError(f"unknown idempotency key scheme {scheme!r}")
 
 
 class ToolCall(APIModel):
@@ -132,6 +161,13 @@ class Totals(APIModel):
     cost_usd: str = Field(default="0.00", alias="costUSD")
 
 
+class Storage(APIModel):
+    """Bytes and objects of a run's checkpoint store (as stored, i.e. compressed)."""
+
+    bytes: int = Field(default=0, ge=0)
+    objects: int = Field(default=0, ge=0)
+
+
 class Timings(APIModel):
     """Timings of the lap."""
 
@@ -164,6 +200,14 @@ class LapRecord(APIModel):
     totals: Totals = Field(default_factory=Totals)
     compaction: Compaction | None = None
     timings: Timings
+    key_scheme: KeyScheme = Field(
+        default=KEY_SCHEME,
+        description="How this lap derived its idempotency keys (uid8: schema <= 2 runs; uid128: new runs).",
+    )
+    storage: Storage | None = Field(
+        default=None,
+        description="The run's stored checkpoint bytes and objects before this record (schema >= 3).",
+    )
 
 
 class ForkProvenance(APIModel):
@@ -198,6 +242,14 @@ class RunState(APIModel):
     forked_from: ForkProvenance | None = Field(
         default=None,
         description="Set on a fork snapshot (and carried by every later state): the source run and lap.",
+    )
+    key_scheme: KeyScheme | None = Field(
+        default=None,
+        description="The run's idempotency key scheme (None before lap 1: the next lap picks KEY_SCHEME).",
+    )
+    storage: Storage = Field(
+        default_factory=Storage,
+        description="Bytes and objects stored through the last lap's record (its snapshot not included).",
     )
 
 

@@ -6,8 +6,9 @@
         journal/<lap:08d>/<name>.json          JournalEntry (conditional put)
         attempts/<lap:08d>-<attempt:03d>.json  AttemptFailure (best effort, overwrite)
 
-Every object is canonical JSON (sorted keys, compact separators) with its sha256 in the user
-metadata ``x-amz-meta-sha256``, verified on every read. Credentials come from boto3's standard chain;
+Every object is canonical JSON (sorted keys, compact separators), gzip-compressed since schema 3
+(``checkpoint/codec.py``, docs/checkpoint-format.md), with the sha256 of its stored bytes in the
+user metadata ``x-amz-meta-sha256``, verified on every read. Credentials come from boto3's standard chain;
 this module never reads, passes or logs them.
 """
 
@@ -19,6 +20,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -35,9 +37,18 @@ from botocore.exceptions import (
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from agentrun.api.types import redact_url
+from agentrun.checkpoint.codec import (
+    ENCODING_GZIP,
+    canonical_json,  # noqa: F401  (re-exported: tests and tools build stored bytes with it)
+    encode_object,
+    inflate,
+    pack_lap,
+    unpack_lap,
+)
 from agentrun.checkpoint.errors import (
     CheckpointError,
     CheckpointNotFound,
+    CheckpointTooLarge,
     CorruptCheckpoint,
     LapAlreadyCheckpointed,
     StoreConfigError,
@@ -52,6 +63,7 @@ from agentrun.checkpoint.schema import (
     LapRecord,
     RunRef,
     RunState,
+    Storage,
 )
 
 log = logging.getLogger(__name__)
@@ -72,6 +84,8 @@ _NOT_FOUND_CODES = {"NoSuchKey", "NotFound", "404"}
 #: of the key is in flight); then StoreUnavailable (retryable).
 CONFLICT_RETRIES = 4
 CONFLICT_BACKOFF_SECONDS = 0.1
+_RESUME_READERS = 10
+"""Parallel GETs of a resume at a known lap (the snapshot and up to K-1 lap records)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -87,6 +101,8 @@ class StoreConfig(BaseModel):
     region: str | None = None
     path_style: bool = Field(default=False, description="Path-style addressing (MinIO, moto, Ceph).")
     snapshot_every: int = Field(default=10, ge=1, le=1000, description="Snapshot every K laps.")
+    max_lap_bytes: int | None = Field(default=None, ge=1, description="Ceiling of one lap record object.")
+    max_run_bytes: int | None = Field(default=None, ge=1, description="Ceiling of a run's stored bytes.")
 
     @field_validator("uri")
     @classmethod
@@ -122,7 +138,10 @@ class StoreConfig(BaseModel):
         return (match["prefix"] or "").strip("/")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], snapshot_every: int | None = None) -> StoreConfig:
+    def from_env(
+        cls, env: Mapping[str, str], snapshot_every: int | None = None,
+        max_lap_bytes: int | None = None, max_run_bytes: int | None = None,
+    ) -> StoreConfig:
         """Read ``AGENTRUN_CHECKPOINT_URI``, ``AGENTRUN_S3_ENDPOINT``, ``AGENTRUN_S3_REGION`` and
         ``AGENTRUN_S3_PATH_STYLE``; ``snapshot_every`` comes from the spec (default 10)."""
         uri = env.get("AGENTRUN_CHECKPOINT_URI", "").strip()
@@ -138,6 +157,8 @@ class StoreConfig(BaseModel):
                 region=env.get("AGENTRUN_S3_REGION", "").strip() or None,
                 path_style=flag in ("true", "1", "yes"),
                 snapshot_every=snapshot_every if snapshot_every is not None else 10,
+                max_lap_bytes=max_lap_bytes,
+                max_run_bytes=max_run_bytes,
             )
         except ValidationError as e:
             err = e.errors()[0]
@@ -188,11 +209,6 @@ class LoadResult:
     skipped_snapshots: tuple[str, ...] = ()
 
 
-def canonical_json(doc: Any) -> bytes:
-    """Canonical JSON bytes (sorted keys, compact, UTF-8) so that sha256 is reproducible."""
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -240,8 +256,9 @@ def parse_model(model: type[M], doc: Mapping[str, Any], key: str) -> M:
 
 
 def decode_document(data: bytes, key: str) -> dict[str, Any]:
+    """The JSON object of a stored object's bytes (gunzipped first when they are gzip)."""
     try:
-        doc = json.loads(data)
+        doc = json.loads(inflate(data, key))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CorruptCheckpoint(f"checkpoint {key} is not valid JSON: {e}", key) from None
     if not isinstance(doc, dict):
@@ -342,12 +359,13 @@ class CheckpointStore:
         return StoreConfigError(what, key)
 
     def _put(self, key: str, data: bytes, sha: str, *, create_only: bool) -> None:
+        gz = data.startswith(b"\x1f\x8b")
         kwargs: dict[str, Any] = {
             "Bucket": self.config.bucket,
             "Key": key,
             "Body": data,
-            "ContentType": "application/json",
-            "Metadata": {"sha256": sha},
+            "ContentType": "application/gzip" if gz else "application/json",
+            "Metadata": {"sha256": sha, "encoding": ENCODING_GZIP} if gz else {"sha256": sha},
         }
         if create_only:
             kwargs["IfNoneMatch"] = "*"
@@ -405,6 +423,8 @@ class CheckpointStore:
         raw = decode_document(data, key)
         version = schema_version_of(raw, key)
         doc = migrate(raw, key)
+        if doc.get("kind") == "LapRecord":
+            doc = unpack_lap(doc, key)
         return doc, StoredObject(key, sha, len(data), resp.get("LastModified") or _now()), version
 
     def _read_optional(self, key: str) -> tuple[dict[str, Any], StoredObject, int] | None:
@@ -454,13 +474,34 @@ class CheckpointStore:
                     f"{state_before.lap} ({state_before.last_sha256}): set it from state_before.last_sha256"
                 )
         key = self.lap_key(record.run, record.lap)
-        data = canonical_json(record.to_api())
+        data = encode_object(pack_lap(record.to_api()))
+        self._check_size(record, key, len(data))
         stored, written = self._put_once(key, data)
         if not written:
             raise LapAlreadyCheckpointed(key)
         if record.lap % self.config.snapshot_every == 0:
             self._write_snapshot_after(record, stored, state_before)
         return stored
+
+    def _check_size(self, record: LapRecord, key: str, size: int) -> None:
+        """Refuse (``CheckpointTooLarge``, nothing written) a lap record over ``max_lap_bytes``, or
+        one that would bring the run's stored bytes over ``max_run_bytes``."""
+        limit = self.config.max_lap_bytes
+        if limit is not None and size > limit:
+            raise CheckpointTooLarge(
+                f"lap {record.lap}: its checkpoint is {size} bytes (compressed), over the limit of {limit} "
+                f"bytes per lap (spec.checkpoint.maxLapBytes); the lap record was not written",
+                key, record.lap, size, limit, "maxLapBytes",
+            )
+        limit = self.config.max_run_bytes
+        before = record.storage.bytes if record.storage is not None else 0
+        if limit is not None and before + size > limit:
+            raise CheckpointTooLarge(
+                f"lap {record.lap}: the run's checkpoints would reach {before + size} bytes ({before} stored "
+                f"before this lap's record + {size}), over the limit of {limit} bytes per run "
+                f"(spec.checkpoint.maxRunBytes); the lap record was not written",
+                key, record.lap, before + size, limit, "maxRunBytes",
+            )
 
     def _write_snapshot_after(
         self, record: LapRecord, stored: StoredObject, state_before: RunState | None
@@ -469,13 +510,13 @@ class CheckpointStore:
         try:
             if state_before is None or state_before.lap != record.lap - 1 or state_before.run != record.run:
                 state_before = self.load_state(record.run, through_lap=record.lap - 1).state
-            self.put_snapshot(fold(state_before, record, stored.sha256))
+            self.put_snapshot(fold(state_before, record, stored.sha256, stored.size))
         except CheckpointError as e:
             log.warning("snapshot after %s not written: %s", stored.key, e)
 
     def put_snapshot(self, state: RunState) -> StoredObject | None:
         """Write the snapshot of ``state`` (conditional). None if a snapshot of that lap exists."""
-        stored, written = self._put_once(self.snapshot_key(state.run, state.lap), canonical_json(state.to_api()))
+        stored, written = self._put_once(self.snapshot_key(state.run, state.lap), encode_object(state.to_api()))
         return stored if written else None
 
     def get_lap(self, run: RunRef, lap: int) -> tuple[LapRecord, StoredObject]:
@@ -520,7 +561,7 @@ class CheckpointStore:
         key = self.snapshot_key(target, lap)
         if self._head(key) is None:
             base = self.load_state(source, through_lap=lap).state
-            self._put_once(key, canonical_json(fork_state(base, target).to_api()))
+            self._put_once(key, encode_object(fork_state(base, target).to_api()))
         state, stored = self.get_snapshot(target, lap)
         if state.forked_from is None:
             raise CorruptCheckpoint(f"{key} exists but is not a fork snapshot (no forkedFrom)", key)
@@ -548,10 +589,14 @@ class CheckpointStore:
         unsupported (newer) schema version is not skipped: ``UnsupportedSchemaVersion`` is raised,
         as for any object. A corrupt lap record (the source of truth) raises ``CorruptCheckpoint``.
         """
+        if through_lap is not None and through_lap < 0:
+            raise ValueError(f"through_lap must be >= 0, got {through_lap}")
+        if through_lap is not None and through_lap >= self.config.snapshot_every:
+            fast = self._load_from_expected_snapshot(run, through_lap)
+            if fast is not None:
+                return fast
         snapshots = self._snapshot_laps(run)
         through = self._latest(run, snapshots) if through_lap is None else through_lap
-        if through < 0:
-            raise ValueError(f"through_lap must be >= 0, got {through}")
         state, base = RunState(run=run), 0
         keys: list[str] = []
         skipped: list[str] = []
@@ -559,7 +604,7 @@ class CheckpointStore:
             key = self.snapshot_key(run, lap)
             keys.append(key)
             try:
-                state, _ = self.get_snapshot(run, lap)
+                state, snap = self.get_snapshot(run, lap)
             except CorruptCheckpoint as e:
                 if self.head_lap(run, lap) is None:
                     # No lap record behind it: a fork snapshot, the base of this run, not derived
@@ -575,15 +620,57 @@ class CheckpointStore:
                 )
                 continue
             base = lap
+            if lap == through:  # the snapshot after the last lap counts in the run's storage
+                state = state.model_copy(update={"storage": Storage(
+                    bytes=state.storage.bytes + snap.size, objects=state.storage.objects + 1)})
             break
         for lap in range(base + 1, through + 1):
             record, stored, version = self._get_lap(run, lap)
             self._check_link(run, state, record, version)
-            state = fold(state, record, stored.sha256)
+            state = fold(state, record, stored.sha256, stored.size)
             keys.append(stored.key)
         return LoadResult(
             state=state, objects_read=len(keys), keys_read=tuple(keys), skipped_snapshots=tuple(skipped)
         )
+
+    def _load_from_expected_snapshot(self, run: RunRef, through: int) -> LoadResult | None:
+        """``load_state`` without listing: the snapshot a run writes every K laps, at
+        ``through // K * K``, read directly, then the lap records after it (so a resume at a
+        known lap costs one GET per object read, no LIST; the GETs run in parallel, so a resume
+        K-1 laps after a snapshot waits for about one GET, not K). None, to take the listing
+        path, when that snapshot is absent or unreadable (a fork, K changed, a failed snapshot
+        write) or a lap record after it is missing. Errors are raised in lap order, as the
+        sequential fold would."""
+        lap = through // self.config.snapshot_every * self.config.snapshot_every
+        laps = list(range(lap + 1, through + 1))
+        if not laps:
+            return self._fold_expected(run, lap, through, lambda: self.get_snapshot(run, lap), [])
+        with ThreadPoolExecutor(max_workers=min(_RESUME_READERS, len(laps) + 1)) as pool:
+            snap_future = pool.submit(self.get_snapshot, run, lap)
+            futures = [pool.submit(self._get_lap, run, n) for n in laps]
+            return self._fold_expected(run, lap, through, snap_future.result, [f.result for f in futures])
+
+    def _fold_expected(
+        self, run: RunRef, lap: int, through: int, snapshot: Callable[[], tuple[RunState, StoredObject]],
+        records: list[Callable[[], tuple[LapRecord, StoredObject, int]]],
+    ) -> LoadResult | None:
+        try:
+            state, snap = snapshot()
+        except (CheckpointNotFound, CorruptCheckpoint):
+            return None
+        keys = [snap.key]
+        if lap == through:
+            state = state.model_copy(update={"storage": Storage(
+                bytes=state.storage.bytes + snap.size, objects=state.storage.objects + 1)})
+        for read in records:
+            try:
+                record, stored, version = read()
+            except CheckpointNotFound:
+                return None
+            self._check_link(run, state, record, version)
+            state = fold(state, record, stored.sha256, stored.size)
+            keys.append(stored.key)
+        return LoadResult(state=state, objects_read=len(keys), keys_read=tuple(keys))
 
     def _check_link(self, run: RunRef, state: RunState, record: LapRecord, version: int) -> None:
         """Records written with the hash chain (schema >= 2) must point at the previous lap."""
@@ -611,17 +698,35 @@ class CheckpointStore:
     ) -> bool:
         """Write a journal entry once. True if written; False if it already existed (then use
         ``get_journal``'s value, never ours)."""
+        return self.put_journal_entry(run, lap, name, body, agent_version)[1]
+
+    def put_journal_entry(
+        self, run: RunRef, lap: int, name: str, body: dict[str, Any], agent_version: str | None = None
+    ) -> tuple[StoredObject, bool]:
+        """``put_journal`` that also returns the object (its size counts in the run's storage).
+        Schema 3 leaves ``run`` out of the stored entry: the key names the run."""
         key = self.journal_key(run, lap, name)
         entry = JournalEntry(agent_version=agent_version, run=run, lap=lap, name=name, body=body)
-        _, written = self._put_once(key, canonical_json(entry.to_api()))
-        return written
+        doc = entry.to_api()
+        del doc["run"]
+        return self._put_once(key, encode_object(doc))
 
     def get_journal(self, run: RunRef, lap: int, name: str) -> dict[str, Any] | None:
+        found = self.get_journal_entry(run, lap, name)
+        return None if found is None else found[0].body
+
+    def get_journal_entry(self, run: RunRef, lap: int, name: str) -> tuple[JournalEntry, StoredObject, int] | None:
+        """The journal entry, its object and the schema version it was written with; None if absent."""
         key = self.journal_key(run, lap, name)
         found = self._read_optional(key)
         if found is None:
             return None
-        return parse_model(JournalEntry, found[0], key).body
+        doc, stored, version = found
+        doc.setdefault("run", run.to_api())
+        entry = parse_model(JournalEntry, doc, key)
+        if entry.run != run or entry.lap != lap:
+            raise CorruptCheckpoint(f"checkpoint {key} holds a journal entry of another run or lap", key)
+        return entry, stored, version
 
     def put_attempt_failure(
         self, run: RunRef, lap: int, attempt: int, body: dict[str, Any], agent_version: str | None = None
@@ -629,11 +734,39 @@ class CheckpointStore:
         """Best effort (overwrites; store errors are logged, not raised)."""
         key = self.attempt_key(run, lap, attempt)
         entry = AttemptFailure(agent_version=agent_version, run=run, lap=lap, attempt=attempt, body=body)
-        data = canonical_json(entry.to_api())
+        data = encode_object(entry.to_api())
         try:
             self._put(key, data, sha256_hex(data), create_only=False)
         except (CheckpointError, _ConditionFailed) as e:
             log.warning("attempt report %s not written: %s", key, e)
+
+    def delete_journal(
+        self, run: RunRef, lap: int, names: list[str] | None = None, *, lap_written: bool = False
+    ) -> int:
+        """Delete the journal entries of a checkpointed lap (``names``, or all found under
+        ``journal/<lap>/``): the lap record holds everything they held, so every byte stays stored
+        once. Only once ``laps/<lap>`` exists: checked with a HEAD unless the caller just wrote it
+        (``lap_written``). Best effort: a store error is logged and
+        the entries stay (a later runner of the lap, which exits 3, deletes them). Returns how many
+        were deleted."""
+        try:
+            if not lap_written and self.head_lap(run, lap) is None:
+                raise ValueError(f"lap {lap} is not checkpointed: its journal is still needed")
+            if names is None:
+                keys = list(self._list_keys(f"{self.run_prefix(run)}journal/{_check_lap(lap):08d}/"))
+            else:
+                keys = [self.journal_key(run, lap, n) for n in names]
+            if not keys:
+                return 0
+            batch = {"Objects": [{"Key": k} for k in keys], "Quiet": True}
+            resp = self._call("DeleteObjects", keys[0],
+                              lambda: self.client.delete_objects(Bucket=self.config.bucket, Delete=batch))
+            if resp.get("Errors"):
+                log.warning("journal of lap %s: %d entries not deleted", lap, len(resp["Errors"]))
+            return len(keys) - len(resp.get("Errors") or [])
+        except CheckpointError as e:
+            log.warning("journal of lap %s not deleted: %s", lap, e)
+            return 0
 
     def get_attempt_failure(self, run: RunRef, lap: int, attempt: int) -> dict[str, Any] | None:
         key = self.attempt_key(run, lap, attempt)

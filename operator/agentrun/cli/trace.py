@@ -100,13 +100,16 @@ def resolve_store(flags: Mapping[str, Any], env: Mapping[str, str], run: Mapping
     return out
 
 
-def lap_doc(record: LapRecord, key: str | None = None, sha256: str | None = None) -> dict[str, Any]:
-    """A lap as JSON: the stored LapRecord (camelCase, as in the store) plus its key and sha256."""
+def lap_doc(record: LapRecord, key: str | None = None, sha256: str | None = None,
+            size: int | None = None) -> dict[str, Any]:
+    """A lap as JSON: the LapRecord (camelCase) plus its key, sha256 and stored size (``bytes``)."""
     doc = record.to_api()
     if key:
         doc["key"] = key
     if sha256:
         doc["sha256"] = sha256
+    if size is not None:
+        doc["bytes"] = size
     return doc
 
 
@@ -118,14 +121,16 @@ def trace_doc(run: RunRef, store: Mapping[str, Any], forked_from: Mapping[str, A
         "run": run.to_api(),
         "store": {k: store[k] for k in ("uri", "endpoint", "region", "pathStyle")},
         "forkedFrom": dict(forked_from) if forked_from else None,
-        "laps": [lap_doc(r, getattr(o, "key", None), getattr(o, "sha256", None)) for r, o in laps],
+        "laps": [lap_doc(r, getattr(o, "key", None), getattr(o, "sha256", None), getattr(o, "size", None))
+                 for r, o in laps],
         "totals": last.totals.to_api() if last else None,
     }
 
 
-def detail_lines(record: LapRecord, width: int = 120) -> list[str]:
+def detail_lines(record: LapRecord, width: int = 120, size: int | None = None) -> list[str]:
     """Everything a lap did, under its summary row: messages (role, text, tool calls), each tool
-    call with its arguments, idempotency key, status, HTTP status and result, and the timings."""
+    call with its arguments, idempotency key, status, HTTP status and result, the timings, and the
+    bytes its checkpoint stores (``size``: the lap object's stored size, when known)."""
     ind = " " * 8
     room = max(20, width - len(ind) - 4)
     lines = []
@@ -148,11 +153,17 @@ def detail_lines(record: LapRecord, width: int = 120) -> list[str]:
     lines.append(f"{ind}tokens {record.usage.input_tokens} in / {record.usage.output_tokens} out, cost "
                  f"{record.cost_usd} USD, model {t.model_seconds:.2f}s, tools {t.tools_seconds:.2f}s, "
                  f"{t.started_at.isoformat()} .. {t.finished_at.isoformat()}")
+    if size is not None:
+        run_total = ""
+        if record.storage is not None:
+            run_total = (f"; the run's checkpoints through this lap: {record.storage.bytes + size} B in "
+                         f"{record.storage.objects + 1} objects")
+        lines.append(f"{ind}stored {size} B (lap record, gzip){run_total}")
     return lines
 
 
-def text_lap(record: LapRecord, width: int) -> list[str]:
-    return format_lap(record, width) + detail_lines(record, width)
+def text_lap(record: LapRecord, width: int, size: int | None = None) -> list[str]:
+    return format_lap(record, width) + detail_lines(record, width, size)
 
 
 # ------------------------------------------------------------------------------------------ I/O
@@ -265,8 +276,8 @@ def _text(laps: list[tuple[LapRecord, Any]], width: int) -> str:
     # format_trace's table, with the detail lines under each lap
     head, *_ = format_trace([], width=width).splitlines()
     lines = [head]
-    for record, _obj in laps:
-        lines += text_lap(record, width)
+    for record, obj in laps:
+        lines += text_lap(record, width, getattr(obj, "size", None))
     if not laps:
         lines.append("(no laps)")
     else:
@@ -322,9 +333,9 @@ def _follow(store: Any, ref: RunRef, api: Any, namespace: str, name: str, start:
         for record, obj in store.iter_laps(ref, start=next_lap):
             if only is None or record.lap == only:
                 if output == "json":
-                    click.echo(json.dumps(lap_doc(record, obj.key, obj.sha256), separators=(",", ":")))
+                    click.echo(json.dumps(lap_doc(record, obj.key, obj.sha256, obj.size), separators=(",", ":")))
                 else:
-                    click.echo("\n".join(text_lap(record, width)))
+                    click.echo("\n".join(text_lap(record, width, obj.size)))
             next_lap, last = record.lap + 1, record
         if only is not None and next_lap > only:
             break

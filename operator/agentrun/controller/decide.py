@@ -59,6 +59,7 @@ from agentrun.api.status import (
     Condition,
     CostStatus,
     LapRetries,
+    StorageStatus,
     StoreLocation,
 )
 from agentrun.api.types import format_usd, parse_duration
@@ -117,6 +118,7 @@ class CheckpointRead:
     endpoint: str | None = None
     region: str | None = None
     path_style: bool | None = None
+    size: int | None = None  # stored bytes of the lap object
 
 
 @dataclass(frozen=True)
@@ -288,6 +290,7 @@ class LapFinished:
     lap: int
     outcome: str
     duration_seconds: float
+    checkpoint_bytes: int | None = None  # stored bytes the lap added (None: not known)
 
 
 @dataclass(frozen=True)
@@ -934,6 +937,11 @@ def _observe_active(c: _Ctx, job: ObservedJob | None) -> Decision | None:
             detail = af.report.get("message") or af.report.get("error")
         detail = detail or job.message or "no failure report was written"
         c.act(LapRetried(aj.lap, "Permanent"))
+        if af.report and af.report.get("reason") == "CheckpointTooLarge":
+            return c.fail("CheckpointTooLarge", f"lap {aj.lap} attempt {aj.attempt}: {detail}. The store was left "
+                          "as it is; to go on, fork the run from its last lap with a higher limit "
+                          "(agentrun fork --dry-run -o yaml, edit spec.checkpoint, kubectl apply)",
+                          lap=aj.lap, attempt=aj.attempt)
         if af.report and af.report.get("reason") == "CheckpointUnreadable":
             return c.fail(
                 "CheckpointUnreadable",
@@ -1041,7 +1049,13 @@ def _apply_lap(c: _Ctx, cp: CheckpointRead) -> None:
     st.active_job = None
     st.next_attempt_at = None
     duration = max(0.0, (rec.timings.finished_at - rec.timings.started_at).total_seconds())
-    c.act(LapFinished(rec.lap, rec.outcome.type, duration))
+    added = None
+    if rec.storage is not None and cp.size is not None:
+        total = StorageStatus(bytes=rec.storage.bytes + cp.size, objects=rec.storage.objects + 1)
+        before = st.storage.bytes if st.storage is not None else 0
+        added = total.bytes - before if 0 < before <= total.bytes else cp.size
+        st.storage = total
+    c.act(LapFinished(rec.lap, rec.outcome.type, duration, added))
     c.event(
         "Normal", "LapCheckpointed",
         f"lap {rec.lap} checkpointed ({rec.outcome.type}) by agent {rec.agent_version}; cost so far ${usd}",

@@ -481,7 +481,7 @@ class Controller:
                     record, stored = await asyncio.to_thread(store.get_lap, run, a.lap)
                     cp = d.CheckpointRead(
                         lap=a.lap, kind="ok", record=record, key=stored.key, sha256=stored.sha256,
-                        written_at=stored.written_at, uri=f"s3://{store.config.bucket}/{stored.key}", **where,
+                        written_at=stored.written_at, uri=f"s3://{store.config.bucket}/{stored.key}", size=stored.size, **where,
                     )
                 except ce.CheckpointNotFound as exc:
                     cp = d.CheckpointRead(lap=a.lap, kind="missing", error=str(exc))
@@ -606,7 +606,7 @@ class Controller:
                 run_logger(ns, name, lap, a.attempt).log(
                     logging.WARNING if a.type == "Warning" else logging.INFO, "%s: %s", a.reason, a.message)
             elif isinstance(a, d.LapFinished):
-                metrics.lap_finished(ns, name, a.outcome, a.duration_seconds)
+                metrics.lap_finished(ns, name, a.outcome, a.duration_seconds, a.checkpoint_bytes)
             elif isinstance(a, d.LapRetried):
                 metrics.lap_retried(ns, name, a.reason)
         for a in decision.of(d.DeleteRun):  # spec.ttlSecondsAfterFinished passed: after its Event

@@ -49,7 +49,9 @@ def run_from_env(env: Mapping[str, str]) -> int:
     store: CheckpointStore | None = None
     try:
         cfg = parse_env(env)
-        store = CheckpointStore(StoreConfig.from_env(env, snapshot_every=cfg.spec.checkpoint.snapshot_every))
+        ck = cfg.spec.checkpoint
+        store = CheckpointStore(StoreConfig.from_env(
+            env, snapshot_every=ck.snapshot_every, max_lap_bytes=ck.max_lap_bytes, max_run_bytes=ck.max_run_bytes))
     except (LapError, CheckpointError) as e:
         message = redact(str(e), log.secrets)
         code = EXIT_PERMANENT if isinstance(e, LapError) else exit_for(e)

@@ -1,22 +1,26 @@
-"""Idempotency keys and call ids: stable across replays of a lap.
+"""Idempotency keys and call ids: stable across replays of a lap, unique across runs.
 
-The key of a tool call is ``<run short id>:<lap>:<tool>:<callId>``, e.g.
-``r_8f2a1c0d:301:extract_invoice:call_2``. The call id comes from the model response, which is
-journaled before any tool call, so a replayed lap sees the same ids and derives the same keys.
+The key of a tool call is ``<run id>:<lap>:<tool>:<callId>``, e.g.
+``r_8f2a1c0d4b7e4f109a512c3d4e5f6a7b:301:extract_invoice:call_2``: the run id carries the run's
+full uid (key scheme ``uid128``, checkpoint schema 3). Runs checkpointed before schema 3 keep the
+scheme they started with (``uid8``: ``r_8f2a1c0d:...``, 32 bits of the uid); the scheme is part of
+the run's checkpointed state (``keyScheme``), so a run's keys never change across an upgrade. The
+call id comes from the model response, which is journaled before any tool call, so a replayed lap
+sees the same ids and derives the same keys.
 """
 
 from __future__ import annotations
 
 import re
 
-from agentrun.checkpoint.schema import RunRef
+from agentrun.checkpoint.schema import KEY_SCHEME, RunRef
 
 CALL_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-def idempotency_key(run: RunRef, lap: int, tool: str, call_id: str) -> str:
+def idempotency_key(run: RunRef, lap: int, tool: str, call_id: str, scheme: str = KEY_SCHEME) -> str:
     """The idempotency key of a tool call; the same inputs always give the same key."""
-    return f"{run.short_id}:{lap}:{tool}:{call_id}"
+    return f"{run.key_id(scheme)}:{lap}:{tool}:{call_id}"
 
 
 def normalize_call_ids(raw_ids: list[str | None]) -> list[str]:

@@ -10,16 +10,25 @@ from typing import Any
 from agentrun.checkpoint.errors import (
     CheckpointError,
     CheckpointNotFound,
+    CheckpointTooLarge,
     CorruptCheckpoint,
     LapAlreadyCheckpointed,
     StoreConfigError,
     UnsupportedSchemaVersion,
 )
-from agentrun.checkpoint.schema import LapRecord, RunRef
+from agentrun.checkpoint.schema import (
+    KEY_SCHEME,
+    KEY_SCHEME_UID8,
+    KeyScheme,
+    LapRecord,
+    RunRef,
+    RunState,
+)
 from agentrun.checkpoint.store import CheckpointStore, StoredObject
 from agentrun.lap.config import LapConfig
 from agentrun.lap.errors import LapError, PermanentLapError
 from agentrun.lap.interfaces import Model, ToolRunner
+from agentrun.lap.keys import MODEL_JOURNAL_NAME
 from agentrun.lap.logs import LapLogger, redact
 from agentrun.lap.models import API_KEY_ENV, make_model
 from agentrun.lap.step import Effects, LapContext, run_lap
@@ -30,6 +39,8 @@ EXIT_OK = 0
 EXIT_PERMANENT = 2
 EXIT_ALREADY = 3
 EXIT_RETRYABLE = 75
+CHECKPOINT_TOO_LARGE = "CheckpointTooLarge"
+"""Attempt-report reason of a lap whose checkpoint would pass spec.checkpoint.maxLapBytes/maxRunBytes."""
 S3_SECRET_ENV = "AGENTRUN_S3_CREDENTIALS_SECRET"
 """Name (never the value) of the Secret the S3 credentials come from, for messages; set by the operator."""
 _ACCESS_DENIED = ("(HTTP 403)", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
@@ -57,16 +68,52 @@ class LapExit:
 
 
 class StoreJournal:
-    """The Journal of one lap, backed by the store's conditional journal objects."""
+    """The Journal of one lap, backed by the store's conditional journal objects. Keeps the stored
+    size of every entry it wrote or read (``sizes``): those are deleted once the lap is checkpointed.
+
+    Zombie safety: a runner whose model response lands (conditional put) while the lap is already
+    checkpointed (the winner deleted its journal) stops with ``LapAlreadyCheckpointed`` before any
+    tool call. A runner that read the winner's response before the deletion derives the winner's
+    keys; a tool result it no longer finds is sent again with the same key (the tool dedupes), as
+    after a crash between a call and its journal entry."""
 
     def __init__(self, store: CheckpointStore, run: RunRef, lap: int, agent_version: str) -> None:
         self.store, self.run, self.lap, self.agent_version = store, run, lap, agent_version
+        self.sizes: dict[str, int] = {}
 
     def get(self, name: str) -> dict[str, Any] | None:
-        return self.store.get_journal(self.run, self.lap, name)
+        found = self.store.get_journal_entry(self.run, self.lap, name)
+        if found is None:
+            return None
+        entry, stored, _ = found
+        self.sizes[name] = stored.size
+        return entry.body
 
     def put(self, name: str, body: dict[str, Any]) -> bool:
-        return self.store.put_journal(self.run, self.lap, name, body, agent_version=self.agent_version)
+        stored, written = self.store.put_journal_entry(self.run, self.lap, name, body, agent_version=self.agent_version)
+        if written:
+            self.sizes[name] = stored.size
+        if written and name == MODEL_JOURNAL_NAME and self.store.head_lap(self.run, self.lap) is not None:
+            # Our model response landed only because the lap was checkpointed by another runner,
+            # which then deleted its journal: never call tools with keys derived from a second response.
+            self.store.delete_journal(self.run, self.lap, [name], lap_written=True)
+            raise LapAlreadyCheckpointed(self.store.lap_key(self.run, self.lap))
+        return written
+
+
+
+
+def key_scheme_of(store: CheckpointStore, run: RunRef, lap: int, state: RunState) -> KeyScheme:
+    """The idempotency key scheme of this lap: the one recorded in the run's state; before lap 1
+    is checkpointed, the scheme of an earlier attempt of this lap that journaled its model
+    response under schema <= 2 (so its keys, maybe already sent, are derived again), else the
+    current one."""
+    if state.key_scheme is not None:
+        return state.key_scheme
+    found = store.get_journal_entry(run, lap, MODEL_JOURNAL_NAME)
+    if found is not None and found[2] < 3:
+        return KEY_SCHEME_UID8
+    return KEY_SCHEME
 
 
 def exit_for(error: BaseException) -> int:
@@ -110,6 +157,8 @@ def execute_lap(
         return LapExit(EXIT_ALREADY, msg)
     except (CorruptCheckpoint, UnsupportedSchemaVersion) as e:  # permanent; named for the operator
         code, message, reason = exit_for(e), redact(str(e), log.secrets), "CheckpointUnreadable"
+    except CheckpointTooLarge as e:  # permanent: the lap would be as large again
+        code, message, reason = exit_for(e), redact(str(e), log.secrets), CHECKPOINT_TOO_LARGE
     except StoreConfigError as e:  # permanent: bucket missing, access denied, no credentials
         code, message, reason = exit_for(e), redact(str(e), log.secrets), None
         hint = explain_store_refusal(message, env)
@@ -130,6 +179,7 @@ def _execute(
 ) -> LapExit:
     if store.head_lap(cfg.run, cfg.lap) is not None:
         msg = f"lap {cfg.lap} already checkpointed; nothing to do"
+        store.delete_journal(cfg.run, cfg.lap)  # finish what a runner killed after its checkpoint left
         log(msg)
         return LapExit(EXIT_ALREADY, msg)
     try:
@@ -145,12 +195,16 @@ def _execute(
     ctx = LapContext(
         spec=cfg.spec, run=cfg.run, lap=cfg.lap, attempt=cfg.attempt,
         agent_version=cfg.agent_version, decision=cfg.decision,
+        key_scheme=key_scheme_of(store, cfg.run, cfg.lap, state),
     )
-    fx = Effects(model=model, tools=tools, journal=StoreJournal(store, cfg.run, cfg.lap, cfg.agent_version), crash=crash, log=log)
+    journal = StoreJournal(store, cfg.run, cfg.lap, cfg.agent_version)
+    fx = Effects(model=model, tools=tools, journal=journal, crash=crash, log=log)
     record = run_lap(ctx, state, fx)
+    record = record.model_copy(update={"storage": state.storage})  # its journal is deleted once it is stored
     crash("before-checkpoint")
     stored = store.put_lap(record, state_before=state)
     crash("after-checkpoint")
+    store.delete_journal(cfg.run, cfg.lap, sorted(journal.sizes), lap_written=True)
     log("lap checkpointed", key=stored.key, sha256=stored.sha256, bytes=stored.size, outcome=record.outcome.type,
         cost_usd=record.cost_usd, input_tokens=record.usage.input_tokens, output_tokens=record.usage.output_tokens)
     return LapExit(EXIT_OK, f"lap {cfg.lap} checkpointed: {record.outcome.type}", record, stored)

@@ -27,9 +27,12 @@ from typing import Any
 
 from agentrun.api.spec import AgentRunSpec, ToolSpec
 from agentrun.api.types import format_usd
+from agentrun.checkpoint.codec import tool_message_text
 from agentrun.checkpoint.schema import (
+    KEY_SCHEME,
     ApprovalDecision,
     Compaction,
+    KeyScheme,
     LapRecord,
     Message,
     Outcome,
@@ -76,6 +79,8 @@ class LapContext:
     attempt: int
     agent_version: str
     decision: ApprovalDecision | None = None
+    key_scheme: KeyScheme = KEY_SCHEME
+    """How this lap derives idempotency keys: the run's recorded scheme (``RunState.keyScheme``)."""
 
 
 @dataclass
@@ -163,18 +168,16 @@ def _not_run(call: ModelCall, key: str, status: str, result: str | None) -> Tool
 
 
 def _tool_message(record: ToolCallRecord, lap: int) -> Message:
-    """The answer the model sees: the result, or ``error: ...`` / ``<status>: ...``."""
-    text = record.result if record.result is not None else ""
-    if record.status != "ok":
-        text = f"{record.status}: {text}"
-    return Message(role="tool", content=text, tool_call_id=record.call_id, lap=lap)
+    """The answer the model sees: the result, or ``error: ...`` / ``<status>: ...`` (the rule the
+    stored lap record relies on to keep the result once: ``codec.tool_message_text``)."""
+    return Message(role="tool", content=tool_message_text(record.status, record.result), tool_call_id=record.call_id, lap=lap)
 
 
 def handle_call(
     ctx: LapContext, fx: Effects, acc: _Acc, call: ModelCall, pending: PendingApproval | None
 ) -> tuple[ToolCallRecord, PendingApproval | None]:
     """Decide and (maybe) run one call of the model response. Returns its record and the pending approval."""
-    key = idempotency_key(ctx.run, ctx.lap, call.name, call.id)
+    key = idempotency_key(ctx.run, ctx.lap, call.name, call.id, ctx.key_scheme)
     tool = ctx.spec.tool(call.name)
     if tool is None:
         names = ", ".join(t.name for t in ctx.spec.agent.tools) or "(none)"
@@ -332,8 +335,8 @@ def run_lap(ctx: LapContext, state: RunState, fx: Effects) -> LapRecord:
         prev_sha256=state.last_sha256, outcome=outcome, messages=acc.messages, tool_calls=acc.calls,
         pending_approval=pending, approval_decision=decision, usage=response.usage, cost_usd=cost,
         totals=totals_after(state, response.usage.input_tokens, response.usage.output_tokens, cost),
-        compaction=compaction,
-        timings=Timings(started_at=started, finished_at=fx.clock(), model_seconds=model_seconds, tools_seconds=acc.tools_seconds),
+        compaction=compaction, key_scheme=ctx.key_scheme,
+        timings=Timings(started_at=started, finished_at=fx.clock(), model_seconds=round(model_seconds, 3), tools_seconds=round(acc.tools_seconds, 3)),
     )
 
 

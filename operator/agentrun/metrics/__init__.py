@@ -81,9 +81,11 @@ def clear_runs() -> None:
     DEFAULT.clear_runs()
 
 
-def lap_finished(namespace: str, name: str, outcome: str, duration_seconds: float) -> None:
-    """A lap attempt ended. ``outcome``: one of ``LAP_OUTCOMES`` (others count as ``other``)."""
-    DEFAULT.lap_finished(namespace, name, outcome, duration_seconds)
+def lap_finished(namespace: str, name: str, outcome: str, duration_seconds: float,
+                 checkpoint_bytes: int | None = None) -> None:
+    """A lap attempt ended. ``outcome``: one of ``LAP_OUTCOMES`` (others count as ``other``);
+    ``checkpoint_bytes``: stored bytes the lap added, when known."""
+    DEFAULT.lap_finished(namespace, name, outcome, duration_seconds, checkpoint_bytes)
 
 
 def lap_retried(namespace: str, name: str, reason: str) -> None:

@@ -86,6 +86,8 @@ RECONCILE_RESULTS: tuple[str, ...] = ("success", "error", "requeue", "requeue_af
 TOKEN_DIRECTIONS: tuple[str, ...] = ("input", "output")
 
 LAP_DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+#: Buckets of ``agentrun_lap_checkpoint_bytes``: 256 B .. 16 MiB (a lap's maxLapBytes default is 8 MiB).
+LAP_BYTES_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216)
 RECONCILE_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 #: Longest label value kept for ``owner`` (approval owner); longer values are truncated.
@@ -148,6 +150,7 @@ def parse_duration(value: Any, default: float) -> float:
 DEFAULT_LAP_TIMEOUT_SECONDS = 600.0
 DEFAULT_ATTEMPTS_PER_LAP = 3
 DEFAULT_MAX_LAPS = 100
+DEFAULT_MAX_RUN_BYTES = float(1024**3)  # spec.checkpoint.maxRunBytes's default (api/spec.py)
 
 
 def _get(d: Mapping[str, Any] | None, *path: str) -> Any:
@@ -184,6 +187,8 @@ class RunView:
     approval_deadline: float | None
     # latest status time that shows the run moving: approval decided, resumed from suspension
     resumed_at: float | None = None
+    checkpoint_bytes: float | None = None
+    checkpoint_max_bytes: float = DEFAULT_MAX_RUN_BYTES
 
     @property
     def last_progress_at(self) -> float | None:
@@ -250,6 +255,8 @@ class RunView:
             approval_requested_at=parse_timestamp(approval.get("requestedAt")) if pending else None,
             approval_deadline=parse_timestamp(approval.get("deadline")) if pending else None,
             resumed_at=max(resumed_times) if resumed_times else None,
+            checkpoint_bytes=parse_number(_get(status, "storage", "bytes")),
+            checkpoint_max_bytes=parse_number(_get(spec, "checkpoint", "maxRunBytes")) or DEFAULT_MAX_RUN_BYTES,
         )
 
 
@@ -284,6 +291,8 @@ class RunStateCollector(Collector):
             _gauge("run_retries", "Failed lap attempts over the whole run (status.totalRetries).", run),
             _gauge("run_current_lap_retries", "Failed attempts of the lap now in progress.", run),
             _gauge("run_cost_usd", "Cost of the run so far in USD (status.cost.usd).", run),
+            _gauge("run_checkpoint_bytes", "Stored bytes of the run's checkpoints so far (status.storage.bytes).", run),
+            _gauge("run_checkpoint_max_bytes", "spec.checkpoint.maxRunBytes of the run.", run),
             _gauge("run_budget_usd", "spec.budget.maxCostUSD of the run in USD (absent when unlimited).", run),
             _gauge("run_tokens", "Tokens used by the run so far (status.cost.inputTokens/outputTokens).", [*run, "direction"]),
             _gauge("approvals_pending", "Approvals waiting for a human decision."),
@@ -321,6 +330,9 @@ class RunStateCollector(Collector):
             fam["run_retries"].add_metric(key, r.total_retries)
             fam["run_current_lap_retries"].add_metric(key, r.current_lap_retries)
             fam["run_cost_usd"].add_metric(key, r.cost_usd)
+            if r.checkpoint_bytes is not None:
+                fam["run_checkpoint_bytes"].add_metric(key, r.checkpoint_bytes)
+            fam["run_checkpoint_max_bytes"].add_metric(key, r.checkpoint_max_bytes)
             if r.budget_usd is not None:
                 fam["run_budget_usd"].add_metric(key, r.budget_usd)
             fam["run_tokens"].add_metric([*key, "input"], r.input_tokens)
@@ -357,6 +369,12 @@ class OperatorMetrics:
             f"{PREFIX}_lap_duration_seconds",
             "Duration of lap attempts, from Job creation to its end, by outcome.",
             ["outcome"], buckets=LAP_DURATION_BUCKETS, registry=r,
+        )
+        self.lap_checkpoint_bytes = Histogram(
+            f"{PREFIX}_lap_checkpoint_bytes",
+            "Stored (compressed) checkpoint bytes each lap added: its record and journal entries, and the "
+            "previous lap's snapshot.",
+            buckets=LAP_BYTES_BUCKETS, registry=r,
         )
         self.lap_retries = Counter(
             f"{PREFIX}_lap_retries", "Failed lap attempts that will be retried, by reason.", ["reason"], registry=r,
@@ -452,8 +470,11 @@ class OperatorMetrics:
             return list(self._runs.values())
 
     # -- events --------------------------------------------------------------------------------
-    def lap_finished(self, namespace: str, name: str, outcome: str, duration_seconds: float) -> None:
+    def lap_finished(self, namespace: str, name: str, outcome: str, duration_seconds: float,
+                     checkpoint_bytes: int | None = None) -> None:
         self.lap_duration.labels(normalize_label(outcome, LAP_OUTCOMES)).observe(max(0.0, float(duration_seconds)))
+        if checkpoint_bytes is not None:
+            self.lap_checkpoint_bytes.observe(max(0, int(checkpoint_bytes)))
 
     def lap_retried(self, namespace: str, name: str, reason: str) -> None:
         self.lap_retries.labels(normalize_label(reason, RETRY_REASONS)).inc()
