@@ -532,6 +532,32 @@ def install_api(cluster: Cluster) -> None:
     files = [a for name in API_MANIFESTS for a in ("-f", str(crds / name))]
     cluster.kubectl_run("apply", *files)
     cluster.kubectl_run("wait", "--for=condition=Established", "crd/agentruns.agentrun.dev", "--timeout=60s")
+    wait_decisions_admitted(cluster)
+
+
+# What the API server answers while a MutatingAdmissionPolicy's type converter does not know a
+# CRD's kind yet (it learns new CRD schemas some seconds after Established): every decision is
+# refused with 503 until then.
+_TYPE_CONVERTER_LAG = "There can be a delay between when CustomResourceDefinitions are created"
+
+
+def wait_decisions_admitted(cluster: Cluster, timeout: float = 90) -> None:
+    """Wait until a decision on an AgentRun passes the decider-stamping MutatingAdmissionPolicy.
+
+    Established only says the CRD is served; the policy's type converter picks the new schema up
+    later, and until then ``kubectl annotate agentrun X approved=true`` gets a 503. Probe with a
+    server-side dry-run create carrying the annotation (the policy matches CREATE): any answer but
+    that 503 (the probe's empty spec is then refused by the schema) means decisions are admitted."""
+    probe = ('{"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": "admission-probe",'
+             ' "namespace": "default", "annotations": {"approved": "true"}}, "spec": {}}')
+    deadline = time.monotonic() + timeout
+    while True:
+        r = cluster.kubectl_run("create", "--dry-run=server", "-f", "-", input=probe, check=False)
+        if _TYPE_CONVERTER_LAG not in r.stderr:
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(f"decisions on AgentRuns still refused after {timeout:.0f}s: {r.stderr.strip()}")
+        time.sleep(1)
 
 
 # ------------------------------------------------------------------ S3

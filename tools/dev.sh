@@ -118,6 +118,13 @@ CHECKPOINT_URI="s3://$AGENTRUN_S3_BUCKET/dev"
 say "CRD, approval admission policies (docs/security.md), lap ServiceAccount, S3 credentials Secret (kubectl apply: unchanged when present)"
 kubectl apply -f crds/
 kubectl wait --for=condition=Established crd/agentruns.agentrun.dev --timeout=60s
+# The decider-stamping MutatingAdmissionPolicy learns the new CRD's schema some seconds after
+# Established; until then a decision gets a 503 (docs/operations.md). Probe with a dry-run create.
+probe='{"apiVersion":"agentrun.dev/v1alpha1","kind":"AgentRun","metadata":{"name":"admission-probe","namespace":"default","annotations":{"approved":"true"}},"spec":{}}'
+for _ in $(seq 90); do
+  echo "$probe" | kubectl create --dry-run=server -f - 2>&1 | grep -q "There can be a delay" || break
+  sleep 1
+done
 kubectl create serviceaccount agentrun-lap --dry-run=client -o yaml | kubectl apply -f -
 kubectl create secret generic agentrun-s3 --dry-run=client -o yaml \
   --from-literal=AWS_ACCESS_KEY_ID="$AWS_ACCESS_KEY_ID" \

@@ -19,6 +19,7 @@ from typing import Any
 
 import boto3
 import pytest
+from agentrun.checkpoint.codec import encode_object, inflate
 from e2e_support import ToolGate
 from test_operator_e2e import ROOT, Env, _diagnostics_on_failure, _gated, _one_job_per_attempt, _wait  # noqa: F401
 
@@ -166,16 +167,16 @@ def test_unreadable_checkpoint_stops_failed_store_untouched_no_crash_loop(env, d
         data, expect = b'{"schemaVersion": 2, "lap": 1, "broken": tru', "sha256"
     elif damage == "truncated":  # the first half of the object, re-uploaded with a matching sha256
         whole = env.s3c.get_object(Bucket=env.s3.bucket, Key=key)["Body"].read()
-        data, expect = whole[: len(whole) // 2], "is not valid JSON"
+        data, expect = whole[: len(whole) // 2], "is a truncated or padded gzip stream"
         head["Metadata"]["sha256"] = hashlib.sha256(data).hexdigest()
     elif damage == "foreign-run":  # the donor's lap 1, byte for byte with its own metadata
         donor = env.s3c.get_object(Bucket=env.s3.bucket, Key=env.get("donor")["status"]["checkpoint"]["key"])
         data, expect = donor["Body"].read(), f"of {env.ns}/donor (uid {env.get('donor')['metadata']['uid']})"
         head["Metadata"] = donor["Metadata"]
     else:  # a well-formed object of a schema version this agentrun does not know, with its true sha256
-        doc = json.loads(env.s3c.get_object(Bucket=env.s3.bucket, Key=key)["Body"].read())
+        doc = json.loads(inflate(env.s3c.get_object(Bucket=env.s3.bucket, Key=key)["Body"].read(), key))
         doc["schemaVersion"] = 99
-        data, expect = json.dumps(doc, sort_keys=True).encode(), "schemaVersion 99"
+        data, expect = encode_object(doc), "schemaVersion 99"
         head["Metadata"]["sha256"] = hashlib.sha256(data).hexdigest()
     env.s3c.put_object(Bucket=env.s3.bucket, Key=key, Body=data, Metadata=head["Metadata"])
     prefix = env.run_prefix(name)
