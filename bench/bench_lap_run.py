@@ -63,6 +63,29 @@ def start_moto() -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit("moto server did not start")
 
 
+class BenchWorld:
+    """What a scripted lap bench runs against: a local S3 API server (moto) with ``bucket``, a
+    tool server on 127.0.0.1 answering with ``handler``, the lap environment ``base`` pointing at
+    ``s3://BUCKET/runs`` and a ``CheckpointStore`` on it. ``close()`` stops both servers."""
+
+    def __init__(self, bucket: str, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.moto, endpoint = start_moto()
+        self.tools = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=self.tools.serve_forever, daemon=True).start()
+        self.tool_url = f"http://127.0.0.1:{self.tools.server_address[1]}"
+        self.base = {"AGENTRUN_CHECKPOINT_URI": f"s3://{bucket}/runs", "AGENTRUN_S3_ENDPOINT": endpoint,
+                     "AGENTRUN_S3_REGION": "us-east-1", "AGENTRUN_S3_PATH_STYLE": "true",
+                     "AGENTRUN_LOG_FORMAT": "json"}
+        self.store = CheckpointStore(StoreConfig.from_env(self.base, snapshot_every=10))
+        self.store.client.create_bucket(Bucket=bucket)
+
+    def close(self) -> None:
+        self.tools.shutdown()
+        self.moto.terminate()
+        self.moto.wait(timeout=10)
+
+
+
 class ToolHandler(BaseHTTPRequestHandler):
     """Echoes a ~300-byte JSON result; dedupes nothing (the bench measures the runner)."""
 
@@ -133,15 +156,10 @@ def main() -> None:
     ap.add_argument("--subprocess-laps", type=int, default=3)
     args = ap.parse_args()
 
-    moto, endpoint = start_moto()
-    tools = ThreadingHTTPServer(("127.0.0.1", 0), ToolHandler)
-    threading.Thread(target=tools.serve_forever, daemon=True).start()
+    world = BenchWorld("bench-ckpt", ToolHandler)
     try:
-        base = {"AGENTRUN_CHECKPOINT_URI": "s3://bench-ckpt/runs", "AGENTRUN_S3_ENDPOINT": endpoint,
-                "AGENTRUN_S3_REGION": "us-east-1", "AGENTRUN_S3_PATH_STYLE": "true", "AGENTRUN_LOG_FORMAT": "json"}
-        store = CheckpointStore(StoreConfig.from_env(base, snapshot_every=10))
-        store.client.create_bucket(Bucket="bench-ckpt")
-        spec = spec_doc(f"http://127.0.0.1:{tools.server_address[1]}", args.laps + args.subprocess_laps, args.max_tokens)
+        base, store = world.base, world.store
+        spec = spec_doc(world.tool_url, args.laps + args.subprocess_laps, args.max_tokens)
         spec_json = json.dumps(spec)
         model = Capturing(make_model(parse_env(lap_env(base, spec_json, 1)).spec, {}))
         sink = io.StringIO()
@@ -197,9 +215,7 @@ def main() -> None:
             print(f"`agentrun lap` subprocess: mean {sm * 1000:.0f} ms per lap over {len(sub_seconds)} laps "
                   f"(process overhead ~{(sm - mean) * 1000:.0f} ms: interpreter start, imports, boto3 client)")
     finally:
-        tools.shutdown()
-        moto.terminate()
-        moto.wait(timeout=10)
+        world.close()
 
 
 if __name__ == "__main__":

@@ -39,18 +39,15 @@ import sqlite3
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from http.server import ThreadingHTTPServer
 from importlib.metadata import version
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_lap_run import RUN, ToolHandler, lap_env, spec_doc, start_moto  # noqa: E402
+from bench_lap_run import RUN, BenchWorld, ToolHandler, lap_env, spec_doc  # noqa: E402
 from benchlib import fmt_bytes, fmt_ms, markdown_table, ratio, summary, verdict  # noqa: E402
 
-from agentrun.checkpoint.store import CheckpointStore, StoreConfig  # noqa: E402
 from agentrun.lap.config import parse_env  # noqa: E402
 from agentrun.lap.logs import LapLogger  # noqa: E402
 from agentrun.lap.runner import execute_lap  # noqa: E402
@@ -77,15 +74,10 @@ def padded_handler(extra: int) -> type[ToolHandler]:
 
 def run_agentrun(laps: int, max_tokens: int, extra: int = 0) -> tuple[dict[str, Any], list[list[Any]]]:
     """The scripted run through execute_lap; returns figures and each lap's messages."""
-    moto, endpoint = start_moto()
-    tools = ThreadingHTTPServer(("127.0.0.1", 0), padded_handler(extra) if extra else ToolHandler)
-    threading.Thread(target=tools.serve_forever, daemon=True).start()
+    world = BenchWorld("bench-vs", padded_handler(extra) if extra else ToolHandler)
     try:
-        base = {"AGENTRUN_CHECKPOINT_URI": "s3://bench-vs/runs", "AGENTRUN_S3_ENDPOINT": endpoint,
-                "AGENTRUN_S3_REGION": "us-east-1", "AGENTRUN_S3_PATH_STYLE": "true", "AGENTRUN_LOG_FORMAT": "json"}
-        store = CheckpointStore(StoreConfig.from_env(base, snapshot_every=10))
-        store.client.create_bucket(Bucket="bench-vs")
-        spec_json = json.dumps(spec_doc(f"http://127.0.0.1:{tools.server_address[1]}", laps, max_tokens))
+        base, store = world.base, world.store
+        spec_json = json.dumps(spec_doc(world.tool_url, laps, max_tokens))
         sink = io.StringIO()
         t_run = time.perf_counter()
         for lap in range(1, laps + 1):
@@ -122,37 +114,39 @@ def run_agentrun(laps: int, max_tokens: int, extra: int = 0) -> tuple[dict[str, 
         }
         return figures, messages
     finally:
-        tools.shutdown()
-        moto.terminate()
-        moto.wait(timeout=10)
+        world.close()
 
 
-def run_langgraph(lap_messages: list[list[Any]], task: str, path: str) -> dict[str, Any]:
+def to_langchain(m: Any, mid: str | None = None) -> Any:
+    """One agentrun message as the LangChain message LangGraph stores (``mid``: a stable id)."""
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+    ids = {"id": mid} if mid else {}
+    if m.role == "assistant":
+        return AIMessage(content=m.content or "", tool_calls=[
+            {"id": c.id, "name": c.name, "args": c.arguments} for c in m.tool_calls], **ids)
+    if m.role == "tool":
+        return ToolMessage(content=m.content or "", tool_call_id=m.tool_call_id, **ids)
+    if m.role == "system":
+        return SystemMessage(content=m.content or "", **ids)
+    return HumanMessage(content=m.content or "", **ids)
+
+
+def run_graph(steps: list[list[Any]], first: list[Any], reducer: Any, path: str, thread_id: str) -> dict[str, Any]:
+    """A one-node LangGraph graph that appends ``steps[lap - 1]`` per lap through ``reducer``,
+    checkpointed by SqliteSaver in ``path``: the compiled app, its saver and connection, the final
+    state and the wall time of the run."""
     from typing import Annotated, TypedDict
 
-    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
     from langgraph.checkpoint.sqlite import SqliteSaver
     from langgraph.graph import END, StateGraph
-    from langgraph.graph.message import add_messages
 
-    def to_lc(m: Any) -> Any:
-        if m.role == "assistant":
-            return AIMessage(content=m.content or "", tool_calls=[
-                {"id": c.id, "name": c.name, "args": c.arguments} for c in m.tool_calls])
-        if m.role == "tool":
-            return ToolMessage(content=m.content or "", tool_call_id=m.tool_call_id)
-        if m.role == "system":
-            return SystemMessage(content=m.content or "")
-        return HumanMessage(content=m.content or "")
-
-    laps = [[to_lc(m) for m in ms] for ms in lap_messages]
-    n = len(laps)
-
+    n = len(steps)
     # functional form: this module's postponed annotations would hide the local names from LangGraph
-    State = TypedDict("State", {"messages": Annotated[list, add_messages], "lap": int})  # noqa: UP013
+    State = TypedDict("State", {"messages": Annotated[list, reducer], "lap": int})  # noqa: UP013
 
     def lap_node(state: dict[str, Any]) -> dict[str, Any]:
-        return {"messages": laps[state["lap"] - 1], "lap": state["lap"] + 1}
+        return {"messages": steps[state["lap"] - 1], "lap": state["lap"] + 1}
 
     graph = StateGraph(State)
     graph.add_node("lap", lap_node)
@@ -161,11 +155,21 @@ def run_langgraph(lap_messages: list[list[Any]], task: str, path: str) -> dict[s
     conn = sqlite3.connect(path, check_same_thread=False)
     saver = SqliteSaver(conn)
     app = graph.compile(checkpointer=saver)
-    config = {"configurable": {"thread_id": "invoices-500"}, "recursion_limit": n + 10}
+    config = {"configurable": {"thread_id": thread_id}, "recursion_limit": n + 10}
     t0 = time.perf_counter()
-    final = app.invoke({"messages": [HumanMessage(content=task)], "lap": 1}, config)
+    final = app.invoke({"messages": first, "lap": 1}, config)
     run_seconds = time.perf_counter() - t0
-    assert final["lap"] == n + 1 and len(final["messages"]) == 1 + sum(len(x) for x in laps)
+    assert final["lap"] == n + 1 and len(final["messages"]) == len(first) + sum(len(x) for x in steps)
+    return {"app": app, "saver": saver, "conn": conn, "final": final, "run_seconds": run_seconds}
+
+
+def run_langgraph(lap_messages: list[list[Any]], task: str, path: str) -> dict[str, Any]:
+    from langchain_core.messages import HumanMessage
+    from langgraph.graph.message import add_messages
+
+    g = run_graph([[to_langchain(m) for m in ms] for ms in lap_messages], [HumanMessage(content=task)],
+                  add_messages, path, "invoices-500")
+    conn, saver, final, run_seconds = g["conn"], g["saver"], g["final"], g["run_seconds"]
     rows = conn.execute(
         "SELECT checkpoint_id, length(checkpoint) + length(metadata) FROM checkpoints ORDER BY checkpoint_id").fetchall()
     writes = dict(conn.execute(
@@ -201,15 +205,10 @@ def message_bytes(m: Any) -> int:
 
 def run_agentrun_matrix(laps: int, max_tokens: int, extra: int) -> tuple[dict[str, Any], list[list[Any]], list[Any]]:
     """The scripted run through ``execute_lap`` (schema 3, K=10), with each lap's wall time."""
-    moto, endpoint = start_moto()
-    tools = ThreadingHTTPServer(("127.0.0.1", 0), padded_handler(extra) if extra else ToolHandler)
-    threading.Thread(target=tools.serve_forever, daemon=True).start()
+    world = BenchWorld("bench-vs", padded_handler(extra) if extra else ToolHandler)
     try:
-        base = {"AGENTRUN_CHECKPOINT_URI": "s3://bench-vs/runs", "AGENTRUN_S3_ENDPOINT": endpoint,
-                "AGENTRUN_S3_REGION": "us-east-1", "AGENTRUN_S3_PATH_STYLE": "true", "AGENTRUN_LOG_FORMAT": "json"}
-        store = CheckpointStore(StoreConfig.from_env(base, snapshot_every=10))
-        store.client.create_bucket(Bucket="bench-vs")
-        spec_json = json.dumps(spec_doc(f"http://127.0.0.1:{tools.server_address[1]}", laps, max_tokens))
+        base, store = world.base, world.store
+        spec_json = json.dumps(spec_doc(world.tool_url, laps, max_tokens))
         sink = io.StringIO()
         lap_seconds, lap_cpu_seconds = [], []
         for lap in range(1, laps + 1):
@@ -263,33 +262,16 @@ def run_agentrun_matrix(laps: int, max_tokens: int, extra: int) -> tuple[dict[st
         }
         return figures, messages, lap0
     finally:
-        tools.shutdown()
-        moto.terminate()
-        moto.wait(timeout=10)
+        world.close()
 
 
 def run_langgraph_matrix(lap_messages: list[list[Any]], lap0: list[Any], path: str, channel: str,
                          frequency: int | None, laps: int) -> dict[str, Any]:
     """One LangGraph run of ``laps`` supersteps (one per lap) appending our laps' messages, on
     SqliteSaver; bytes per step (checkpoint + metadata + writes blobs), resume = ``get_state``."""
-    from typing import Annotated, TypedDict
-
-    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
-    from langgraph.checkpoint.sqlite import SqliteSaver
-    from langgraph.graph import END, StateGraph
-
-    def to_lc(m: Any, mid: str) -> Any:
-        if m.role == "assistant":
-            return AIMessage(content=m.content or "", id=mid, tool_calls=[
-                {"id": c.id, "name": c.name, "args": c.arguments} for c in m.tool_calls])
-        if m.role == "tool":
-            return ToolMessage(content=m.content or "", tool_call_id=m.tool_call_id, id=mid)
-        if m.role == "system":
-            return SystemMessage(content=m.content or "", id=mid)
-        return HumanMessage(content=m.content or "", id=mid)
-
-    steps = [[to_lc(m, f"m{lap}-{i}") for i, m in enumerate(ms)] for lap, ms in enumerate(lap_messages[:laps], 1)]
-    first = [to_lc(m, f"m0-{i}") for i, m in enumerate(lap0)]
+    steps = [[to_langchain(m, f"m{lap}-{i}") for i, m in enumerate(ms)]
+             for lap, ms in enumerate(lap_messages[:laps], 1)]
+    first = [to_langchain(m, f"m0-{i}") for i, m in enumerate(lap0)]
     if channel == "add_messages":
         from langgraph.graph.message import add_messages
 
@@ -299,24 +281,9 @@ def run_langgraph_matrix(lap_messages: list[list[Any]], lap0: list[Any], path: s
         from langgraph.graph.message import _messages_delta_reducer
 
         reducer = DeltaChannel(_messages_delta_reducer, snapshot_frequency=frequency or 100)
-    State = TypedDict("State", {"messages": Annotated[list, reducer], "lap": int})  # noqa: UP013
-
-    def lap_node(state: dict[str, Any]) -> dict[str, Any]:
-        return {"messages": steps[state["lap"] - 1], "lap": state["lap"] + 1}
-
-    graph = StateGraph(State)
-    graph.add_node("lap", lap_node)
-    graph.set_entry_point("lap")
-    graph.add_conditional_edges("lap", lambda s: END if s["lap"] > laps else "lap")
-    conn = sqlite3.connect(path, check_same_thread=False)
-    saver = SqliteSaver(conn)
-    app = graph.compile(checkpointer=saver)
-    config = {"configurable": {"thread_id": "run"}, "recursion_limit": laps + 10}
-    t0 = time.perf_counter()
-    final = app.invoke({"messages": first, "lap": 1}, config)
-    run_seconds = time.perf_counter() - t0
+    g = run_graph(steps, first, reducer, path, "run")
+    app, conn, run_seconds = g["app"], g["conn"], g["run_seconds"]
     total_messages = len(first) + sum(len(x) for x in steps)
-    assert final["lap"] == laps + 1 and len(final["messages"]) == total_messages
     rows = conn.execute(
         "SELECT checkpoint_id, json_extract(CAST(metadata AS TEXT), '$.step'), length(checkpoint) + length(metadata) "
         "FROM checkpoints ORDER BY checkpoint_id").fetchall()
