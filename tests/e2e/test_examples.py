@@ -77,6 +77,23 @@ def _invoice(args: object) -> object:
     return isinstance(args, dict) and args.get("invoice")
 
 
+def kill_lap_mid_call(env: Env, gate: ToolGate, run: str, timeout: float = 240) -> None:
+    """With record_invoice INV-1003 held at ``gate``: delete the run's lap pod while that call is
+    surely in flight, wait for the retried lap to send the same call (same key) while the killed
+    one is still held, then open the gate: one is executed, the other answered from the record."""
+    def arrived() -> int:
+        return gate.arrived(where=lambda args: _invoice(args) == "INV-1003")
+
+    wait_for("record_invoice INV-1003 held at the gate", arrived, timeout=timeout)
+    pods = json.loads(env.kubectl("get", "pods", "-n", env.ns, "-l", f"agentrun.dev/run={run}",
+                                  "-o", "json").stdout)["items"]
+    running = [p["metadata"]["name"] for p in pods if p["status"].get("phase") in ("Running", "Pending")]
+    assert running, pods
+    env.kubectl("delete", "pod", *running, "-n", env.ns, "--wait=false")
+    wait_for("the retried INV-1003 call at the gate", lambda: arrived() >= 2, timeout=timeout)
+    gate.open()
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_invoice_example_end_to_end_each_side_effect_once(cluster, s3, tmp_path_factory):
@@ -88,20 +105,7 @@ def test_invoice_example_end_to_end_each_side_effect_once(cluster, s3, tmp_path_
     gate = ToolGate(env.tool_url, hold=lambda args: _invoice(args) == "INV-1003")
     try:
         env.apply(_invoice_doc(gate.url))
-
-        def arrived() -> int:
-            return gate.arrived(where=lambda args: _invoice(args) == "INV-1003")
-
-        wait_for("record_invoice INV-1003 held at the gate", arrived, timeout=240)
-        pods = json.loads(env.kubectl("get", "pods", "-n", env.ns, "-l", f"agentrun.dev/run={run}",
-                                      "-o", "json").stdout)["items"]
-        running = [p["metadata"]["name"] for p in pods if p["status"].get("phase") in ("Running", "Pending")]
-        assert running, pods
-        env.kubectl("delete", "pod", *running, "-n", env.ns, "--wait=false")
-        # the retried lap sends the same call (same key) while the killed one is still held; then
-        # both go through: one is executed, the other answered from the record
-        wait_for("the retried INV-1003 call at the gate", lambda: arrived() >= 2, timeout=240)
-        gate.open()
+        kill_lap_mid_call(env, gate, run)
 
         st = env.wait_phase(run, "AwaitingApproval", "Failed", timeout=240)
         assert st["phase"] == "AwaitingApproval", st

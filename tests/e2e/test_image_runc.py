@@ -196,9 +196,8 @@ def test_a_pod_asking_for_what_the_node_cannot_enforce_fails_naming_it(rcluster,
 
 def test_invoice_example_in_the_image_each_side_effect_once(rcluster, s3, image_ref, tmp_path_factory):
     from e2e_support import ToolGate
-    from test_examples import _invoice_doc
+    from test_examples import _invoice, _invoice_doc, kill_lap_mid_call
     from test_operator_e2e import Env
-
 
     class ImageEnv(Env):
         def operator_env(self, **extra: str) -> dict[str, str]:
@@ -209,23 +208,12 @@ def test_invoice_example_in_the_image_each_side_effect_once(rcluster, s3, image_
     env.prepare_namespace()
     env.start_operator()
     run = "invoices-2024-06"
-    gate = ToolGate(env.tool_url, hold=lambda args: isinstance(args, dict) and args.get("invoice") == "INV-1003")
+    gate = ToolGate(env.tool_url, hold=lambda args: _invoice(args) == "INV-1003")
     try:
         # INV-1003's call is held at a gate (as in test_examples): the lap pod is killed while it is
         # surely in flight, then the retried lap sends the same call (same key) and the gate opens
         env.apply(_invoice_doc(gate.url))
-
-        def arrived() -> int:
-            return gate.arrived(where=lambda args: isinstance(args, dict) and args.get("invoice") == "INV-1003")
-
-        wait_for("record_invoice INV-1003 held at the gate", arrived, timeout=400)
-        pods = json.loads(env.kubectl("get", "pods", "-n", env.ns, "-l", f"agentrun.dev/run={run}",
-                                      "-o", "json").stdout)["items"]
-        running = [p["metadata"]["name"] for p in pods if p["status"].get("phase") in ("Running", "Pending")]
-        assert running, pods
-        env.kubectl("delete", "pod", *running, "-n", env.ns, "--wait=false")
-        wait_for("the retried INV-1003 call at the gate", lambda: arrived() >= 2, timeout=400)
-        gate.open()
+        kill_lap_mid_call(env, gate, run, timeout=400)
 
         st = env.wait_phase(run, "AwaitingApproval", "Failed", timeout=400)
         assert st["phase"] == "AwaitingApproval", (st, env.log.read_text()[-3000:])
