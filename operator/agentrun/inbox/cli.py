@@ -69,6 +69,7 @@ def inbox_command(listen: str, port: int, port_file: str | None, auth: str, user
     from agentrun.inbox.server import Inbox, Settings, make_server
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # its INFO lines are one per request
     key_text = os.environ.get("AGENTRUN_INBOX_SESSION_KEY", "")
     if key_text and len(key_text) < 32:
         raise click.ClickException("AGENTRUN_INBOX_SESSION_KEY must be at least 32 characters")

@@ -88,7 +88,8 @@ def load_connection(kubeconfig: str | None = None, context: str | None = None) -
     cfg = client.Configuration()
     config.load_kube_config(config_file=path.split(":")[0] if path else None, context=context,
                             client_configuration=cfg)
-    auth = (cfg.api_key or {}).get("authorization") or ""
+    keys = cfg.api_key or {}
+    auth = keys.get("BearerToken") or keys.get("authorization") or ""  # the key name differs across client versions
     token = auth[len("Bearer "):] if auth.startswith("Bearer ") else None
     verify: Any = cfg.ssl_ca_cert or True
     if not cfg.verify_ssl:

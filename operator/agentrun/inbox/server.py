@@ -44,7 +44,8 @@ SECURITY_HEADERS = {
     "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
                                 "img-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # not no-referrer: with it a browser sends "Origin: null" on form posts, and the Origin check needs it
+    "Referrer-Policy": "same-origin",
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
@@ -317,6 +318,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
         try:
+            if path == "/favicon.ico":
+                return self._send(204, "", "image/x-icon")
             if path == "/healthz":
                 return self._send(200, "ok", "text/plain")
             if path == "/static/app.css":
@@ -392,7 +395,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             user = self.app.kube.token_review(token, list(s.token_audiences) or None)
         except ApiError as e:
-            log.warning("TokenReview failed: HTTP %s", e.status)
+            log.warning("TokenReview failed: HTTP %s: %s", e.status, e.message[:300])
             return self._send(502, view.login_html("The API server could not check the token (TokenReview)."))
         del token
         if user is None:
