@@ -124,7 +124,7 @@ def sign_in(browser, inbox, who: str, width: int = 1100, height: int = 900):
     page.click("#login-form button[type=submit]")
     page.wait_for_selector("#user")
     assert page.text_content("#user") == inbox.users[who]
-    page.wait_for_function("document.getElementById('live').textContent.startsWith('Live')")
+    page.locator("#live", has_text="Live:").wait_for()  # the event stream is open
     # a marker that a reload would lose
     page.evaluate("window.__noReload = 42")
     return page
@@ -132,6 +132,13 @@ def sign_in(browser, inbox, who: str, width: int = 1100, height: int = 900):
 
 def card(page, e, name: str):
     return page.locator(f'article.card[data-key="{e.ns}/{name}"]')
+
+
+def doc_box(page, locator) -> dict:
+    """The element's box in document coordinates (scroll anchoring cannot hide a shift)."""
+    box = locator.bounding_box()
+    sx, sy = page.evaluate("[window.scrollX, window.scrollY]")
+    return {"x": box["x"] + sx, "y": box["y"] + sy}
 
 
 def no_reload(page) -> None:
@@ -184,7 +191,8 @@ def test_approver_sees_the_call_reject_needs_a_reason_and_approves(inbox, browse
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.className") == "approve"
     page.keyboard.press("Enter")
-    wait_for("the page to confirm", lambda: "Approved call" in (c.locator(".result").text_content() or ""), timeout=30)
+    # the page confirms ("Approved call ..."), then the live update says who ("... Approved by ...")
+    wait_for("the page to confirm", lambda: "Approved" in (c.locator(".result").text_content() or ""), timeout=30)
     final = e.wait_phase("inbox-pay", "Succeeded", "Failed", timeout=180)
     assert final["phase"] == "Succeeded", final
     ap = final["approval"]
@@ -232,7 +240,8 @@ def test_a_kubectl_decision_shows_up_without_reload_and_nothing_moves(inbox, bro
     assert page.evaluate("document.documentElement.scrollWidth") <= 390  # readable at phone width
     page.screenshot(path=str(shots / "inbox-phone.png"), full_page=False)
     second.locator("button.approve").scroll_into_view_if_needed()
-    before = second.locator("button.approve").bounding_box()
+    before = doc_box(page, second.locator("button.approve"))
+    first_height = first.bounding_box()["height"]
     e.kubectl("annotate", "agentrun", "inbox-k1", "-n", e.ns, f"{ANN_APPROVED}=false",
               "agentrun.dev/reason=declined by kubectl")
     wait_for("the card to say it was decided",
@@ -241,8 +250,9 @@ def test_a_kubectl_decision_shows_up_without_reload_and_nothing_moves(inbox, bro
     row = page.locator(f'#history tr[data-key="{e.ns}/inbox-k1"]')
     assert "declined by kubectl" in row.text_content()
     no_reload(page)
-    after = second.locator("button.approve").bounding_box()
+    after = doc_box(page, second.locator("button.approve"))
     assert abs(after["y"] - before["y"]) < 1 and abs(after["x"] - before["x"]) < 1, (before, after)
+    assert abs(first.bounding_box()["height"] - first_height) < 1
     assert second.locator("button.approve").is_enabled()
     page.context.close()
 

@@ -51,6 +51,7 @@ button.link { min-height: 0; min-width: 0; border: 0; background: none; color: v
 .notice { background: #fff8c5; border: 1px solid #d4a72c; padding: 0.5rem; border-radius: 4px; }
 .scroll { overflow-x: auto; }
 table { border-collapse: collapse; width: 100%; font-size: 0.9rem; }
+th { white-space: nowrap; }
 th, td { text-align: left; border-bottom: 1px solid var(--line); padding: 0.3rem 0.4rem; vertical-align: top; overflow-wrap: anywhere; }
 .state-approved { color: var(--ok); } .state-rejected, .state-timedout { color: var(--bad); }
 form.inline { display: inline; }
@@ -110,19 +111,23 @@ JS = r"""
     return "No longer waiting: " + cells[4].textContent + " by " + cells[1].textContent +
       (cells[5].textContent ? " (" + cells[5].textContent + ")" : "") + ".";
   }
-  // A card that is no longer pending keeps its place and height (nothing moves under the pointer)
+  // A card that is no longer pending keeps its place and its height (nothing below it moves): the
+  // note goes into the result line, whose space is reserved, or the card's height is fixed
   function tombstone(card, text) {
     var h = card.offsetHeight;
     card.classList.add("gone");
-    card.style.minHeight = h + "px";
+    card.style.height = h + "px";
+    card.style.overflow = "hidden";
     card.querySelectorAll("button, textarea, input").forEach(function (e) { e.disabled = true; });
-    var note = card.querySelector(".gone-note");
+    card.querySelectorAll("[data-deadline]").forEach(function (t) { t.removeAttribute("data-deadline"); t.textContent = "-"; });
+    card.querySelectorAll("[data-since]").forEach(function (t) { t.removeAttribute("data-since"); });
+    var note = card.querySelector(".result");
     if (!note) {
       note = document.createElement("p");
-      note.className = "gone-note";
-      note.setAttribute("role", "status");
       card.insertBefore(note, card.children[1] || null);
     }
+    note.className = "result gone-note";
+    note.setAttribute("role", "status");
     note.textContent = text;
   }
   function merge(doc) {

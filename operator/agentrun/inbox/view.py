@@ -195,12 +195,18 @@ def card_html(c: Card, csrf: str) -> str:
     )
 
 
+def _when(value: str) -> str:
+    """An API time as ``2026-12-01 10:52:43Z`` (seconds, UTC), or ``-``."""
+    t = parse_time(value)
+    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ") if t else "-"
+
+
 def history_html(rows: list[dict]) -> str:
     if not rows:
         return '<p class="empty">No decisions yet.</p>'
     body = "".join(
         f'<tr data-key="{esc(r["namespace"] + "/" + r["name"])}"><td><time datetime="{esc(r["decidedAt"])}">'
-        f'{esc(r["decidedAt"] or "-")}</time></td><td>{esc(r["decidedBy"] or "-")}</td>'
+        f'{esc(_when(r["decidedAt"]))}</time></td><td>{esc(r["decidedBy"] or "-")}</td>'
         f'<td>{esc(r["namespace"])}/{esc(r["name"])}</td><td><code>{esc(r["tool"])}</code> '
         f'<code>{esc(r["callId"])}</code></td><td class="state-{esc(r["state"].lower())}">{esc(r["state"])}</td>'
         f"<td>{esc(r['reason'], MAX_REASON_CHARS)}</td></tr>"
