@@ -74,7 +74,7 @@ class Session:
         return hmac.new(key, b"csrf:" + self.nonce.encode(), hashlib.sha256).hexdigest()
 
     def csrf_ok(self, key: bytes, token: str | None) -> bool:
-        return bool(token) and hmac.compare_digest(self.csrf(key), token or "")
+        return bool(token) and hmac.compare_digest(self.csrf(key).encode(), (token or "").encode("utf-8", "replace"))
 
 
 def new_session(user: User, now: float, ttl_seconds: int) -> Session:
@@ -105,7 +105,7 @@ def decode_session(value: str | None, key: bytes, now: float) -> Session | None:
         return None
     body, sig = value.rsplit(".", 1)
     want = _b64(hmac.new(key, body.encode(), hashlib.sha256).digest())
-    if not hmac.compare_digest(want, sig):
+    if not hmac.compare_digest(want.encode(), sig.encode("utf-8", "replace")):  # bytes: any text is comparable
         return None
     try:
         doc = json.loads(_unb64(body))
