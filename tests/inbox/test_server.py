@@ -22,7 +22,7 @@ class NoApi:
         raise AssertionError(f"the API server was called ({name}) for a request that must be refused first")
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def url():
     srv = make_server(Inbox(NoApi(), Settings(key=KEY, secure_cookies=False)), "127.0.0.1", 0)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
