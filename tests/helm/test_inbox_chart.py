@@ -98,3 +98,52 @@ def test_invalid_inbox_values_are_refused_naming_the_path(helm, flags, expect):
     assert proc.returncode != 0
     for text in expect:
         assert text in proc.stderr, proc.stderr
+
+
+def _notify_env(helm, tmp_path, *flags, check=True):
+    """The chart's agentrun.notifyEnv as the operator Deployment would include it: rendered from a
+    copy of the chart with one extra template that includes it."""
+    import shutil
+    import subprocess
+
+    import yaml
+    from helm_support import CHART
+
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    (chart / "templates" / "zz-notify-probe.yaml").write_text(
+        'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: probe}\ndata:\n  env: |\n'
+        '    {{- include "agentrun.notifyEnv" . | nindent 4 }}\n')
+    proc = subprocess.run([helm, "template", "x", str(chart), "--show-only", "templates/zz-notify-probe.yaml", *flags],
+                          capture_output=True, text=True)
+    if not check:
+        return proc, None
+    assert proc.returncode == 0, proc.stderr
+    return proc, yaml.safe_load(yaml.safe_load(proc.stdout)["data"]["env"]) or []
+
+
+def test_notifications_env_of_the_operator(helm, tmp_path):
+    _, env = _notify_env(helm, tmp_path)
+    assert env == []  # off by default
+    _, env = _notify_env(helm, tmp_path / "on", "--set", "notifications.enabled=true", "--set",
+                         "notifications.webhook.secretName=hooks", "--set", "notifications.format=slack",
+                         "--set", "notifications.inboxURL=https://approvals.example.com")
+    by = {e["name"]: e.get("value", e.get("valueFrom")) for e in env}
+    assert by["AGENTRUN_NOTIFY_WEBHOOK_URL"] == {"secretKeyRef": {"name": "hooks", "key": "url"}}
+    assert by["AGENTRUN_NOTIFY_FORMAT"] == "slack" and by["AGENTRUN_NOTIFY_DEADLINE_NEAR_SECONDS"] == "600"
+    assert by["AGENTRUN_INBOX_URL"] == "https://approvals.example.com"
+    proc, _ = _notify_env(helm, tmp_path / "nosecret", "--set", "notifications.enabled=true", check=False)
+    assert proc.returncode != 0 and "notifications.webhook.secretName" in proc.stderr
+
+
+@pytest.mark.parametrize("flags, expect", [
+    (["--set", "notifications.format=discord"], ["/notifications/format"]),
+    (["--set", "notifications.deadlineNearSeconds=0"], ["/notifications/deadlineNearSeconds"]),
+    (["--set", "notifications.inboxURL=approvals.example.com"], ["/notifications/inboxURL"]),
+    (["--set", "notifications.webhookURL=https://hooks.slack.com/x"], ["'webhookURL' not allowed"]),
+])
+def test_invalid_notification_values_are_refused(helm, flags, expect):
+    proc, _ = template(helm, *flags, check=False)
+    assert proc.returncode != 0
+    for text in expect:
+        assert text in proc.stderr, proc.stderr
