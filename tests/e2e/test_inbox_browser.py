@@ -66,23 +66,30 @@ class Inbox:
         self.tokens = {sa: c.kubectl_run("create", "token", sa, "-n", ns, "--duration=1h").stdout.strip()
                        for sa in ("alice", "bob")}
         self.users = {sa: f"system:serviceaccount:{ns}:{sa}" for sa in ("alice", "bob")}
-        port_file = tmp / "inbox.port"
-        penv = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTRUN_", "AWS_", "KUBECONFIG"))}
-        penv.update({"AWS_ACCESS_KEY_ID": env.s3.access_key, "AWS_SECRET_ACCESS_KEY": env.s3.secret_key,
-                     "AWS_DEFAULT_REGION": env.s3.region, "AGENTRUN_INBOX_SESSION_KEY": secrets.token_urlsafe(32)})
         self.log = tmp / "inbox.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agentrun.cli.main", "inbox", "--listen", "127.0.0.1", "--port", "0",
-             "--port-file", str(port_file), "--namespaces", ns, "--kubeconfig", self.kubeconfig],
+        self.procs: list[subprocess.Popen] = []
+        self.url = self.spawn("token")
+
+    def spawn(self, auth: str) -> str:
+        """Start an inbox (``--auth token`` or ``proxy``) as the inbox's ServiceAccount; its URL."""
+        port_file = self.tmp / f"inbox-{auth}.port"
+        penv = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTRUN_", "AWS_", "KUBECONFIG"))}
+        penv.update({"AWS_ACCESS_KEY_ID": self.env.s3.access_key, "AWS_SECRET_ACCESS_KEY": self.env.s3.secret_key,
+                     "AWS_DEFAULT_REGION": self.env.s3.region, "AGENTRUN_INBOX_SESSION_KEY": secrets.token_urlsafe(32)})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentrun.cli.main", "inbox", "--listen", "127.0.0.1", "--port", "0", "--auth", auth,
+             "--port-file", str(port_file), "--namespaces", self.env.ns, "--kubeconfig", self.kubeconfig],
             env=penv, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for("the inbox's port file", lambda: port_file.exists() or self.proc.poll() is not None, timeout=60)
-        assert self.proc.poll() is None, self.log.read_text()
-        self.url = f"http://127.0.0.1:{port_file.read_text().strip()}"
+        self.procs.append(proc)
+        wait_for("the inbox's port file", lambda: port_file.exists() or proc.poll() is not None, timeout=60)
+        assert proc.poll() is None, self.log.read_text()
+        return f"http://127.0.0.1:{port_file.read_text().strip()}"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(20)
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(20)
 
 
 @pytest.fixture(scope="module")
@@ -232,8 +239,11 @@ def test_non_approver_sees_it_read_only_and_a_forged_post_is_refused_by_the_api_
 
 def test_a_kubectl_decision_shows_up_without_reload_and_nothing_moves(inbox, browser, shots):
     e = inbox.env
-    waiting_run(e, "inbox-k1")
-    waiting_run(e, "inbox-k2")
+    for name in ("inbox-k1", "inbox-k2"):  # both at once, then wait for both
+        e.apply(e.run_doc(name, [{"content": "refunding", "toolCalls": [{"name": "refund", "arguments": {"order": name}}]},
+                                 {"content": "finished"}]))
+    for name in ("inbox-k1", "inbox-k2"):
+        assert e.wait_phase(name, "AwaitingApproval", "Failed", "Succeeded")["phase"] == "AwaitingApproval"
     page = sign_in(browser, inbox, "alice", width=390, height=844)  # a phone
     first, second = card(page, e, "inbox-k1"), card(page, e, "inbox-k2")
     second.wait_for()
@@ -275,3 +285,29 @@ def test_sign_in_refuses_a_bad_token_and_pages_carry_no_secrets(inbox, browser):
     assert r.status == 403 and "cross-site" in r.json()["message"]
     ctx.close()
     page.context.close()
+
+
+def test_behind_an_auth_proxy_the_forwarded_user_decides(inbox, browser):
+    """--auth proxy: the identity is the proxy's headers (as oauth2-proxy --pass-user-headers sets
+    them; the browser context plays the proxy); carol is an approver through her group finance."""
+    e = inbox.env
+    e.kubectl("create", "rolebinding", "finance-approves", "-n", e.ns, "--clusterrole=agentrun-approver",
+              "--group=finance")
+    url = inbox.spawn("proxy")
+    waiting_run(e, "inbox-proxy")
+    ctx = browser.new_context(extra_http_headers={"X-Forwarded-User": "carol", "X-Forwarded-Groups": "finance"})
+    page = ctx.new_page()
+    page.goto(f"{url}/")
+    assert page.text_content("#user") == "carol"
+    c = card(page, e, "inbox-proxy")
+    c.wait_for()
+    c.locator("textarea").fill("checked by carol")
+    c.locator("button.approve").click()
+    final = e.wait_phase("inbox-proxy", "Succeeded", "Failed", timeout=180)
+    assert final["phase"] == "Succeeded" and final["approval"]["decidedBy"] == "carol", final
+    ctx.close()
+    # without the proxy's header: not signed in (the inbox must be reachable only through the proxy)
+    anon = browser.new_context()
+    page = anon.new_page()
+    assert page.goto(f"{url}/").status == 401
+    anon.close()

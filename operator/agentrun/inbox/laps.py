@@ -52,6 +52,7 @@ class LapReader:
     def __init__(self, env: dict[str, str] | None = None, cache_size: int = 512) -> None:
         self.env = dict(os.environ if env is None else env)
         self._cache: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self._stores: dict[tuple, Any] = {}  # one client per store location (making one costs ~0.1 s)
         self._lock = threading.Lock()
         self.cache_size = cache_size
 
@@ -64,7 +65,16 @@ class LapReader:
         if not where["uri"]:
             raise LookupError("no checkpoint store known for this run")
         ref = RunRef(namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""))
-        return open_store(where), ref
+        key = (where["uri"], where["endpoint"], where["region"], bool(where["pathStyle"]))
+        with self._lock:
+            store = self._stores.get(key)
+        if store is None:
+            store = open_store(where)
+            with self._lock:
+                if len(self._stores) > 64:
+                    self._stores.clear()
+                self._stores[key] = store
+        return store, ref
 
     def _lap(self, store: Any, ref: Any, lap: int) -> Any:
         key = (ref.uid, lap)
