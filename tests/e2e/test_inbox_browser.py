@@ -245,19 +245,23 @@ def test_a_kubectl_decision_shows_up_without_reload_and_nothing_moves(inbox, bro
     for name in ("inbox-k1", "inbox-k2"):
         assert e.wait_phase(name, "AwaitingApproval", "Failed", "Succeeded")["phase"] == "AwaitingApproval"
     page = sign_in(browser, inbox, "alice", width=390, height=844)  # a phone
-    first, second = card(page, e, "inbox-k1"), card(page, e, "inbox-k2")
-    second.wait_for()
+    cards = [card(page, e, n) for n in ("inbox-k1", "inbox-k2")]
+    for c in cards:
+        c.wait_for()
+    # decide the upper card (the older request) elsewhere; watch the lower one's Approve button
+    first, second = sorted(cards, key=lambda c: doc_box(page, c)["y"])
+    upper = first.get_attribute("data-key").split("/")[1]
     assert page.evaluate("document.documentElement.scrollWidth") <= 390  # readable at phone width
     page.screenshot(path=str(shots / "inbox-phone.png"), full_page=False)
     second.locator("button.approve").scroll_into_view_if_needed()
     before = doc_box(page, second.locator("button.approve"))
     first_height = first.bounding_box()["height"]
-    e.kubectl("annotate", "agentrun", "inbox-k1", "-n", e.ns, f"{ANN_APPROVED}=false",
+    e.kubectl("annotate", "agentrun", upper, "-n", e.ns, f"{ANN_APPROVED}=false",
               "agentrun.dev/reason=declined by kubectl")
     wait_for("the card to say it was decided",
              lambda: "Rejected" in (first.locator(".gone-note").text_content() if first.locator(".gone-note").count()
                                     else ""), timeout=60)
-    row = page.locator(f'#history tr[data-key="{e.ns}/inbox-k1"]')
+    row = page.locator(f'#history tr[data-key="{e.ns}/{upper}"]')
     assert "declined by kubectl" in row.text_content()
     no_reload(page)
     after = doc_box(page, second.locator("button.approve"))
