@@ -26,9 +26,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from agentrun.api.approval import MAX_CALL_ID_CHARS, MAX_REASON_CHARS, SHA256_HEX_CHARS
+from agentrun.api.crdgen import PLURAL
 from agentrun.cli.approvals import AWAITING, binding, decision_patch, refusal
 from agentrun.inbox import assets, identity, view
-from agentrun.inbox.kube import ApiError, Kube, User
+from agentrun.inbox.kube import RUNS, ApiError, Kube, User
 from agentrun.inbox.laps import LapReader
 
 log = logging.getLogger("agentrun.inbox")
@@ -84,8 +85,7 @@ class Inbox:
         if self.settings.namespaces:
             return list(self.settings.namespaces), []
         try:
-            self.kube.request("GET", "/apis/agentrun.dev/v1alpha1/agentruns", user, params={"limit": "1"},
-                              what="list agentruns")
+            self.kube.request("GET", f"{RUNS}/{PLURAL}", user, params={"limit": "1"}, what="list agentruns")
             return [None], []
         except ApiError as e:
             if e.status != 403:
