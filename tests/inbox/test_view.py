@@ -80,3 +80,11 @@ def test_any_text_is_escaped_and_bounded(text):
 def test_empty_page():
     html = view.main_html([], [], "tok", ["You may not list AgentRuns in namespace x."])
     assert "Nothing is waiting" in html and "No decisions yet" in html and "may not list" in html
+
+
+def test_no_buttons_when_the_call_cannot_be_bound():
+    r = run(argumentsSha256=None)
+    c = view.card(r, NOW, StoredCall(error="store down"), [], None, can_decide=True)
+    assert c.sha256 is None
+    html = view.card_html(c, "tok")
+    assert "<form" not in html and "cannot be bound" in html

@@ -133,9 +133,9 @@ class Inbox:
         items, notices = self.runs(user)
         now = datetime.now(UTC)
         cards = []
+        by_key = {(r["metadata"].get("namespace"), r["metadata"].get("name")): r for r in items}
         for row in view.queue_rows(items, now):
-            run = next(r for r in items if (r["metadata"].get("namespace"), r["metadata"].get("name"))
-                       == (row["namespace"], row["name"]))
+            run = by_key[(row["namespace"], row["name"])]
             stored, laps, err = self.reader.read(run, self.settings.laps)
             cards.append(view.card(run, now, stored, laps, err, self.can_approve(user, row["namespace"])))
         return view.main_html(cards, view.history_rows(items), csrf, notices)

@@ -160,7 +160,10 @@ def card_html(c: Card, csrf: str) -> str:
     ]
     dl = "".join(f"<div><dt>{k}</dt><dd>{v}</dd></div>" for k, v in facts)
     warn = "".join(f"<li>{esc(w, 600)}</li>" for w in c.warnings)
-    if c.can_decide:
+    if c.can_decide and not (c.call_id and c.sha256):
+        action = ('<p class="readonly">This call cannot be bound to what is shown (its call id or arguments digest '
+                  'is unknown); decide with <code>agentrun approvals show</code> and <code>agentrun approve</code>.</p>')
+    elif c.can_decide:
         action = (
             f'<form class="decide" method="post" action="/decide" data-key="{esc(c.key)}">'
             f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
