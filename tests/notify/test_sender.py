@@ -121,3 +121,21 @@ def test_configuration_from_the_environment():
             from_env(None, {"AGENTRUN_NOTIFY_WEBHOOK_URL": "https://hooks.example/x", **env})
     with pytest.raises(ValueError, match="http"):
         from_env(None, {"AGENTRUN_NOTIFY_WEBHOOK_URL": "hooks.example/x"})
+
+
+def test_only_an_active_notifier_announces(receiver):
+    url, _, got = receiver
+    leader = threading.Event()
+    n = Notifier(api=Api(waiting()), url=url, interval=0.05, active=leader.is_set).start()
+    try:
+        deadline = datetime.now(UTC) + timedelta(seconds=30)
+        # not the leader: it turns (ticks) without scanning
+        while n.ticks < 3 and datetime.now(UTC) < deadline:
+            leader.wait(0.05)
+        assert n.ticks >= 3 and n.scans == 0 and not got
+        leader.set()
+        while not got and datetime.now(UTC) < deadline:
+            threading.Event().wait(0.05)
+        assert len(got) == 1 and n.scans >= 1
+    finally:
+        n.stop()

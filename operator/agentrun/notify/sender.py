@@ -51,6 +51,8 @@ class Notifier:
     max_backoff: float = 300.0
     timeout: float = 10.0
     clock: Callable[[], float] = field(default=None)  # type: ignore[assignment]
+    active: Callable[[], bool] | None = None  # e.g. the Lease elector's is_leader: only the leader announces
+    ticks: int = 0  # loop turns (scanning or not)
     scans: int = 0
     delivered: int = 0
 
@@ -83,9 +85,11 @@ class Notifier:
                  "namespaces " + ",".join(self.namespaces) if self.namespaces else "all namespaces")
         while not self._stop.is_set():
             try:
-                self.scan()
+                if self.active is None or self.active():
+                    self.scan()
             except Exception as e:  # the API server away, ...: next time
                 log.warning("notifier scan failed: %s: %s", type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+            self.ticks += 1
             self._stop.wait(self.interval)
 
     # --- one pass ---------------------------------------------------------------------------
@@ -147,7 +151,7 @@ class Notifier:
         self._sent.pop(notice.idempotency_key, None)
 
 
-def from_env(api: Any, env: dict[str, str] | None = None) -> Notifier | None:
+def from_env(api: Any, env: dict[str, str] | None = None, active: Callable[[], bool] | None = None) -> Notifier | None:
     """A Notifier configured by the environment, or None when no webhook is set:
 
     AGENTRUN_NOTIFY_WEBHOOK_URL (from a Secret), AGENTRUN_NOTIFY_FORMAT (generic, slack, teams),
@@ -180,4 +184,5 @@ def from_env(api: Any, env: dict[str, str] | None = None) -> Notifier | None:
                                inbox_url=env.get("AGENTRUN_INBOX_URL", "")),
         namespaces=tuple(n.strip() for n in env.get("AGENTRUN_NAMESPACES", "").split(",") if n.strip()),
         interval=num("AGENTRUN_NOTIFY_INTERVAL_SECONDS", 10), backoff=num("AGENTRUN_NOTIFY_BACKOFF_SECONDS", 1),
+        active=active,
     )
