@@ -17,7 +17,7 @@ h3 { font-size: 1.05rem; margin: 0 0 0.5rem; overflow-wrap: anywhere; }
 .note { font-size: 0.9rem; }
 .card { background: var(--card); border: 1px solid var(--line); border-radius: 6px; padding: 0.75rem; margin: 0 0 0.75rem; }
 .card.gone { opacity: 0.75; }
-.facts { display: grid; grid-template-columns: repeat(auto-fill, minmax(11rem, 1fr)); gap: 0.25rem 1rem; margin: 0 0 0.5rem; }
+.facts { display: grid; grid-template-columns: repeat(auto-fill, minmax(9.5rem, 1fr)); gap: 0.25rem 1rem; margin: 0 0 0.5rem; }
 .facts div { min-width: 0; }
 .facts dt { font-size: 0.8rem; color: var(--muted); }
 .facts dd { margin: 0; overflow-wrap: anywhere; }
