@@ -86,3 +86,31 @@ def test_logout_clears_the_cookie(url):
     s, cookies = session_cookie()
     r = httpx.post(f"{url}/logout", data={"csrf": s.csrf(KEY)}, cookies=cookies)
     assert r.status_code == 303 and "Max-Age=0" in r.headers["set-cookie"]
+
+
+class ScopedApi:
+    """A person who may not list agentruns cluster-wide; ``namespaces``: what listing namespaces
+    answers (None: forbidden too)."""
+
+    def __init__(self, namespaces):
+        self.namespaces = namespaces
+
+    def request(self, method, path, user, **kw):
+        from agentrun.inbox.kube import ApiError
+
+        raise ApiError(403, '{"message": "forbidden"}', "list agentruns")
+
+    def list_namespaces(self, user):
+        from agentrun.inbox.kube import ApiError
+
+        if self.namespaces is None:
+            raise ApiError(403, '{"message": "forbidden"}', "list namespaces")
+        return self.namespaces
+
+
+def test_where_the_inbox_looks_for_runs():
+    alice = User("alice")
+    assert Inbox(NoApi(), Settings(namespaces=("team-a",))).scopes(alice) == (["team-a"], [])
+    assert Inbox(ScopedApi(["a", "b"]), Settings()).scopes(alice) == (["a", "b"], [])
+    scopes, notices = Inbox(ScopedApi(None), Settings()).scopes(alice)
+    assert scopes == [] and "inbox.namespaces" in notices[0]
