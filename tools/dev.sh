@@ -17,6 +17,7 @@
 #                     auto: approve it, wait for Succeeded and print the trace (tests, CI)
 #   DEV_TOOL_PORT     port of the tool server (default 8765; a busy port falls back to a free one)
 #   DEV_METRICS_PORT  port of the operator's /metrics (default 9090; same fallback)
+#   DEV_INBOX_PORT    port of the approval inbox (default 8088; same fallback)
 #   AGENTRUN_NODE     runc: lap pods run `agentrun lap` in the agentrun image under runc, with their
 #                     securityContext enforced (e2e/runc_node.py); the image is built first
 #                     (`make image`, cached). Default: host processes from this checkout's venv.
@@ -53,6 +54,8 @@ stop_pid() {  # $1 name, $2 pid file: SIGTERM, SIGKILL after 10 s, wait until go
 
 down() {
   stop_pid operator "$DEV_DIR/operator.pid"
+  stop_pid inbox "$DEV_DIR/inbox.pid"
+  rm -f "$DEV_DIR/inbox.port"
   stop_pid "tool server" "$DEV_DIR/tool-server.pid"
   rm -f "$DEV_DIR/tool-server.port" "$DEV_DIR/metrics.port"
   "$PY" e2e/cluster.py s3-down --dir "$DEV_DIR/s3" || true
@@ -170,6 +173,35 @@ AGENTRUN_LOG_FORMAT=text \
   nohup "$AGENTRUN_BIN" operator --metrics-port "$METRICS_PORT" >> "$DEV_DIR/operator.log" 2>&1 &
 echo $! > "$DEV_DIR/operator.pid"
 
+# ---------------------------------------------------------------- approval inbox (always restarted)
+# docs/inbox.md. A dev approver (ServiceAccount dev-approver bound to an agentrun-approver
+# ClusterRole, the chart's rules) signs in with a token; the inbox itself uses the admin kubeconfig
+# here and impersonates the person (in the chart its ServiceAccount may only impersonate).
+kubectl apply -f - <<'YAML'
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: agentrun-approver}
+rules:
+- {apiGroups: [agentrun.dev], resources: [agentruns], verbs: [get, list, watch, patch, approve]}
+- {apiGroups: [agentrun.dev], resources: [agentruns/status], verbs: [get, patch]}
+YAML
+kubectl create serviceaccount dev-approver --dry-run=client -o yaml | kubectl apply -f -
+kubectl create clusterrolebinding dev-approver --clusterrole=agentrun-approver --serviceaccount=default:dev-approver \
+  --dry-run=client -o yaml | kubectl apply -f -
+stop_pid inbox "$DEV_DIR/inbox.pid"
+want=${DEV_INBOX_PORT:-8088}
+INBOX_PORT=$(pick_port "$want")
+[ "$INBOX_PORT" = "$want" ] || [ "$want" = 0 ] || echo "port $want is busy: the inbox uses $INBOX_PORT (set DEV_INBOX_PORT to choose)"
+say "approval inbox on http://127.0.0.1:$INBOX_PORT (log: $SHOW_DIR/inbox.log)"
+rm -f "$DEV_DIR/inbox.port"
+AGENTRUN_S3_ENDPOINT="$AWS_ENDPOINT_URL" AGENTRUN_S3_PATH_STYLE=true \
+  nohup "$AGENTRUN_BIN" inbox --listen 127.0.0.1 --port "$INBOX_PORT" --port-file "$DEV_DIR/inbox.port" \
+  >> "$DEV_DIR/inbox.log" 2>&1 &
+echo $! > "$DEV_DIR/inbox.pid"
+for _ in $(seq 300); do [ -s "$DEV_DIR/inbox.port" ] && break; sleep 0.1; done
+[ -s "$DEV_DIR/inbox.port" ] || { tail -20 "$DEV_DIR/inbox.log"; echo "the inbox did not start" >&2; exit 1; }
+INBOX_URL="http://127.0.0.1:$INBOX_PORT"
+
 # ---------------------------------------------------------------- dev.env
 cat > "$DEV_DIR/dev.env" <<EOF
 # source this file: kubectl and agentrun then talk to the local cluster and its checkpoint store
@@ -242,4 +274,8 @@ fi
 step "$trace_cmd" "each lap, from the checkpoint store"
 step "python3 examples/tool_server.py --show" "each side effect once, with its key"
 step "$( [ "$SHOW_DIR" = .localkube ] || printf 'LOCALKUBE_DIR=%s ' "$SHOW_DIR")make dev-down" "stop everything"
+# the token travels in the URL's fragment, which the browser never sends to a server
+printf '\n\033[1m== Approval inbox (docs/inbox.md): open this to sign in as the dev approver\033[0m\n  %s/login#token=%s\n' \
+  "$INBOX_URL" "$(kubectl create token dev-approver --duration=24h)"
+echo "  (or sign in at $INBOX_URL/login with any token: kubectl create token NAME)"
 echo "tool server: $TOOL_URL   metrics: http://127.0.0.1:$METRICS_PORT/metrics   logs: $SHOW_DIR/*.log"

@@ -14,6 +14,7 @@ from .approval import (
     ANN_ARGUMENTS_SHA256,
     ANN_CALL_ID,
     ANN_DECIDED_BY,
+    MAX_CALL_ID_CHARS,
     MAX_DECIDED_BY_CHARS,
     MAX_REASON_CHARS,
     SHA256_HEX_CHARS,
@@ -72,6 +73,19 @@ class StorageStatus(APIModel):
     objects: int = Field(default=0, description="Checkpoint objects of the run so far.")
 
 
+class NotifiedStatus(APIModel):
+    """What the operator's notifier has announced about the current approval (operator/agentrun/notify):
+    each kind of message once per call, across operator restarts."""
+
+    call_id: str = Field(max_length=MAX_CALL_ID_CHARS, description="The call the announcements are about.")
+    requested_at: datetime | None = Field(
+        default=None, description='When the "approval requested" message was delivered to the webhook.'
+    )
+    deadline_near_at: datetime | None = Field(
+        default=None, description='When the "deadline near" message was delivered to the webhook.'
+    )
+
+
 class ApprovalStatus(APIModel):
     """A pending or decided human approval."""
 
@@ -127,6 +141,10 @@ class ApprovalStatus(APIModel):
             "When the operator recorded the decision. The decision is in status before the lap Job "
             "that executes it is created (write-ahead)."
         ),
+    )
+    notified: NotifiedStatus | None = Field(
+        default=None,
+        description="Webhook notifications delivered for this approval (requested, deadline near); written by the operator.",
     )
 
 

@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "runs": "agentrun.cli.runs:runs_command",
     "fork": "agentrun.cli.fork:fork_command",
     "gc": "agentrun.cli.gc:gc_command",
+    "inbox": "agentrun.inbox.cli:inbox_command",
 }
 
 

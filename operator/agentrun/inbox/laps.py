@@ -1,0 +1,112 @@
+"""What the checkpoint store says about a waiting run: the full arguments of the pending call and
+the run's recent laps (the model's words and the tool results that led to the call).
+
+The store is read with the inbox's own S3 credentials, but only for a run the person could GET
+(the caller reads the run impersonating them first): the API server decides who sees which run.
+Lap records are immutable, so they are cached by (uid, lap). Never raises: an unreadable store is
+a message on the page.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from agentrun.checkpoint.trace import one_line
+from agentrun.cli.approvals import StoredCall
+
+MAX_TEXT = 600  # characters of one message or result shown
+MAX_ARGS = 200  # characters of a tool call's arguments in a lap summary
+
+
+@dataclass(frozen=True)
+class LapSummary:
+    lap: int
+    outcome: str
+    cost_usd: str
+    said: tuple[str, ...]  # the assistant's words, one line each, bounded
+    tools: tuple[tuple[str, str, str, str], ...]  # (tool, status, arguments, result), bounded
+
+
+def summarize(record: Any) -> LapSummary:
+    """A lap record as the page shows it (pure)."""
+    import json
+
+    said = tuple(one_line(m.content, MAX_TEXT) for m in record.messages if m.role == "assistant" and m.content)
+    tools = tuple(
+        (one_line(c.tool, 80), c.status,
+         one_line(json.dumps(c.arguments, sort_keys=True, ensure_ascii=False), MAX_ARGS),
+         one_line(c.result, MAX_TEXT))
+        for c in record.tool_calls
+    )
+    return LapSummary(lap=record.lap, outcome=record.outcome.type, cost_usd=str(record.cost_usd), said=said,
+                      tools=tools)
+
+
+class LapReader:
+    """Reads and caches lap records; ``recent`` and ``pending_call`` for one run dict."""
+
+    def __init__(self, env: dict[str, str] | None = None, cache_size: int = 512) -> None:
+        self.env = dict(os.environ if env is None else env)
+        self._cache: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self._stores: dict[tuple, Any] = {}  # one client per store location (making one costs ~0.1 s)
+        self._lock = threading.Lock()
+        self.cache_size = cache_size
+
+    def _store(self, run: dict) -> tuple[Any, Any]:
+        from agentrun.checkpoint.schema import RunRef
+        from agentrun.cli.trace import open_store, resolve_store
+
+        meta = run.get("metadata") or {}
+        where = resolve_store({}, self.env, run)
+        if not where["uri"]:
+            raise LookupError("no checkpoint store known for this run")
+        ref = RunRef(namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""))
+        key = (where["uri"], where["endpoint"], where["region"], bool(where["pathStyle"]))
+        with self._lock:
+            store = self._stores.get(key)
+        if store is None:
+            store = open_store(where)
+            with self._lock:
+                if len(self._stores) > 64:
+                    self._stores.clear()
+                self._stores[key] = store
+        return store, ref
+
+    def _lap(self, store: Any, ref: Any, lap: int) -> Any:
+        key = (ref.uid, lap)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        record, _ = store.get_lap(ref, lap)
+        with self._lock:
+            self._cache[key] = record
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return record
+
+    def read(self, run: dict, count: int = 3) -> tuple[StoredCall, list[LapSummary], str | None]:
+        """(the pending call, the last ``count`` laps up to the approval's lap, an error message)."""
+        st = run.get("status") or {}
+        lap = (st.get("approval") or {}).get("lap") or st.get("lap")
+        if not lap:
+            return StoredCall(error="the run has no lap yet"), [], None
+        try:
+            store, ref = self._store(run)
+            laps = []
+            for n in range(max(1, int(lap) - count + 1), int(lap) + 1):
+                laps.append(self._lap(store, ref, n))
+        except Exception as e:  # store missing, credentials, network, corrupt: say so on the page
+            msg = f"checkpoint store not read: {type(e).__name__}: {one_line(str(e), 300)}"
+            return StoredCall(error=msg), [], msg
+        last = laps[-1]
+        pending = last.pending_approval
+        if pending is None:
+            stored = StoredCall(error=f"lap {lap} in the checkpoint store has no pending approval")
+        else:
+            stored = StoredCall(arguments=dict(pending.arguments), call_id=pending.call_id, lap=last.lap)
+        return stored, [summarize(r) for r in laps], None

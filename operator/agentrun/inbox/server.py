@@ -1,0 +1,454 @@
+"""The inbox's HTTP server (standard library ``ThreadingHTTPServer``).
+
+Routes: ``GET /`` (the page), ``GET /fragment`` (its live part), ``GET /events`` (server-sent
+events: one ``change`` per watch event on the agentruns the person can see), ``POST /decide``,
+``GET|POST /login``, ``POST /logout``, ``GET /healthz``, ``GET /static/app.{css,js}``.
+
+Every read and every decision is sent to the API server impersonating the signed-in person
+(``kube.Kube``), so RBAC and the approval admission policies decide; the inbox checks nothing the
+API server would not (the Approve button is hidden for someone a SelfSubjectAccessReview says may
+not ``approve``, but a forged POST is sent on and refused by the API server itself).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from agentrun.api.approval import MAX_CALL_ID_CHARS, MAX_REASON_CHARS, SHA256_HEX_CHARS
+from agentrun.api.crdgen import PLURAL
+from agentrun.cli.approvals import AWAITING, binding, decision_patch, refusal
+from agentrun.inbox import assets, identity, view
+from agentrun.inbox.kube import RUNS, ApiError, Kube, User
+from agentrun.inbox.laps import LapReader
+
+log = logging.getLogger("agentrun.inbox")
+
+MAX_BODY = 64 * 1024
+MAX_TOKEN = 16 * 1024
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_NS = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_SHA = re.compile(f"^[0-9a-f]{{{SHA256_HEX_CHARS}}}$")
+_CALL = re.compile(f"^[A-Za-z0-9_.:-]{{1,{MAX_CALL_ID_CHARS}}}$")
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+                                "img-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
+    "X-Content-Type-Options": "nosniff",
+    # not no-referrer: with it a browser sends "Origin: null" on form posts, and the Origin check needs it
+    "Referrer-Policy": "same-origin",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+
+
+@dataclass
+class Settings:
+    auth: str = "token"  # "token": sign in with a bearer token (TokenReview); "proxy": trusted headers
+    user_header: str = "X-Forwarded-User"
+    groups_header: str | None = "X-Forwarded-Groups"
+    namespaces: tuple[str, ...] = ()  # empty: every namespace the person can list
+    key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    session_ttl: int = 8 * 3600
+    secure_cookies: bool = True
+    token_audiences: tuple[str, ...] = ()
+    laps: int = 3
+    sse_seconds: int = 300  # an event stream is closed after this long; the browser reconnects
+    watch_seconds: int = 50
+
+
+class Inbox:
+    """The application: state shared by the request threads."""
+
+    def __init__(self, kube: Kube, settings: Settings, reader: LapReader | None = None) -> None:
+        self.kube, self.settings = kube, settings
+        self.reader = reader or LapReader()
+        self._can: dict[tuple[str, tuple[str, ...], str], tuple[float, bool]] = {}
+        self._lock = threading.Lock()
+        self.streams = threading.BoundedSemaphore(200)
+
+    # --- what the person may see and do (always as them) -----------------------------------
+
+    def scopes(self, user: User) -> tuple[list[str | None], list[str]]:
+        """Where to list agentruns as ``user``: the configured namespaces, else the whole cluster,
+        else each namespace they may list. Returns (scopes, notices)."""
+        if self.settings.namespaces:
+            return list(self.settings.namespaces), []
+        try:
+            self.kube.request("GET", f"{RUNS}/{PLURAL}", user, params={"limit": "1"}, what="list agentruns")
+            return [None], []
+        except ApiError as e:
+            if e.status != 403:
+                raise
+        try:
+            return list(self.kube.list_namespaces(user)), []
+        except ApiError as e:
+            if e.status != 403:
+                raise
+        return [], ["You may not list AgentRuns in every namespace, nor list namespaces: ask the inbox's "
+                    "operator to set the namespaces it shows (inbox.namespaces in the chart)."]
+
+    def runs(self, user: User) -> tuple[list[dict], list[str]]:
+        scopes, notices = self.scopes(user)
+        items: list[dict] = []
+        for ns in scopes:
+            try:
+                items += self.kube.list_runs(user, ns).get("items") or []
+            except ApiError as e:
+                if e.status == 403:
+                    if self.settings.namespaces:
+                        notices.append(f"You may not list AgentRuns in namespace {ns}.")
+                    continue
+                raise
+        return items, notices
+
+    def can_approve(self, user: User, namespace: str) -> bool:
+        key = (user.name, user.groups, namespace)
+        now = time.monotonic()
+        with self._lock:
+            hit = self._can.get(key)
+            if hit and now - hit[0] < 30:
+                return hit[1]
+        try:
+            ok = self.kube.can(user, "approve", namespace)
+        except ApiError:
+            ok = False
+        with self._lock:
+            if len(self._can) > 10000:
+                self._can.clear()
+            self._can[key] = (now, ok)
+        return ok
+
+    def main_html(self, user: User, csrf: str) -> str:
+        items, notices = self.runs(user)
+        now = datetime.now(UTC)
+        cards = []
+        by_key = {(r["metadata"].get("namespace"), r["metadata"].get("name")): r for r in items}
+        for row in view.queue_rows(items, now):
+            run = by_key[(row["namespace"], row["name"])]
+            stored, laps, err = self.reader.read(run, self.settings.laps)
+            cards.append(view.card(run, now, stored, laps, err, self.can_approve(user, row["namespace"])))
+        return view.main_html(cards, view.history_rows(items), csrf, notices)
+
+    def decide(self, user: User, form: dict[str, str]) -> tuple[int, str]:
+        """Send one decision as ``user``; (HTTP status, message). The API server has the last word."""
+        ns, name = form.get("namespace", ""), form.get("name", "")
+        call_id, sha = form.get("callId", ""), form.get("sha256", "")
+        decision, reason = form.get("decision", ""), form.get("reason", "").strip()
+        if not _NS.match(ns) or not _NAME.match(name):
+            return 400, "namespace and name must be Kubernetes names"
+        if decision not in ("approve", "reject"):
+            return 400, "decision must be approve or reject"
+        if not _CALL.match(call_id):
+            return 400, "callId is missing or malformed: reload the page"
+        if not _SHA.match(sha):
+            return 400, "sha256 is missing or malformed: the arguments could not be digested; use agentrun approvals"
+        if decision == "reject" and not reason:
+            return 400, "A reason is required to reject."
+        if len(reason) > MAX_REASON_CHARS:
+            return 400, f"The reason is longer than {MAX_REASON_CHARS} characters."
+        try:
+            run = self.kube.get_run(user, ns, name)
+        except ApiError as e:
+            return (e.status if e.status in (403, 404) else 502), f"cannot read agentrun {ns}/{name}: {e.message}"
+        st = run.get("status") or {}
+        ap = st.get("approval") or {}
+        if st.get("phase") != AWAITING:
+            return 409, f"{ns}/{name} is no longer waiting for approval (phase {st.get('phase') or 'Pending'})."
+        if ap.get("callId") != call_id:
+            return 409, f"{ns}/{name} now waits on another call ({ap.get('callId')}): look at it again."
+        stored, _, _ = self.reader.read(run, 1)
+        _, current_sha, _ = binding(run, stored)
+        if current_sha != sha:
+            return 409, "The arguments of this call are not the ones shown (sha256 differs): look at it again."
+        patch = decision_patch(decision == "approve", reason or None, run["metadata"].get("resourceVersion"),
+                               call_id=call_id, sha256=sha, decided_by=user.name)
+        try:
+            self.kube.patch_run(user, ns, name, patch)
+        except ApiError as e:
+            if e.status == 409:
+                return 409, f"{ns}/{name} changed while you decided: look at it again."
+            why = refusal(e) if e.status in (400, 403, 422) else None
+            return (e.status if e.status in (400, 403, 422) else 502), (
+                f"The API server refused the decision: {why or e.message}")
+        verb = "Approved" if decision == "approve" else "Rejected"
+        return 200, f"{verb} call {call_id} of {ns}/{name}; the API server records the decider, the operator resumes the run."
+
+    # --- the watch behind /events ----------------------------------------------------------
+
+    def watch(self, user: User, scope: str | None, out: queue.Queue, stop: threading.Event) -> None:
+        """Put one ``{"type", "key"}`` per watch event on ``out`` until ``stop``; re-lists on 410."""
+        rv = None
+        while not stop.is_set():
+            try:
+                if rv is None:
+                    rv = self.kube.list_runs(user, scope).get("metadata", {}).get("resourceVersion") or "0"
+                for ev in self.kube.watch_runs(user, scope, rv, self.settings.watch_seconds):
+                    if stop.is_set():
+                        return
+                    obj = ev.get("object") or {}
+                    meta = obj.get("metadata") or {}
+                    if ev.get("type") == "ERROR":
+                        rv = None if obj.get("code") == 410 else rv
+                        break
+                    rv = meta.get("resourceVersion") or rv
+                    if ev.get("type") != "BOOKMARK":
+                        out.put({"type": ev.get("type"), "key": f"{meta.get('namespace')}/{meta.get('name')}"})
+            except ApiError as e:
+                if e.status == 410:
+                    rv = None
+                    continue
+                out.put({"type": "ERROR", "key": "", "status": e.status})
+                stop.wait(5)
+            except Exception as e:  # network: try again shortly
+                log.warning("watch of %s for %s: %s", scope or "all namespaces", user.name[:64], type(e).__name__)
+                stop.wait(2)
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "agentrun-inbox"
+    sys_version = ""
+    app: Inbox  # set on the subclass by make_server
+    protocol_version = "HTTP/1.1"
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        pass  # one line per request is logged by _send, without query strings or bodies
+
+    def _send(self, status: int, body: bytes | str, ctype: str = "text/html; charset=utf-8",
+              headers: dict[str, str] | None = None) -> None:
+        data = body.encode() if isinstance(body, str) else body
+        self.send_response(status)
+        for k, v in {**SECURITY_HEADERS, **(headers or {})}.items():
+            self.send_header(k, v)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+        self._log(status)
+
+    def _log(self, status: int) -> None:
+        who = self._user.name[:64] if getattr(self, "_user", None) else "-"
+        log.info("%s %s %s %s", self.command, urlsplit(self.path).path[:200], status, who)
+
+    def _json(self, status: int, doc: dict, headers: dict[str, str] | None = None) -> None:
+        self._send(status, json.dumps(doc), "application/json", headers)
+
+    def _redirect(self, where: str, headers: dict[str, str] | None = None) -> None:
+        self._send(303, "", headers={"Location": where, **(headers or {})})
+
+    def _wants_json(self) -> bool:
+        return "application/json" in (self.headers.get("Accept") or "")
+
+    def _headers_lower(self) -> dict[str, str]:
+        return {k.lower(): v for k, v in self.headers.items()}
+
+    def _same_origin(self) -> bool:
+        """A POST's Origin (sent by every current browser) names this host; absent: allowed (the
+        CSRF token still has to match)."""
+        origin = self.headers.get("Origin")
+        if origin is None:
+            return True
+        host = self.headers.get("X-Forwarded-Host") if self.app.settings.auth == "proxy" else None
+        host = host or self.headers.get("Host") or ""
+        return urlsplit(origin).netloc == host and origin != "null"
+
+    def _form(self) -> dict[str, str] | None:
+        try:
+            n = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            return None
+        if n < 0 or n > MAX_BODY:
+            return None
+        raw = self.rfile.read(n).decode("utf-8", errors="replace")
+        return {k: v[0] for k, v in parse_qs(raw, keep_blank_values=True).items()}
+
+    # --- who is asking ----------------------------------------------------------------------
+
+    def _session(self) -> tuple[identity.Session | None, dict[str, str]]:
+        """The session (and Set-Cookie headers to send with the answer, in proxy mode)."""
+        s = self.app.settings
+        now = time.time()
+        cookie = identity.parse_cookies(self.headers.get("Cookie")).get(identity.COOKIE)
+        session = identity.decode_session(cookie, s.key, now)
+        if s.auth != "proxy":
+            return session, {}
+        try:
+            user = identity.proxy_user(self._headers_lower(), s.user_header, s.groups_header)
+        except identity.IdentityError:
+            return None, {}
+        if user is None:
+            return None, {}
+        if session is not None and session.user == user:
+            return session, {}
+        session = identity.new_session(user, now, s.session_ttl)
+        value = identity.encode_session(session, s.key)
+        return session, {"Set-Cookie": identity.cookie_header(value, s.session_ttl, s.secure_cookies)}
+
+    def _signed_in(self) -> tuple[identity.Session | None, dict[str, str]]:
+        session, headers = self._session()
+        self._user = session.user if session else None
+        if session is None:
+            if self.app.settings.auth == "proxy":
+                self._send(401, view.message_html("Not signed in", "The auth proxy in front of the inbox sent no "
+                                                  "user: the inbox is reachable only through it."))
+            elif self._wants_json() or self.path.startswith(("/fragment", "/events", "/decide")):
+                self._json(401, {"message": "not signed in"})
+            else:
+                self._redirect("/login")
+        return session, headers
+
+    # --- routes -----------------------------------------------------------------------------
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        try:
+            if path == "/favicon.ico":
+                return self._send(204, "", "image/x-icon")
+            if path == "/healthz":
+                return self._send(200, "ok", "text/plain")
+            if path == "/static/app.css":
+                return self._send(200, assets.CSS, "text/css; charset=utf-8")
+            if path == "/static/app.js":
+                return self._send(200, assets.JS, "text/javascript; charset=utf-8")
+            if path == "/login":
+                return self._send(200, view.login_html(None, self._proxy_note()))
+            if path not in ("/", "/fragment", "/events"):
+                return self._send(404, view.message_html("Not found", "There is no such page."))
+            session, headers = self._signed_in()
+            if session is None:
+                return None
+            csrf = session.csrf(self.app.settings.key)
+            if path == "/events":
+                return self._events(session.user)
+            main = self.app.main_html(session.user, csrf)
+            if path == "/fragment":
+                return self._send(200, main, headers=headers)
+            return self._send(200, view.page_html(session.user.name, main, csrf), headers=headers)
+        except ApiError as e:
+            log.warning("API server: %s", str(e)[:300])
+            self._send(502, view.message_html("The API server did not answer as expected", e.message))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def do_POST(self) -> None:
+        path = urlsplit(self.path).path
+        try:
+            if not self._same_origin():
+                self._user = None
+                return self._json(403, {"message": "cross-site request refused"})
+            if path == "/login":
+                return self._login()
+            if path not in ("/decide", "/logout"):
+                return self._send(404, view.message_html("Not found", "There is no such page."))
+            session, headers = self._signed_in()
+            if session is None:
+                return None
+            form = self._form()
+            if form is None:
+                return self._json(413, {"message": "request body too large"})
+            token = form.get("csrf") or self.headers.get("X-CSRF-Token")
+            if not session.csrf_ok(self.app.settings.key, token):
+                return self._json(403, {"message": "missing or wrong CSRF token: reload the page"})
+            if path == "/logout":
+                return self._redirect("/login", {"Set-Cookie": identity.cookie_header("", 0,
+                                                                                      self.app.settings.secure_cookies)})
+            status, message = self.app.decide(session.user, form)
+            log.info("decision %s on %s/%s by %s: %s", form.get("decision", "")[:8], form.get("namespace", "")[:63],
+                     form.get("name", "")[:253], session.user.name[:64], status)
+            if self._wants_json():
+                return self._json(status, {"ok": status == 200, "message": message}, headers)
+            return self._send(status, view.message_html("Decision sent" if status == 200 else "Not decided", message),
+                              headers=headers)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _proxy_note(self) -> str | None:
+        if self.app.settings.auth == "proxy":
+            return "This inbox signs people in through the auth proxy in front of it; a token is not accepted here."
+        return None
+
+    def _login(self) -> None:
+        s = self.app.settings
+        self._user = None
+        if s.auth != "token":
+            return self._send(400, view.login_html("Sign-in by token is off: use the auth proxy.", self._proxy_note()))
+        form = self._form()
+        token = (form or {}).get("token", "").strip()
+        if not token or len(token) > MAX_TOKEN:
+            return self._send(400, view.login_html("Paste a token."))
+        try:
+            user = self.app.kube.token_review(token, list(s.token_audiences) or None)
+        except ApiError as e:
+            log.warning("TokenReview failed: HTTP %s: %s", e.status, e.message[:300])
+            return self._send(502, view.login_html("The API server could not check the token (TokenReview)."))
+        del token
+        if user is None:
+            return self._send(401, view.login_html("The API server did not accept this token."))
+        try:
+            user = identity.checked_user(user.name, user.groups)
+            value = identity.encode_session(identity.new_session(user, time.time(), s.session_ttl), s.key)
+        except identity.IdentityError as e:
+            return self._send(400, view.login_html(f"Cannot sign in: {e}"))
+        self._user = user
+        self._redirect("/", {"Set-Cookie": identity.cookie_header(value, s.session_ttl, s.secure_cookies)})
+
+    def _events(self, user: User) -> None:
+        """Server-sent events: ``change`` on each watch event of the person's agentruns, a comment
+        every 15 s, closed after ``sse_seconds`` (the browser reconnects and the page refreshes)."""
+        if not self.app.streams.acquire(blocking=False):
+            return self._json(503, {"message": "too many live connections"})
+        stop = threading.Event()
+        try:
+            scopes, _ = self.app.scopes(user)
+            self.send_response(200)
+            for k, v in SECURITY_HEADERS.items():
+                self.send_header(k, v)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.send_header("X-Accel-Buffering", "no")
+            self.end_headers()
+            self.close_connection = True
+            self._log(200)
+            out: queue.Queue = queue.Queue(maxsize=1000)
+            for scope in scopes:
+                threading.Thread(target=self.app.watch, args=(user, scope, out, stop), daemon=True,
+                                 name=f"inbox-watch-{scope or 'all'}").start()
+            self.wfile.write(b"retry: 2000\n\n")
+            self.wfile.flush()
+            end = time.monotonic() + self.app.settings.sse_seconds
+            while time.monotonic() < end:
+                try:
+                    ev = out.get(timeout=15)
+                except queue.Empty:
+                    self.wfile.write(b": keep-alive\n\n")
+                else:
+                    self.wfile.write(f"event: change\ndata: {json.dumps(ev)}\n\n".encode())
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            pass
+        finally:
+            stop.set()
+            self.app.streams.release()
+
+
+def make_server(app: Inbox, host: str, port: int) -> ThreadingHTTPServer:
+    handler = type("InboxHandler", (Handler,), {"app": app})
+    srv = ThreadingHTTPServer((host, port), handler)
+    srv.daemon_threads = True
+    return srv

@@ -1,0 +1,130 @@
+"""What to announce about approvals, and how the messages look: pure functions of AgentRun dicts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from agentrun.api.types import parse_time
+from agentrun.checkpoint.trace import one_line
+
+Kind = Literal["requested", "deadline-near"]
+Format = Literal["generic", "slack", "teams"]
+KINDS: tuple[Kind, ...] = ("requested", "deadline-near")
+FIELD = {"requested": "requestedAt", "deadline-near": "deadlineNearAt"}
+SUMMARY_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Settings:
+    deadline_near_seconds: int = 600
+    inbox_url: str = ""
+
+
+@dataclass(frozen=True)
+class Notice:
+    kind: Kind
+    namespace: str
+    name: str
+    uid: str
+    call_id: str
+    owner: str
+    tool: str
+    lap: int | None
+    summary: str
+    deadline: str | None
+    on_timeout: str
+    link: str
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable per run, call and kind: a receiver that dedupes on it sees each message once even
+        if a delivery is repeated (a crash between delivery and recording it)."""
+        return f"{self.uid}:{self.call_id}:{self.kind}"
+
+
+def summary(arguments: str | None) -> str:
+    """A short one-line summary of the call's arguments (status holds them as JSON, cut at 4 KiB)."""
+    if not arguments:
+        return ""
+    try:
+        doc = json.loads(arguments)
+    except ValueError:
+        return one_line(arguments, SUMMARY_CHARS)
+    if isinstance(doc, dict):
+        parts = [f"{k}={json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else v}" for k, v in sorted(doc.items())]
+        return one_line(", ".join(parts), SUMMARY_CHARS)
+    return one_line(json.dumps(doc, ensure_ascii=False), SUMMARY_CHARS)
+
+
+def announcements(run: dict, now: datetime, settings: Settings) -> list[Notice]:
+    """The messages due for ``run`` now, in order, none already delivered for its pending call."""
+    st = run.get("status") or {}
+    ap = st.get("approval") or {}
+    if st.get("phase") != "AwaitingApproval" or ap.get("state") != "Pending" or not ap.get("callId"):
+        return []
+    notified = ap.get("notified") or {}
+    done = notified if notified.get("callId") == ap["callId"] else {}
+    meta = run.get("metadata") or {}
+    deadline = parse_time(ap.get("deadline"))
+    due: list[Kind] = []
+    if not done.get(FIELD["requested"]):
+        due.append("requested")
+    if (deadline is not None and not done.get(FIELD["deadline-near"])
+            and (deadline - now).total_seconds() <= settings.deadline_near_seconds):
+        due.append("deadline-near")
+    ns, name = meta.get("namespace", ""), meta.get("name", "")
+    link = f"{settings.inbox_url.rstrip('/')}/#run-{ns}.{name}" if settings.inbox_url else ""
+    spec_ap = (run.get("spec") or {}).get("approval") or {}
+    return [Notice(kind=k, namespace=ns, name=name, uid=meta.get("uid", ""), call_id=ap["callId"],
+                   owner=str(ap.get("owner") or spec_ap.get("owner") or "unassigned"), tool=str(ap.get("tool") or ""),
+                   lap=ap.get("lap"), summary=summary(ap.get("arguments")), deadline=ap.get("deadline"),
+                   on_timeout=str(spec_ap.get("onTimeout", "reject")), link=link) for k in due]
+
+
+def notified_patch(run: dict, notice: Notice, at: datetime) -> dict:
+    """The status merge patch recording ``notice`` as delivered (keeps what was recorded for the
+    same call; starts over for another call)."""
+    ap = (run.get("status") or {}).get("approval") or {}
+    prev = ap.get("notified") or {}
+    rec = {k: v for k, v in prev.items() if k in FIELD.values()} if prev.get("callId") == notice.call_id else {}
+    rec.update({"callId": notice.call_id, FIELD[notice.kind]: at.isoformat().replace("+00:00", "Z")})
+    return {"status": {"approval": {"notified": rec}}}
+
+
+def _title(n: Notice) -> str:
+    if n.kind == "requested":
+        return f"Approval needed: {n.tool} in {n.namespace}/{n.name}"
+    return f"Deadline near: {n.tool} in {n.namespace}/{n.name} (until {n.deadline}, then {n.on_timeout})"
+
+
+def body(n: Notice, fmt: Format) -> dict[str, Any]:
+    """The JSON body of one message in ``fmt``."""
+    facts = [("Owner", n.owner), ("Run", f"{n.namespace}/{n.name}"), ("Tool", n.tool),
+             ("Arguments", n.summary or "-"), ("Deadline", n.deadline or "-"), ("On timeout", n.on_timeout)]
+    if fmt == "slack":
+        text = f"*{_title(n)}*\n" + "\n".join(f"*{k}:* {v}" for k, v in facts)
+        if n.link:
+            text += f"\n<{n.link}|Open the approval inbox>"
+        return {"text": text}
+    if fmt == "teams":
+        return {
+            "type": "message",
+            "attachments": [{
+                "contentType": "application/vnd.microsoft.card.adaptive",
+                "content": {
+                    "$schema": "http://adaptivecards.io/schemas/adaptive-card.json", "type": "AdaptiveCard",
+                    "version": "1.4",
+                    "body": [{"type": "TextBlock", "text": _title(n), "weight": "Bolder", "wrap": True},
+                             {"type": "FactSet", "facts": [{"title": k, "value": v} for k, v in facts]}],
+                    "actions": ([{"type": "Action.OpenUrl", "title": "Open the approval inbox", "url": n.link}]
+                                if n.link else []),
+                },
+            }],
+        }
+    return {"kind": n.kind, "title": _title(n), "namespace": n.namespace, "name": n.name, "uid": n.uid,
+            "callId": n.call_id, "owner": n.owner, "tool": n.tool, "lap": n.lap, "arguments": n.summary,
+            "deadline": n.deadline, "onTimeout": n.on_timeout, "inbox": n.link or None,
+            "idempotencyKey": n.idempotency_key}

@@ -1,0 +1,188 @@
+"""The notifier: a background thread that announces approvals to a webhook (see ``plan``).
+
+It never runs in the reconcile path: it has its own thread, its own list of the runs every
+``interval`` seconds, its own HTTP client with a timeout. A delivery that fails (no answer, or any
+status but 2xx) is retried with exponential backoff (``backoff`` seconds doubling up to
+``max_backoff``) per message; the rest of the messages go on meanwhile. A delivered message is
+recorded in ``status.approval.notified`` (a merge patch of the status subresource, as the operator)
+so that a restarted notifier does not announce it again; it is also remembered in memory, so a
+failing status patch is retried without sending the message again. The one window left is a crash
+between the webhook's 2xx and the status patch: that message is sent again after the restart,
+with the same ``Idempotency-Key`` header, so a receiver that dedupes sees it once.
+
+The webhook URL (a secret: a Slack or Teams URL carries its token) is never logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from agentrun.api.crdgen import GROUP, PLURAL, VERSION
+from agentrun.notify import plan
+
+log = logging.getLogger("agentrun.notify")
+
+
+@dataclass
+class _Retry:
+    attempts: int = 0
+    next_at: float = 0.0
+
+
+@dataclass
+class Notifier:
+    """Announce approvals of the runs in ``namespaces`` (empty: the cluster) to ``url``."""
+
+    api: Any  # kubernetes.client.CustomObjectsApi
+    url: str
+    fmt: plan.Format = "generic"
+    settings: plan.Settings = field(default_factory=plan.Settings)
+    namespaces: tuple[str, ...] = ()
+    interval: float = 10.0
+    backoff: float = 1.0
+    max_backoff: float = 300.0
+    timeout: float = 10.0
+    clock: Callable[[], float] = field(default=None)  # type: ignore[assignment]
+    active: Callable[[], bool] | None = None  # e.g. the Lease elector's is_leader: only the leader announces
+    ticks: int = 0  # loop turns (scanning or not)
+    scans: int = 0
+    delivered: int = 0
+
+    def __post_init__(self) -> None:
+        import time
+
+        self.clock = self.clock or time.monotonic
+        self._retry: dict[str, _Retry] = {}
+        self._sent: dict[str, plan.Notice] = {}  # delivered, status not yet recorded
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._http = httpx.Client(timeout=self.timeout)
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> Notifier:
+        self._thread = threading.Thread(target=self._loop, name="agentrun-notify", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._http.close()
+
+    def _loop(self) -> None:
+        log.info("notifier started: %s messages to the webhook, deadline near %ss, every %ss, %s", self.fmt,
+                 self.settings.deadline_near_seconds, self.interval,
+                 "namespaces " + ",".join(self.namespaces) if self.namespaces else "all namespaces")
+        while not self._stop.is_set():
+            try:
+                if self.active is None or self.active():
+                    self.scan()
+            except Exception as e:  # the API server away, ...: next time
+                log.warning("notifier scan failed: %s: %s", type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+            self.ticks += 1
+            self._stop.wait(self.interval)
+
+    # --- one pass ---------------------------------------------------------------------------
+
+    def _runs(self) -> list[dict]:
+        if not self.namespaces:
+            return self.api.list_cluster_custom_object(GROUP, VERSION, PLURAL).get("items") or []
+        items: list[dict] = []
+        for ns in self.namespaces:
+            items += self.api.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL).get("items") or []
+        return items
+
+    def scan(self, now: datetime | None = None) -> None:
+        """List the runs once; deliver and record what is due (respecting each message's backoff)."""
+        now = now or datetime.now(UTC)
+        for run in self._runs():
+            for notice in plan.announcements(run, now, self.settings):
+                key = notice.idempotency_key
+                if key not in self._sent:
+                    r = self._retry.get(key)
+                    if r is not None and self.clock() < r.next_at:
+                        continue
+                    if not self._deliver(notice):
+                        continue
+                self._record(run, notice)
+        self.scans += 1
+
+    def _deliver(self, notice: plan.Notice) -> bool:
+        key = notice.idempotency_key
+        r = self._retry.setdefault(key, _Retry())
+        r.attempts += 1
+        try:
+            resp = self._http.post(self.url, json=plan.body(notice, self.fmt),
+                                   headers={"Idempotency-Key": key, "User-Agent": "agentrun-notify"})
+            ok, why = 200 <= resp.status_code < 300, f"HTTP {resp.status_code}"
+        except httpx.HTTPError as e:
+            ok, why = False, type(e).__name__
+        if not ok:
+            delay = min(self.max_backoff, self.backoff * 2 ** (r.attempts - 1))
+            r.next_at = self.clock() + delay
+            log.warning("notification %s of %s/%s (call %s) not delivered (%s, attempt %d): retry in %.0fs",
+                        notice.kind, notice.namespace, notice.name, notice.call_id, why, r.attempts, delay)
+            return False
+        self._retry.pop(key, None)
+        self._sent[key] = notice
+        self.delivered += 1
+        log.info("notification %s of %s/%s (call %s) delivered (attempt %d)", notice.kind, notice.namespace,
+                 notice.name, notice.call_id, r.attempts)
+        return True
+
+    def _record(self, run: dict, notice: plan.Notice) -> None:
+        patch = plan.notified_patch(run, notice, datetime.now(UTC))
+        try:
+            self.api.patch_namespaced_custom_object_status(GROUP, VERSION, notice.namespace, PLURAL, notice.name, patch)
+        except Exception as e:  # kept in _sent: recorded on the next scan, not sent again
+            log.warning("notification %s of %s/%s delivered but not recorded in status (%s): retried next scan",
+                        notice.kind, notice.namespace, notice.name, type(e).__name__)
+            return
+        self._sent.pop(notice.idempotency_key, None)
+
+
+def from_env(api: Any, env: dict[str, str] | None = None, active: Callable[[], bool] | None = None) -> Notifier | None:
+    """A Notifier configured by the environment, or None when no webhook is set:
+
+    AGENTRUN_NOTIFY_WEBHOOK_URL (from a Secret), AGENTRUN_NOTIFY_FORMAT (generic, slack, teams),
+    AGENTRUN_NOTIFY_DEADLINE_NEAR_SECONDS (600), AGENTRUN_NOTIFY_INTERVAL_SECONDS (10),
+    AGENTRUN_NOTIFY_BACKOFF_SECONDS (1), AGENTRUN_INBOX_URL (the link in messages),
+    AGENTRUN_NAMESPACES (the operator's; empty: all)."""
+    env = dict(os.environ if env is None else env)
+    url = env.get("AGENTRUN_NOTIFY_WEBHOOK_URL", "").strip()
+    if not url:
+        return None
+    if not url.startswith(("https://", "http://")):
+        raise ValueError("AGENTRUN_NOTIFY_WEBHOOK_URL must be an http(s) URL")
+    fmt = env.get("AGENTRUN_NOTIFY_FORMAT", "generic") or "generic"
+    if fmt not in ("generic", "slack", "teams"):
+        raise ValueError(f"AGENTRUN_NOTIFY_FORMAT must be generic, slack or teams, not {fmt[:40]!r}")
+
+    def num(name: str, default: float) -> float:
+        raw = env.get(name, "")
+        try:
+            value = float(raw) if raw else default
+        except ValueError:
+            raise ValueError(f"{name} must be a number of seconds, not {raw[:40]!r}") from None
+        if value <= 0:
+            raise ValueError(f"{name} must be positive")
+        return value
+
+    return Notifier(
+        api=api, url=url, fmt=fmt,  # type: ignore[arg-type]
+        settings=plan.Settings(deadline_near_seconds=int(num("AGENTRUN_NOTIFY_DEADLINE_NEAR_SECONDS", 600)),
+                               inbox_url=env.get("AGENTRUN_INBOX_URL", "")),
+        namespaces=tuple(n.strip() for n in env.get("AGENTRUN_NAMESPACES", "").split(",") if n.strip()),
+        interval=num("AGENTRUN_NOTIFY_INTERVAL_SECONDS", 10), backoff=num("AGENTRUN_NOTIFY_BACKOFF_SECONDS", 1),
+        active=active,
+    )

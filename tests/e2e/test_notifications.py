@@ -1,0 +1,125 @@
+"""Webhook notifications of approvals (agentrun.notify) against the local control plane and a local
+webhook receiver that answers 500 to the first message and 200 after:
+
+* an approval is announced once as "requested" (after a retry: the 500) and once as
+  "deadline near", across a restart of the notifier (SIGKILL between the two), because what was
+  delivered is recorded in status.approval.notified;
+* the messages carry owner, run, tool, an argument summary, the deadline, the inbox link and an
+  Idempotency-Key.
+
+The notifier runs as ``python -m agentrun.notify`` with the admin kubeconfig (like the operator);
+the operator itself (test_operator_e2e's ``env``) runs the runs. No sleeps: every wait is on a
+condition. "No duplicate after the restart" is observed with sentinel runs: a run created after
+the last record is announced only in a later scan, and each scan evaluates every run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from e2e_support import wait_for
+from test_operator_e2e import _diagnostics_on_failure, env  # noqa: F401
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+class Receiver:
+    """A webhook: 500 to the first request, 200 after; keeps (status answered, headers, body)."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[int, dict, dict]] = []
+        self.lock = threading.Lock()
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with outer.lock:
+                    status = 500 if not outer.got else 200
+                    outer.got.append((status, dict(self.headers), body))
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}/hook"
+
+    def delivered(self, name: str, kind: str | None = None) -> list[dict]:
+        with self.lock:
+            return [b for s, _, b in self.got if s == 200 and b["name"] == name and (kind is None or b["kind"] == kind)]
+
+    def attempts(self, name: str, kind: str) -> list[tuple[int, dict]]:
+        with self.lock:
+            return [(s, h) for s, h, b in self.got if b["name"] == name and b["kind"] == kind]
+
+
+def start_notifier(e, url: str, log) -> subprocess.Popen:
+    penv = e.cluster.env()
+    penv.update({"AGENTRUN_NOTIFY_WEBHOOK_URL": url, "AGENTRUN_NAMESPACES": e.ns,
+                 "AGENTRUN_NOTIFY_INTERVAL_SECONDS": "1", "AGENTRUN_NOTIFY_BACKOFF_SECONDS": "1",
+                 "AGENTRUN_NOTIFY_DEADLINE_NEAR_SECONDS": "40", "AGENTRUN_INBOX_URL": "https://inbox.example"})
+    return subprocess.Popen([sys.executable, "-m", "agentrun.notify"], env=penv, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def approval_run(e, name: str, timeout: str) -> None:
+    script = [{"content": "paying", "toolCalls": [{"name": "refund", "arguments": {"order": name, "amount": "12.00"}}]},
+              {"content": "finished"}]
+    e.apply(e.run_doc(name, script, approval_timeout=timeout))
+
+
+def notified(e, name: str) -> dict:
+    return (e.status(name).get("approval") or {}).get("notified") or {}
+
+
+def test_each_approval_is_announced_once_per_kind_across_a_restart(env, tmp_path):  # noqa: F811
+    e = env
+    rx = Receiver()
+    log = open(tmp_path / "notify.log", "ab")
+    procs = [start_notifier(e, rx.url, log)]
+    try:
+        approval_run(e, "notify-a", "60s")  # deadline near (40 s before the deadline) ~20 s after the request
+        wait_for("notify-a requested, recorded", lambda: notified(e, "notify-a").get("requestedAt"), timeout=180)
+        # the first delivery got the 500 and was retried
+        assert [s for s, _ in rx.attempts("notify-a", "requested")] == [500, 200]
+        assert not rx.delivered("notify-a", "deadline-near")
+        os.killpg(procs[0].pid, signal.SIGKILL)  # a crash, between the two messages
+        procs[0].wait(10)
+        procs.append(start_notifier(e, rx.url, log))
+        wait_for("notify-a deadline near, recorded", lambda: notified(e, "notify-a").get("deadlineNearAt"), timeout=120)
+        # sentinels: B is announced in a scan that listed every run after A's last record; C in a later one
+        for sentinel in ("notify-b", "notify-c"):
+            approval_run(e, sentinel, "1h")
+            wait_for(f"{sentinel} announced", lambda: rx.delivered(sentinel, "requested"), timeout=180)
+        assert len(rx.delivered("notify-a", "requested")) == 1
+        assert len(rx.delivered("notify-a", "deadline-near")) == 1
+        assert len(rx.delivered("notify-b")) == 1
+        msg = rx.delivered("notify-a", "requested")[0]
+        status = e.get("notify-a")
+        assert (msg["owner"], msg["tool"], msg["namespace"], msg["callId"]) == (
+            "e2e-team", "refund", e.ns, status["status"]["approval"]["callId"])
+        assert msg["arguments"] == "amount=12.00, order=notify-a"
+        assert msg["deadline"] == status["status"]["approval"]["deadline"]
+        assert msg["inbox"] == f"https://inbox.example/#run-{e.ns}.notify-a"
+        headers = [h for s, h in rx.attempts("notify-a", "requested")]
+        keys = {h.get("Idempotency-Key") for h in headers}
+        assert keys == {f"{status['metadata']['uid']}:{msg['callId']}:requested"}
+        assert rx.url not in (tmp_path / "notify.log").read_text()  # the webhook URL is a secret
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(20)
+        rx.srv.shutdown()
+        log.close()

@@ -1,0 +1,141 @@
+"""The notifier's delivery loop (agentrun.notify.sender) against a real local HTTP receiver, with
+the Kubernetes API as a small in-memory port (list and status patch) and a controlled clock:
+retries back off per message, a delivered message is recorded once and never sent again, and a
+failed status write is retried without sending again."""
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from agentrun.notify import plan
+from agentrun.notify.sender import Notifier, from_env
+
+NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
+
+
+class Api:
+    """list_cluster_custom_object / patch_namespaced_custom_object_status over one run dict."""
+
+    def __init__(self, run: dict) -> None:
+        self.run, self.patches, self.fail_patches = run, [], 0
+
+    def list_cluster_custom_object(self, *a):
+        return {"items": [json.loads(json.dumps(self.run))]}
+
+    def patch_namespaced_custom_object_status(self, group, version, ns, plural, name, patch):
+        if self.fail_patches:
+            self.fail_patches -= 1
+            raise RuntimeError("409")
+        self.patches.append(patch)
+        self.run["status"]["approval"]["notified"] = patch["status"]["approval"]["notified"]
+
+
+@pytest.fixture()
+def receiver():
+    answers: list[int] = []
+    got: list[dict] = []
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(answers.pop(0) if answers else 200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/", answers, got
+    srv.shutdown()
+    srv.server_close()
+
+
+def waiting(deadline_in=3600):
+    return {"metadata": {"namespace": "ns", "name": "r", "uid": "u"},
+            "spec": {"approval": {"owner": "o"}},
+            "status": {"phase": "AwaitingApproval", "approval": {
+                "state": "Pending", "callId": "c1", "tool": "pay", "lap": 1, "owner": "o",
+                "deadline": (NOW + timedelta(seconds=deadline_in)).isoformat(), "arguments": "{}"}}}
+
+
+def test_backoff_per_message_then_recorded_once(receiver):
+    url, answers, got = receiver
+    answers += [500, 503]
+    api = Api(waiting())
+    t = [0.0]
+    n = Notifier(api=api, url=url, settings=plan.Settings(deadline_near_seconds=60), backoff=1.0, clock=lambda: t[0])
+    n.scan(NOW)  # 500: retry after 1 s
+    n.scan(NOW)  # too early: nothing sent
+    assert len(got) == 1
+    t[0] = 1.0
+    n.scan(NOW)  # 503: retry after 2 s
+    t[0] = 2.5
+    n.scan(NOW)
+    assert len(got) == 2
+    t[0] = 3.0
+    n.scan(NOW)  # delivered, recorded
+    assert len(got) == 3 and [p["status"]["approval"]["notified"]["callId"] for p in api.patches] == ["c1"]
+    for _ in range(3):
+        n.scan(NOW)
+    assert len(got) == 3  # never again
+    n.scan(NOW + timedelta(seconds=3590))  # now the deadline is near
+    assert [b["kind"] for b in got] == ["requested", "requested", "requested", "deadline-near"]
+    n.stop()
+
+
+def test_a_failed_status_write_is_retried_without_sending_again(receiver):
+    url, _, got = receiver
+    api = Api(waiting())
+    api.fail_patches = 2
+    n = Notifier(api=api, url=url, clock=lambda: 0.0)
+    for _ in range(4):
+        n.scan(NOW)
+    assert len(got) == 1 and len(api.patches) == 1
+    n.stop()
+
+
+def test_a_restarted_notifier_reads_the_record(receiver):
+    url, _, got = receiver
+    api = Api(waiting())
+    Notifier(api=api, url=url, clock=lambda: 0.0).scan(NOW)
+    Notifier(api=api, url=url, clock=lambda: 0.0).scan(NOW)  # a new process: only the status record
+    assert len(got) == 1
+
+
+def test_configuration_from_the_environment():
+    assert from_env(None, {}) is None
+    n = from_env(None, {"AGENTRUN_NOTIFY_WEBHOOK_URL": "https://hooks.example/x", "AGENTRUN_NOTIFY_FORMAT": "teams",
+                        "AGENTRUN_NAMESPACES": "a, b", "AGENTRUN_NOTIFY_DEADLINE_NEAR_SECONDS": "120"})
+    assert (n.fmt, n.namespaces, n.settings.deadline_near_seconds) == ("teams", ("a", "b"), 120)
+    n.stop()
+    for env, field in [({"AGENTRUN_NOTIFY_FORMAT": "discord"}, "AGENTRUN_NOTIFY_FORMAT"),
+                       ({"AGENTRUN_NOTIFY_INTERVAL_SECONDS": "soon"}, "AGENTRUN_NOTIFY_INTERVAL_SECONDS"),
+                       ({"AGENTRUN_NOTIFY_BACKOFF_SECONDS": "0"}, "AGENTRUN_NOTIFY_BACKOFF_SECONDS")]:
+        with pytest.raises(ValueError, match=field):
+            from_env(None, {"AGENTRUN_NOTIFY_WEBHOOK_URL": "https://hooks.example/x", **env})
+    with pytest.raises(ValueError, match="http"):
+        from_env(None, {"AGENTRUN_NOTIFY_WEBHOOK_URL": "hooks.example/x"})
+
+
+def test_only_an_active_notifier_announces(receiver):
+    url, _, got = receiver
+    leader = threading.Event()
+    n = Notifier(api=Api(waiting()), url=url, interval=0.05, active=leader.is_set).start()
+    try:
+        deadline = datetime.now(UTC) + timedelta(seconds=30)
+        # not the leader: it turns (ticks) without scanning
+        while n.ticks < 3 and datetime.now(UTC) < deadline:
+            leader.wait(0.05)
+        assert n.ticks >= 3 and n.scans == 0 and not got
+        leader.set()
+        while not got and datetime.now(UTC) < deadline:
+            threading.Event().wait(0.05)
+        assert len(got) == 1 and n.scans >= 1
+    finally:
+        n.stop()
