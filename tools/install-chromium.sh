@@ -9,5 +9,8 @@ fi
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq >&2
-$SUDO apt-get install -y -qq --no-install-recommends chromium >&2
+# the .debs are kept under ~/.cache (the browser is the heaviest download of a cold CI run)
+archives="${XDG_CACHE_HOME:-$HOME/.cache}/agentrun/apt-archives"
+mkdir -p "$archives/partial"
+$SUDO apt-get install -y -qq --no-install-recommends -o Dir::Cache::Archives="$archives" chromium >&2
 command -v chromium
