@@ -114,7 +114,7 @@ def variables() -> list[dict[str, str]]:
     Img, S, D, C = t.ImagePolicy, t.SecretPolicy, t.DestinationPolicy, t.CheckpointPolicy  # noqa: N806
     spec = "object.spec"
     tools = f"{spec}.agent.?tools.orValue([])"
-    url_info = ("{'f': u.f, 'v': u.v, 's': isURL(u.v) ? url(u.v).getScheme().lowerAscii() : "
+    url_info = ("{'f': string(u.f), 'v': string(u.v), 's': isURL(u.v) ? url(u.v).getScheme().lowerAscii() : "
                 "(u.v.startsWith('https://') ? 'https' : u.v.startsWith('http://') ? 'http' : ''), "
                 "'h': isURL(u.v) ? url(u.v).getHostname().lowerAscii() : ''}")
     ep = f"{spec}.checkpoint.endpoint"
@@ -144,19 +144,19 @@ def variables() -> list[dict[str, str]]:
                    "(images.allowedDigests)'", "images") + "]"},
         {"name": "secretRefs", "expression":
             f"(has({spec}.agent.model.apiKeySecretRef) ? [{{'f': 'spec.agent.model.apiKeySecretRef.name', "
-            f"'v': {spec}.agent.model.apiKeySecretRef.name}}] : []) + "
-            f"{tools}.filter(x, has(x.http.headersSecretRef)).map(x, {{'f': 'spec.agent.tools[' + x.name + "
-            f"'].http.headersSecretRef.name', 'v': x.http.headersSecretRef.name}}) + "
+            f"'v': string({spec}.agent.model.apiKeySecretRef.name)}}] : []) + "
+            f"{tools}.filter(x, has(x.http.headersSecretRef)).map(x, {{'f': 'spec.agent.tools[' + string(x.name) + "
+            f"'].http.headersSecretRef.name', 'v': string(x.http.headersSecretRef.name)}}) + "
             f"(has({spec}.checkpoint) && has({spec}.checkpoint.credentialsSecretName) ? [{{'f': "
-            f"'spec.checkpoint.credentialsSecretName', 'v': {spec}.checkpoint.credentialsSecretName}}] : [])"},
+            f"'spec.checkpoint.credentialsSecretName', 'v': string({spec}.checkpoint.credentialsSecretName)}}] : [])"},
         {"name": "secretViolations", "expression":
             "variables.secretRefs.filter(r, !variables.secretNames.exists(p, p == '*' || (p.endsWith('*') ? "
             "r.v.startsWith(p.substring(0, size(p) - 1)) : r.v == p))).map(r, "
             + _msg("r.f", "r.v", "'is not an allowed Secret name'", "secrets.allowedNames") + ")"},
         {"name": "urls", "expression":
             f"(has({spec}.agent.model.baseURL) ? [{{'f': 'spec.agent.model.baseURL', 'v': "
-            f"{spec}.agent.model.baseURL}}] : []) + {tools}.map(x, {{'f': 'spec.agent.tools[' + x.name + "
-            "'].http.url', 'v': x.http.url})"},
+            f"string({spec}.agent.model.baseURL)}}] : []) + {tools}.map(x, {{'f': 'spec.agent.tools[' + "
+            "string(x.name) + '].http.url', 'v': string(x.http.url)})"},
         {"name": "dests", "expression": f"variables.urls.map(u, {url_info})"},
         {"name": "urlViolations", "expression": f"variables.dests.map(d, {_url_message()}).filter(m, m != '')"},
         {"name": "checkpointViolations", "expression":
