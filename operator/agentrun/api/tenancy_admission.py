@@ -235,7 +235,9 @@ def binding(name: str = t.VAP_NAME, param: str = t.DEFAULT_POLICY,
 # ----------------------------------------------------------------------------- the param CRD
 
 def crd() -> dict[str, Any]:
-    """The CustomResourceDefinition of AgentRunPolicy (cluster-scoped: only the platform team writes it)."""
+    """The CustomResourceDefinition of AgentRunPolicy (cluster-scoped: only the platform team writes it).
+    No categories: the AgentRun CRD's category "agentrun" would then name two kinds, and
+    ``kubectl get agentrun NAME`` would stop resolving to one resource."""
     s = t.AgentRunPolicySpec.model_json_schema(by_alias=True, mode="validation")
     spec = structural(s, s.get("$defs", {}))
     schema = {
@@ -259,7 +261,7 @@ def crd() -> dict[str, Any]:
             "group": t.GROUP,
             "scope": "Cluster",
             "names": {"kind": t.KIND, "listKind": f"{t.KIND}List", "plural": t.PLURAL, "singular": t.SINGULAR,
-                      "shortNames": ["arp"], "categories": ["agentrun"]},
+                      "shortNames": ["arp"]},
             "versions": [{"name": t.VERSION, "served": True, "storage": True,
                           "schema": {"openAPIV3Schema": schema}}],
         },
