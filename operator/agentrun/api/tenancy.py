@@ -292,7 +292,7 @@ def _check_url(field: str, value: str, d: DestinationPolicy) -> Violation | None
     ip = parse_ip(host)
     if ip is None and (not re.match(HOST_RE, host) or re.match(NUMERIC_HOST_RE, host)):
         return Violation(field, value, "destinations.hostForm",
-                         f"has host \"{host}\", which is neither an IP address nor a host name")
+                         f"has host {quote(host)}, which is neither an IP address nor a host name")
     if ip is not None:
         if in_cidrs(ip, ALWAYS_DENIED_CIDRS):
             return Violation(field, value, "destinations.alwaysDenied",
@@ -312,17 +312,17 @@ def _check_url(field: str, value: str, d: DestinationPolicy) -> Violation | None
         return None
     if any(host_matches(host, p) for p in API_SERVER_HOSTS) or host.startswith(API_SERVER_HOST_PREFIX):
         return Violation(field, value, "destinations.apiServerHosts",
-                         f"has host \"{host}\", a name of the cluster's API server, always refused")
+                         f"has host {quote(host)}, a name of the cluster's API server, always refused")
     if any(host_matches(host, p) for p in METADATA_HOSTS):
         return Violation(field, value, "destinations.metadataHosts",
-                         f"has host \"{host}\", a cloud metadata service, always refused")
+                         f"has host {quote(host)}, a cloud metadata service, always refused")
     if not d.allow_loopback and any(host_matches(host, p) for p in LOOPBACK_HOSTS):
         return Violation(field, value, "destinations.allowLoopback",
-                         f"has loopback host \"{host}\", refused unless allowLoopback is true")
+                         f"has loopback host {quote(host)}, refused unless allowLoopback is true")
     if any(host_matches(host, p) for p in d.denied_hosts):
-        return Violation(field, value, "destinations.deniedHosts", f"has host \"{host}\", which is denied")
+        return Violation(field, value, "destinations.deniedHosts", f"has host {quote(host)}, which is denied")
     if not any(host_matches(host, p) for p in d.allowed_hosts):
-        return Violation(field, value, "destinations.allowedHosts", f"has host \"{host}\", which is not allowed")
+        return Violation(field, value, "destinations.allowedHosts", f"has host {quote(host)}, which is not allowed")
     return None
 
 
@@ -361,7 +361,7 @@ def check(spec: dict[str, Any], policy: AgentRunPolicySpec) -> list[Violation]:
         origin = endpoint_origin(ck["endpoint"])
         if not any(e == "*" or e == origin for e in cp.allowed_endpoints):
             out.append(Violation("spec.checkpoint.endpoint", ck["endpoint"], "checkpoint.allowedEndpoints",
-                                 f"is at \"{origin}\", not an allowed checkpoint endpoint (the operator "
+                                 f"is at {quote(origin)}, not an allowed checkpoint endpoint (the operator "
                                  "connects to it)"))
     if ck.get("uri") is not None and not any(uri_under(ck["uri"], p) for p in cp.allowed_uri_prefixes):
         out.append(Violation("spec.checkpoint.uri", ck["uri"], "checkpoint.allowedURIPrefixes",

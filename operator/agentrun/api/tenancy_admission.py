@@ -88,7 +88,7 @@ def _url_message() -> str:
         + m(f"'has address ' + {h} + ', not in an allowed range'", "destinations.allowedCIDRs")
         + " : ''"
     )
-    qh = f"'\"' + {h} + '\"'"
+    qh = _q(h)
     name_branch = (
         f"(!{h}.matches({_lit(t.HOST_RE)}) || {h}.matches({_lit(t.NUMERIC_HOST_RE)})) ? "
         + m(f"'has host ' + {qh} + ', which is neither an IP address nor a host name'", "destinations.hostForm")
@@ -163,7 +163,7 @@ def variables() -> list[dict[str, str]]:
             f"(!has({spec}.checkpoint) || !has({ep}) || variables.endpoints.exists(e, e == '*' || e == {origin}) "
             "? [] : ["
             + _msg("'spec.checkpoint.endpoint'", ep,
-                   f"'is at \"' + {origin} + '\", not an allowed checkpoint endpoint (the operator connects to it)'",
+                   f"'is at ' + {_q(origin)} + ', not an allowed checkpoint endpoint (the operator connects to it)'",
                    "checkpoint.allowedEndpoints") + "]) + "
             f"(!has({spec}.checkpoint) || !has({spec}.checkpoint.uri) || variables.uriPrefixes.exists(p, "
             f"{spec}.checkpoint.uri == p || {spec}.checkpoint.uri.startsWith(p.endsWith('/') ? p : p + '/')) ? [] : ["
