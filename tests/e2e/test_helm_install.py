@@ -37,6 +37,8 @@ import yaml
 from e2e.cluster import API_MANIFESTS
 from e2e_support import ToolGate, wait_for
 
+from agentrun.api.tenancy_admission import LOCAL_POLICY
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "agentrun-operator"
 sys.path.insert(0, str(ROOT / "examples"))
@@ -215,6 +217,8 @@ class HelmEnv:
             # images are ignored by the process kubelet: lap pods run this command on the host
             "lap": {"command": [agentrun_bin, "lap"], "jobTTLSeconds": -1},
             "metrics": {"port": self.metrics_port},
+            # the local control plane's AgentRunPolicy (tool servers and S3 on 127.0.0.1, intended here)
+            "tenancy": {"policy": LOCAL_POLICY.model_dump(by_alias=True, exclude_none=True, mode="json")},
             # The operator reads lap checkpoints from S3 itself: its credentials come from a Secret
             # of the release namespace, resolved by the kubelet (secretKeyRef), not by the operator.
             "extraEnv": [
