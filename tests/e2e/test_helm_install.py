@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e.cluster import API_MANIFESTS
+from e2e.cluster import API_MANIFESTS, TENANCY_CRD
 from e2e_support import ToolGate, wait_for
 
 from agentrun.api.tenancy_admission import LOCAL_POLICY
@@ -241,6 +241,9 @@ class HelmEnv:
         # The chart renders the approval admission policies (cluster-scoped, fixed names): remove
         # the copies other modules applied from crds/ (install_api) so the release can own them;
         # those modules apply them again. The operator then runs under them with the chart's RBAC.
+        # (the AgentRunPolicy CRD first: the local AgentRunPolicy is among them, and Helm skips a CRD it finds)
+        self.kubectl("apply", "-f", str(ROOT / "crds" / TENANCY_CRD))
+        self.kubectl("wait", "--for=condition=Established", "crd/agentrunpolicies.agentrun.dev", "--timeout=60s")
         self.kubectl("delete", "--ignore-not-found", *[a for f in API_MANIFESTS[1:]
                                                        for a in ("-f", str(ROOT / "crds" / f))])
         self.helm("install", RELEASE, str(CHART), "-n", self.sys_ns, "-f", str(self.values),
