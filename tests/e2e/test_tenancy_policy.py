@@ -120,6 +120,68 @@ def test_the_local_default_policy_still_refuses_metadata_and_the_api_server(clus
         cluster.kubectl_run("delete", "namespace", ns, "--wait=false", check=False)
 
 
+def _largest_policy() -> dict:
+    """Every list of the policy at its maxItems (64), the entries a run matches last."""
+    fill = [f"x{i}.example.org" for i in range(62)] + ["api.openai.com"]
+    return {
+        "images": {"allowedPrefixes": [f"r{i}.example.org/" for i in range(63)] + ["registry.example.com/"],
+                   "allowedDigests": [f"r.example.org/l@sha256:{i:064x}" for i in range(64)]},
+        "secrets": {"allowedNames": [f"s{i}-*" for i in range(63)] + ["agentrun-*"]},
+        "destinations": {"schemes": ["http", "https"], "allowedHosts": fill + ["*.tools.example.com"],
+                         "allowedCIDRs": [f"10.{i}.0.0/16" for i in range(64)],
+                         "deniedHosts": [f"d{i}.example.org" for i in range(64)],
+                         "deniedCIDRs": [f"192.168.{i}.0/24" for i in range(64)],
+                         "apiServerCIDRs": [f"172.16.{i}.1/32" for i in range(64)]},
+        "checkpoint": {"allowedEndpoints": [f"https://e{i}.example.org" for i in range(63)] + ["https://s3.example.com"],
+                       "allowedURIPrefixes": [f"s3://b{i}" for i in range(63)] + ["s3://checkpoints"]},
+        "budget": {"maxLaps": 1000, "maxCostUSD": "100"},
+    }
+
+
+def test_the_largest_run_against_the_largest_policy_stays_within_the_cel_budget(cluster, strict):
+    """128 tools (the CRD's maxItems), each with a URL and a headers Secret, against a policy whose
+    every list is at its maxItems: the API server evaluates it (no cost-limit error) and agrees with
+    the checker both when all pass and when all 128 URLs fail (the refusal is cut at 4000 chars)."""
+    ns, _ = strict
+    pname = f"{strict[1]}-big"
+    label = f"{t.NAMESPACE_LABEL}={pname}"
+    big_ns = f"{ns}-big"
+    cluster.kubectl_run("create", "namespace", big_ns)
+    cluster.kubectl_run("label", "namespace", big_ns, label)
+    pol = t.AgentRunPolicySpec.model_validate(_largest_policy())
+    sel = {"matchLabels": {t.NAMESPACE_LABEL: pname}}
+    default = ta.binding(namespace_selector={"matchExpressions": [
+        {"key": t.NAMESPACE_LABEL, "operator": "NotIn", "values": [strict[1], pname]}]})
+    _apply(cluster, ta.policy_object(pname, pol), ta.binding(f"{t.VAP_NAME}-{pname}", pname, sel), default, check=True)
+    try:
+        doc = _manifest(CASES[0], "big")
+        tools = [{"name": f"t{i}", "http": {"url": f"https://t{i}.tools.example.com/q",
+                                              "headersSecretRef": {"name": f"agentrun-h{i}", "key": "h"}}}
+                 for i in range(128)]
+        doc["spec"]["agent"]["tools"] = tools
+        doc["spec"]["agent"]["model"]["apiKeySecretRef"]["name"] = "agentrun-openai"
+        assert t.check(doc["spec"], pol) == []
+        wait_for("the big policy's binding in force", lambda: f"AgentRunPolicy {pname}:" in _apply(
+            cluster, {**doc, "spec": {**doc["spec"], "budget": {"maxLaps": 5000}}}, ns=big_ns,
+            flags=("--dry-run=server",)).stderr, timeout=90, interval=1)
+        r = _apply(cluster, doc, ns=big_ns, flags=("--dry-run=server",))
+        assert r.returncode == 0, r.stderr
+        for tool in tools:
+            tool["http"]["url"] = tool["http"]["url"].replace("tools.example.com", "exfil.example.net")
+        violations = t.check(doc["spec"], pol)
+        assert len(violations) == 128
+        r = _apply(cluster, doc, ns=big_ns, flags=("--dry-run=server",))
+        assert r.returncode != 0 and t.refusal(pname, violations) in r.stderr, r.stderr
+        assert "cost" not in r.stderr.lower().replace("maxcostusd", ""), r.stderr
+    finally:
+        cluster.kubectl_run("delete", "namespace", big_ns, "--wait=false", check=False)
+        _apply(cluster, ta.binding(namespace_selector={"matchExpressions": [
+            {"key": t.NAMESPACE_LABEL, "operator": "NotIn", "values": [strict[1]]}]}))
+        cluster.kubectl_run("delete", "validatingadmissionpolicybinding", f"{t.VAP_NAME}-{pname}",
+                            "--ignore-not-found")
+        cluster.kubectl_run("delete", "agentrunpolicy", pname, "--ignore-not-found")
+
+
 def _api_client(cluster):
     from kubernetes import client, config
 

@@ -383,9 +383,17 @@ def check(spec: dict[str, Any], policy: AgentRunPolicySpec) -> list[Violation]:
     return out
 
 
+MAX_REFUSAL_CHARS: Final = 4000
+"""The list of violations in a refusal is cut to this many characters (the API server ignores a
+messageExpression result longer than 5000)."""
+
+
 def refusal(policy_name: str, violations: list[Violation]) -> str:
     """One line naming every violation (the CEL messageExpression, and the operator's condition message)."""
-    return f"AgentRunPolicy {policy_name}: " + "; ".join(v.message for v in violations)
+    text = "; ".join(v.message for v in violations)
+    if len(text) > MAX_REFUSAL_CHARS:
+        text = text[:MAX_REFUSAL_CHARS] + "..."
+    return f"AgentRunPolicy {policy_name}: " + text
 
 
 # --------------------------------------------------------------------------- which policies apply

@@ -184,6 +184,7 @@ def variables() -> list[dict[str, str]]:
         {"name": "violations", "expression":
             "variables.imageViolations + variables.secretViolations + variables.urlViolations + "
             "variables.checkpointViolations + variables.budgetViolations"},
+        {"name": "text", "expression": "variables.violations.join('; ')"},
     ]
 
 
@@ -212,7 +213,10 @@ def policy() -> dict[str, Any]:
             "variables": variables(),
             "validations": [{
                 "expression": "size(variables.violations) == 0",
-                "messageExpression": "'AgentRunPolicy ' + params.metadata.name + ': ' + variables.violations.join('; ')",
+                "messageExpression": "'AgentRunPolicy ' + params.metadata.name + ': ' + "
+                                     f"(size(variables.text) <= {t.MAX_REFUSAL_CHARS} ? variables.text : "
+                                     f"variables.text.substring(0, {t.MAX_REFUSAL_CHARS}) + '...')",
+                "message": "the AgentRun breaks its AgentRunPolicy (agentrun-tenancy; docs/security.md)",
                 "reason": "Forbidden",
             }],
         },
