@@ -28,7 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "bad-input"))
 import bad_input_table as bt  # noqa: E402
-from e2e.cluster import API_MANIFESTS, install_api  # noqa: E402
+from e2e.cluster import API_MANIFESTS, install_api, sa_kubeconfig  # noqa: E402
 from e2e_support import wait_for  # noqa: E402
 
 from agentrun.api import tenancy as t  # noqa: E402
@@ -182,6 +182,15 @@ def test_the_largest_run_against_the_largest_policy_stays_within_the_cel_budget(
         cluster.kubectl_run("delete", "agentrunpolicy", pname, "--ignore-not-found")
 
 
+def _helm_docs(*args: str) -> list[dict]:
+    """The chart rendered by the real helm (tools/install-helm.sh) with these arguments."""
+    helm = subprocess.run([str(ROOT / "tools" / "install-helm.sh")], check=True, capture_output=True,
+                          text=True).stdout.strip().splitlines()[-1]
+    out = subprocess.run([helm, "template", "agentrun-operator", str(ROOT / "helm" / "agentrun-operator"), *args],
+                         check=True, capture_output=True, text=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
 def _api_client(cluster):
     from kubernetes import client, config
 
@@ -221,16 +230,41 @@ def test_the_recheck_loader_reads_what_the_api_server_applies_and_sees_a_tighten
     assert not missing.ok and "does not exist" in missing.message
 
 
+def test_recheck_is_none_without_the_readers_rbac_and_a_check_with_it(cluster, strict):
+    """The chart's tenancy.operatorRecheck ClusterRole is exactly what the re-check needs: without it
+    the re-check says it cannot run (None: not enforced), with it it checks."""
+    from kubernetes import config
+
+    ns, pname = strict
+    sa = f"recheck-{uuid.uuid4().hex[:4]}"
+    cluster.kubectl_run("create", "serviceaccount", sa, "-n", ns)
+    api = config.new_client_from_config(config_file=sa_kubeconfig(cluster, ns, sa))
+    spec = _manifest(CASES[0], "x")["spec"]
+    assert t.recheck(api, ns, spec) is None
+    chart_role = next(d for d in _helm_docs("--set", "tenancy.operatorRecheck=true", "--api-versions",
+                                 "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
+                      if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-tenancy-reader"))
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": f"{sa}-{ns}"},
+            "rules": chart_role["rules"]}
+    crb = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": f"{sa}-{ns}"},
+           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{sa}-{ns}"},
+           "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]}
+    _apply(cluster, role, crb, check=True)
+    try:
+        got = wait_for("the reader RBAC in force", lambda: t.recheck(api, ns, spec), timeout=60)
+        assert got.ok and [n for n, _ in got.violations] == [pname]
+        bad = _manifest(next(c for c in CASES if c["name"] == "cloud-metadata-address"), "x")["spec"]
+        assert "destinations.alwaysDenied" in t.recheck(api, ns, bad).message
+    finally:
+        cluster.kubectl_run("delete", "clusterrolebinding,clusterrole", f"{sa}-{ns}", "--ignore-not-found")
+
+
 def test_chart_networkpolicies_are_accepted_by_the_api_server(cluster, strict):
     """Rendered with the values that turn every rule on, applied with a server-side dry-run. The
     process kubelet has no network plugin, so nothing enforces them here: manifests only."""
-    helm = subprocess.run([str(ROOT / "tools" / "install-helm.sh")], check=True, capture_output=True,
-                          text=True).stdout.strip().splitlines()[-1]
     values = ROOT / "tests" / "helm" / "networkpolicy-values.yaml"
-    out = subprocess.run([helm, "template", "agentrun-operator", str(ROOT / "helm" / "agentrun-operator"),
-                          "--namespace", strict[0], "-f", str(values)],
-                         check=True, capture_output=True, text=True).stdout
-    docs = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "NetworkPolicy"]
+    out = _helm_docs("--namespace", strict[0], "-f", str(values))
+    docs = [d for d in out if d["kind"] == "NetworkPolicy"]
     assert len(docs) >= 2
     for d in docs:
         d["metadata"]["namespace"] = strict[0]

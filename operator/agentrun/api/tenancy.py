@@ -492,3 +492,18 @@ def load_policies(api: Any, namespace: str) -> dict[str, AgentRunPolicySpec | No
             raise
         out[name] = AgentRunPolicySpec.model_validate(obj.get("spec") or {})
     return out
+
+
+def recheck(api: Any, namespace: str, spec: dict[str, Any]) -> PolicyCheck | None:
+    """The operator's re-check of a run before a lap: :func:`check_all` of the stored ``spec`` (the
+    JSON of .spec) against :func:`load_policies`. None when the operator may not read the policies
+    (403: the chart's ``tenancy.operatorRecheck`` RBAC is off), so the caller logs that the re-check
+    is not enforced; other API errors are raised (retry with backoff, like any read)."""
+    from kubernetes import client
+
+    try:
+        return check_all(spec, load_policies(api, namespace))
+    except client.ApiException as e:
+        if e.status == 403:
+            return None
+        raise
