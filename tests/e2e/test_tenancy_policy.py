@@ -274,8 +274,9 @@ def test_chart_networkpolicies_are_accepted_by_the_api_server(cluster, strict):
 
 
 @pytest.mark.skip(reason="needs the operator wiring of the tenancy re-check (handlers.py/decide.py are being "
-                         "rewritten; see the issue-13 report): Observed.policy_check from "
-                         "tenancy.load_policies + check_all, and decide's PolicyViolation branch")
+                         "rewritten): Observed.policy_check = tenancy.recheck(...) in the shell, decide's "
+                         "PolicyViolation branches; /work/wt/_notes/issue-13-tenancy-wiring.patch (this test "
+                         "passed with it applied)")
 def test_a_policy_tightened_after_apply_stops_the_run_before_its_next_call(cluster, s3, strict, tmp_path):
     """Lap 1's tool call is held at a gate; the policy is tightened (loopback no longer allowed);
     the call is released: lap 1 completes, and the operator's re-check before lap 2 stops the run
