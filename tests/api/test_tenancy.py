@@ -231,3 +231,23 @@ def test_check_all_refuses_when_a_named_policy_is_missing_and_names_every_policy
     assert "AgentRunPolicy strict: spec.agent.image" in got.message and "loose" not in got.message
     assert t.check_all(spec, {"loose": ALLOW_ALL}).ok
     assert t.check_all(spec, {}).ok  # no binding selects the namespace: nothing to enforce
+
+
+@pytest.mark.parametrize("url, want", [
+    ("https://api.openai.com/v1", ("https", "api.openai.com")),
+    ("https://API.OpenAI.com/v1", ("https", "api.openai.com")),
+    ("https://u:p@api.openai.com/", ("https", "api.openai.com")),
+    ("https://api.openai.com@exfil.example.net/", ("https", "exfil.example.net")),
+    ("https://exfil.example.net?@api.openai.com/", ("https", "exfil.example.net")),  # query cut first
+    ("https://exfil.example.net#@api.openai.com/", ("https", "")),  # '#' in the authority: invalid
+    ("https://api.openai.com\\@exfil.example.net/", ("https", "")),  # backslash: invalid
+    ("https://api.openai.com:99999/", ("https", "api.openai.com")),  # Go checks digits, not range
+    ("https://api.openai.com:44x/", ("https", "")),
+    ("https://[fe80::1%25eth0]:443/", ("https", "fe80::1%eth0")),
+    ("https://[10.20.1.5]/", ("https", "")),  # an IP-literal must be IPv6
+    ("https://BÜCHER.example/", ("https", "bÜcher.example")),  # lowerAscii
+    ("https://%61pi.openai.com/", ("https", "")),
+])
+def test_split_url_reads_hosts_like_the_api_servers_url(url, want):
+    """Each pair agrees with the API server's url() (tests/e2e/test_tenancy_policy.py PARSER_PROBES)."""
+    assert t.split_url(url) == want

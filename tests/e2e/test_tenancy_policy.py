@@ -182,6 +182,46 @@ def test_the_largest_run_against_the_largest_policy_stays_within_the_cel_budget(
         cluster.kubectl_run("delete", "agentrunpolicy", pname, "--ignore-not-found")
 
 
+# URLs where URL parsers are known to disagree (userinfo, backslashes, fragments, trailing dots,
+# ports, zones, mapped and abbreviated IPv4, case): the API server's url() (Go) and the checker
+# (Python urlsplit) must judge each the same way, or an attacker picks the one that passes.
+PARSER_PROBES = [
+    "https://api.openai.com/v1", "https://API.OpenAI.com/v1", "https://user:pw@api.openai.com/v1",
+    "https://api.openai.com@exfil.example.net/", "https://exfil.example.net#@api.openai.com/",
+    "https://exfil.example.net?@api.openai.com/", "https://api.openai.com\\@exfil.example.net/",
+    "https://exfil.example.net\\.tools.example.com/", "https://api.openai.com./v1", "https://api.openai.com:443/v1",
+    "https://api.openai.com:99999/v1", "https://api.openai.com:/v1", "https:///v1", "https://",
+    "https://search.tools.example.com:8443/q?x=1#f", "https://a_b.tools.example.com/", "https://-x.tools.example.com/",
+    "https://127.1/", "https://0177.0.0.1/", "https://10.20.1.5/", "https://010.20.1.5/", "https://10.20.1.5:0/",
+    "https://[::ffff:127.0.0.1]/", "https://[::ffff:10.20.1.5]/", "https://[fe80::1%25eth0]/", "https://[::1]/",
+    "https://[::]/", "https://0.0.0.0/", "https://[2001:db8::1]/", "https://169.254.169.254.nip.io/",
+    "https://kubernetes.default.svc.cluster.local./", "https://KUBERNETES.DEFAULT.SVC/", "https://localhost./",
+    "https://metadata.google.internal./", "https://xn--bcher-kva.tools.example.com/", "https://bücher.tools.example.com/",
+    "https://search.tools.example.com%2f@exfil.example.net/", "https://search.tools.example.com /", "http://10.20.1.5/",
+    "HTTPS://api.openai.com/", "https://1.2.3.4.5/", "https://[10.20.1.5]/", "https://[fe80::1%25eth0]:443/",
+    "https://a.tools.example.com:8443@exfil.example.net/", "https://exfil.example.net:443\\@a.tools.example.com/",
+    "https://a.tools.example.com:44x/", "https://[::ffff:a14:105]/", "https://%61pi.openai.com/",
+]
+
+
+def test_url_parser_probes_are_judged_alike_by_the_api_server_and_the_checker(cluster, strict):
+    ns, pname = strict
+    pol = t.AgentRunPolicySpec.model_validate(TABLE["policy"])
+    disagree = []
+    for i, url in enumerate(PARSER_PROBES):
+        doc = _manifest({"patch": {"spec": {"agent": {"tools": [{"name": "search", "http": {"url": url}}]}}}},
+                        f"probe-{i}")
+        r = _apply(cluster, doc, ns=ns, flags=("--dry-run=server",))
+        if "should match" in r.stderr:  # the CRD's pattern refuses it before the policy runs
+            continue
+        violations = t.check(doc["spec"], pol)
+        want_ok = not violations
+        got_ok = r.returncode == 0
+        if want_ok != got_ok or (violations and t.refusal(pname, violations) not in r.stderr):
+            disagree.append((url, [v.message for v in violations], r.stderr.strip()[-400:]))
+    assert not disagree, "\n".join(map(str, disagree))
+
+
 def _helm_docs(*args: str) -> list[dict]:
     """The chart rendered by the real helm (tools/install-helm.sh) with these arguments."""
     helm = subprocess.run([str(ROOT / "tools" / "install-helm.sh")], check=True, capture_output=True,

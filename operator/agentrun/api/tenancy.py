@@ -44,7 +44,6 @@ import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Final
-from urllib.parse import urlsplit
 
 from pydantic import Field
 
@@ -245,15 +244,66 @@ def in_cidrs(a: ipaddress.IPv4Address | ipaddress.IPv6Address, cidrs: list[str] 
     return any(a in ipaddress.ip_network(c, strict=False) for c in cidrs)
 
 
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_GO_HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~!$&'()*+,;=:[]<>\"")
+_GO_USERINFO_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._:~!$&'()*+,;=%@")
+
+
+def _lower_ascii(s: str) -> str:
+    """CEL ``lowerAscii()``: only A-Z change."""
+    return s.translate(_ASCII_LOWER)
+
+
+def _valid_optional_port(p: str) -> bool:
+    return p == "" or (p[0] == ":" and all("0" <= c <= "9" for c in p[1:]))
+
+
 def split_url(u: str) -> tuple[str, str]:
-    """(scheme, lower-case host name) of a URL, like the API server's ``url()``; a URL it cannot
-    parse gives the scheme of its prefix and an empty host (refused by the hostForm rule)."""
-    try:
-        s = urlsplit(u)
-        s.port  # noqa: B018 - raises on a bad port, as the API server's url() does
-    except ValueError:
-        return ("https" if u.startswith("https://") else "http" if u.startswith("http://") else ""), ""
-    return s.scheme.lower(), (s.hostname or "").lower()
+    """(scheme, host name) of a URL exactly as the API server's CEL sees it: ``url(u).getScheme()``
+    and ``url(u).getHostname()``, both ``lowerAscii()``, where ``url()`` is Go's
+    ``net/url.ParseRequestURI`` (the query is cut before the authority, a fragment is not: ``#`` in
+    the authority makes it invalid; the host ends at the first ``/``; userinfo and host characters,
+    ports of digits only, IPv6 zones ``%25``). A URL Go refuses gives the scheme of its ``http://``
+    or ``https://`` prefix and an empty host, refused by the hostForm rule. Mirroring Go matters:
+    where two parsers disagree on the host (``https://a.example@b.example``, backslashes), an
+    attacker picks the reading that passes (tests/e2e/test_tenancy_policy.py probes them)."""
+    fallback = ("https" if u.startswith("https://") else "http" if u.startswith("http://") else ""), ""
+    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$", u, re.S)
+    if not m:
+        return fallback
+    scheme, rest = _lower_ascii(m.group(1)), m.group(2)
+    if not (rest.endswith("?") and rest.count("?") == 1):
+        rest = rest.split("?", 1)[0]
+    if not rest.startswith("//"):
+        return scheme, ""
+    authority = rest[2:].split("/", 1)[0]
+    host = authority
+    if "@" in authority:
+        userinfo, _, host = authority.rpartition("@")
+        if any(c not in _GO_USERINFO_CHARS for c in userinfo):
+            return fallback
+    if host.startswith("["):
+        i = host.rfind("]")
+        if i < 0 or not _valid_optional_port(host[i + 1:]):
+            return fallback
+        name = host[1:i]
+        zone = name.find("%25")
+        if zone >= 0:
+            name = name[:zone] + "%" + name[zone + 3:]
+        try:  # Go: an IP-literal in brackets must be an IPv6 address ("[10.0.0.1]" is invalid)
+            ipaddress.IPv6Address(name)
+        except ValueError:
+            return fallback
+    else:
+        i = host.rfind(":")
+        if i >= 0:
+            if not _valid_optional_port(host[i:]):
+                return fallback
+            host = host[:i]
+        if "%" in host or any(ord(c) < 0x80 and c not in _GO_HOST_CHARS for c in host):
+            return fallback
+        name = host
+    return scheme, _lower_ascii(name)
 
 
 def _urls(spec: dict[str, Any]) -> list[tuple[str, str]]:
