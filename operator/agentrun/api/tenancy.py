@@ -13,7 +13,8 @@ The contract, shared by the API server and the operator:
 * :func:`load_policies`: the policies that apply to a namespace, read like the API server picks
   them: every binding of :data:`VAP_NAME` whose namespaceSelector matches the namespace, and the
   ``AgentRunPolicy`` its ``paramRef.name`` names (a missing one is a violation:
-  ``parameterNotFoundAction: Deny``).
+  ``parameterNotFoundAction: Deny``); :func:`recheck` = :func:`check_all` of both, what the
+  operator's shell puts into ``Observed`` before deciding the next lap (None without the RBAC).
 
 Rules (each violation names the field, the value and the rule; docs/security.md):
 
@@ -27,8 +28,7 @@ Rules (each violation names the field, the value and the rule; docs/security.md)
   ``spec.agent.tools[*].http.url``) has a scheme in ``schemes``, a well-formed host (no numeric
   host name that is not a plain IP, such as ``2130706433`` or ``0x7f.1``), is not denied (always:
   link-local :data:`ALWAYS_DENIED_CIDRS`, the API server's names :data:`API_SERVER_HOSTS`,
-  ``kubernetes.default.*`` and
-  ``apiServerCIDRs``, cloud metadata names :data:`METADATA_HOSTS`; loopback unless
+  ``kubernetes.default.*`` and ``apiServerCIDRs``, cloud metadata names :data:`METADATA_HOSTS`; loopback unless
   ``allowLoopback``; then ``deniedHosts``/``deniedCIDRs``), and is allowed (an IP in
   ``allowedCIDRs``, a host name matching ``allowedHosts``: exact, ``*.suffix`` or ``*``);
 * ``checkpoint``: ``spec.checkpoint.endpoint``, when set, is ``scheme://host`` of one of
