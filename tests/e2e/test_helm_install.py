@@ -34,8 +34,10 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e.cluster import API_MANIFESTS
+from e2e.cluster import API_MANIFESTS, TENANCY_CRD
 from e2e_support import ToolGate, wait_for
+
+from agentrun.api.tenancy_admission import LOCAL_POLICY
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "agentrun-operator"
@@ -215,6 +217,8 @@ class HelmEnv:
             # images are ignored by the process kubelet: lap pods run this command on the host
             "lap": {"command": [agentrun_bin, "lap"], "jobTTLSeconds": -1},
             "metrics": {"port": self.metrics_port},
+            # the local control plane's AgentRunPolicy (tool servers and S3 on 127.0.0.1, intended here)
+            "tenancy": {"policy": LOCAL_POLICY.model_dump(by_alias=True, exclude_none=True, mode="json")},
             # The operator reads lap checkpoints from S3 itself: its credentials come from a Secret
             # of the release namespace, resolved by the kubelet (secretKeyRef), not by the operator.
             "extraEnv": [
@@ -237,6 +241,9 @@ class HelmEnv:
         # The chart renders the approval admission policies (cluster-scoped, fixed names): remove
         # the copies other modules applied from crds/ (install_api) so the release can own them;
         # those modules apply them again. The operator then runs under them with the chart's RBAC.
+        # (the AgentRunPolicy CRD first: the local AgentRunPolicy is among them, and Helm skips a CRD it finds)
+        self.kubectl("apply", "-f", str(ROOT / "crds" / TENANCY_CRD))
+        self.kubectl("wait", "--for=condition=Established", "crd/agentrunpolicies.agentrun.dev", "--timeout=60s")
         self.kubectl("delete", "--ignore-not-found", *[a for f in API_MANIFESTS[1:]
                                                        for a in ("-f", str(ROOT / "crds" / f))])
         self.helm("install", RELEASE, str(CHART), "-n", self.sys_ns, "-f", str(self.values),

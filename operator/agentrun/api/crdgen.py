@@ -369,8 +369,16 @@ def render_reference() -> str:
 @click.option("--admission", type=click.Choice(["validating", "mutating"]), default=None,
               help="Print the approval admission policies instead (validating: Kubernetes >= 1.30; "
               "mutating: >= 1.36). See docs/security.md.")
-def crd_command(reference: bool, admission: str | None) -> None:
+@click.option("--tenancy", type=click.Choice(["crd", "policy", "local"]), default=None,
+              help="Print the tenancy guardrails instead: the AgentRunPolicy CRD, the admission policy and its "
+              "default binding, or the local control plane's AgentRunPolicy (api/tenancy_admission.py).")
+def crd_command(reference: bool, admission: str | None, tenancy: str | None) -> None:
     """Print the AgentRun CustomResourceDefinition (YAML), generated from the models."""
+    if tenancy:
+        from .tenancy_admission import render as render_tenancy
+
+        sys.stdout.write(render_tenancy(tenancy))
+        return
     if admission:
         from .admission import render
 

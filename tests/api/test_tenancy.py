@@ -1,0 +1,253 @@
+"""The tenancy contract (api/tenancy.py) and its generated admission policy (api/tenancy_admission.py).
+
+The pure checker gives exactly the messages of the table tests/fixtures/tenancy/policy-cases.yaml;
+tests/e2e/test_tenancy_policy.py runs the same table through the real API server's CEL, so the two
+agree case by case. Here: the committed generated files, the table, the always-denied destinations
+under any policy (hypothesis), bounded messages, which policies apply to a namespace, and that
+docs/bad-input.md quotes every refusal of the table.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentrun.api import tenancy as t
+from agentrun.api import tenancy_admission as ta
+from agentrun.api.spec import AgentRunSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "agentrun-operator"
+sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "bad-input"))
+import bad_input_table as bt  # noqa: E402
+
+TABLE = yaml.safe_load((ROOT / "tests" / "fixtures" / "tenancy" / "policy-cases.yaml").read_text())
+STRICT = t.AgentRunPolicySpec.model_validate(TABLE["policy"])
+ALLOW_ALL = t.AgentRunPolicySpec.model_validate({
+    "images": {"allowedPrefixes": ["*"]}, "secrets": {"allowedNames": ["*"]},
+    "destinations": {"schemes": ["http", "https"], "allowedHosts": ["*"], "allowedCIDRs": ["0.0.0.0/0", "::/0"],
+                     "allowLoopback": True, "apiServerCIDRs": []},
+    "checkpoint": {"allowedEndpoints": ["*"], "allowedURIPrefixes": ["s3://"]},
+})
+
+
+def _spec(case: dict) -> dict:
+    return bt.manifest(TABLE["run"], case.get("patch"), case.get("remove", []))["spec"]
+
+
+# ------------------------------------------------------------------------------ generated files
+
+@pytest.mark.parametrize("kind", sorted(ta.FILES))
+def test_committed_files_are_the_generated_ones(kind):
+    assert (ROOT / ta.FILES[kind]).read_text() == ta.render(kind), "run `make crds`"
+
+
+def test_chart_copies_are_the_generated_ones():
+    assert (CHART / "crds" / "agentrun.dev_agentrunpolicies.yaml").read_text() == ta.render("crd"), \
+        "run `make crds && make helm-crds`"
+    assert (CHART / "files" / "agentrun.dev_tenancy-policy.yaml").read_text() == ta.render("policy"), \
+        "run `make crds && make helm-crds`"
+
+
+def test_the_policy_crd_is_cluster_scoped_documented_and_outside_the_agentrun_category():
+    crd = ta.crd()
+    assert crd["spec"]["scope"] == "Cluster"
+    assert "categories" not in crd["spec"]["names"]  # `kubectl get agentrun X` must stay one kind
+    assert ta.undocumented() == []
+    cidr = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "destinations"]["properties"]["allowedCIDRs"]["items"]
+    assert cidr["x-kubernetes-validations"][0]["rule"] == "isCIDR(self)"
+
+
+def test_the_cel_defaults_are_the_models_defaults():
+    exprs = {v["name"]: v["expression"] for v in ta.variables()}
+    assert exprs["schemes"].endswith('.orValue(["https"])')
+    assert exprs["apiServerCIDRs"].endswith('.orValue(["10.96.0.1/32"])')
+    assert exprs["allowLoopback"].endswith(".orValue(false)")
+    assert exprs["laps"].endswith(f".orValue({t.DEFAULT_MAX_LAPS})")
+    from agentrun.api.spec import BudgetSpec
+    assert BudgetSpec().max_laps == t.DEFAULT_MAX_LAPS
+
+
+def test_the_policy_refuses_with_one_message_and_skips_writes_that_keep_the_spec():
+    p = ta.policy()["spec"]
+    assert p["failurePolicy"] == "Fail" and p["paramKind"] == {"apiVersion": "agentrun.dev/v1alpha1",
+                                                                "kind": "AgentRunPolicy"}
+    assert p["matchConditions"] == [{"name": "create-or-spec-change",
+                                     "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec"}]
+    assert [v["expression"] for v in p["validations"]] == ["size(variables.violations) == 0"]
+    b = ta.binding()["spec"]
+    assert b["paramRef"] == {"name": t.DEFAULT_POLICY, "parameterNotFoundAction": "Deny"}
+    assert b["validationActions"] == ["Deny"] and "matchResources" not in b
+
+
+# ------------------------------------------------------------------------------ the table
+
+def test_the_table_has_twenty_refusals():
+    assert sum(1 for c in TABLE["cases"] if c["expect"]) >= 20
+
+
+@pytest.mark.parametrize("case", TABLE["cases"], ids=[c["name"] for c in TABLE["cases"]])
+def test_checker_gives_exactly_the_tables_messages(case):
+    spec = _spec(case)
+    AgentRunSpec.model_validate(spec)  # every case is a valid AgentRun: only the policy refuses it
+    assert [v.message for v in t.check(spec, STRICT)] == case["expect"]
+    assert t.check(spec, ALLOW_ALL) == [] or case["name"] in _ALWAYS_DENIED_CASES
+
+
+_ALWAYS_DENIED_CASES = {"cloud-metadata-address", "link-local-ipv6", "cloud-metadata-name", "api-server-name",
+                        "api-server-fqdn", "decimal-ip-host", "hex-ip-host", "ipv4-mapped-ipv6-metadata",
+                        "several-violations-all-named", "checkpoint-endpoint-internal-address"}
+
+
+def test_the_always_denied_cases_are_refused_by_the_loosest_policy():
+    for c in TABLE["cases"]:
+        if c["name"] in _ALWAYS_DENIED_CASES - {"checkpoint-endpoint-internal-address"}:
+            assert t.check(_spec(c), ALLOW_ALL), c["name"]
+
+
+def test_bad_input_doc_quotes_every_refusal_of_the_table():
+    doc = (ROOT / "docs" / "bad-input.md").read_text()
+    for c in TABLE["cases"]:
+        for m in c["expect"]:
+            assert m.replace("|", "\\|") in doc, (c["name"], m)
+
+
+# ------------------------------------------------------------------------------ properties
+
+_DENIED_IPS = st.one_of(
+    st.ip_addresses(network="169.254.0.0/16"), st.ip_addresses(network="fe80::/10"),
+    st.ip_addresses(network="0.0.0.0/8"))
+
+
+def _host(a) -> str:
+    return f"[{a}]" if isinstance(a, ipaddress.IPv6Address) else str(a)
+
+
+@given(a=_DENIED_IPS, scheme=st.sampled_from(["http", "https"]), path=st.text(max_size=20))
+@settings(max_examples=200)
+def test_link_local_and_unspecified_addresses_are_refused_by_any_policy(a, scheme, path):
+    spec = {"agent": {"model": {"baseURL": f"{scheme}://{_host(a)}/{path}"}}}
+    got = t.check(spec, ALLOW_ALL)
+    assert [v.rule for v in got] == ["destinations.alwaysDenied"]
+    assert got[0].field == "spec.agent.model.baseURL"
+
+
+@given(host=st.sampled_from(["kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                             "kubernetes.default.svc.cluster.local", "kubernetes.default.svc.corp.internal",
+                             "metadata.google.internal", "metadata", "KUBERNETES.default.svc"]),
+       port=st.one_of(st.none(), st.integers(1, 65535)))
+def test_api_server_and_metadata_names_are_refused_by_any_policy(host, port):
+    url = f"https://{host}{'' if port is None else f':{port}'}/x"
+    got = t.check({"agent": {"tools": [{"name": "t", "http": {"url": url}}]}}, ALLOW_ALL)
+    assert len(got) == 1 and got[0].rule in ("destinations.apiServerHosts", "destinations.metadataHosts")
+
+
+@given(url=st.text(max_size=3000).map(lambda s: "https://" + s))
+@settings(max_examples=300)
+def test_any_url_gets_at_most_one_bounded_violation_and_never_an_exception(url):
+    got = [v for v in t.check({"agent": {"model": {"baseURL": url}}}, STRICT) if not v.rule.startswith("budget.")]
+    assert len(got) <= 1
+    for v in got:
+        assert len(v.message) < 600 and v.field == "spec.agent.model.baseURL"
+
+
+def test_quote_bounds_the_value():
+    assert t.quote("x" * 5000) == '"' + "x" * t.MAX_VALUE_CHARS + '..."'
+    assert t.quote("abc") == '"abc"'
+
+
+def test_budget_ceilings():
+    p = t.AgentRunPolicySpec.model_validate({"budget": {"maxLaps": 5, "maxCostUSD": "1.5"}})
+    assert [v.rule for v in t.check({"budget": {"maxLaps": 5, "maxCostUSD": "1.50"}}, p)] == []
+    assert [v.rule for v in t.check({"budget": {"maxLaps": 6, "maxCostUSD": "1.51"}}, p)] == [
+        "budget.maxLaps", "budget.maxCostUSD"]
+    assert [v.value for v in t.check({}, p)] == ["100", ""]
+
+
+def test_secret_name_patterns():
+    assert t.name_matches("agentrun-openai", "agentrun-*")
+    assert not t.name_matches("agentrunx", "agentrun-*")
+    assert t.name_matches("anything", "*") and t.name_matches("openai", "openai")
+    assert not t.name_matches("openai2", "openai")
+
+
+def test_host_patterns_need_a_dot_boundary():
+    assert t.host_matches("a.tools.example.com", "*.tools.example.com")
+    assert not t.host_matches("tools.example.com", "*.tools.example.com")
+    assert not t.host_matches("eviltools.example.com", "*.tools.example.com")
+
+
+def test_uri_prefixes_need_a_slash_boundary():
+    assert t.uri_under("s3://b/team-a/x", "s3://b/team-a") and t.uri_under("s3://b/team-a", "s3://b/team-a")
+    assert not t.uri_under("s3://b/team-ab", "s3://b/team-a")
+    assert t.uri_under("s3://anything/x", "s3://")
+
+
+# ------------------------------------------------------------------------------ which policies apply
+
+def _binding(name, param, selector=None, policy=t.VAP_NAME):
+    b = ta.binding(name, param, selector)
+    b["spec"]["policyName"] = policy
+    return b
+
+
+def test_binding_params_mirror_the_api_servers_namespace_selection():
+    team = {"matchLabels": {t.NAMESPACE_LABEL: "team-a"}}
+    default = {"matchExpressions": [{"key": t.NAMESPACE_LABEL, "operator": "NotIn", "values": ["team-a"]}]}
+    bindings = [_binding("agentrun-tenancy", "default", default), _binding("agentrun-tenancy-team-a", "team-a", team),
+                _binding("other", "x", None, policy="agentrun-decisions")]
+    assert t.binding_params(bindings, {}) == ["default"]
+    assert t.binding_params(bindings, {t.NAMESPACE_LABEL: "team-a"}) == ["team-a"]
+    # a label naming no team binding keeps the default: no namespace escapes by its label
+    assert t.binding_params(bindings, {t.NAMESPACE_LABEL: "typo"}) == ["default"]
+
+
+@pytest.mark.parametrize("selector,labels,want", [
+    (None, {}, True), ({}, {"a": "1"}, True),
+    ({"matchLabels": {"a": "1"}}, {"a": "1"}, True), ({"matchLabels": {"a": "1"}}, {"a": "2"}, False),
+    ({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1", "2"]}]}, {"a": "2"}, True),
+    ({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1"]}]}, {}, False),
+    ({"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]}, {}, True),
+    ({"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]}, {"a": "1"}, False),
+    ({"matchExpressions": [{"key": "a", "operator": "Exists"}]}, {"a": ""}, True),
+    ({"matchExpressions": [{"key": "a", "operator": "DoesNotExist"}]}, {"a": ""}, False),
+])
+def test_selector_matches(selector, labels, want):
+    assert t.selector_matches(selector, labels) is want
+
+
+def test_check_all_refuses_when_a_named_policy_is_missing_and_names_every_policy():
+    spec = _spec(next(c for c in TABLE["cases"] if c["name"] == "image-not-allowed"))
+    got = t.check_all(spec, {"strict": STRICT, "gone": None, "loose": ALLOW_ALL})
+    assert not got.ok
+    assert got.message.startswith("AgentRunPolicy gone: spec \"\" cannot be checked: AgentRunPolicy gone")
+    assert "AgentRunPolicy strict: spec.agent.image" in got.message and "loose" not in got.message
+    assert t.check_all(spec, {"loose": ALLOW_ALL}).ok
+    assert t.check_all(spec, {}).ok  # no binding selects the namespace: nothing to enforce
+
+
+@pytest.mark.parametrize("url, want", [
+    ("https://api.openai.com/v1", ("https", "api.openai.com")),
+    ("https://API.OpenAI.com/v1", ("https", "api.openai.com")),
+    ("https://u:p@api.openai.com/", ("https", "api.openai.com")),
+    ("https://api.openai.com@exfil.example.net/", ("https", "exfil.example.net")),
+    ("https://exfil.example.net?@api.openai.com/", ("https", "exfil.example.net")),  # query cut first
+    ("https://exfil.example.net#@api.openai.com/", ("https", "")),  # '#' in the authority: invalid
+    ("https://api.openai.com\\@exfil.example.net/", ("https", "")),  # backslash: invalid
+    ("https://api.openai.com:99999/", ("https", "api.openai.com")),  # Go checks digits, not range
+    ("https://api.openai.com:44x/", ("https", "")),
+    ("https://[fe80::1%25eth0]:443/", ("https", "fe80::1%eth0")),
+    ("https://[10.20.1.5]/", ("https", "")),  # an IP-literal must be IPv6
+    ("https://BÜCHER.example/", ("https", "bÜcher.example")),  # lowerAscii
+    ("https://%61pi.openai.com/", ("https", "")),
+])
+def test_split_url_reads_hosts_like_the_api_servers_url(url, want):
+    """Each pair agrees with the API server's url() (tests/e2e/test_tenancy_policy.py PARSER_PROBES)."""
+    assert t.split_url(url) == want
