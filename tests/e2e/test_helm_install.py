@@ -89,7 +89,16 @@ def forbidden_requests(log_text: str) -> list[str]:
     With exact ``watchNamespaces`` the operator disables Kopf's scanning, so Kopf no longer lists
     namespaces at the cluster scope (it used to: eight 403s and ~55 s before the watches started).
     """
-    return [ln for ln in log_text.splitlines() if "403" in ln or "forbidden" in ln.lower()]
+    refused = re.compile(r"(?<![\d.:])403(?!\d)|forbidden", re.IGNORECASE)
+
+    def text(line: str) -> str:  # a JSON log line's message, not its timestamp (".403+00:00")
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            return line
+        return f"{doc.get('msg', '')} {doc.get('error', '')}" if isinstance(doc, dict) else line
+
+    return [ln for ln in log_text.splitlines() if refused.search(text(ln))]
 
 
 class HelmEnv:
