@@ -19,9 +19,10 @@ from typing import Any
 
 import boto3
 import pytest
-from agentrun.checkpoint.codec import encode_object, inflate
 from e2e_support import ToolGate
 from test_operator_e2e import ROOT, Env, _diagnostics_on_failure, _gated, _one_job_per_attempt, _wait  # noqa: F401
+
+from agentrun.checkpoint.codec import encode_object, inflate
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 
 import click
 
+from agentrun.api.contract import FAILURE_LOG_MESSAGES, Env
 from agentrun.checkpoint.errors import CheckpointError
 from agentrun.checkpoint.store import CheckpointStore, StoreConfig
 from agentrun.lap.config import log_format, parse_env, parse_identity
@@ -21,7 +22,7 @@ from agentrun.lap.logs import LapLogger, redact
 from agentrun.lap.models import API_KEY_ENV
 from agentrun.lap.runner import EXIT_PERMANENT, execute_lap, exit_for, report_failure
 
-CRASH_ENV = "AGENTRUN_TEST_CRASH_AT"
+CRASH_ENV = Env.TEST_CRASH_AT
 """TEST HOOK: kill this process with SIGKILL at a named point of the lap (see docs/lap-runner.md)."""
 
 
@@ -40,10 +41,10 @@ def crash_hook(env: Mapping[str, str]) -> Callable[[str], None]:
 def run_from_env(env: Mapping[str, str]) -> int:
     """Parse the environment, run the lap, return the exit code."""
     context: dict[str, object] = {
-        "namespace": env.get("AGENTRUN_NAMESPACE", ""),
-        "name": env.get("AGENTRUN_NAME", ""),
-        "lap": env.get("AGENTRUN_LAP", ""),
-        "attempt": env.get("AGENTRUN_ATTEMPT", "1"),
+        "namespace": env.get(Env.NAMESPACE, ""),
+        "name": env.get(Env.NAME, ""),
+        "lap": env.get(Env.LAP, ""),
+        "attempt": env.get(Env.ATTEMPT, "1"),
     }
     log = LapLogger(context, fmt=log_format(env), secrets=[env.get(API_KEY_ENV, "")])
     store: CheckpointStore | None = None
@@ -55,7 +56,7 @@ def run_from_env(env: Mapping[str, str]) -> int:
     except (LapError, CheckpointError) as e:
         message = redact(str(e), log.secrets)
         code = EXIT_PERMANENT if isinstance(e, LapError) else exit_for(e)
-        log("lap configuration refused", level="error", exit_code=code, error=message)
+        log(FAILURE_LOG_MESSAGES[1], level="error", exit_code=code, error=message)
         _report_config_failure(env, code, message, log)
         return code
     log.context.update(lap=cfg.lap, attempt=cfg.attempt)
@@ -71,7 +72,7 @@ def _report_config_failure(env: Mapping[str, str], code: int, message: str, log:
         store = CheckpointStore(StoreConfig.from_env(env))
     except Exception:
         return
-    report_failure(store, run, lap, attempt, code, message, env.get("AGENTRUN_AGENT_VERSION") or None, log)
+    report_failure(store, run, lap, attempt, code, message, env.get(Env.AGENT_VERSION) or None, log)
 
 
 @click.command("lap")

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from decimal import Decimal
 
+from agentrun.api.contract import Env
 from agentrun.api.spec import AgentRunSpec, ModelPricing
 from agentrun.api.types import format_usd
 from agentrun.checkpoint.schema import Usage
 from agentrun.lap.interfaces import Model
 
-API_KEY_ENV = "AGENTRUN_MODEL_API_KEY"
-SCRIPT_FILE_ENV = "AGENTRUN_SCRIPT_FILE"
+API_KEY_ENV = Env.MODEL_API_KEY
+SCRIPT_FILE_ENV = Env.SCRIPT_FILE
 _MILLION = Decimal(1_000_000)
 
 

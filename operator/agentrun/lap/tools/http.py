@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from agentrun.api.contract import TOOL_HEADERS_PREFIX, tool_headers_env
 from agentrun.api.spec import ToolSpec
 from agentrun.api.types import parse_duration
 from agentrun.lap.errors import ConfigError, RetryableLapError
@@ -32,7 +33,7 @@ from agentrun.lap.interfaces import ToolOutcome
 if TYPE_CHECKING:
     import httpx
 
-HEADERS_ENV_PREFIX = "AGENTRUN_TOOL_HEADERS_"
+HEADERS_ENV_PREFIX = TOOL_HEADERS_PREFIX
 DEFAULT_RESULT_MAX_BYTES = 16384
 TRUNCATION_MARKER = "[agentrun: result truncated"
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
@@ -40,7 +41,7 @@ RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
 
 def headers_env_name(tool: str) -> str:
     """``AGENTRUN_TOOL_HEADERS_<TOOL>``: upper-cased, ``-`` -> ``_``."""
-    return HEADERS_ENV_PREFIX + tool.upper().replace("-", "_")
+    return tool_headers_env(tool)
 
 
 def tool_headers_from_env(tools: list[ToolSpec], env: Mapping[str, str]) -> dict[str, dict[str, str]]:
