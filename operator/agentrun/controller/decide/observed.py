@@ -130,3 +130,5 @@ class Observed:
     into status.store before the run's first Job, never used after that."""
     store_error: str | None = None
     """Why there is no ``resolved_store`` (no URI anywhere)."""
+    store_retry_seconds: float = 10.0
+    """AGENTRUN_STORE_RETRY_SECONDS: how soon a run whose store is unavailable is looked at again."""

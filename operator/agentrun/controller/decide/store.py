@@ -12,8 +12,6 @@ from .actions import Decision, ProbeStore, RequeueAfter
 from .context import Ctx, condition
 from .observed import ObservedJob
 
-STORE_RETRY_SECONDS = 10.0
-
 _STORE_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
 
 
@@ -71,14 +69,14 @@ def pin_store(c: Ctx) -> Decision:
 def store_unavailable(c: Ctx, phase: str, prefix: str, error: str | None,
                       lap: int | None = None, attempt: int | None = None) -> Decision:
     """The store cannot be reached: say so once (the Progressing condition remembers it: one Warning
-    Event per outage and step, not one per requeue) and come back in STORE_RETRY_SECONDS."""
+    Event per outage and step, not one per requeue) and come back in ``Observed.store_retry_seconds``."""
     progressing = condition(c.st, ConditionType.PROGRESSING)
     if not (progressing is not None and progressing.reason == Reason.STORE_UNAVAILABLE
             and progressing.message.startswith(prefix)):
         msg = f"{prefix}{error}"
         c.phase(phase, Reason.STORE_UNAVAILABLE, msg)
         c.event("Warning", Reason.STORE_UNAVAILABLE, msg, lap, attempt)
-    c.act(RequeueAfter(STORE_RETRY_SECONDS))
+    c.act(RequeueAfter(max(0.5, c.o.store_retry_seconds)))
     return c.finish()
 
 
