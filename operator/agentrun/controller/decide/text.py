@@ -8,33 +8,10 @@ import re
 
 from agentrun.api.approval import MAX_DECIDED_BY_CHARS, MAX_REASON_CHARS, SHA256_HEX_CHARS
 from agentrun.api.contract import FAILURE_LOG_ERROR_FIELD, FAILURE_LOG_MESSAGES
+from agentrun.api.text import escape_controls, truncate
 from agentrun.api.types import redact_url
 
-
-def truncate(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-# ----------------------------------------------------------------------------- bounds of user input
-
-# C0 and C1 controls, DEL, line/paragraph separators and the bidirectional overrides (which make a
-# terminal show text in another order than it is stored).
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _SHA256 = re.compile(f"^[0-9a-f]{{{SHA256_HEX_CHARS}}}$")
-_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def escape_controls(text: str) -> tuple[str, int]:
-    """``text`` with every control character written as an escape (``\\n``, ``\\x1b``, ``\\u202e``),
-    and how many there were: safe for status, Events, logs and terminals."""
-
-    def esc(m: re.Match[str]) -> str:
-        ch = m.group()
-        if ch in _NAMED_ESCAPES:
-            return _NAMED_ESCAPES[ch]
-        return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
-
-    return _CONTROL.subn(esc, text)
 
 
 def shown(value: str, limit: int = 64) -> str:
