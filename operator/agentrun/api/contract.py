@@ -132,3 +132,24 @@ def journal_object(lap: int, name: str) -> str:
 def attempt_object(lap: int, attempt: int) -> str:
     """``attempts/<lap:08d>-<attempt:03d>.json``: the failure report of a lap attempt (best effort)."""
     return f"{ATTEMPTS_DIR}{lap:08d}-{attempt:03d}.json"
+
+
+def describe() -> str:
+    """The contract as text (``python -m agentrun.api.contract``): what docs/contracts.md points at."""
+    out = ["Lap Job environment (operator -> runner):"]
+    out += [f"  {e.value:<34} Env.{e.name}" for e in Env]
+    out.append(f"  {TOOL_HEADERS_PREFIX + '<TOOL>':<34} tool_headers_env(tool)")
+    out.append("Exit codes (runner -> operator):")
+    out += [f"  {c.value:<4} ExitCode.{c.name}" for c in ExitCode]
+    out.append("Attempt report reasons (attempts/...):")
+    out += [f"  {r.value:<24} AttemptReason.{r.name}" for r in AttemptReason]
+    out.append("Store layout, under " + run_prefix("PREFIX", "<namespace>", "<name>", "<uid>") + ":")
+    out += [f"  {lap_object(1)}", f"  {snapshot_object(10)}", f"  {journal_object(1, 'model')}",
+            f"  {attempt_object(1, 1)}"]
+    out.append("Failure log line (termination message): msg in " + ", ".join(repr(m) for m in FAILURE_LOG_MESSAGES)
+               + f", cause in field {FAILURE_LOG_ERROR_FIELD!r}")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(describe())
