@@ -14,6 +14,7 @@ This module imports nothing but the standard library: the lap imports it at star
 
 from __future__ import annotations
 
+import re
 from enum import IntEnum, StrEnum
 
 
@@ -71,6 +72,11 @@ APPROVAL_DECISIONS: tuple[str, ...] = ("approved", "rejected", "timed-out")
 def tool_headers_env(tool: str) -> str:
     """``AGENTRUN_TOOL_HEADERS_<TOOL>`` of a tool's ``http.headersSecretRef``: upper-cased, ``-`` -> ``_``."""
     return TOOL_HEADERS_PREFIX + tool.upper().replace("-", "_")
+
+
+CALL_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""A tool call id as the lap journals it (``journal/<lap>/tool-<callId>.json``) and as a decision
+names it (annotation ``agentrun.dev/call-id``)."""
 
 
 class AttemptReason(StrEnum):

@@ -68,7 +68,7 @@ def parse_decision(env: Mapping[str, str]) -> ApprovalDecision | None:
         raise ConfigError(f"{Env.APPROVAL_DECISION} must be one of {', '.join(DECISIONS)}, got {raw[:40]!r}")
     return ApprovalDecision(
         call_id=env.get(Env.APPROVAL_CALL_ID, "").strip(),
-        decision=raw,  # type: ignore[arg-type]
+        decision=raw,
         reason=env.get(Env.APPROVAL_REASON) or None,
         decided_by=env.get(Env.APPROVAL_BY) or None,
     )

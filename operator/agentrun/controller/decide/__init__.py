@@ -37,6 +37,8 @@ Invariants (tested with hypothesis in tests/controller):
 
 from __future__ import annotations
 
+from agentrun.api.text import escape_controls, truncate
+
 from ..jobs import ApprovalEnv, job_name
 from .actions import (
     FINALIZER,
@@ -74,16 +76,7 @@ from .observed import (
 )
 from .retries import MAX_RETRY_ENTRIES, backoff_seconds, classify_failure, next_lap_attempt
 from .store import pinned_store, store_uri_of_checkpoint
-from .text import (
-    MAX_CAUSE_CHARS,
-    bounded_decider,
-    bounded_reason,
-    escape_controls,
-    lap_cause,
-    redact_secrets,
-    shown,
-    truncate,
-)
+from .text import MAX_CAUSE_CHARS, bounded_decider, bounded_reason, lap_cause, redact_secrets, shown
 
 # Names of the single-module decide.py that callers used; kept so they keep working.
 _Ctx = StatusWriter

@@ -17,15 +17,16 @@ from agentrun.api.approval import (
     SHA256_HEX_CHARS,
     arguments_sha256,
 )
+from agentrun.api.contract import CALL_ID_PATTERN
 from agentrun.api.reasons import Reason
 from agentrun.api.status import AgentRunStatus, ApprovalStatus
-from agentrun.lap.keys import CALL_ID_PATTERN
+from agentrun.api.text import escape_controls, truncate
 
 from ..jobs import ApprovalEnv, approval_annotation
 from .actions import Decision, ReadCheckpoint, RemoveAnnotations
 from .context import Ctx, StatusWriter
 from .observed import ObservedJob
-from .text import _SHA256, bounded_decider, bounded_reason, escape_controls, shown, truncate
+from .text import _SHA256, bounded_decider, bounded_reason, shown
 
 
 def take_decision(c: Ctx) -> tuple[Decision | None, bool]:

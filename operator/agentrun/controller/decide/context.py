@@ -13,10 +13,10 @@ from typing import Literal
 from agentrun.api.reasons import ConditionType, Reason
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import TERMINAL_PHASES, AgentRunStatus, Condition
+from agentrun.api.text import truncate
 
 from .actions import Action, Decision, Event, PatchStatus
 from .observed import Observed
-from .text import truncate
 
 CONDITION_TYPES: tuple[str, ...] = tuple(ConditionType)
 MAX_MESSAGE_CHARS = 4096
@@ -69,7 +69,7 @@ def conditions_for(st: AgentRunStatus, phase: str, reason: str, message: str, ge
     by_type = {c.type: c for c in st.conditions}
     conds = []
     for ctype in ConditionType:
-        value = "True" if truth[ctype] else "False"
+        value: Literal["True", "False"] = "True" if truth[ctype] else "False"
         old = by_type.get(ctype)
         if truth[ctype] or ctype is ConditionType.PROGRESSING:
             why, text = reason, message

@@ -10,12 +10,12 @@ from decimal import Decimal, InvalidOperation
 from agentrun.api.approval import arguments_sha256
 from agentrun.api.reasons import Reason
 from agentrun.api.status import ApprovalStatus, CheckpointRef, CostStatus
+from agentrun.api.text import truncate
 from agentrun.api.types import format_usd, parse_duration
 from agentrun.checkpoint.schema import Outcome, PendingApproval, Totals
 
 from .actions import DeleteRun, RequeueAfter
 from .context import Ctx, StatusWriter
-from .text import truncate
 
 MAX_ARGUMENTS_CHARS = 4096
 

@@ -9,6 +9,7 @@ from decimal import Decimal
 from agentrun.api.contract import AttemptReason, ExitCode
 from agentrun.api.reasons import LapOutcome, Reason, RetryReason
 from agentrun.api.status import TERMINAL_PHASES, ActiveJob, CheckpointRef, StorageStatus
+from agentrun.api.text import truncate
 from agentrun.checkpoint.schema import LapRecord
 
 from ..jobs import job_name
@@ -19,7 +20,6 @@ from .finish import apply_outcome, record_checkpoint
 from .observed import CheckpointRead, ObservedJob
 from .retries import classify_failure, job_cause, next_lap_attempt, record_retry
 from .store import store_unavailable
-from .text import truncate
 
 POD_CONFIG_RETRY_SECONDS = 15.0
 

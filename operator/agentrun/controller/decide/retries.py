@@ -9,12 +9,13 @@ from agentrun.api.contract import ExitCode
 from agentrun.api.reasons import LapOutcome, Reason, RetryReason
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentRunStatus, LapRetries
+from agentrun.api.text import truncate
 from agentrun.api.types import parse_duration
 
 from .actions import Decision, LapFinished, LapRetried
 from .context import Ctx
 from .observed import ObservedJob
-from .text import lap_cause, truncate
+from .text import lap_cause
 
 MAX_RETRY_ENTRIES = 20
 MAX_LAST_REASON_CHARS = 512
@@ -33,8 +34,8 @@ def next_lap_attempt(status: AgentRunStatus) -> tuple[int, int]:
 def backoff_seconds(spec: AgentRunSpec, failed_attempt: int) -> float:
     """Delay after the ``failed_attempt``-th failed attempt: initial * factor^(n-1), capped."""
     b = spec.retry.backoff
-    delay = parse_duration(b.initial) * (b.factor ** max(0, failed_attempt - 1))
-    return min(delay, parse_duration(b.max))
+    delay = parse_duration(b.initial) * (float(b.factor) ** max(0, failed_attempt - 1))
+    return float(min(delay, parse_duration(b.max)))
 
 
 def job_cause(job: ObservedJob) -> str | None:

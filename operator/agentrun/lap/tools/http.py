@@ -22,7 +22,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentrun.api.contract import TOOL_HEADERS_PREFIX, tool_headers_env
 from agentrun.api.spec import ToolSpec
@@ -140,7 +140,7 @@ class HTTPToolRunner:
             if status_code in RETRYABLE_STATUS or status_code >= 500:
                 last = f"returned HTTP {status_code}"
                 continue
-            status = "ok" if 200 <= status_code < 300 else "error"
+            status: Literal["ok", "error"] = "ok" if 200 <= status_code < 300 else "error"
             text = body if status == "ok" else f"HTTP {status_code}: {body}"
             if truncated:
                 limit = tool.http.max_result_bytes
