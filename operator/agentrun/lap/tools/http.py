@@ -117,13 +117,13 @@ class HTTPToolRunner:
 
     def _http(self) -> httpx.Client:
         if self._client is None:
-            import httpx
+            from agentrun.lap.httpx_lite import httpx
 
             self._client = httpx.Client(follow_redirects=False)
         return self._client
 
     def call(self, tool: ToolSpec, arguments: dict[str, Any], idempotency_key: str) -> ToolOutcome:
-        import httpx
+        from agentrun.lap.httpx_lite import httpx
 
         last = ""
         for attempt in range(1, self._tries + 1):
