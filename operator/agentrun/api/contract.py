@@ -63,6 +63,8 @@ class Env(StrEnum):
     """Scripted provider only: a YAML file of responses (demos)."""
     TEST_CRASH_AT = "AGENTRUN_TEST_CRASH_AT"
     """Test hook only: the runner SIGKILLs itself at a named point of the lap."""
+    TERMINATION_MESSAGE_PATH = "AGENTRUN_TERMINATION_MESSAGE_PATH"
+    """Optional: where the runner writes the cause of a failure (default :data:`TERMINATION_MESSAGE_PATH`)."""
 
 
 TOOL_HEADERS_PREFIX = "AGENTRUN_TOOL_HEADERS_"
@@ -98,6 +100,11 @@ FAILURE_LOG_MESSAGES: tuple[str, ...] = ("lap failed", "lap configuration refuse
 (already redacted). The lap Job's ``terminationMessagePolicy: FallbackToLogsOnError`` makes the log
 tail the pod's termination message, where the operator reads it."""
 FAILURE_LOG_ERROR_FIELD = "error"
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+"""The container's ``terminationMessagePath`` (Kubernetes' default). On a failed lap the runner writes
+the cause there, one line (redacted, at most :data:`MAX_TERMINATION_MESSAGE_CHARS`), when the file
+exists (the kubelet creates it); the kubelet then reports that line instead of the log tail."""
+MAX_TERMINATION_MESSAGE_CHARS = 1024
 
 # -- the store layout -----------------------------------------------------------------------------
 

@@ -13,7 +13,13 @@ from collections.abc import Callable, Mapping
 
 import click
 
-from agentrun.api.contract import FAILURE_LOG_MESSAGES, Env
+from agentrun.api.contract import (
+    FAILURE_LOG_MESSAGES,
+    MAX_TERMINATION_MESSAGE_CHARS,
+    TERMINATION_MESSAGE_PATH,
+    Env,
+    ExitCode,
+)
 from agentrun.checkpoint.errors import CheckpointError
 from agentrun.checkpoint.store import CheckpointStore, StoreConfig
 from agentrun.lap.config import log_format, parse_env, parse_identity
@@ -38,8 +44,33 @@ def crash_hook(env: Mapping[str, str]) -> Callable[[str], None]:
     return crash
 
 
+def write_termination_message(message: str, path: str) -> bool:
+    """Best effort: the cause of a failed lap, one line, into the container's termination message
+    file when it exists (the kubelet creates it; never outside a pod). True if written."""
+    line = (message.strip().splitlines() or [""])[0]
+    if len(line) > MAX_TERMINATION_MESSAGE_CHARS:
+        line = line[: MAX_TERMINATION_MESSAGE_CHARS - 1] + "…"
+    if not line or not os.path.isfile(path):
+        return False
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(line + "\n")
+    except OSError:
+        return False
+    return True
+
+
 def run_from_env(env: Mapping[str, str]) -> int:
-    """Parse the environment, run the lap, return the exit code."""
+    """Parse the environment, run the lap, return the exit code (a failure's cause also goes to the
+    termination message file)."""
+    termination_path = env.get(Env.TERMINATION_MESSAGE_PATH) or TERMINATION_MESSAGE_PATH
+    code, message = _run(env)
+    if code not in (ExitCode.OK, ExitCode.ALREADY_CHECKPOINTED):
+        write_termination_message(message, termination_path)
+    return code
+
+
+def _run(env: Mapping[str, str]) -> tuple[int, str]:
     context: dict[str, object] = {
         "namespace": env.get(Env.NAMESPACE, ""),
         "name": env.get(Env.NAME, ""),
@@ -58,11 +89,11 @@ def run_from_env(env: Mapping[str, str]) -> int:
         code = EXIT_PERMANENT if isinstance(e, LapError) else exit_for(e)
         log(FAILURE_LOG_MESSAGES[1], level="error", exit_code=code, error=message)
         _report_config_failure(env, code, message, log)
-        return code
+        return code, message
     log.context.update(lap=cfg.lap, attempt=cfg.attempt)
     log("lap starting", agent_version=cfg.agent_version, decision=cfg.decision.decision if cfg.decision else None)
     result = execute_lap(cfg, store, env, log, crash=crash_hook(env))
-    return result.code
+    return result.code, result.message
 
 
 def _report_config_failure(env: Mapping[str, str], code: int, message: str, log: LapLogger) -> None:
