@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from agentrun.api.contract import Env, tool_headers_env
+from agentrun.api.contract import TERMINATION_MESSAGE_PATH, Env, tool_headers_env
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import StoreLocation
 from agentrun.api.types import parse_duration, redact_url
@@ -233,6 +233,8 @@ def build_job(
         "command": list(config.lap_command),
         "env": build_env(run, spec, lap, attempt, agent_version, config, approval, store),
         "resources": resources,
+        # the runner writes a failure's cause there; the log tail when it could not (a crash)
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "runAsNonRoot": True,
