@@ -360,6 +360,7 @@ def test_s3_refusing_the_credentials_exits_2_naming_the_secret_not_the_key() -> 
 
 def test_a_failed_lap_writes_its_cause_as_one_line_into_the_termination_message_file(tmp_path):
     from agentrun.api.contract import Env
+    from agentrun.controller.decide import lap_cause
     from agentrun.lap.cli import run_from_env, write_termination_message
 
     path = tmp_path / "termination-log"
@@ -367,8 +368,13 @@ def test_a_failed_lap_writes_its_cause_as_one_line_into_the_termination_message_
     env = {"AGENTRUN_NAMESPACE": "ns", "AGENTRUN_NAME": "r", "AGENTRUN_UID": "u", "AGENTRUN_LAP": "1",
            Env.TERMINATION_MESSAGE_PATH: str(path)}
     assert run_from_env(env) == 2
-    assert path.read_text() == "AGENTRUN_SPEC is not set\n"
-    assert write_termination_message("first line\nsecond line", str(path)) and path.read_text() == "first line\n"
-    assert write_termination_message("x" * 5000, str(path)) and len(path.read_text()) == 1025
+    written = path.read_text()
+    assert written.count("\n") == 1 and json.loads(written) == {"msg": "lap failed", "error": "AGENTRUN_SPEC is not set"}
+    # the operator reads the cause from it as from the log tail
+    assert lap_cause(written) == "AGENTRUN_SPEC is not set"
+    assert write_termination_message("first line\nsecond line", str(path))
+    assert json.loads(path.read_text())["error"] == "first line"
+    assert write_termination_message("é" * 5000, str(path)) and len(path.read_bytes()) < 4096
+    assert len(json.loads(path.read_text())["error"]) == 900
     missing = tmp_path / "no-such-file"
     assert not write_termination_message("cause", str(missing)) and not missing.exists()

@@ -102,9 +102,12 @@ tail the pod's termination message, where the operator reads it."""
 FAILURE_LOG_ERROR_FIELD = "error"
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 """The container's ``terminationMessagePath`` (Kubernetes' default). On a failed lap the runner writes
-the cause there, one line (redacted, at most :data:`MAX_TERMINATION_MESSAGE_CHARS`), when the file
-exists (the kubelet creates it); the kubelet then reports that line instead of the log tail."""
-MAX_TERMINATION_MESSAGE_CHARS = 1024
+there, when the file exists (the kubelet creates it), the same JSON line as its last log line
+(``{"msg": "lap failed", "error": <cause>}``, the cause one line, redacted, at most
+:data:`MAX_TERMINATION_MESSAGE_CHARS`); the kubelet then reports that line instead of the log tail,
+and a reader of either finds the cause the same way."""
+MAX_TERMINATION_MESSAGE_CHARS = 900
+"""Characters of the cause in the termination message (UTF-8: within the kubelet's 4096 bytes)."""
 
 # -- the store layout -----------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ Exit codes (docs/contracts.md): 0 checkpoint written; 3 lap already checkpointed
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -14,6 +15,7 @@ from collections.abc import Callable, Mapping
 import click
 
 from agentrun.api.contract import (
+    FAILURE_LOG_ERROR_FIELD,
     FAILURE_LOG_MESSAGES,
     MAX_TERMINATION_MESSAGE_CHARS,
     TERMINATION_MESSAGE_PATH,
@@ -46,7 +48,8 @@ def crash_hook(env: Mapping[str, str]) -> Callable[[str], None]:
 
 def write_termination_message(message: str, path: str) -> bool:
     """Best effort: the cause of a failed lap, one line, into the container's termination message
-    file when it exists (the kubelet creates it; never outside a pod). True if written."""
+    file when it exists (the kubelet creates it; never outside a pod), as the JSON line the runner
+    logs last (``{"msg": "lap failed", "error": ...}``). True if written."""
     line = (message.strip().splitlines() or [""])[0]
     if len(line) > MAX_TERMINATION_MESSAGE_CHARS:
         line = line[: MAX_TERMINATION_MESSAGE_CHARS - 1] + "…"
@@ -54,7 +57,8 @@ def write_termination_message(message: str, path: str) -> bool:
         return False
     try:
         with open(path, "w", encoding="utf-8") as f:
-            f.write(line + "\n")
+            f.write(json.dumps({"msg": FAILURE_LOG_MESSAGES[0], FAILURE_LOG_ERROR_FIELD: line},
+                               ensure_ascii=False) + "\n")
     except OSError:
         return False
     return True
