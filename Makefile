@@ -8,7 +8,7 @@ help:
 	@echo "make install   - pip install the project with test extras"
 	@echo "make test      - run the whole test suite (unit, S3 integration, e2e on a local control plane)"
 	@echo "make dev       - local control plane + S3 + operator + an example run"
-	@echo "make lint      - ruff (run by make test)"
+	@echo "make lint      - ruff, mypy --strict (api, checkpoint, decide, jobs, lap), import-linter (run by make test)"
 	@echo "make crds      - regenerate crds/ from the pydantic models"
 	@echo "make bench     - run every benchmark, write bench/results.md and plots (not a test)"
 
@@ -18,8 +18,14 @@ install:
 test: install lint
 	$(PYTHON) -m pytest
 
+# mypy --strict on the typed layers, and the import-linter contracts of .importlinter
+TYPED = operator/agentrun/api operator/agentrun/checkpoint operator/agentrun/controller/decide \
+	operator/agentrun/controller/jobs.py operator/agentrun/lap
+
 lint:
 	$(PYTHON) -m ruff check operator tests bench e2e tools
+	$(PYTHON) -m mypy $(TYPED)
+	$(PYTHON) -c "from importlinter.cli import lint_imports_command; lint_imports_command()"
 
 test-unit: install
 	AGENTRUN_SKIP_E2E=1 $(PYTHON) -m pytest -m 'not e2e'

@@ -48,8 +48,8 @@ def test_run_rows_and_table():
     assert rows[2]["waitingOn"] == "ops" and rows[2]["secondsSinceCheckpoint"] == 65
     lines = rn.format_runs(rows).splitlines()
     assert lines[0].split() == list(rn.COLUMNS)
-    assert lines[1].split() == ["c", "Running", "3", "2h", "$1.25", "<none>"]
-    assert lines[3].split() == ["b", "AwaitingApproval", "3", "1m5s", "$1.25", "ops"]
+    assert lines[1].split() == ["c", "Running", "3", "2h", "$1.25", "<none>", "<none>"]
+    assert lines[3].split() == ["b", "AwaitingApproval", "3", "1m5s", "$1.25", "ops", "<none>"]
     assert rn.format_runs(rows, with_namespace=True).splitlines()[0].split()[:2] == ["NAMESPACE", "NAME"]
 
 
@@ -57,10 +57,28 @@ def test_runs_json_and_yaml_shapes():
     rows = rn.run_rows([run("a")], NOW)
     doc = json.loads(rn.render(rows, "json", False))
     assert set(doc[0]) == {"namespace", "name", "phase", "lap", "lastCheckpointTime", "secondsSinceCheckpoint",
-                           "costUSD", "waitingOn", "agentVersion", "forkedFrom", "message"}
+                           "costUSD", "waitingOn", "agentVersion", "forkedFrom", "message", "cause"}
     import yaml
 
     assert yaml.safe_load(rn.render(rows, "yaml", False)) == doc
+
+
+def test_runs_show_the_cause_of_a_failing_or_retrying_run_on_one_bounded_line():
+    cause = "RetryableError: model endpoint http://m:8080/v1 unreachable (ConnectError)"
+    retrying = run("r", phase="Retrying", lap=2, message="lap 3 attempt 1 failed (...)",
+                   retries=[{"lap": 2, "retries": 1, "lastReason": "old"}, {"lap": 3, "retries": 1, "lastReason": cause}])
+    failed = run("f", phase="Failed", message="lap 1 \x1b[2Jfailed; last: " + cause + "\n" + "x" * 300)
+    held = run("h", phase="Pending", conditions=[{"type": "Progressing", "status": "True", "reason": "SecretMissing",
+                                                  "message": "lap 1 attempt 1 cannot start: Secret 'k' does not exist"}])
+    rows = {r["name"]: r for r in rn.run_rows([retrying, failed, held, run("ok")], NOW)}
+    assert rows["r"]["cause"] == cause and rows["ok"]["cause"] is None
+    assert rows["h"]["cause"].endswith("Secret 'k' does not exist")
+    lines = rn.format_runs(list(rows.values())).splitlines()
+    assert len(lines) == 5  # one line per run: the cause's newline and escape are escaped
+    (f_line,) = [ln for ln in lines if ln.startswith("f ")]
+    assert "last: RetryableError: model endpoint" in f_line and "\x1b[" not in f_line and "\\x1b[" in f_line
+    assert len(f_line.split("   lap 1 ", 1)[1]) < rn.MAX_CAUSE_COLUMN
+    assert any(ln.startswith("r ") and ln.rstrip().endswith("(ConnectError)") for ln in lines)
 
 
 # ---------------------------------------------------------------------------- store resolution

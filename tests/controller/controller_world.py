@@ -212,9 +212,10 @@ class World:
         state = "succeeded" if exit_code == 0 else "failed"
         self.jobs[j.name] = dataclasses.replace(j, state=state, exit_code=exit_code)
 
-    def fail_job(self, exit_code: int | None = 75, reason: str | None = None) -> None:
+    def fail_job(self, exit_code: int | None = 75, reason: str | None = None, **kw: Any) -> None:
+        """The active Job fails; ``kw``: more ObservedJob fields (``termination_message``, ``message``)."""
         j = self.active()
-        self.jobs[j.name] = dataclasses.replace(j, state="failed", exit_code=exit_code, reason=reason)
+        self.jobs[j.name] = dataclasses.replace(j, state="failed", exit_code=exit_code, reason=reason, **kw)
 
     def reasons(self) -> list[str]:
         return [e.reason for e in self.events]

@@ -60,6 +60,7 @@ def test_job_shape():
     assert pod["serviceAccountName"] == "agentrun-lap"
     (c,) = pod["containers"]
     assert c["command"] == ["agentrun", "lap"] and c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert c["terminationMessagePath"] == "/dev/termination-log"  # where the runner writes a failure's cause
     sc = c["securityContext"]
     assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc["seccompProfile"] == {"type": "RuntimeDefault"}

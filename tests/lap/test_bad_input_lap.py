@@ -356,3 +356,25 @@ def test_s3_refusing_the_credentials_exits_2_naming_the_secret_not_the_key() -> 
     msg = failed[0]["error"]
     assert "HTTP 403" in msg and "refused the credentials from Secret 's3-creds'" in msg, msg
     assert secret_value not in p.stderr and "AKIAWRONGKEY0000" not in p.stderr
+
+
+def test_a_failed_lap_writes_its_cause_as_one_line_into_the_termination_message_file(tmp_path):
+    from agentrun.api.contract import Env
+    from agentrun.controller.decide import lap_cause
+    from agentrun.lap.cli import run_from_env, write_termination_message
+
+    path = tmp_path / "termination-log"
+    path.write_text("")  # the kubelet creates the file; the runner never does
+    env = {"AGENTRUN_NAMESPACE": "ns", "AGENTRUN_NAME": "r", "AGENTRUN_UID": "u", "AGENTRUN_LAP": "1",
+           Env.TERMINATION_MESSAGE_PATH: str(path)}
+    assert run_from_env(env) == 2
+    written = path.read_text()
+    assert written.count("\n") == 1 and json.loads(written) == {"msg": "lap failed", "error": "AGENTRUN_SPEC is not set"}
+    # the operator reads the cause from it as from the log tail
+    assert lap_cause(written) == "AGENTRUN_SPEC is not set"
+    assert write_termination_message("first line\nsecond line", str(path))
+    assert json.loads(path.read_text())["error"] == "first line"
+    assert write_termination_message("é" * 5000, str(path)) and len(path.read_bytes()) < 4096
+    assert len(json.loads(path.read_text())["error"]) == 900
+    missing = tmp_path / "no-such-file"
+    assert not write_termination_message("cause", str(missing)) and not missing.exists()

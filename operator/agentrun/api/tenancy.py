@@ -43,7 +43,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, cast
 
 from pydantic import Field
 
@@ -505,7 +505,7 @@ class PolicyCheck:
 def check_all(spec: dict[str, Any], policies: dict[str, AgentRunPolicySpec | None]) -> PolicyCheck:
     """Check a spec against every applicable policy; a None policy (named by a binding, not found)
     refuses everything, like ``parameterNotFoundAction: Deny``."""
-    out = []
+    out: list[tuple[str, tuple[Violation, ...]]] = []
     for name in sorted(policies):
         p = policies[name]
         if p is None:
@@ -528,13 +528,14 @@ def load_policies(api: Any, namespace: str) -> dict[str, AgentRunPolicySpec | No
     core = client.CoreV1Api(api)
     adm = client.AdmissionregistrationV1Api(api)
     custom = client.CustomObjectsApi(api)
-    labels = core.read_namespace(namespace).metadata.labels or {}
+    meta = core.read_namespace(namespace).metadata
+    labels = (meta.labels if meta is not None else None) or {}
     bindings = [api.sanitize_for_serialization(b)
                 for b in adm.list_validating_admission_policy_binding().items]
     out: dict[str, AgentRunPolicySpec | None] = {}
     for name in binding_params(bindings, labels):
         try:
-            obj = custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+            obj = cast("dict[str, Any]", custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name))
         except client.ApiException as e:
             if e.status == 404:
                 out[name] = None

@@ -19,6 +19,7 @@ import json
 from typing import Any, Final
 
 import yaml
+from pydantic import BaseModel
 
 from . import tenancy as t
 from .crdgen import GROUP, PLURAL, _Dumper, structural, undocumented_fields
@@ -35,12 +36,12 @@ def _list(items: tuple[str, ...] | list[str]) -> str:
     return "[" + ", ".join(_lit(i) for i in items) + "]"
 
 
-def _default(model: type, field: str) -> Any:
+def _default(model: type[BaseModel], field: str) -> Any:
     f = model.model_fields[field]
-    return f.default_factory() if f.default_factory is not None else f.default  # type: ignore[call-arg]
+    return f.get_default(call_default_factory=True)
 
 
-def _param(section: str, model: type, field: str) -> str:
+def _param(section: str, model: type[BaseModel], field: str) -> str:
     """CEL: params.spec.<section>.<field alias>, or the model's default when unset."""
     alias = model.model_fields[field].alias or field
     dflt = _default(model, field)

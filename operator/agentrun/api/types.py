@@ -79,7 +79,7 @@ class APIModel(BaseModel):
         use_attribute_docstrings=True,
     )
 
-    def to_api(self) -> dict:
+    def to_api(self) -> dict[str, Any]:
         """The wire form (camelCase, no unset optional fields)."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 

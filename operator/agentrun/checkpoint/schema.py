@@ -23,15 +23,15 @@ from agentrun.api.types import APIModel
 SCHEMA_VERSION = 3
 """The schema version this code writes."""
 
-KEY_SCHEME_UID8 = "uid8"
+KeyScheme = Literal["uid8", "uid128"]
+KEY_SCHEME_UID8: KeyScheme = "uid8"
 """Idempotency keys ``r_<first 8 hex of the uid>:<lap>:<tool>:<callId>`` (schema versions 1-2; kept
 by runs that were checkpointed with them, so their keys never change)."""
-KEY_SCHEME_UID128 = "uid128"
+KEY_SCHEME_UID128: KeyScheme = "uid128"
 """Idempotency keys ``r_<the 32 hex of the uid>:<lap>:<tool>:<callId>`` (schema 3, new runs): unique
 across runs and tenants, not only within a run."""
-KEY_SCHEME = KEY_SCHEME_UID128
+KEY_SCHEME: KeyScheme = KEY_SCHEME_UID128
 """The key scheme a run starts with when nothing in its checkpoints says otherwise."""
-KeyScheme = Literal["uid8", "uid128"]
 
 
 class RunRef(APIModel):

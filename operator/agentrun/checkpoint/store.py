@@ -36,6 +36,8 @@ from botocore.exceptions import (
 )
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from agentrun.api import contract
+from agentrun.api.contract import Env
 from agentrun.api.types import redact_url
 from agentrun.checkpoint.codec import (
     ENCODING_GZIP,
@@ -144,17 +146,17 @@ class StoreConfig(BaseModel):
     ) -> StoreConfig:
         """Read ``AGENTRUN_CHECKPOINT_URI``, ``AGENTRUN_S3_ENDPOINT``, ``AGENTRUN_S3_REGION`` and
         ``AGENTRUN_S3_PATH_STYLE``; ``snapshot_every`` comes from the spec (default 10)."""
-        uri = env.get("AGENTRUN_CHECKPOINT_URI", "").strip()
+        uri = env.get(Env.CHECKPOINT_URI, "").strip()
         if not uri:
-            raise StoreConfigError("AGENTRUN_CHECKPOINT_URI is not set (expected s3://bucket/prefix)")
-        flag = env.get("AGENTRUN_S3_PATH_STYLE", "").strip().lower()
+            raise StoreConfigError(f"{Env.CHECKPOINT_URI} is not set (expected s3://bucket/prefix)")
+        flag = env.get(Env.S3_PATH_STYLE, "").strip().lower()
         if flag not in ("", "true", "false", "1", "0", "yes", "no"):
-            raise StoreConfigError(f"AGENTRUN_S3_PATH_STYLE must be true or false, got {flag!r}")
+            raise StoreConfigError(f"{Env.S3_PATH_STYLE} must be true or false, got {flag!r}")
         try:
             return cls(
                 uri=uri,
-                endpoint_url=env.get("AGENTRUN_S3_ENDPOINT", "").strip() or None,
-                region=env.get("AGENTRUN_S3_REGION", "").strip() or None,
+                endpoint_url=env.get(Env.S3_ENDPOINT, "").strip() or None,
+                region=env.get(Env.S3_REGION, "").strip() or None,
                 path_style=flag in ("true", "1", "yes"),
                 snapshot_every=snapshot_every if snapshot_every is not None else 10,
                 max_lap_bytes=max_lap_bytes,
@@ -162,7 +164,7 @@ class StoreConfig(BaseModel):
             )
         except ValidationError as e:
             err = e.errors()[0]
-            names = {"uri": "AGENTRUN_CHECKPOINT_URI", "endpoint_url": "AGENTRUN_S3_ENDPOINT"}
+            names = {"uri": str(Env.CHECKPOINT_URI), "endpoint_url": str(Env.S3_ENDPOINT)}
             field = names.get(str(err["loc"][0]), str(err["loc"][0])) if err["loc"] else "store config"
             raise StoreConfigError(f"{field}: {err['msg']}") from None
 
@@ -219,12 +221,11 @@ def run_prefix(prefix: str, run: RunRef) -> str:
         value = getattr(run, field)
         if not _SEGMENT.match(value):
             raise ValueError(f"run {field} {value!r} cannot be used in a checkpoint key")
-    head = f"{prefix}/" if prefix else ""
-    return f"{head}{run.namespace}/{run.name}/{run.uid}/"
+    return contract.run_prefix(prefix, run.namespace, run.name, run.uid)
 
 
 def _check_lap(lap: int) -> int:
-    if isinstance(lap, bool) or not isinstance(lap, int) or not 1 <= lap <= 99_999_999:
+    if isinstance(lap, bool) or not isinstance(lap, int) or not 1 <= lap <= contract.MAX_LAP:
         raise ValueError(f"lap must be an integer in 1..99999999, got {lap!r}")
     return lap
 
@@ -306,22 +307,22 @@ class CheckpointStore:
         return run_prefix(self.config.prefix, run)
 
     def lap_key(self, run: RunRef, lap: int) -> str:
-        return f"{self.run_prefix(run)}laps/{_check_lap(lap):08d}.json"
+        return self.run_prefix(run) + contract.lap_object(_check_lap(lap))
 
     def snapshot_key(self, run: RunRef, lap: int) -> str:
-        return f"{self.run_prefix(run)}snapshots/{_check_lap(lap):08d}.json"
+        return self.run_prefix(run) + contract.snapshot_object(_check_lap(lap))
 
     def journal_key(self, run: RunRef, lap: int, name: str) -> str:
         if not _JOURNAL_NAME.match(name):
             raise ValueError(
                 f"journal name {name!r} must be 1-200 characters of letters, digits, '.', '_', ':', '-'"
             )
-        return f"{self.run_prefix(run)}journal/{_check_lap(lap):08d}/{name}.json"
+        return self.run_prefix(run) + contract.journal_object(_check_lap(lap), name)
 
     def attempt_key(self, run: RunRef, lap: int, attempt: int) -> str:
-        if isinstance(attempt, bool) or not isinstance(attempt, int) or not 1 <= attempt <= 999:
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or not 1 <= attempt <= contract.MAX_ATTEMPT:
             raise ValueError(f"attempt must be an integer in 1..999, got {attempt!r}")
-        return f"{self.run_prefix(run)}attempts/{_check_lap(lap):08d}-{attempt:03d}.json"
+        return self.run_prefix(run) + contract.attempt_object(_check_lap(lap), attempt)
 
     # ---- raw S3 ----------------------------------------------------------------------------
 
@@ -451,7 +452,7 @@ class CheckpointStore:
         return sorted(lap for lap in laps if lap is not None)
 
     def _snapshot_laps(self, run: RunRef) -> list[int]:
-        return self._list_laps(self.run_prefix(run) + "snapshots/")
+        return self._list_laps(self.run_prefix(run) + contract.SNAPSHOTS_DIR)
 
     # ---- laps ------------------------------------------------------------------------------
 
@@ -574,7 +575,7 @@ class CheckpointStore:
 
     def _latest(self, run: RunRef, snapshots: list[int]) -> int:
         start_after = self.lap_key(run, snapshots[-1]) if snapshots else None
-        laps = self._list_laps(self.run_prefix(run) + "laps/", start_after)
+        laps = self._list_laps(self.run_prefix(run) + contract.LAPS_DIR, start_after)
         if laps:
             return laps[-1]
         return snapshots[-1] if snapshots else 0
@@ -687,7 +688,7 @@ class CheckpointStore:
     def iter_laps(self, run: RunRef, start: int = 1) -> Iterator[tuple[LapRecord, StoredObject]]:
         """The lap records from ``start`` on, in order (for the trace reader)."""
         start_after = self.lap_key(run, start - 1) if start > 1 else None
-        for lap in self._list_laps(self.run_prefix(run) + "laps/", start_after):
+        for lap in self._list_laps(self.run_prefix(run) + contract.LAPS_DIR, start_after):
             if lap >= start:
                 yield self.get_lap(run, lap)
 
@@ -753,7 +754,7 @@ class CheckpointStore:
             if not lap_written and self.head_lap(run, lap) is None:
                 raise ValueError(f"lap {lap} is not checkpointed: its journal is still needed")
             if names is None:
-                keys = list(self._list_keys(f"{self.run_prefix(run)}journal/{_check_lap(lap):08d}/"))
+                keys = list(self._list_keys(self.run_prefix(run) + contract.journal_dir(_check_lap(lap))))
             else:
                 keys = [self.journal_key(run, lap, n) for n in names]
             if not keys:

@@ -1,5 +1,6 @@
 """``agentrun runs``: the runs of a namespace (or all) with phase, lap, time since the last
-checkpoint, cost and who they wait on. ``run_rows`` / ``format_runs`` are pure."""
+checkpoint, cost, who they wait on and why a run fails or retries. ``run_rows`` / ``format_runs``
+are pure."""
 
 from __future__ import annotations
 
@@ -9,12 +10,33 @@ from datetime import datetime
 import click
 import yaml
 
+from agentrun.api.text import one_line
 from agentrun.api.types import parse_time
 from agentrun.cli.approvals import _now
 from agentrun.cli.kube import check_namespace_flags, connect, current_options, kube_options, list_runs
 from agentrun.cli.output import columns, human_duration
 
-COLUMNS = ("NAME", "PHASE", "LAP", "SINCE-CHECKPOINT", "COST", "WAITING-ON")
+COLUMNS = ("NAME", "PHASE", "LAP", "SINCE-CHECKPOINT", "COST", "WAITING-ON", "CAUSE")
+MAX_CAUSE_COLUMN = 100
+# Progressing reasons of a run that is held up by something it names (the condition's message).
+_HELD_UP = ("SecretMissing", "LapPodConfigError", "StoreUnavailable")
+
+
+def run_cause(status: dict) -> str | None:
+    """Why a run failed, retries or is held up, else None: a Failed/BudgetExceeded run's message; a
+    Retrying run's last failure of the lap in progress (status.retries[].lastReason: the pod's cause);
+    a run held up by a missing Secret or an unavailable store, the Progressing condition's message."""
+    phase = status.get("phase")
+    if phase in ("Failed", "BudgetExceeded"):
+        return status.get("message") or None
+    if phase == "Retrying":
+        lap = int(status.get("lap") or 0) + 1
+        entry = next((r for r in status.get("retries") or [] if isinstance(r, dict) and r.get("lap") == lap), None)
+        return (entry or {}).get("lastReason") or status.get("message") or None
+    for cond in status.get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type") == "Progressing" and cond.get("reason") in _HELD_UP:
+            return cond.get("message") or cond.get("reason")
+    return None
 
 
 def run_rows(runs: list[dict], now: datetime) -> list[dict]:
@@ -37,6 +59,7 @@ def run_rows(runs: list[dict], now: datetime) -> list[dict]:
             "agentVersion": st.get("agentVersion"),
             "forkedFrom": {"name": fork.get("name"), "lap": fork.get("lap")} if fork else None,
             "message": st.get("message"),
+            "cause": run_cause(st),
         })
     rows.sort(key=lambda r: (r["namespace"], r["name"]))
     return rows
@@ -47,6 +70,7 @@ def table_cells(row: dict, with_namespace: bool) -> list[str]:
         row["name"], row["phase"], str(row["lap"]),
         "<none>" if row["secondsSinceCheckpoint"] is None else human_duration(row["secondsSinceCheckpoint"]),
         "$" + str(row["costUSD"]), row["waitingOn"] or "<none>",
+        one_line(row["cause"], MAX_CAUSE_COLUMN) if row.get("cause") else "<none>",
     ]
     return ([row["namespace"]] if with_namespace else []) + cells
 
@@ -65,13 +89,14 @@ def render(rows: list[dict], output: str, with_namespace: bool) -> str:
     return format_runs(rows, with_namespace)
 
 
-@click.command("runs", short_help="The runs: phase, lap, time since the last checkpoint, cost, waiting-on.")
+@click.command("runs", short_help="The runs: phase, lap, time since the last checkpoint, cost, waiting-on, cause.")
 @kube_options(all_namespaces=True)
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table", show_default=True,
               help="table, or a JSON/YAML list of rows.")
 def runs_command(output: str) -> None:
     """List AgentRuns: NAME, PHASE, LAP (last checkpointed), SINCE-CHECKPOINT (time since the last
-    checkpoint was written), COST (USD so far) and WAITING-ON (owner of a pending approval)."""
+    checkpoint was written), COST (USD so far), WAITING-ON (owner of a pending approval) and CAUSE
+    (why a run failed, retries or is held up: the failing pod's cause, a missing Secret)."""
     opts = current_options()
     check_namespace_flags(opts)
     api, ns = connect(opts)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from agentrun.api.contract import TERMINATION_MESSAGE_PATH, Env, tool_headers_env
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import StoreLocation
 from agentrun.api.types import parse_duration, redact_url
@@ -102,14 +103,14 @@ def effective_endpoint(pinned: StoreLocation, spec: AgentRunSpec, config: Operat
 def store_of_env(env: list[dict[str, Any]]) -> StoreLocation | None:
     """The store a lap Job was given (its container environment), or None."""
     values = {e.get("name"): e.get("value") for e in env if isinstance(e, dict) and "value" in e}
-    uri = values.get("AGENTRUN_CHECKPOINT_URI")
+    uri = values.get(Env.CHECKPOINT_URI)
     if not uri:
         return None
     return StoreLocation(
         uri=uri,
-        endpoint=recordable_endpoint(values.get("AGENTRUN_S3_ENDPOINT") or None),
-        region=values.get("AGENTRUN_S3_REGION") or None,
-        path_style=str(values.get("AGENTRUN_S3_PATH_STYLE", "")).lower() == "true",
+        endpoint=recordable_endpoint(values.get(Env.S3_ENDPOINT) or None),
+        region=values.get(Env.S3_REGION) or None,
+        path_style=str(values.get(Env.S3_PATH_STYLE, "")).lower() == "true",
     )
 
 
@@ -130,16 +131,16 @@ def label_value(value: str) -> str:
 
 
 def tool_env_name(tool: str) -> str:
-    """``AGENTRUN_TOOL_HEADERS_<TOOL>``: upper-cased, ``-`` -> ``_`` (docs/contracts.md)."""
-    return "AGENTRUN_TOOL_HEADERS_" + tool.upper().replace("-", "_")
+    """``AGENTRUN_TOOL_HEADERS_<TOOL>`` (agentrun.api.contract)."""
+    return tool_headers_env(tool)
 
 
 def _secret_env(name: str, secret: str, key: str) -> dict[str, Any]:
-    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+    return {"name": str(name), "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
 
 
 def _value_env(name: str, value: str) -> dict[str, Any]:
-    return {"name": name, "value": value}
+    return {"name": str(name), "value": value}
 
 
 def build_env(
@@ -161,38 +162,38 @@ def build_env(
     region = store.region or ""
     path_style = store.path_style
     env = [
-        _value_env("AGENTRUN_NAMESPACE", run.namespace),
-        _value_env("AGENTRUN_NAME", run.name),
-        _value_env("AGENTRUN_UID", run.uid),
-        _value_env("AGENTRUN_LAP", str(lap)),
-        _value_env("AGENTRUN_ATTEMPT", str(attempt)),
-        _value_env("AGENTRUN_CHECKPOINT_URI", uri),
-        _value_env("AGENTRUN_S3_ENDPOINT", endpoint),
-        _value_env("AGENTRUN_S3_REGION", region),
-        _value_env("AGENTRUN_S3_PATH_STYLE", "true" if path_style else "false"),
-        _value_env("AGENTRUN_AGENT_VERSION", agent_version),
-        _value_env("AGENTRUN_SPEC", json.dumps(spec.to_api(), sort_keys=True, separators=(",", ":"))),
-        _value_env("AGENTRUN_LOG_FORMAT", config.log_format),
+        _value_env(Env.NAMESPACE, run.namespace),
+        _value_env(Env.NAME, run.name),
+        _value_env(Env.UID, run.uid),
+        _value_env(Env.LAP, str(lap)),
+        _value_env(Env.ATTEMPT, str(attempt)),
+        _value_env(Env.CHECKPOINT_URI, uri),
+        _value_env(Env.S3_ENDPOINT, endpoint),
+        _value_env(Env.S3_REGION, region),
+        _value_env(Env.S3_PATH_STYLE, "true" if path_style else "false"),
+        _value_env(Env.AGENT_VERSION, agent_version),
+        _value_env(Env.SPEC, json.dumps(spec.to_api(), sort_keys=True, separators=(",", ":"))),
+        _value_env(Env.LOG_FORMAT, config.log_format),
     ]
     secret = ck.credentials_secret_name or config.credentials_secret
     if secret:
-        env.append(_secret_env("AWS_ACCESS_KEY_ID", secret, "AWS_ACCESS_KEY_ID"))
-        env.append(_secret_env("AWS_SECRET_ACCESS_KEY", secret, "AWS_SECRET_ACCESS_KEY"))
-        env.append(_value_env("AGENTRUN_S3_CREDENTIALS_SECRET", secret))  # the name, for messages
+        env.append(_secret_env(Env.AWS_ACCESS_KEY_ID, secret, "AWS_ACCESS_KEY_ID"))
+        env.append(_secret_env(Env.AWS_SECRET_ACCESS_KEY, secret, "AWS_SECRET_ACCESS_KEY"))
+        env.append(_value_env(Env.S3_CREDENTIALS_SECRET, secret))  # the name, for messages
     ref = spec.agent.model.api_key_secret_ref
     if ref is not None:
-        env.append(_secret_env("AGENTRUN_MODEL_API_KEY", ref.name, ref.key))
+        env.append(_secret_env(Env.MODEL_API_KEY, ref.name, ref.key))
     for tool in spec.agent.tools:
         if tool.http.headers_secret_ref is not None:
             r = tool.http.headers_secret_ref
             env.append(_secret_env(tool_env_name(tool.name), r.name, r.key))
     if approval is not None:
-        env.append(_value_env("AGENTRUN_APPROVAL_DECISION", approval.decision))
-        env.append(_value_env("AGENTRUN_APPROVAL_CALL_ID", approval.call_id))
+        env.append(_value_env(Env.APPROVAL_DECISION, approval.decision))
+        env.append(_value_env(Env.APPROVAL_CALL_ID, approval.call_id))
         if approval.reason:
-            env.append(_value_env("AGENTRUN_APPROVAL_REASON", approval.reason))
+            env.append(_value_env(Env.APPROVAL_REASON, approval.reason))
         if approval.decided_by:
-            env.append(_value_env("AGENTRUN_APPROVAL_BY", approval.decided_by))
+            env.append(_value_env(Env.APPROVAL_BY, approval.decided_by))
     return env
 
 
@@ -232,6 +233,8 @@ def build_job(
         "command": list(config.lap_command),
         "env": build_env(run, spec, lap, attempt, agent_version, config, approval, store),
         "resources": resources,
+        # the runner writes a failure's cause there; the log tail when it could not (a crash)
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "runAsNonRoot": True,

@@ -6,6 +6,7 @@ Exit codes (docs/contracts.md): 0 checkpoint written; 3 lap already checkpointed
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -13,6 +14,14 @@ from collections.abc import Callable, Mapping
 
 import click
 
+from agentrun.api.contract import (
+    FAILURE_LOG_ERROR_FIELD,
+    FAILURE_LOG_MESSAGES,
+    MAX_TERMINATION_MESSAGE_CHARS,
+    TERMINATION_MESSAGE_PATH,
+    Env,
+    ExitCode,
+)
 from agentrun.checkpoint.errors import CheckpointError
 from agentrun.checkpoint.store import CheckpointStore, StoreConfig
 from agentrun.lap.config import log_format, parse_env, parse_identity
@@ -21,7 +30,7 @@ from agentrun.lap.logs import LapLogger, redact
 from agentrun.lap.models import API_KEY_ENV
 from agentrun.lap.runner import EXIT_PERMANENT, execute_lap, exit_for, report_failure
 
-CRASH_ENV = "AGENTRUN_TEST_CRASH_AT"
+CRASH_ENV = Env.TEST_CRASH_AT
 """TEST HOOK: kill this process with SIGKILL at a named point of the lap (see docs/lap-runner.md)."""
 
 
@@ -37,13 +46,40 @@ def crash_hook(env: Mapping[str, str]) -> Callable[[str], None]:
     return crash
 
 
+def write_termination_message(message: str, path: str) -> bool:
+    """Best effort: the cause of a failed lap, one line, into the container's termination message
+    file when it exists (the kubelet creates it; never outside a pod), as the JSON line the runner
+    logs last (``{"msg": "lap failed", "error": ...}``). True if written."""
+    line = (message.strip().splitlines() or [""])[0]
+    if len(line) > MAX_TERMINATION_MESSAGE_CHARS:
+        line = line[: MAX_TERMINATION_MESSAGE_CHARS - 1] + "…"
+    if not line or not os.path.isfile(path):
+        return False
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"msg": FAILURE_LOG_MESSAGES[0], FAILURE_LOG_ERROR_FIELD: line},
+                               ensure_ascii=False) + "\n")
+    except OSError:
+        return False
+    return True
+
+
 def run_from_env(env: Mapping[str, str]) -> int:
-    """Parse the environment, run the lap, return the exit code."""
+    """Parse the environment, run the lap, return the exit code (a failure's cause also goes to the
+    termination message file)."""
+    termination_path = env.get(Env.TERMINATION_MESSAGE_PATH) or TERMINATION_MESSAGE_PATH
+    code, message = _run(env)
+    if code not in (ExitCode.OK, ExitCode.ALREADY_CHECKPOINTED):
+        write_termination_message(message, termination_path)
+    return code
+
+
+def _run(env: Mapping[str, str]) -> tuple[int, str]:
     context: dict[str, object] = {
-        "namespace": env.get("AGENTRUN_NAMESPACE", ""),
-        "name": env.get("AGENTRUN_NAME", ""),
-        "lap": env.get("AGENTRUN_LAP", ""),
-        "attempt": env.get("AGENTRUN_ATTEMPT", "1"),
+        "namespace": env.get(Env.NAMESPACE, ""),
+        "name": env.get(Env.NAME, ""),
+        "lap": env.get(Env.LAP, ""),
+        "attempt": env.get(Env.ATTEMPT, "1"),
     }
     log = LapLogger(context, fmt=log_format(env), secrets=[env.get(API_KEY_ENV, "")])
     store: CheckpointStore | None = None
@@ -55,13 +91,13 @@ def run_from_env(env: Mapping[str, str]) -> int:
     except (LapError, CheckpointError) as e:
         message = redact(str(e), log.secrets)
         code = EXIT_PERMANENT if isinstance(e, LapError) else exit_for(e)
-        log("lap configuration refused", level="error", exit_code=code, error=message)
+        log(FAILURE_LOG_MESSAGES[1], level="error", exit_code=code, error=message)
         _report_config_failure(env, code, message, log)
-        return code
+        return code, message
     log.context.update(lap=cfg.lap, attempt=cfg.attempt)
     log("lap starting", agent_version=cfg.agent_version, decision=cfg.decision.decision if cfg.decision else None)
     result = execute_lap(cfg, store, env, log, crash=crash_hook(env))
-    return result.code
+    return result.code, result.message
 
 
 def _report_config_failure(env: Mapping[str, str], code: int, message: str, log: LapLogger) -> None:
@@ -71,7 +107,7 @@ def _report_config_failure(env: Mapping[str, str], code: int, message: str, log:
         store = CheckpointStore(StoreConfig.from_env(env))
     except Exception:
         return
-    report_failure(store, run, lap, attempt, code, message, env.get("AGENTRUN_AGENT_VERSION") or None, log)
+    report_failure(store, run, lap, attempt, code, message, env.get(Env.AGENT_VERSION) or None, log)
 
 
 @click.command("lap")

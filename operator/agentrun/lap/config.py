@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from agentrun.api.contract import APPROVAL_DECISIONS, Env
 from agentrun.api.spec import AgentRunSpec
 from agentrun.checkpoint.schema import ApprovalDecision, RunRef
 from agentrun.lap.errors import ConfigError
 
-DECISIONS = ("approved", "rejected", "timed-out")
+DECISIONS = APPROVAL_DECISIONS
 
 
 @dataclass(frozen=True)
@@ -49,55 +50,55 @@ def parse_spec(raw: str) -> AgentRunSpec:
     try:
         doc = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"AGENTRUN_SPEC is not valid JSON ({e.msg} at char {e.pos})") from None
+        raise ConfigError(f"{Env.SPEC} is not valid JSON ({e.msg} at char {e.pos})") from None
     try:
         return AgentRunSpec.model_validate(doc)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(root)"
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-        raise ConfigError(f"AGENTRUN_SPEC: spec.{where}: {first['msg']}{more}") from None
+        raise ConfigError(f"{Env.SPEC}: spec.{where}: {first['msg']}{more}") from None
 
 
 def parse_decision(env: Mapping[str, str]) -> ApprovalDecision | None:
-    raw = env.get("AGENTRUN_APPROVAL_DECISION", "").strip()
+    raw = env.get(Env.APPROVAL_DECISION, "").strip()
     if not raw:
         return None
     if raw not in DECISIONS:
-        raise ConfigError(f"AGENTRUN_APPROVAL_DECISION must be one of {', '.join(DECISIONS)}, got {raw[:40]!r}")
+        raise ConfigError(f"{Env.APPROVAL_DECISION} must be one of {', '.join(DECISIONS)}, got {raw[:40]!r}")
     return ApprovalDecision(
-        call_id=env.get("AGENTRUN_APPROVAL_CALL_ID", "").strip(),
-        decision=raw,  # type: ignore[arg-type]
-        reason=env.get("AGENTRUN_APPROVAL_REASON") or None,
-        decided_by=env.get("AGENTRUN_APPROVAL_BY") or None,
+        call_id=env.get(Env.APPROVAL_CALL_ID, "").strip(),
+        decision=raw,
+        reason=env.get(Env.APPROVAL_REASON) or None,
+        decided_by=env.get(Env.APPROVAL_BY) or None,
     )
 
 
 def parse_identity(env: Mapping[str, str]) -> tuple[RunRef, int, int]:
     """Run identity, lap and attempt: the part needed to report a failure."""
     run = RunRef(
-        namespace=_required(env, "AGENTRUN_NAMESPACE"),
-        name=_required(env, "AGENTRUN_NAME"),
-        uid=_required(env, "AGENTRUN_UID"),
+        namespace=_required(env, Env.NAMESPACE),
+        name=_required(env, Env.NAME),
+        uid=_required(env, Env.UID),
     )
-    return run, _positive_int(env, "AGENTRUN_LAP"), _positive_int(env, "AGENTRUN_ATTEMPT", default=1)
+    return run, _positive_int(env, Env.LAP), _positive_int(env, Env.ATTEMPT, default=1)
 
 
 def parse_env(env: Mapping[str, str]) -> LapConfig:
     """Everything the lap needs from its environment; ConfigError names the bad variable."""
     run, lap, attempt = parse_identity(env)
-    spec = parse_spec(_required(env, "AGENTRUN_SPEC"))
+    spec = parse_spec(_required(env, Env.SPEC))
     return LapConfig(
         run=run,
         lap=lap,
         attempt=attempt,
         spec=spec,
-        agent_version=env.get("AGENTRUN_AGENT_VERSION", "").strip() or spec.agent.version,
+        agent_version=env.get(Env.AGENT_VERSION, "").strip() or spec.agent.version,
         decision=parse_decision(env),
         log_format=log_format(env),
     )
 
 
 def log_format(env: Mapping[str, str]) -> str:
-    fmt = env.get("AGENTRUN_LOG_FORMAT", "json").strip() or "json"
+    fmt = env.get(Env.LOG_FORMAT, "json").strip() or "json"
     return fmt if fmt in ("json", "text") else "json"

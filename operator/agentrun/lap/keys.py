@@ -11,11 +11,11 @@ sees the same ids and derives the same keys.
 
 from __future__ import annotations
 
-import re
-
+from agentrun.api.contract import CALL_ID_PATTERN
 from agentrun.checkpoint.schema import KEY_SCHEME, RunRef
 
-CALL_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+__all__ = ["CALL_ID_PATTERN", "MODEL_JOURNAL_NAME", "approved_journal_name", "idempotency_key", "normalize_call_ids",
+           "tool_journal_name"]
 
 
 def idempotency_key(run: RunRef, lap: int, tool: str, call_id: str, scheme: str = KEY_SCHEME) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agentrun.api.contract import FAILURE_LOG_MESSAGES, AttemptReason, Env, ExitCode
 from agentrun.checkpoint.errors import (
     CheckpointError,
     CheckpointNotFound,
@@ -35,14 +36,14 @@ from agentrun.lap.step import Effects, LapContext, run_lap
 from agentrun.lap.tools.http import HTTPToolRunner
 from agentrun.lap.tools.validate import check_tool_schemas
 
-EXIT_OK = 0
-EXIT_PERMANENT = 2
-EXIT_ALREADY = 3
-EXIT_RETRYABLE = 75
-CHECKPOINT_TOO_LARGE = "CheckpointTooLarge"
-"""Attempt-report reason of a lap whose checkpoint would pass spec.checkpoint.maxLapBytes/maxRunBytes."""
-S3_SECRET_ENV = "AGENTRUN_S3_CREDENTIALS_SECRET"
-"""Name (never the value) of the Secret the S3 credentials come from, for messages; set by the operator."""
+# The exit codes and reasons are the operator <-> lap contract (agentrun.api.contract); these
+# names stay for the callers (bench, tests) that import them from here.
+EXIT_OK = ExitCode.OK
+EXIT_PERMANENT = ExitCode.PERMANENT
+EXIT_ALREADY = ExitCode.ALREADY_CHECKPOINTED
+EXIT_RETRYABLE = ExitCode.RETRYABLE
+CHECKPOINT_TOO_LARGE = AttemptReason.CHECKPOINT_TOO_LARGE
+S3_SECRET_ENV = Env.S3_CREDENTIALS_SECRET
 _ACCESS_DENIED = ("(HTTP 403)", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
                   "ExpiredToken", "no usable credentials")
 
@@ -156,19 +157,19 @@ def execute_lap(
         log(msg, level="warning")
         return LapExit(EXIT_ALREADY, msg)
     except (CorruptCheckpoint, UnsupportedSchemaVersion) as e:  # permanent; named for the operator
-        code, message, reason = exit_for(e), redact(str(e), log.secrets), "CheckpointUnreadable"
+        code, message, reason = exit_for(e), redact(str(e), log.secrets), AttemptReason.CHECKPOINT_UNREADABLE
     except CheckpointTooLarge as e:  # permanent: the lap would be as large again
         code, message, reason = exit_for(e), redact(str(e), log.secrets), CHECKPOINT_TOO_LARGE
     except StoreConfigError as e:  # permanent: bucket missing, access denied, no credentials
         code, message, reason = exit_for(e), redact(str(e), log.secrets), None
         hint = explain_store_refusal(message, env)
         if hint:
-            message, reason = f"{message}; {hint}", "StoreAccessDenied"
+            message, reason = f"{message}; {hint}", AttemptReason.STORE_ACCESS_DENIED
     except (LapError, CheckpointError) as e:
         code, message, reason = exit_for(e), redact(str(e), log.secrets), None
     except Exception as e:  # an unexpected bug: retryable by the contract (any other exit)
         code, message, reason = EXIT_RETRYABLE, redact(f"unexpected {type(e).__name__}: {e}", log.secrets), None
-    log("lap failed", level="error", exit_code=code, error=message)
+    log(FAILURE_LOG_MESSAGES[0], level="error", exit_code=code, error=message)
     report_failure(store, cfg.run, cfg.lap, cfg.attempt, code, message, cfg.agent_version, log, reason=reason)
     return LapExit(code, message)
 

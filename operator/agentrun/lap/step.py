@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from agentrun.api.spec import AgentRunSpec, ToolSpec
 from agentrun.api.types import format_usd
@@ -44,6 +44,7 @@ from agentrun.checkpoint.schema import (
     ToolCallRecord,
     Totals,
 )
+from agentrun.lap.cost import lap_cost_usd
 from agentrun.lap.errors import PermanentLapError
 from agentrun.lap.interfaces import (
     JOURNAL_KIND_MODEL,
@@ -56,7 +57,6 @@ from agentrun.lap.interfaces import (
     ToolRunner,
 )
 from agentrun.lap.keys import MODEL_JOURNAL_NAME, approved_journal_name, idempotency_key, tool_journal_name
-from agentrun.lap.models import lap_cost_usd
 from agentrun.lap.tools.validate import argument_errors
 from agentrun.lap.window import APPROVAL_PREFIX, apply_compaction, build_window, plan_compaction
 
@@ -163,7 +163,7 @@ def execute_call(
 def _not_run(call: ModelCall, key: str, status: str, result: str | None) -> ToolCallRecord:
     return ToolCallRecord(
         call_id=call.id, tool=call.name, arguments=call.arguments, idempotency_key=key,
-        status=status, result=result,  # type: ignore[arg-type]
+        status=status, result=result,
     )
 
 
@@ -234,7 +234,7 @@ def resolve_pending(
         )
     text = APPROVAL_PREFIX + _decision_text(pending, decision)
     if decision.decision != "approved":
-        status = "rejected" if decision.decision == "rejected" else "timed-out"
+        status: Literal["rejected", "timed-out"] = "rejected" if decision.decision == "rejected" else "timed-out"
         record = ToolCallRecord(
             call_id=pending.call_id, tool=pending.tool, arguments=pending.arguments,
             idempotency_key=pending.idempotency_key, status=status, result=text[len(APPROVAL_PREFIX):],

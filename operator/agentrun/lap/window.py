@@ -19,6 +19,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from agentrun.api.spec import AgentRunSpec
 from agentrun.checkpoint.schema import Compaction, Message, RunState
@@ -39,7 +40,7 @@ def text_tokens(text: str | None) -> int:
     return math.ceil(len(text or "") / 4)
 
 
-def _args_json(arguments: dict) -> str:
+def _args_json(arguments: dict[str, Any]) -> str:
     return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -137,7 +138,7 @@ def _short_value(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-def _call_text(name: str, arguments: dict, answer: str | None) -> str:
+def _call_text(name: str, arguments: dict[str, Any], answer: str | None) -> str:
     args = ", ".join(f"{k}={_short_value(v)}" for k, v in sorted(arguments.items()))
     result = "(no result)" if answer is None else _truncate(" ".join(answer.split()), 60)
     return f"{name}({_truncate(args, 60)}) -> {result}"

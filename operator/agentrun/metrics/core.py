@@ -33,6 +33,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from agentrun.api.reasons import LapOutcome, RetryReason
 from agentrun.api.types import parse_time
 
 log = logging.getLogger(__name__)
@@ -54,31 +55,58 @@ TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "BudgetExcee
 WAIT_PHASES: frozenset[str] = frozenset({"AwaitingApproval", "Suspended"})
 ACTIVE_PHASES: tuple[str, ...] = tuple(p for p in PHASES if p not in TERMINAL_PHASES)
 
-#: Values of the ``outcome`` label of ``agentrun_lap_duration_seconds``.
-#: The first four are the outcomes written in a lap checkpoint; the others are attempts that
-#: ended without a checkpoint of their own.
-LAP_OUTCOMES: tuple[str, ...] = (
-    "continue",  # checkpointed, the run goes on
-    "done",  # checkpointed, the agent finished
-    "awaiting_approval",  # checkpointed, a tool call waits for a human
-    "failed",  # checkpointed with a failed outcome
-    "already_checkpointed",  # exit 3: another writer had checkpointed the lap
-    "retryable_error",  # exit 75 / signal / OOM / eviction: the lap will be retried
-    "permanent_error",  # exit 2: the run fails
-    "timeout",  # killed at spec.lapTimeout
-    "other",
-)
+#: Values of the ``outcome`` label of ``agentrun_lap_duration_seconds``: every
+#: :class:`~agentrun.api.reasons.LapOutcome` decide produces (the checkpointed outcomes, and the
+#: attempts that ended without a checkpoint of their own), and ``other``.
+LAP_OUTCOMES: tuple[str, ...] = tuple(o.value for o in LapOutcome)
 
-#: Values of the ``reason`` label of ``agentrun_lap_retries_total``.
-RETRY_REASONS: tuple[str, ...] = (
-    "retryable_exit",  # the runner exited 75
-    "timeout",  # the lap passed spec.lapTimeout and was killed
-    "oom_killed",  # the container was OOM-killed
-    "evicted",  # the pod was evicted / preempted / its node was lost
-    "pod_failed",  # any other non-zero exit or signal
-    "job_missing",  # the lap Job disappeared before it reported
-    "other",
-)
+#: Values of the ``reason`` label of ``agentrun_lap_retries_total``: every
+#: :class:`~agentrun.api.reasons.RetryReason` decide produces, and ``other``.
+RETRY_REASONS: tuple[str, ...] = tuple(r.value for r in RetryReason)
+
+#: Free-text reasons of earlier callers (the head of ``status.retries[].lastReason``), mapped to
+#: their label so an old caller never lands in ``other``.
+_LEGACY_RETRY_REASONS: dict[str, str] = {
+    "RetryableError": RetryReason.RETRYABLE_EXIT,
+    "DeadlineExceeded": RetryReason.TIMEOUT,
+    "LapTimeout": RetryReason.TIMEOUT,
+    "OOMKilled": RetryReason.OOM_KILLED,
+    "Evicted": RetryReason.EVICTED,
+    "Preempted": RetryReason.EVICTED,
+    "NodeLost": RetryReason.EVICTED,
+    "PodGone": RetryReason.EVICTED,
+    "Error": RetryReason.POD_FAILED,
+    "Failed": RetryReason.POD_FAILED,
+    "JobMissing": RetryReason.JOB_MISSING,
+    "CheckpointMissing": RetryReason.CHECKPOINT_MISSING,
+    "JobMismatch": RetryReason.JOB_MISMATCH,
+    "Permanent": RetryReason.PERMANENT,
+}
+_LEGACY_OUTCOMES: dict[str, str] = {"error": LapOutcome.RETRYABLE_ERROR, "DeadlineExceeded": LapOutcome.TIMEOUT}
+
+
+def retry_reason_label(reason: object) -> str:
+    """The ``reason`` label of a retry: a :class:`RetryReason` as it is; an earlier caller's text
+    (``RetryableError``, ``DeadlineExceeded: ...``, ``exit code 137``) by its head; else ``other``."""
+    text = str(reason or "").strip()
+    if text in RETRY_REASONS:
+        return text
+    head = text.split(":", 1)[0].strip()
+    if head in _LEGACY_RETRY_REASONS:
+        return str(_LEGACY_RETRY_REASONS[head])
+    if head.startswith("exit code"):
+        return RetryReason.POD_FAILED.value
+    return normalize_label(head, RETRY_REASONS)
+
+
+def lap_outcome_label(outcome: object) -> str:
+    """The ``outcome`` label of a lap attempt: a :class:`LapOutcome` as it is; a checkpoint's
+    outcome type (``awaiting-approval``) folded; else ``other``."""
+    text = str(outcome or "").strip()
+    if text in _LEGACY_OUTCOMES:
+        return str(_LEGACY_OUTCOMES[text])
+    return normalize_label(text, LAP_OUTCOMES)
+
 
 #: Values of the ``result`` label of ``agentrun_reconcile_total`` (as controller-runtime).
 RECONCILE_RESULTS: tuple[str, ...] = ("success", "error", "requeue", "requeue_after")
@@ -472,12 +500,12 @@ class OperatorMetrics:
     # -- events --------------------------------------------------------------------------------
     def lap_finished(self, namespace: str, name: str, outcome: str, duration_seconds: float,
                      checkpoint_bytes: int | None = None) -> None:
-        self.lap_duration.labels(normalize_label(outcome, LAP_OUTCOMES)).observe(max(0.0, float(duration_seconds)))
+        self.lap_duration.labels(lap_outcome_label(outcome)).observe(max(0.0, float(duration_seconds)))
         if checkpoint_bytes is not None:
             self.lap_checkpoint_bytes.observe(max(0, int(checkpoint_bytes)))
 
     def lap_retried(self, namespace: str, name: str, reason: str) -> None:
-        self.lap_retries.labels(normalize_label(reason, RETRY_REASONS)).inc()
+        self.lap_retries.labels(retry_reason_label(reason)).inc()
 
     def reconcile_finished(self, result: str, duration_seconds: float) -> None:
         res = normalize_label(result, RECONCILE_RESULTS, default="error")

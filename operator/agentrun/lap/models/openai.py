@@ -26,12 +26,11 @@ import json
 import time
 from typing import Any
 
-import httpx
-
 from agentrun.api.spec import ModelSpec, ToolSpec
 from agentrun.api.types import parse_duration, redact_url
 from agentrun.checkpoint.schema import Message, Usage
 from agentrun.lap.errors import ConfigError, PermanentLapError, RetryableLapError
+from agentrun.lap.httpx_lite import httpx
 from agentrun.lap.interfaces import ModelCall, ModelRequest, ModelResponse
 from agentrun.lap.keys import normalize_call_ids
 

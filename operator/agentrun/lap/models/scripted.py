@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from agentrun.api.contract import Env
 from agentrun.api.spec import ModelSpec, ScriptedResponse
 from agentrun.checkpoint.schema import Usage
 from agentrun.lap.errors import ConfigError
@@ -42,19 +43,19 @@ def load_script_file(path: str) -> list[ScriptedResponse]:
     try:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as e:
-        raise ConfigError(f"AGENTRUN_SCRIPT_FILE {path}: cannot read: {e.strerror}") from None
+        raise ConfigError(f"{Env.SCRIPT_FILE} {path}: cannot read: {e.strerror}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"AGENTRUN_SCRIPT_FILE {path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{Env.SCRIPT_FILE} {path}: not valid YAML: {e}") from None
     if isinstance(data, dict):
         data = data.get("script")
     if not isinstance(data, list):
-        raise ConfigError(f"AGENTRUN_SCRIPT_FILE {path}: expected a list of responses (or a mapping with 'script')")
+        raise ConfigError(f"{Env.SCRIPT_FILE} {path}: expected a list of responses (or a mapping with 'script')")
     try:
         return _script_adapter().validate_python(data)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"AGENTRUN_SCRIPT_FILE {path}: script.{where}: {first['msg']}") from None
+        raise ConfigError(f"{Env.SCRIPT_FILE} {path}: script.{where}: {first['msg']}") from None
 
 
 class ScriptedModel:

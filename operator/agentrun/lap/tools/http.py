@@ -22,8 +22,9 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from agentrun.api.contract import TOOL_HEADERS_PREFIX, tool_headers_env
 from agentrun.api.spec import ToolSpec
 from agentrun.api.types import parse_duration
 from agentrun.lap.errors import ConfigError, RetryableLapError
@@ -32,7 +33,7 @@ from agentrun.lap.interfaces import ToolOutcome
 if TYPE_CHECKING:
     import httpx
 
-HEADERS_ENV_PREFIX = "AGENTRUN_TOOL_HEADERS_"
+HEADERS_ENV_PREFIX = TOOL_HEADERS_PREFIX
 DEFAULT_RESULT_MAX_BYTES = 16384
 TRUNCATION_MARKER = "[agentrun: result truncated"
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
@@ -40,7 +41,7 @@ RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
 
 def headers_env_name(tool: str) -> str:
     """``AGENTRUN_TOOL_HEADERS_<TOOL>``: upper-cased, ``-`` -> ``_``."""
-    return HEADERS_ENV_PREFIX + tool.upper().replace("-", "_")
+    return tool_headers_env(tool)
 
 
 def tool_headers_from_env(tools: list[ToolSpec], env: Mapping[str, str]) -> dict[str, dict[str, str]]:
@@ -116,13 +117,13 @@ class HTTPToolRunner:
 
     def _http(self) -> httpx.Client:
         if self._client is None:
-            import httpx
+            from agentrun.lap.httpx_lite import httpx
 
             self._client = httpx.Client(follow_redirects=False)
         return self._client
 
     def call(self, tool: ToolSpec, arguments: dict[str, Any], idempotency_key: str) -> ToolOutcome:
-        import httpx
+        from agentrun.lap.httpx_lite import httpx
 
         last = ""
         for attempt in range(1, self._tries + 1):
@@ -139,7 +140,7 @@ class HTTPToolRunner:
             if status_code in RETRYABLE_STATUS or status_code >= 500:
                 last = f"returned HTTP {status_code}"
                 continue
-            status = "ok" if 200 <= status_code < 300 else "error"
+            status: Literal["ok", "error"] = "ok" if 200 <= status_code < 300 else "error"
             text = body if status == "ok" else f"HTTP {status_code}: {body}"
             if truncated:
                 limit = tool.http.max_result_bytes

@@ -1,11 +1,10 @@
-"""decide(): the reconcile logic, driven through an in-memory world (no cluster, no store)."""
+"""decide(): laps, checkpoints, budgets, adoption and fencing, suspension, terminal runs, finalizers (the in-memory world: no cluster, no store)."""
 
 from __future__ import annotations
 
 import dataclasses
 from datetime import timedelta
 
-import pytest
 from controller_world import T0, UID, World, make_spec, ok_read, record
 
 from agentrun.controller import decide as d
@@ -90,55 +89,6 @@ def test_budget_max_cost():
     assert w.created == [(1, 1)]
 
 
-@pytest.mark.parametrize("exit_code,reason", [(75, None), (None, "DeadlineExceeded"), (137, "Evicted"), (1, None)])
-def test_retryable_failures_retry_with_backoff(exit_code, reason):
-    w = World(make_spec())
-    w.reconcile()
-    w.fail_job(exit_code, reason)
-    dec = w.reconcile()
-    assert w.status.phase == "Retrying" and w.status.total_retries == 1
-    assert w.status.retries[0].lap == 1 and w.status.retries[0].retries == 1
-    assert dec.requeue_after == 2.0 and w.status.next_attempt_at == T0 + timedelta(seconds=2)
-    assert dec.of(d.LapRetried) and "LapRetry" in w.reasons()
-    w.now += timedelta(seconds=1)
-    assert w.reconcile().of(d.CreateJob) == []
-    w.now += timedelta(seconds=1)
-    (create,) = w.reconcile().of(d.CreateJob)
-    assert (create.lap, create.attempt) == (1, 2)
-    w.fail_job(75)
-    dec = w.reconcile()
-    assert dec.requeue_after == 4.0  # initial * factor
-    w.now += timedelta(seconds=4)
-    w.reconcile()
-    w.fail_job(75)
-    w.reconcile()
-    assert w.status.phase == "Failed" and "3 of 3" in w.status.message
-    assert w.created == [(1, 1), (1, 2), (1, 3)]
-
-
-def test_backoff_is_capped():
-    spec = make_spec(retry={"attemptsPerLap": 10, "backoff": {"initial": "2s", "max": "5s", "factor": 3}})
-    assert [d.backoff_seconds(spec, n) for n in (1, 2, 3)] == [2.0, 5.0, 5.0]
-
-
-def test_exit_2_fails_with_message_from_store():
-    w = World(make_spec())
-    w.reconcile()
-    w.failure_reports[(1, 1)] = {"exitClass": "permanent", "message": "tool 'refund' was removed from the spec"}
-    w.fail_job(2)
-    w.reconcile()
-    assert w.status.phase == "Failed" and "tool 'refund' was removed" in w.status.message
-    assert w.created == [(1, 1)]
-
-
-def test_exit_2_without_report_still_fails_readably():
-    w = World(make_spec())
-    w.reconcile()
-    w.fail_job(2)
-    w.reconcile()
-    assert w.status.phase == "Failed" and "no failure report" in w.status.message
-
-
 def test_unreadable_checkpoint_fails_once_no_crash_loop():
     w = World(make_spec())
     w.reconcile()
@@ -159,23 +109,6 @@ def test_store_unavailable_requeues_without_failing():
     assert dec.requeue_after and w.status.phase == "Running" and w.status.active_job is not None
 
 
-def test_job_missing_after_restart_reads_checkpoint():
-    w = World(make_spec())
-    w.reconcile()
-    w.finish_job()
-    w.jobs.clear()  # finished and TTL-deleted while the operator was down
-    w.reconcile()
-    assert w.status.lap == 1 and w.created == [(1, 1), (2, 1)]
-
-
-def test_job_missing_without_checkpoint_is_a_retry():
-    w = World(make_spec())
-    w.reconcile()
-    w.jobs.clear()
-    w.reconcile()
-    assert w.status.phase == "Retrying" and "JobMissing" in w.status.retries[0].last_reason
-
-
 def test_lost_status_write_adopts_existing_job():
     w = World(make_spec())
     w.reconcile_once()  # pins the store (write-ahead): the Job comes on the next pass
@@ -193,102 +126,6 @@ def test_stray_active_job_is_deleted():
     w.jobs["zombie"] = d.ObservedJob("zombie", 1, 9, "active")
     dec = w.reconcile()
     assert d.DeleteJob("zombie") in dec.actions
-
-
-def _await_approval(w: World) -> None:
-    w.reconcile()
-    w.finish_job("continue")
-    w.reconcile()
-    w.finish_job("awaiting-approval", pending=True)
-    w.reconcile()
-    assert w.status.phase == "AwaitingApproval"
-
-
-def test_awaiting_approval_no_job_and_requeue_at_deadline():
-    w = World(make_spec())
-    _await_approval(w)
-    ap = w.status.approval
-    assert ap.state == "Pending" and ap.owner == "ops" and ap.lap == 2 and ap.call_id == "c1"
-    assert ap.deadline == T0 + timedelta(seconds=3) and w.status.waiting_on == "ops"
-    assert "ApprovalRequested" in w.reasons()
-    dec = w.reconcile()
-    assert dec.of(d.CreateJob) == [] and dec.requeue_after == 3.0
-
-
-@pytest.mark.parametrize("value,state,decision", [("true", "Approved", "approved"), ("false", "Rejected", "rejected")])
-def test_annotation_decides_and_is_removed(value, state, decision):
-    w = World(make_spec())
-    _await_approval(w)
-    w.annotations.update({"approved": value, "agentrun.dev/reason": "checked", "other": "x"})
-    w.now += timedelta(seconds=1)
-    dec = w.reconcile()
-    assert w.annotations == {"other": "x"}
-    assert w.status.approval.state == state and w.status.approval.reason == "checked"
-    assert w.status.approval.decided_at == w.now and w.status.waiting_on is None
-    (create,) = dec.of(d.CreateJob)
-    assert create.lap == 3 and create.approval.decision == decision and create.approval.call_id == "c1"
-    assert create.approval.reason == "checked" and "ApprovalDecided" in w.reasons()
-    w.finish_job("continue")
-    w.reconcile()
-    assert w.create_actions[-1].approval is None  # delivered once
-
-
-def test_plain_reason_annotation_accepted():
-    w = World(make_spec())
-    _await_approval(w)
-    w.annotations.update({"approved": "true", "reason": "ok by me"})
-    w.reconcile()
-    assert w.status.approval.reason == "ok by me" and w.annotations == {}
-
-
-def test_status_patch_decision():
-    w = World(make_spec())
-    _await_approval(w)
-    w.status.approval.decision = "rejected"
-    w.status.approval.decided_by = "alice"
-    dec = w.reconcile()
-    assert w.status.approval.state == "Rejected" and dec.of(d.CreateJob)[0].approval.decided_by == "alice"
-
-
-def test_timeout_reject_is_timed_out_not_rejected():
-    w = World(make_spec())
-    _await_approval(w)
-    w.now += timedelta(seconds=3)
-    dec = w.reconcile()
-    assert w.status.approval.state == "TimedOut"
-    assert dec.of(d.CreateJob)[0].approval.decision == "timed-out"
-    assert "ApprovalTimedOut" in w.reasons()
-
-
-def test_timeout_fail():
-    w = World(make_spec(approval={"owner": "ops", "timeout": "3s", "onTimeout": "fail"}))
-    _await_approval(w)
-    w.now += timedelta(seconds=5)
-    w.annotations["approved"] = "true"  # too late
-    w.reconcile()
-    assert w.status.phase == "Failed" and w.status.approval.state == "TimedOut"
-    assert w.annotations == {} and "onTimeout is fail" in w.status.message
-
-
-def test_annotation_on_a_run_not_waiting_is_ignored_and_removed():
-    w = World(make_spec())
-    w.reconcile()
-    w.annotations["approved"] = "true"
-    dec = w.reconcile()
-    assert w.annotations == {} and "ApprovalIgnored" in w.reasons()
-    assert dec.of(d.CreateJob) == []
-    w.finish_job("awaiting-approval", pending=True)
-    w.reconcile()
-    assert w.status.approval.state == "Pending"  # not approved in advance
-
-
-def test_invalid_annotation_value_is_removed_and_still_waiting():
-    w = World(make_spec())
-    _await_approval(w)
-    w.annotations["approved"] = "maybe"
-    w.reconcile()
-    assert w.annotations == {} and w.status.approval.state == "Pending"
-    assert any("neither true nor false" in e.message for e in w.events)
 
 
 def test_suspend_between_laps_and_resume():
@@ -377,49 +214,6 @@ def test_store_unavailable_posts_one_event_per_lap_attempt_while_requeueing():
     w.reconcile()
     w.reconcile()
     assert w.reasons().count("StoreUnavailable") == 2  # once more, for lap 2
-
-
-def test_lap_retry_event_names_the_failing_lap_for_the_log():
-    w = World(make_spec())
-    w.reconcile()
-    w.finish_job()
-    w.reconcile()  # lap 1 checkpointed; lap 2 running
-    w.fail_job(75)
-    w.reconcile()
-    (ev,) = [e for e in w.events if e.reason == "LapRetry"]
-    assert (ev.lap, ev.attempt) == (2, 1) and w.status.lap == 1
-
-
-def test_exit_2_with_an_unreadable_checkpoint_report_fails_checkpoint_unreadable():
-    w = World(make_spec())
-    w.reconcile()
-    w.finish_job()
-    w.reconcile()  # lap 2 running
-    key = "p/ns/run/uid/laps/00000001.json"
-    w.failure_reports[(2, 1)] = {"exitClass": "permanent", "reason": "CheckpointUnreadable",
-                                 "message": f"checkpoint {key}: sha256 mismatch"}
-    w.fail_job(2)
-    w.reconcile()
-    assert w.status.phase == "Failed" and key in w.status.message
-    assert {c.type: c.reason for c in w.status.conditions}["Failed"] == "CheckpointUnreadable"
-    assert "CheckpointUnreadable" in w.reasons() and w.status.total_retries == 0
-    assert w.reconcile().actions == [] and w.created == [(1, 1), (2, 1)]
-
-
-def test_exit_2_with_a_checkpoint_too_large_report_fails_naming_lap_size_and_limit():
-    w = World(make_spec())
-    w.reconcile()
-    w.finish_job()
-    w.reconcile()  # lap 2 running
-    msg = ("lap 2: its checkpoint is 9437184 bytes (compressed), over the limit of 8388608 bytes per lap "
-           "(spec.checkpoint.maxLapBytes); the lap record was not written")
-    w.failure_reports[(2, 1)] = {"exitClass": "permanent", "reason": "CheckpointTooLarge", "message": msg}
-    w.fail_job(2)
-    w.reconcile()
-    assert w.status.phase == "Failed" and msg in w.status.message
-    assert {c.type: c.reason for c in w.status.conditions}["Failed"] == "CheckpointTooLarge"
-    assert "CheckpointTooLarge" in w.reasons() and w.status.total_retries == 0
-    assert w.reconcile().actions == [] and w.created == [(1, 1), (2, 1)]  # never retried
 
 
 def test_status_storage_is_the_records_count_plus_the_record_itself():

@@ -1,0 +1,171 @@
+"""The contract between the operator and the lap runner, in one place both sides import.
+
+The operator never talks to the model or the tools; the lap runner never talks to the Kubernetes
+API. They meet in three places, all defined here (docs/contracts.md explains them):
+
+* the lap Job's environment (operator -> runner): :class:`Env`, :func:`tool_headers_env`;
+* the process exit and the termination message (runner -> operator): :class:`ExitCode`,
+  :data:`FAILURE_LOG_MESSAGES`;
+* the checkpoint store (runner -> operator): the key layout (:func:`run_prefix`, :func:`lap_key`,
+  ...) and the reasons of an attempt report (:class:`AttemptReason`).
+
+This module imports nothing but the standard library: the lap imports it at start.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import IntEnum, StrEnum
+
+
+class ExitCode(IntEnum):
+    """Exit codes of ``agentrun lap``. Any other exit (signal, OOM, eviction) is retryable."""
+
+    OK = 0
+    """The lap's checkpoint is written (its outcome is inside: continue, done, awaiting-approval, failed)."""
+    PERMANENT = 2
+    """Retrying cannot help (bad configuration, unreadable checkpoint, tool removed): the run fails;
+    the message is in the attempt report."""
+    ALREADY_CHECKPOINTED = 3
+    """Another writer had checkpointed the lap (conditional put refused): read it, not a failure."""
+    RETRYABLE = 75
+    """Transient (model/tool timeout, 5xx, store unavailable): the operator retries with backoff."""
+
+
+class Env(StrEnum):
+    """Environment variables of the lap container, set by the operator (controller/jobs.py)."""
+
+    NAMESPACE = "AGENTRUN_NAMESPACE"
+    NAME = "AGENTRUN_NAME"
+    UID = "AGENTRUN_UID"
+    LAP = "AGENTRUN_LAP"
+    ATTEMPT = "AGENTRUN_ATTEMPT"
+    CHECKPOINT_URI = "AGENTRUN_CHECKPOINT_URI"
+    S3_ENDPOINT = "AGENTRUN_S3_ENDPOINT"
+    S3_REGION = "AGENTRUN_S3_REGION"
+    S3_PATH_STYLE = "AGENTRUN_S3_PATH_STYLE"
+    S3_CREDENTIALS_SECRET = "AGENTRUN_S3_CREDENTIALS_SECRET"
+    """The *name* of the Secret the S3 credentials come from (never a value), for messages."""
+    AWS_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
+    AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
+    AGENT_VERSION = "AGENTRUN_AGENT_VERSION"
+    SPEC = "AGENTRUN_SPEC"
+    """The AgentRun spec as JSON (``agentrun.api.spec.AgentRunSpec``); holds no secret values."""
+    MODEL_API_KEY = "AGENTRUN_MODEL_API_KEY"
+    APPROVAL_DECISION = "AGENTRUN_APPROVAL_DECISION"
+    """When resuming from a pause: one of :data:`APPROVAL_DECISIONS`."""
+    APPROVAL_CALL_ID = "AGENTRUN_APPROVAL_CALL_ID"
+    APPROVAL_REASON = "AGENTRUN_APPROVAL_REASON"
+    APPROVAL_BY = "AGENTRUN_APPROVAL_BY"
+    LOG_FORMAT = "AGENTRUN_LOG_FORMAT"
+    """``json`` (default) or ``text``."""
+    SCRIPT_FILE = "AGENTRUN_SCRIPT_FILE"
+    """Scripted provider only: a YAML file of responses (demos)."""
+    TEST_CRASH_AT = "AGENTRUN_TEST_CRASH_AT"
+    """Test hook only: the runner SIGKILLs itself at a named point of the lap."""
+    TERMINATION_MESSAGE_PATH = "AGENTRUN_TERMINATION_MESSAGE_PATH"
+    """Optional: where the runner writes the cause of a failure (default :data:`TERMINATION_MESSAGE_PATH`)."""
+
+
+TOOL_HEADERS_PREFIX = "AGENTRUN_TOOL_HEADERS_"
+APPROVAL_DECISIONS: tuple[str, ...] = ("approved", "rejected", "timed-out")
+
+
+def tool_headers_env(tool: str) -> str:
+    """``AGENTRUN_TOOL_HEADERS_<TOOL>`` of a tool's ``http.headersSecretRef``: upper-cased, ``-`` -> ``_``."""
+    return TOOL_HEADERS_PREFIX + tool.upper().replace("-", "_")
+
+
+CALL_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""A tool call id as the lap journals it (``journal/<lap>/tool-<callId>.json``) and as a decision
+names it (annotation ``agentrun.dev/call-id``)."""
+
+
+class AttemptReason(StrEnum):
+    """``reason`` of an attempt report (``attempts/<lap>-<attempt>.json``) that the operator turns
+    into the run's condition reason."""
+
+    CHECKPOINT_UNREADABLE = "CheckpointUnreadable"
+    """A corrupt or unknown-version checkpoint object."""
+    CHECKPOINT_TOO_LARGE = "CheckpointTooLarge"
+    """The lap's checkpoint would pass spec.checkpoint.maxLapBytes / maxRunBytes."""
+    STORE_ACCESS_DENIED = "StoreAccessDenied"
+    """The store refused the lap's credentials."""
+
+
+# -- the termination message --------------------------------------------------------------------
+
+FAILURE_LOG_MESSAGES: tuple[str, ...] = ("lap failed", "lap configuration refused")
+"""The ``msg`` of the runner's last log line on a failed lap; its ``error`` field is the cause
+(already redacted). The lap Job's ``terminationMessagePolicy: FallbackToLogsOnError`` makes the log
+tail the pod's termination message, where the operator reads it."""
+FAILURE_LOG_ERROR_FIELD = "error"
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+"""The container's ``terminationMessagePath`` (Kubernetes' default). On a failed lap the runner writes
+there, when the file exists (the kubelet creates it), the same JSON line as its last log line
+(``{"msg": "lap failed", "error": <cause>}``, the cause one line, redacted, at most
+:data:`MAX_TERMINATION_MESSAGE_CHARS`); the kubelet then reports that line instead of the log tail,
+and a reader of either finds the cause the same way."""
+MAX_TERMINATION_MESSAGE_CHARS = 900
+"""Characters of the cause in the termination message (UTF-8: within the kubelet's 4096 bytes)."""
+
+# -- the store layout -----------------------------------------------------------------------------
+
+LAPS_DIR = "laps/"
+SNAPSHOTS_DIR = "snapshots/"
+JOURNAL_DIR = "journal/"
+ATTEMPTS_DIR = "attempts/"
+MAX_LAP = 99_999_999
+MAX_ATTEMPT = 999
+
+
+def run_prefix(prefix: str, namespace: str, name: str, uid: str) -> str:
+    """``<prefix>/<namespace>/<name>/<uid>/``: every object of a run lives under it."""
+    head = prefix.strip("/")
+    return f"{head}/{namespace}/{name}/{uid}/" if head else f"{namespace}/{name}/{uid}/"
+
+
+def lap_object(lap: int) -> str:
+    """``laps/<lap:08d>.json``: the LapRecord (conditional put, ``If-None-Match: *``)."""
+    return f"{LAPS_DIR}{lap:08d}.json"
+
+
+def snapshot_object(lap: int) -> str:
+    """``snapshots/<lap:08d>.json``: the RunState after that lap, every ``snapshotEvery`` laps."""
+    return f"{SNAPSHOTS_DIR}{lap:08d}.json"
+
+
+def journal_dir(lap: int) -> str:
+    """``journal/<lap:08d>/``: the journal entries of one lap."""
+    return f"{JOURNAL_DIR}{lap:08d}/"
+
+
+def journal_object(lap: int, name: str) -> str:
+    """``journal/<lap:08d>/<name>.json``: ``model``, ``tool-<callId>``, ``tool-approved-<callId>``."""
+    return f"{journal_dir(lap)}{name}.json"
+
+
+def attempt_object(lap: int, attempt: int) -> str:
+    """``attempts/<lap:08d>-<attempt:03d>.json``: the failure report of a lap attempt (best effort)."""
+    return f"{ATTEMPTS_DIR}{lap:08d}-{attempt:03d}.json"
+
+
+def describe() -> str:
+    """The contract as text (``python -m agentrun.api.contract``): what docs/contracts.md points at."""
+    out = ["Lap Job environment (operator -> runner):"]
+    out += [f"  {e.value:<34} Env.{e.name}" for e in Env]
+    out.append(f"  {TOOL_HEADERS_PREFIX + '<TOOL>':<34} tool_headers_env(tool)")
+    out.append("Exit codes (runner -> operator):")
+    out += [f"  {c.value:<4} ExitCode.{c.name}" for c in ExitCode]
+    out.append("Attempt report reasons (attempts/...):")
+    out += [f"  {r.value:<24} AttemptReason.{r.name}" for r in AttemptReason]
+    out.append("Store layout, under " + run_prefix("PREFIX", "<namespace>", "<name>", "<uid>") + ":")
+    out += [f"  {lap_object(1)}", f"  {snapshot_object(10)}", f"  {journal_object(1, 'model')}",
+            f"  {attempt_object(1, 1)}"]
+    out.append("Failure log line (termination message): msg in " + ", ".join(repr(m) for m in FAILURE_LOG_MESSAGES)
+               + f", cause in field {FAILURE_LOG_ERROR_FIELD!r}")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(describe())

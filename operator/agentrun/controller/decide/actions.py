@@ -1,0 +1,153 @@
+"""What ``decide`` returns: frozen actions, performed in order by the shell, in a :class:`Decision`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentrun.api.status import AgentRunStatus, StoreLocation
+
+from ..jobs import ApprovalEnv
+
+FINALIZER = "agentrun.dev/checkpoints"
+
+
+@dataclass(frozen=True)
+class CreateJob:
+    lap: int
+    attempt: int
+    agent_version: str
+    name: str
+    approval: ApprovalEnv | None = None
+    store: StoreLocation | None = None
+    """The run's pinned store (status.store as observed), for the Job's environment."""
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    name: str
+
+
+@dataclass(frozen=True)
+class PatchStatus:
+    status: AgentRunStatus
+
+
+@dataclass(frozen=True)
+class RemoveAnnotations:
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+    lap: int | None = field(default=None, compare=False)
+    """The lap the Event is about, for the log line (default: status.lap, the last checkpointed)."""
+    attempt: int | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class RequeueAfter:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ReadCheckpoint:
+    lap: int
+
+
+@dataclass(frozen=True)
+class ReadAttemptFailure:
+    lap: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class ForkCheckpoint:
+    """Write the run's fork snapshot (the source's state through ``lap``) into the run's own store
+    prefix, conditionally (idempotent), and read it back: the shell adds a ``ForkRead``."""
+
+    source_name: str
+    source_uid: str
+    lap: int
+
+
+@dataclass(frozen=True)
+class ProbeStore:
+    """Probe the run's store for conditional writes (once per endpoint and bucket per process):
+    the shell adds a ``StoreProbeRead``."""
+
+
+@dataclass(frozen=True)
+class DeleteRun:
+    """Delete the AgentRun itself (spec.ttlSecondsAfterFinished passed), with a precondition on
+    its uid. Its checkpoints then go or stay by spec.checkpoint.retention (the finalizer)."""
+
+    ttl_seconds: int
+
+
+@dataclass(frozen=True)
+class AddFinalizer:
+    name: str = FINALIZER
+
+
+@dataclass(frozen=True)
+class RemoveFinalizer:
+    name: str = FINALIZER
+
+
+@dataclass(frozen=True)
+class DeleteCheckpoints:
+    """Delete the run's objects from the store (retention Delete), then remove the finalizer."""
+
+
+@dataclass(frozen=True)
+class LapFinished:
+    """Metric: a lap attempt ended, with its checkpoint or without (an error outcome)."""
+
+    lap: int
+    outcome: str
+    """A :class:`~agentrun.api.reasons.LapOutcome` (the ``outcome`` label)."""
+    duration_seconds: float
+    checkpoint_bytes: int | None = None  # stored bytes the lap added (None: not known)
+
+
+@dataclass(frozen=True)
+class LapRetried:
+    """Metric: a lap attempt failed and will be retried (or exhausted the attempts, or failed permanently)."""
+
+    lap: int
+    reason: str
+    """A :class:`~agentrun.api.reasons.RetryReason` (the ``reason`` label)."""
+
+
+Action = (
+    CreateJob | DeleteJob | PatchStatus | RemoveAnnotations | Event | RequeueAfter | ReadCheckpoint
+    | ReadAttemptFailure | ForkCheckpoint | AddFinalizer | RemoveFinalizer | DeleteCheckpoints | LapFinished | LapRetried
+    | ProbeStore | DeleteRun
+)
+
+
+@dataclass
+class Decision:
+    actions: list[Action] = field(default_factory=list)
+
+    def of(self, kind: type) -> list[Any]:
+        return [a for a in self.actions if isinstance(a, kind)]
+
+    @property
+    def status(self) -> AgentRunStatus | None:
+        patches = self.of(PatchStatus)
+        return patches[-1].status if patches else None
+
+    @property
+    def requeue_after(self) -> float | None:
+        delays = [a.seconds for a in self.of(RequeueAfter)]
+        return min(delays) if delays else None
+
+    @property
+    def needs_read(self) -> bool:
+        return bool(self.of(ReadCheckpoint) or self.of(ReadAttemptFailure) or self.of(ForkCheckpoint)
+                    or self.of(ProbeStore))

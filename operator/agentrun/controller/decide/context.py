@@ -1,0 +1,148 @@
+"""The status being built by one decision, and the actions gathered so far.
+
+:class:`StatusWriter` works without a usable spec (a terminal run, an invalid spec);
+:class:`Ctx` is made only after ``decide`` checked the spec once, so everything that needs the
+spec reads ``c.spec`` (never None) instead of asserting.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from agentrun.api.reasons import ConditionType, Reason
+from agentrun.api.spec import AgentRunSpec
+from agentrun.api.status import TERMINAL_PHASES, AgentRunStatus, Condition
+from agentrun.api.text import truncate
+
+from .actions import Action, Decision, Event, PatchStatus
+from .observed import Observed
+
+CONDITION_TYPES: tuple[str, ...] = tuple(ConditionType)
+MAX_MESSAGE_CHARS = 4096
+MAX_CONDITION_MESSAGE_CHARS = 1024
+MAX_EVENT_MESSAGE_CHARS = 1024
+EventType = Literal["Normal", "Warning"]
+
+
+def condition(st: AgentRunStatus, ctype: str) -> Condition | None:
+    return next((x for x in st.conditions if x.type == ctype), None)
+
+
+def _own(st: AgentRunStatus, ctype: ConditionType, old: Condition | None) -> tuple[str, str]:
+    """(reason, message) of a condition that is False and not explained by the phase: its own."""
+    if ctype is ConditionType.AWAITING_APPROVAL:
+        ap = st.approval
+        if ap is not None and ap.state != "Pending":
+            reason = {"Approved": Reason.APPROVAL_APPROVED, "Rejected": Reason.APPROVAL_REJECTED,
+                      "TimedOut": Reason.APPROVAL_TIMED_OUT}[ap.state]
+            by = f" by {ap.decided_by}" if ap.decided_by else ""
+            return reason, f"call {ap.call_id} of tool {ap.tool} (lap {ap.lap}) was {ap.state.lower()}{by}"
+        return Reason.NO_APPROVAL_PENDING, "no tool call waits for a decision"
+    if ctype is ConditionType.SUSPENDED:
+        if old is not None and (old.status == "True" or old.reason == Reason.RESUMED):
+            return Reason.RESUMED, f"resumed after lap {st.lap}" if old.status == "True" else old.message
+        return Reason.NOT_SUSPENDED, "spec.suspend is false"
+    if ctype is ConditionType.COMPLETE:
+        if st.phase in TERMINAL_PHASES:
+            return Reason.NOT_COMPLETE, f"the run ended {st.phase} before the agent finished"
+        return Reason.NOT_COMPLETE, "the agent has not finished"
+    return Reason.NOT_FAILED, "no permanent failure"
+
+
+def conditions_for(st: AgentRunStatus, phase: str, reason: str, message: str, generation: int,
+                   now: datetime) -> list[Condition]:
+    """The run's conditions for ``phase``: each type with its own status, reason and message.
+
+    The phase's reason and message go to the conditions the phase explains: Progressing (True while
+    Pending/Running/Retrying; False says why nothing runs) and the one condition the phase makes
+    True (AwaitingApproval, Suspended, Complete or Failed). Every other condition is False with a
+    reason of its own (``NoApprovalPending``, ``ApprovalApproved``, ``NotSuspended``, ``Resumed``,
+    ``NotComplete``, ``NotFailed``), never the phase's."""
+    truth = {
+        ConditionType.PROGRESSING: phase in ("Pending", "Running", "Retrying"),
+        ConditionType.AWAITING_APPROVAL: phase == "AwaitingApproval",
+        ConditionType.SUSPENDED: phase == "Suspended",
+        ConditionType.COMPLETE: phase == "Succeeded",
+        ConditionType.FAILED: phase in ("Failed", "BudgetExceeded"),
+    }
+    by_type = {c.type: c for c in st.conditions}
+    conds = []
+    for ctype in ConditionType:
+        value: Literal["True", "False"] = "True" if truth[ctype] else "False"
+        old = by_type.get(ctype)
+        if truth[ctype] or ctype is ConditionType.PROGRESSING:
+            why, text = reason, message
+        else:
+            why, text = _own(st, ctype, old)
+        changed = old is None or old.status != value
+        conds.append(Condition(
+            type=str(ctype), status=value, reason=str(why), message=truncate(text, MAX_CONDITION_MESSAGE_CHARS),
+            observed_generation=generation,
+            last_transition_time=now if changed or old is None else old.last_transition_time,
+        ))
+    conds += [c for c in st.conditions if c.type not in CONDITION_TYPES]
+    return conds[:16]
+
+
+class StatusWriter:
+    """The status being built (a deep copy of the observed one) and the actions gathered so far."""
+
+    def __init__(self, o: Observed) -> None:
+        self.o = o
+        self.st = o.status.model_copy(deep=True)
+        self.actions: list[Action] = []
+
+    def act(self, a: Action) -> None:
+        self.actions.append(a)
+
+    def event(self, type_: EventType, reason: str, message: str, lap: int | None = None,
+              attempt: int | None = None) -> None:
+        self.actions.append(Event(type_, str(reason), truncate(message, MAX_EVENT_MESSAGE_CHARS), lap, attempt))
+
+    def phase(self, phase: str, reason: str, message: str) -> None:
+        st, now = self.st, self.o.now
+        st.phase = phase  # type: ignore[assignment]
+        st.message = truncate(message, MAX_MESSAGE_CHARS)
+        st.conditions = conditions_for(st, phase, reason, message, self.o.generation, now)
+        if phase in TERMINAL_PHASES:
+            st.completed_at = st.completed_at or now
+            st.waiting_on = None
+            st.active_job = None
+            st.next_attempt_at = None
+        elif phase != "AwaitingApproval":
+            st.waiting_on = None
+
+    def fail(self, reason: str, message: str, phase: str = "Failed",
+             lap: int | None = None, attempt: int | None = None) -> Decision:
+        self.phase(phase, reason, message)
+        self.event("Warning", reason, message, lap, attempt)
+        return self.finish()
+
+    def finish(self, touch_generation: bool = True) -> Decision:
+        st = self.st
+        if touch_generation:
+            st.observed_generation = self.o.generation
+        if st.model_dump() != self.o.status.model_dump():
+            self.actions.append(PatchStatus(st))
+        return Decision(self.actions)
+
+
+class Ctx(StatusWriter):
+    """A :class:`StatusWriter` of a run whose spec was checked: ``spec`` is never None."""
+
+    def __init__(self, o: Observed, spec: AgentRunSpec) -> None:
+        super().__init__(o)
+        self.spec = spec
+
+
+def failed_status(o: Observed, status: AgentRunStatus | None, reason: str, message: str) -> AgentRunStatus:
+    """``status`` (else the observed one) turned Failed with ``reason`` and ``message``, its
+    conditions set as ``decide`` sets them: for the shell, when an action it performs fails for good
+    (the Job refused by the API server, an invalid configuration)."""
+    w = StatusWriter(o)
+    if status is not None:
+        w.st = status.model_copy(deep=True)
+    w.phase("Failed", reason, message)
+    w.st.observed_generation = o.generation
+    return w.st

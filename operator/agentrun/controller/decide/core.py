@@ -1,0 +1,109 @@
+"""``decide(observed) -> Decision``: the order of the concerns, each in its own module."""
+
+from __future__ import annotations
+
+from agentrun.api.approval import ANN_APPROVED
+from agentrun.api.reasons import Reason, RetryReason
+from agentrun.api.status import TERMINAL_PHASES, ActiveJob
+
+from ..jobs import job_name
+from .actions import FINALIZER, AddFinalizer, Decision, DeleteCheckpoints, DeleteJob, RemoveFinalizer
+from .approvals import adoption_mismatch, consume_annotation, take_decision
+from .context import Ctx, StatusWriter
+from .finish import expire
+from .fork import apply_fork
+from .laps import next_step, observe_active
+from .observed import Observed
+from .retries import next_lap_attempt, record_retry
+from .store import check_store_probe, pin_store
+
+
+def decide(o: Observed) -> Decision:
+    """What to do next for one AgentRun. Pure: no I/O, no clock (``o.now``)."""
+    # Deletion: the Job goes with the owner (GC); the checkpoints only when retention is Delete.
+    if o.deleting:
+        return Decision([DeleteCheckpoints(), RemoveFinalizer()] if FINALIZER in o.finalizers else [])
+    if o.spec is None:
+        return _without_spec(StatusWriter(o))
+    c = Ctx(o, o.spec)
+    st, spec = c.st, c.spec
+
+    if spec.checkpoint.retention == "Delete" and FINALIZER not in o.finalizers:
+        c.act(AddFinalizer())
+    elif spec.checkpoint.retention == "Retain" and FINALIZER in o.finalizers:
+        c.act(RemoveFinalizer())
+
+    terminal = st.phase in TERMINAL_PHASES
+    # The store is pinned in status (write-ahead) before anything of a live run touches it.
+    if not terminal and st.store is None:
+        return pin_store(c)
+
+    stop, waiting = take_decision(c)
+    if stop is not None:
+        return stop
+    if terminal:
+        return _terminal(c)
+
+    # Fencing rests on the store honouring If-None-Match: probe it before the run's first write.
+    fresh = st.lap == 0 and st.active_job is None and st.checkpoint is None
+    if fresh:
+        blocked = check_store_probe(c)
+        if blocked is not None:
+            return blocked
+
+    # A fork starts from the source's lap N: its fork snapshot first, then lap N+1.
+    if fresh and spec.fork_from is not None:
+        return apply_fork(c, spec.fork_from) or next_step(c)
+
+    jobs = {j.name: j for j in o.jobs}
+
+    # Adopt a Job whose creation was not recorded (lost status write, restart).
+    if st.active_job is None and not waiting:
+        lap, attempt = next_lap_attempt(st)
+        name = job_name(o.name, o.uid, lap, attempt)
+        if name in jobs:
+            j = jobs[name]
+            mismatch = adoption_mismatch(st, j)
+            if mismatch is not None:
+                c.act(DeleteJob(name))
+                c.event("Warning", Reason.JOB_MISMATCH, f"Job {name} was not adopted: {mismatch}; it was deleted and "
+                        "the lap attempt is retried with a new Job", lap, attempt)
+                return (record_retry(c, lap, attempt, RetryReason.JOB_MISMATCH, f"JobMismatch: {mismatch}")
+                        or next_step(c))
+            st.active_job = ActiveJob(
+                name=name, lap=lap, attempt=attempt,
+                agent_version=j.agent_version or spec.agent.version, started_at=j.started_at or o.now,
+            )
+
+    # Fence stray Jobs: an active Job that is not the run's current attempt must not write.
+    for j in o.jobs:
+        if j.state == "active" and (st.active_job is None or j.name != st.active_job.name):
+            c.act(DeleteJob(j.name))
+
+    aj = st.active_job
+    if aj is not None:
+        result = observe_active(c, aj, jobs.get(aj.name))
+        if result is not None:
+            return result
+    return next_step(c)
+
+
+def _terminal(w: StatusWriter) -> Decision:
+    """A finished run does nothing but remove a leftover Job and, past its ttl, itself."""
+    for j in w.o.jobs:
+        if j.state == "active":
+            w.act(DeleteJob(j.name))
+    expire(w)
+    return w.finish(touch_generation=False)
+
+
+def _without_spec(w: StatusWriter) -> Decision:
+    """The spec cannot be used (it does not validate): a live run fails InvalidSpec; a finished
+    one stays as it is. A decision annotation has nothing to apply to."""
+    o = w.o
+    if ANN_APPROVED in o.annotations:
+        consume_annotation(w, f"the run is not awaiting approval (phase {w.st.phase})"
+                           if w.st.phase != "AwaitingApproval" else "the run's spec cannot be used")
+    if w.st.phase in TERMINAL_PHASES:
+        return _terminal(w)
+    return w.fail(Reason.INVALID_SPEC, f"the spec cannot be used: {o.spec_error or 'unknown error'}")

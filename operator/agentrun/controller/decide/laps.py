@@ -1,0 +1,231 @@
+"""Laps: the Job in flight (running, stuck on its configuration, ended), the checkpoint it wrote,
+and the next lap attempt (or why there is none yet)."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+
+from agentrun.api.contract import AttemptReason, ExitCode
+from agentrun.api.reasons import LapOutcome, Reason, RetryReason
+from agentrun.api.status import TERMINAL_PHASES, ActiveJob, CheckpointRef, StorageStatus
+from agentrun.api.text import truncate
+from agentrun.checkpoint.schema import LapRecord
+
+from ..jobs import job_name
+from .actions import CreateJob, Decision, LapFinished, LapRetried, ReadAttemptFailure, ReadCheckpoint, RequeueAfter
+from .approvals import apply_timeout, approval_env
+from .context import MAX_CONDITION_MESSAGE_CHARS, Ctx, condition
+from .finish import apply_outcome, record_checkpoint
+from .observed import CheckpointRead, ObservedJob
+from .retries import classify_failure, job_cause, next_lap_attempt, record_retry
+from .store import store_unavailable
+
+POD_CONFIG_RETRY_SECONDS = 15.0
+
+# Waiting reasons of a container that the kubelet retries by itself once the configuration is fixed.
+POD_CONFIG_ERRORS = ("CreateContainerConfigError", "CreateContainerError", "InvalidImageName")
+_SECRET_MISSING = re.compile(r'secrets? "(?P<name>[^"]+)" not found')
+_KEY_MISSING = re.compile(r"couldn't find key (?P<key>\S+) in Secret (?:[^/\s]+/)?(?P<name>[^\s,]+)")
+
+
+def pod_config_problem(reason: str | None, message: str | None) -> tuple[str, str] | None:
+    """(condition reason, explanation) for a lap pod stuck on its configuration, else None.
+
+    The kubelet's messages (``secret "x" not found``, ``couldn't find key k in Secret ns/x``) name
+    the Secret and key; they never hold a secret value."""
+    if reason not in POD_CONFIG_ERRORS:
+        return None
+    text = message or reason
+    m = _SECRET_MISSING.search(text)
+    if m:
+        return Reason.SECRET_MISSING, f"Secret {m['name']!r} does not exist in the run's namespace"
+    m = _KEY_MISSING.search(text)
+    if m:
+        return Reason.SECRET_MISSING, f"Secret {m['name']!r} has no key {m['key']!r}"
+    return Reason.LAP_POD_CONFIG_ERROR, f"{reason}: {truncate(text, 300)}"
+
+
+def waiting_on_config(c: Ctx, aj: ActiveJob, job: ObservedJob, problem: tuple[str, str]) -> None:
+    """The active Job's pod cannot start because of its configuration (a missing Secret or key):
+    past the grace, say so (phase Pending, condition reason SecretMissing / LapPodConfigError, one
+    Warning Event) and keep the Job: creating the Secret is the fix and the kubelet then starts the
+    pod by itself; spec.lapTimeout still bounds the attempt."""
+    o, st = c.o, c.st
+    reason, why = problem
+    since = job.waiting_since or aj.started_at or o.now
+    waited = (o.now - since).total_seconds()
+    if waited < o.pod_config_grace_seconds:
+        if st.phase != "Running":
+            c.phase("Running", Reason.LAP_RUNNING, f"lap {aj.lap} attempt {aj.attempt} starting (agent {aj.agent_version})")
+        c.act(RequeueAfter(max(0.5, o.pod_config_grace_seconds - waited)))
+        return
+    msg = (f"lap {aj.lap} attempt {aj.attempt} cannot start: {why} ({job.waiting_reason}). The lap starts as "
+           "soon as it is fixed; spec.lapTimeout bounds the wait")
+    progressing = condition(st, "Progressing")
+    if not (st.phase == "Pending" and progressing is not None and progressing.reason == reason
+            and progressing.message == truncate(msg, MAX_CONDITION_MESSAGE_CHARS)):
+        c.phase("Pending", reason, msg)
+        c.event("Warning", reason, msg, aj.lap, aj.attempt)
+    c.act(RequeueAfter(POD_CONFIG_RETRY_SECONDS))
+
+
+def observe_active(c: Ctx, aj: ActiveJob, job: ObservedJob | None) -> Decision | None:
+    """Handle the Job in flight (``job``: the cluster's view of ``aj``, None when it is gone).
+    Returns a Decision to stop, or None to go on to the next step."""
+    st = c.st
+    if job is not None and job.state == "active":
+        problem = pod_config_problem(job.waiting_reason, job.waiting_message)
+        if problem is not None:
+            waiting_on_config(c, aj, job, problem)
+        elif st.phase != "Running":
+            c.phase("Running", Reason.LAP_RUNNING,
+                    f"lap {aj.lap} attempt {aj.attempt} running (agent {aj.agent_version})")
+        return c.finish()
+    if job is None or job.state == "succeeded" or job.exit_code == ExitCode.ALREADY_CHECKPOINTED:
+        return _read_checkpoint(c, aj, job)
+    if job.exit_code == ExitCode.PERMANENT:
+        return _failed_permanently(c, aj, job)
+    kind, reason = classify_failure(job)
+    return record_retry(c, aj.lap, aj.attempt, kind, reason, aj.started_at or c.o.now) or next_step(c)
+
+
+def _read_checkpoint(c: Ctx, aj: ActiveJob, job: ObservedJob | None) -> Decision | None:
+    """The attempt ended as if it checkpointed (or its Job is gone): the checkpoint decides."""
+    cp = c.o.checkpoint
+    if cp is None or cp.lap != aj.lap:
+        return Decision([ReadCheckpoint(aj.lap)])
+    if cp.kind == "ok" and cp.record is not None:
+        if cp.record.lap != aj.lap:
+            return c.fail(Reason.CHECKPOINT_UNREADABLE, f"{cp.key} holds lap {cp.record.lap}, expected lap {aj.lap}")
+        already = job is not None and job.exit_code == ExitCode.ALREADY_CHECKPOINTED
+        apply_lap(c, cp, cp.record, LapOutcome.ALREADY_CHECKPOINTED if already else None)
+        return None
+    if cp.kind == "unreadable":
+        return c.fail(Reason.CHECKPOINT_UNREADABLE, f"lap {aj.lap} checkpoint cannot be read: {cp.error}. The "
+                      "store was left untouched; fix or migrate the object (or upgrade agentrun), then recreate the run")
+    if cp.kind == "unavailable":  # once per lap attempt (the condition remembers it), not on every requeue
+        return store_unavailable(c, "Running", f"lap {aj.lap} attempt {aj.attempt} ended; its checkpoint cannot be "
+                                 "read yet (store unavailable, retrying): ", cp.error, aj.lap, aj.attempt)
+    if job is None:  # missing
+        kind, reason = RetryReason.JOB_MISSING, "JobMissing: the lap Job disappeared before a checkpoint was written"
+    else:
+        kind, reason = RetryReason.CHECKPOINT_MISSING, (f"CheckpointMissing: lap Job ended (exit {job.exit_code or 0}) "
+                                                        "but no checkpoint was written")
+    return record_retry(c, aj.lap, aj.attempt, kind, reason, aj.started_at or c.o.now) or next_step(c)
+
+
+def _failed_permanently(c: Ctx, aj: ActiveJob, job: ObservedJob) -> Decision:
+    """Exit 2: the run fails, named by the attempt report (read first), else the pod's cause."""
+    o = c.o
+    af = o.attempt_failure
+    if af is None or (af.lap, af.attempt) != (aj.lap, aj.attempt):
+        return Decision([ReadAttemptFailure(aj.lap, aj.attempt)])
+    report = af.report or {}
+    detail = report.get("message") or report.get("error") or job_cause(job) or "no failure report was written"
+    where = f"lap {aj.lap} attempt {aj.attempt}"
+    c.act(LapFinished(aj.lap, LapOutcome.PERMANENT_ERROR, max(0.0, (o.now - (aj.started_at or o.now)).total_seconds())))
+    c.act(LapRetried(aj.lap, RetryReason.PERMANENT))
+    if report.get("reason") == AttemptReason.CHECKPOINT_TOO_LARGE:
+        return c.fail(Reason.CHECKPOINT_TOO_LARGE, f"{where}: {detail}. The store was left as it is; to go on, fork "
+                      "the run from its last lap with a higher limit (agentrun fork --dry-run -o yaml, edit "
+                      "spec.checkpoint, kubectl apply)", lap=aj.lap, attempt=aj.attempt)
+    if report.get("reason") == AttemptReason.CHECKPOINT_UNREADABLE:
+        return c.fail(Reason.CHECKPOINT_UNREADABLE, f"{where} cannot read the run's checkpoints: {detail}. The store "
+                      "was left untouched; fix or migrate the object (or upgrade agentrun), then recreate the run",
+                      lap=aj.lap, attempt=aj.attempt)
+    return c.fail(Reason.LAP_FAILED_PERMANENTLY, f"{where} failed permanently: {detail}", lap=aj.lap,
+                  attempt=aj.attempt)
+
+
+def apply_lap(c: Ctx, cp: CheckpointRead, rec: LapRecord, outcome: LapOutcome | None = None) -> None:
+    """Lap ``rec.lap`` is checkpointed: the run stands at it; then its outcome decides the phase.
+    ``outcome``: the metric label of the attempt when not the record's own (exit 3)."""
+    st = c.st
+    usd = record_checkpoint(c, rec.lap, CheckpointRef(
+        lap=rec.lap, key=cp.key or "", uri=cp.uri, sha256=cp.sha256 or "", written_at=cp.written_at,
+        agent_version=rec.agent_version, schema_version=rec.schema_version,
+        endpoint=cp.endpoint, region=cp.region, path_style=cp.path_style,
+    ), rec.totals)
+    st.active_job = None
+    st.next_attempt_at = None
+    duration = max(0.0, (rec.timings.finished_at - rec.timings.started_at).total_seconds())
+    added = None
+    if rec.storage is not None and cp.size is not None:
+        total = StorageStatus(bytes=rec.storage.bytes + cp.size, objects=rec.storage.objects + 1)
+        before = st.storage.bytes if st.storage is not None else 0
+        added = total.bytes - before if 0 < before <= total.bytes else cp.size
+        st.storage = total
+    c.act(LapFinished(rec.lap, outcome or LapOutcome.of_checkpoint(rec.outcome.type), duration, added))
+    c.event("Normal", Reason.LAP_CHECKPOINTED,
+            f"lap {rec.lap} checkpointed ({rec.outcome.type}) by agent {rec.agent_version}; cost so far ${usd}")
+    apply_outcome(c, rec.lap, rec.outcome, rec.pending_approval)
+
+
+def next_step(c: Ctx) -> Decision:
+    """No Job in flight: wait, stop, or start the next lap attempt."""
+    o, st, spec = c.o, c.st, c.spec
+    if st.phase in TERMINAL_PHASES:
+        return c.finish()
+    if st.phase == "AwaitingApproval" and st.approval is not None and st.approval.state == "Pending":
+        timed_out = apply_timeout(c)
+        if timed_out is not None:
+            return timed_out
+        if st.approval.state == "Pending":
+            c.act(RequeueAfter(max(0.5, (st.approval.deadline - o.now).total_seconds())))
+            return c.finish()
+    elif st.phase == "AwaitingApproval" and st.approval is None:
+        return c.finish()
+
+    decision_env = approval_env(st)
+
+    if spec.suspend:
+        if st.phase != "Suspended":
+            c.phase("Suspended", Reason.SUSPENDED, f"suspended after lap {st.lap}; set spec.suspend=false to resume")
+            c.event("Normal", Reason.SUSPENDED, f"run suspended after lap {st.lap}")
+        return c.finish()
+    if st.phase == "Suspended":
+        c.event("Normal", Reason.RESUMED, f"run resumed at lap {st.lap + 1}")
+
+    if st.next_attempt_at is not None and o.now < st.next_attempt_at and st.phase in ("Retrying", "Suspended"):
+        if st.phase != "Retrying":
+            c.phase("Retrying", Reason.LAP_RETRY, f"waiting for the backoff until {st.next_attempt_at.isoformat()}")
+        c.act(RequeueAfter(max(0.5, (st.next_attempt_at - o.now).total_seconds())))
+        return c.finish()
+
+    lap, attempt = next_lap_attempt(st)
+    if attempt > spec.retry.attempts_per_lap:
+        return c.fail(Reason.RETRIES_EXHAUSTED, f"lap {lap} already failed {attempt - 1} attempt(s)")
+    if lap > spec.budget.max_laps:
+        return c.fail(
+            Reason.BUDGET_EXCEEDED, f"lap {lap} would pass spec.budget.maxLaps={spec.budget.max_laps}",
+            phase="BudgetExceeded",
+        )
+    if spec.budget.max_cost_usd is not None and Decimal(st.cost.usd) >= Decimal(spec.budget.max_cost_usd):
+        return c.fail(
+            Reason.BUDGET_EXCEEDED,
+            f"cost ${st.cost.usd} reached spec.budget.maxCostUSD=${spec.budget.max_cost_usd} before lap {lap}",
+            phase="BudgetExceeded",
+        )
+
+    version = spec.agent.version
+    # Write-ahead: the Job is created only once the API server holds what it executes (the decision
+    # it carries, the store it writes to). Otherwise record that first; the Job follows next pass.
+    if o.status.store is None or (decision_env is not None
+                                  and (o.status.lap, approval_env(o.status)) != (st.lap, decision_env)):
+        ap = st.approval
+        after = f"call {ap.call_id} {decision_env.decision}; " if ap is not None and decision_env else ""
+        c.phase("Running", Reason.LAP_STARTING, f"{after}lap {lap} attempt {attempt} starts (agent {version})")
+        c.act(RequeueAfter(0.0))
+        return c.finish()
+    if attempt == 1 and st.agent_version and st.agent_version != version:
+        c.event("Normal", Reason.VERSION_CHANGED,
+                f"lap {lap} runs agent version {version} (lap {st.lap} ran {st.agent_version})", lap, attempt)
+    name = job_name(o.name, o.uid, lap, attempt)
+    c.act(CreateJob(lap=lap, attempt=attempt, agent_version=version, name=name, approval=decision_env,
+                    store=o.status.store))
+    st.active_job = ActiveJob(name=name, lap=lap, attempt=attempt, agent_version=version, started_at=o.now)
+    st.started_at = st.started_at or o.now
+    st.next_attempt_at = None
+    c.phase("Running", Reason.LAP_RUNNING, f"lap {lap} attempt {attempt} running (agent {version})")
+    return c.finish()

@@ -1,0 +1,134 @@
+"""What ``decide`` is given: the run as the shell observed it (:class:`Observed`), and the results
+of the reads it asked for."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from agentrun.api.spec import AgentRunSpec
+from agentrun.api.status import AgentRunStatus, StoreLocation
+from agentrun.checkpoint.schema import LapRecord, RunState
+
+JobState = Literal["active", "succeeded", "failed"]
+
+
+@dataclass(frozen=True)
+class ObservedJob:
+    """A lap Job of the run, as seen in the cluster (with its pod's exit, when finished)."""
+
+    name: str
+    lap: int
+    attempt: int
+    state: JobState
+    exit_code: int | None = None
+    reason: str | None = None  # DeadlineExceeded, Evicted, OOMKilled, BackoffLimitExceeded, ...
+    message: str | None = None
+    agent_version: str | None = None
+    started_at: datetime | None = None
+    waiting_reason: str | None = None
+    """Of an active Job: why its pod's container is not running yet (CreateContainerConfigError, ...)."""
+    waiting_message: str | None = None
+    waiting_since: datetime | None = None
+    """Since when the pod exists without running (its creationTimestamp)."""
+    approval: str | None = None
+    """The Job's ``agentrun.dev/approval`` annotation (the decision it executes); None when the Job
+    has none (created by an earlier release)."""
+    store: StoreLocation | None = None
+    """The store the Job was given (its environment), when known."""
+    termination_message: str | None = None
+    """Of a finished Job: its newest pod's container termination message, raw (with
+    ``terminationMessagePolicy: FallbackToLogsOnError``, the tail of the lap's log). ``decide``
+    takes the cause of a failed attempt from it (:func:`lap_cause`: the runner's ``error`` of its
+    last "lap failed" line, else the last line; bounded, secrets redacted) when ``message`` is None.
+    None: not read (an active Job, or a Job that is not the run's current attempt)."""
+
+
+@dataclass(frozen=True)
+class CheckpointRead:
+    """Result of reading ``laps/<lap>.json``."""
+
+    lap: int
+    kind: Literal["ok", "missing", "unavailable", "unreadable"]
+    record: LapRecord | None = None
+    key: str | None = None
+    uri: str | None = None
+    sha256: str | None = None
+    written_at: datetime | None = None
+    error: str | None = None
+    endpoint: str | None = None
+    region: str | None = None
+    path_style: bool | None = None
+    size: int | None = None  # stored bytes of the lap object
+
+
+@dataclass(frozen=True)
+class ForkRead:
+    """Result of writing (or finding) the run's fork snapshot from ``spec.forkFrom``."""
+
+    lap: int
+    kind: Literal["ok", "missing", "unavailable", "unreadable"]
+    state: RunState | None = None
+    key: str | None = None
+    uri: str | None = None
+    sha256: str | None = None
+    written_at: datetime | None = None
+    error: str | None = None
+    endpoint: str | None = None
+    region: str | None = None
+    path_style: bool | None = None
+
+
+@dataclass(frozen=True)
+class StoreProbeRead:
+    """The verdict of the store's conditional-write probe (``checkpoint/probe.py``, cached per
+    endpoint and bucket by the shell): does it honour ``If-None-Match: *``?"""
+
+    kind: Literal["ok", "unsafe", "unavailable", "invalid"]
+    """invalid: no store is configured, or its configuration cannot be used (``detail`` says why)."""
+    endpoint: str = ""
+    """Redacted endpoint URL, or "AWS S3"."""
+    bucket: str = ""
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class AttemptFailureRead:
+    """Result of reading ``attempts/<lap>-<attempt>.json`` (best effort: may be None)."""
+
+    lap: int
+    attempt: int
+    report: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Observed:
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    spec: AgentRunSpec | None
+    status: AgentRunStatus
+    now: datetime
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    finalizers: tuple[str, ...] = ()
+    deleting: bool = False
+    spec_error: str | None = None
+    jobs: tuple[ObservedJob, ...] = ()
+    checkpoint: CheckpointRead | None = None
+    attempt_failure: AttemptFailureRead | None = None
+    fork: ForkRead | None = None
+    store_probe: StoreProbeRead | None = None
+    """The store probe's verdict; None: not probed yet (decide asks with ``ProbeStore``)."""
+    pod_config_grace_seconds: float = 30.0
+    """AGENTRUN_POD_CONFIG_GRACE_SECONDS: how long a lap pod may wait on a config error before the
+    run says so (condition + Warning Event)."""
+    resolved_store: StoreLocation | None = None
+    """The store a new run would use now (spec.checkpoint, else the operator's defaults): pinned
+    into status.store before the run's first Job, never used after that."""
+    store_error: str | None = None
+    """Why there is no ``resolved_store`` (no URI anywhere)."""
+    store_retry_seconds: float = 10.0
+    """AGENTRUN_STORE_RETRY_SECONDS: how soon a run whose store is unavailable is looked at again."""

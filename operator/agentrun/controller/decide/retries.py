@@ -1,0 +1,95 @@
+"""Retries: what a failed lap attempt was (its typed reason and its cause), the backoff, and the
+end of the attempts."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from agentrun.api.contract import ExitCode
+from agentrun.api.reasons import LapOutcome, Reason, RetryReason
+from agentrun.api.spec import AgentRunSpec
+from agentrun.api.status import AgentRunStatus, LapRetries
+from agentrun.api.text import truncate
+from agentrun.api.types import parse_duration
+
+from .actions import Decision, LapFinished, LapRetried
+from .context import Ctx
+from .observed import ObservedJob
+from .text import lap_cause
+
+MAX_RETRY_ENTRIES = 20
+MAX_LAST_REASON_CHARS = 512
+# Pod / Job reasons of an attempt that ended because its pod went away (the text head, as observed).
+_EVICTION_HEADS = ("Evicted", "Preempting", "Preempted", "NodeLost", "NodeShutdown", "Shutdown", "Terminated",
+                   "PodGone", "UnexpectedAdmissionError")
+
+
+def next_lap_attempt(status: AgentRunStatus) -> tuple[int, int]:
+    """The lap and attempt the next Job would run."""
+    lap = status.lap + 1
+    entry = next((r for r in status.retries if r.lap == lap), None)
+    return lap, (entry.retries if entry else 0) + 1
+
+
+def backoff_seconds(spec: AgentRunSpec, failed_attempt: int) -> float:
+    """Delay after the ``failed_attempt``-th failed attempt: initial * factor^(n-1), capped."""
+    b = spec.retry.backoff
+    delay = parse_duration(b.initial) * (float(b.factor) ** max(0, failed_attempt - 1))
+    return float(min(delay, parse_duration(b.max)))
+
+
+def job_cause(job: ObservedJob) -> str | None:
+    """The cause of a failed Job's attempt: the runner's message as the shell read it, else taken
+    from the pod's termination message (bounded, secrets redacted)."""
+    return job.message or lap_cause(job.termination_message)
+
+
+def classify_failure(job: ObservedJob) -> tuple[RetryReason, str]:
+    """The typed reason of a failed lap Job (not exit 2 or 3) and the human text of it: its head
+    (``RetryableError``, ``DeadlineExceeded: ...``, ``OOMKilled``, ``exit code 137``) and its cause
+    (``RetryableError: model endpoint http://m:8080/v1 unreachable (ConnectError)``)."""
+    head = job.reason or (f"exit code {job.exit_code}" if job.exit_code is not None else "Failed")
+    first = head.split(":", 1)[0].strip()
+    if first == "DeadlineExceeded":
+        kind = RetryReason.TIMEOUT
+    elif job.exit_code == ExitCode.RETRYABLE:
+        kind, head = RetryReason.RETRYABLE_EXIT, "RetryableError"
+    elif first == "OOMKilled":
+        kind = RetryReason.OOM_KILLED
+    elif first in _EVICTION_HEADS:
+        kind = RetryReason.EVICTED
+    else:
+        kind = RetryReason.POD_FAILED
+    cause = job_cause(job)
+    return kind, f"{head}: {cause}" if cause else head
+
+
+def record_retry(c: Ctx, lap: int, attempt: int, kind: RetryReason, reason: str,
+                 started_at: datetime | None = None) -> Decision | None:
+    """Record a failed attempt (status.retries[].lastReason holds ``reason``, cause included; the
+    metrics get ``kind``). Returns the final Decision when the attempts are exhausted, else None
+    (the run is Retrying; the caller goes on to the next step, which waits for the backoff)."""
+    o, st = c.o, c.st
+    reason = truncate(reason, MAX_LAST_REASON_CHARS)
+    entries = {r.lap: r for r in st.retries}
+    entry = entries.get(lap) or LapRetries(lap=lap, retries=0)
+    entry.retries = max(entry.retries, attempt)
+    entry.last_reason = reason
+    entries[lap] = entry
+    st.retries = sorted(entries.values(), key=lambda r: r.lap)[-MAX_RETRY_ENTRIES:]
+    st.total_retries += 1
+    st.active_job = None
+    if started_at is not None:
+        c.act(LapFinished(lap, LapOutcome.of_failure(kind), max(0.0, (o.now - started_at).total_seconds())))
+    c.act(LapRetried(lap, kind))
+    allowed = c.spec.retry.attempts_per_lap
+    if attempt >= allowed:
+        return c.fail(Reason.RETRIES_EXHAUSTED, f"lap {lap} failed {attempt} of {allowed} attempt(s); last: {reason}",
+                      lap=lap, attempt=attempt)
+    delay = backoff_seconds(c.spec, attempt)
+    st.next_attempt_at = o.now + timedelta(seconds=delay)
+    c.phase("Retrying", Reason.LAP_RETRY,
+            f"lap {lap} attempt {attempt} failed ({reason}); attempt {attempt + 1} in {delay:g}s")
+    c.event("Warning", Reason.LAP_RETRY, f"lap {lap} attempt {attempt} failed ({reason}); retrying in {delay:g}s",
+            lap, attempt)
+    return None
