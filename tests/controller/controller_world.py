@@ -8,6 +8,7 @@ from typing import Any
 
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentRunStatus, StoreLocation
+from agentrun.api.tenancy import PolicyCheck
 from agentrun.checkpoint.schema import (
     ForkProvenance,
     LapRecord,
@@ -119,6 +120,8 @@ class World:
     probes: int = 0
     deleted: bool = False
     """A DeleteRun was applied (the run is then deleting)."""
+    policy_check: PolicyCheck | None = None
+    """The tenancy re-check the shell reads (Observed.policy_check); None: not enforced."""
 
     def observed(self, checkpoint=None, attempt_failure=None, fork=None) -> d.Observed:
         return d.Observed(
@@ -128,6 +131,7 @@ class World:
             checkpoint=checkpoint, attempt_failure=attempt_failure, fork=fork,
             resolved_store=self.resolved_store, store_probe=self.probe,
             store_error=None if self.resolved_store else "no store configured for the test",
+            policy_check=self.policy_check,
         )
 
     def reconcile(self) -> d.Decision:

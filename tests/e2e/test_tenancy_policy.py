@@ -6,7 +6,7 @@
   the chart renders a team policy): every refused case names exactly the messages the pure checker
   (agentrun.api.tenancy.check) gives, and every allowed case is accepted; so the CEL and the Python
   checker agree case by case.
-* The loader the operator's re-check uses (tenancy.load_policies) reads, through the API, the same
+* The loader the operator's re-check uses (agentrun.controller.tenancy.load_policies) reads, through the API, the same
   policies the API server applies; tightening the policy after a run was admitted makes the re-check
   of the stored run fail with the violation named (the operator wiring is the lead's; see the skipped
   test at the end).
@@ -33,6 +33,7 @@ from e2e_support import wait_for  # noqa: E402
 
 from agentrun.api import tenancy as t  # noqa: E402
 from agentrun.api import tenancy_admission as ta  # noqa: E402
+from agentrun.controller import tenancy as tc  # noqa: E402
 
 pytestmark = [pytest.mark.e2e]
 
@@ -240,18 +241,18 @@ def _api_client(cluster):
 def test_the_recheck_loader_reads_what_the_api_server_applies_and_sees_a_tightened_policy(cluster, strict):
     ns, pname = strict
     api, _ = _api_client(cluster)
-    policies = t.load_policies(api, ns)
+    policies = tc.load_policies(api, ns)
     assert list(policies) == [pname]
     assert policies[pname] == t.AgentRunPolicySpec.model_validate(TABLE["policy"])
-    assert list(t.load_policies(api, "default")) == [t.DEFAULT_POLICY]
+    assert list(tc.load_policies(api, "default")) == [t.DEFAULT_POLICY]
     # admit a run, then tighten the policy: the stored run no longer complies
     doc = _manifest(CASES[0], "tightened")
     _apply(cluster, doc, ns=ns, check=True)
     stored = json.loads(cluster.kubectl_run("get", "agentrun", "tightened", "-n", ns, "-o", "json").stdout)["spec"]
-    assert t.check_all(stored, t.load_policies(api, ns)).ok
+    assert t.check_all(stored, tc.load_policies(api, ns)).ok
     cluster.kubectl_run("patch", "agentrunpolicy", pname, "--type=merge", "-p",
                         json.dumps({"spec": {"destinations": {"allowedHosts": ["api.openai.com"]}}}))
-    got = t.check_all(stored, t.load_policies(api, ns))
+    got = t.check_all(stored, tc.load_policies(api, ns))
     assert not got.ok
     assert ('spec.agent.tools[search].http.url "https://search.tools.example.com/q" has host '
             '"search.tools.example.com", which is not allowed (AgentRunPolicy rule destinations.allowedHosts)'
@@ -265,7 +266,7 @@ def test_the_recheck_loader_reads_what_the_api_server_applies_and_sees_a_tighten
     cluster.kubectl_run("patch", "agentrunpolicy", pname, "--type=merge", "-p",
                         json.dumps({"spec": {"destinations": {"allowedHosts": TABLE["policy"]["destinations"]
                                                               ["allowedHosts"]}}}))
-    assert t.check_all(stored, t.load_policies(api, ns)).ok
+    assert t.check_all(stored, tc.load_policies(api, ns)).ok
     missing = t.check_all(stored, {pname: None})
     assert not missing.ok and "does not exist" in missing.message
 
@@ -280,7 +281,7 @@ def test_recheck_is_none_without_the_readers_rbac_and_a_check_with_it(cluster, s
     cluster.kubectl_run("create", "serviceaccount", sa, "-n", ns)
     api = config.new_client_from_config(config_file=sa_kubeconfig(cluster, ns, sa))
     spec = _manifest(CASES[0], "x")["spec"]
-    assert t.recheck(api, ns, spec) is None
+    assert tc.recheck(api, ns, spec) is None
     chart_role = next(d for d in _helm_docs("--set", "tenancy.operatorRecheck=true", "--api-versions",
                                  "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
                       if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-tenancy-reader"))
@@ -291,10 +292,10 @@ def test_recheck_is_none_without_the_readers_rbac_and_a_check_with_it(cluster, s
            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]}
     _apply(cluster, role, crb, check=True)
     try:
-        got = wait_for("the reader RBAC in force", lambda: t.recheck(api, ns, spec), timeout=60)
+        got = wait_for("the reader RBAC in force", lambda: tc.recheck(api, ns, spec), timeout=60)
         assert got.ok and [n for n, _ in got.violations] == [pname]
         bad = _manifest(next(c for c in CASES if c["name"] == "cloud-metadata-address"), "x")["spec"]
-        assert "destinations.alwaysDenied" in t.recheck(api, ns, bad).message
+        assert "destinations.alwaysDenied" in tc.recheck(api, ns, bad).message
     finally:
         cluster.kubectl_run("delete", "clusterrolebinding,clusterrole", f"{sa}-{ns}", "--ignore-not-found")
 

@@ -39,6 +39,7 @@ class Reason(StrEnum):
     CHECKPOINT_UNREADABLE = "CheckpointUnreadable"
     CHECKPOINT_TOO_LARGE = "CheckpointTooLarge"
     INVALID_SPEC = "InvalidSpec"
+    POLICY_VIOLATION = "PolicyViolation"  # agentrun.api.tenancy.CONDITION_REASON
     INVALID_CONFIGURATION = "InvalidConfiguration"
     TTL_EXPIRED = "TTLExpired"
     # the store

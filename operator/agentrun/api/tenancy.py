@@ -43,7 +43,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Final, cast
+from typing import Annotated, Any, Final
 
 from pydantic import Field
 
@@ -516,45 +516,3 @@ def check_all(spec: dict[str, Any], policies: dict[str, AgentRunPolicySpec | Non
             out.append((name, tuple(check(spec, p))))
     return PolicyCheck(tuple(out))
 
-
-def load_policies(api: Any, namespace: str) -> dict[str, AgentRunPolicySpec | None]:
-    """Read the policies that apply to ``namespace`` through the kubernetes client ``api``
-    (a ``kubernetes.client.ApiClient``): namespace labels, the bindings of VAP_NAME, their params.
-    Needs get on namespaces, list on validatingadmissionpolicybindings and get on agentrunpolicies
-    (the chart's agentrun-tenancy-reader ClusterRole). Raises the client's ApiException on errors
-    other than a missing AgentRunPolicy."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(api)
-    adm = client.AdmissionregistrationV1Api(api)
-    custom = client.CustomObjectsApi(api)
-    meta = core.read_namespace(namespace).metadata
-    labels = (meta.labels if meta is not None else None) or {}
-    bindings = [api.sanitize_for_serialization(b)
-                for b in adm.list_validating_admission_policy_binding().items]
-    out: dict[str, AgentRunPolicySpec | None] = {}
-    for name in binding_params(bindings, labels):
-        try:
-            obj = cast("dict[str, Any]", custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name))
-        except client.ApiException as e:
-            if e.status == 404:
-                out[name] = None
-                continue
-            raise
-        out[name] = AgentRunPolicySpec.model_validate(obj.get("spec") or {})
-    return out
-
-
-def recheck(api: Any, namespace: str, spec: dict[str, Any]) -> PolicyCheck | None:
-    """The operator's re-check of a run before a lap: :func:`check_all` of the stored ``spec`` (the
-    JSON of .spec) against :func:`load_policies`. None when the operator may not read the policies
-    (403: the chart's ``tenancy.operatorRecheck`` RBAC is off), so the caller logs that the re-check
-    is not enforced; other API errors are raised (retry with backoff, like any read)."""
-    from kubernetes import client
-
-    try:
-        return check_all(spec, load_policies(api, namespace))
-    except client.ApiException as e:
-        if e.status == 403:
-            return None
-        raise

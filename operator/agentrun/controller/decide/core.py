@@ -44,6 +44,11 @@ def decide(o: Observed) -> Decision:
     if terminal:
         return _terminal(c)
 
+    # Tenancy: a run that no longer complies with its AgentRunPolicy (tightened after apply) stops
+    # before the operator touches its store or starts a lap (a lap in flight ends first).
+    if o.policy_check is not None and not o.policy_check.ok and st.active_job is None:
+        return c.fail(Reason.POLICY_VIOLATION, o.policy_check.message)
+
     # Fencing rests on the store honouring If-None-Match: probe it before the run's first write.
     fresh = st.lap == 0 and st.active_job is None and st.checkpoint is None
     if fresh:

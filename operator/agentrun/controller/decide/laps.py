@@ -208,6 +208,9 @@ def next_step(c: Ctx) -> Decision:
             phase="BudgetExceeded",
         )
 
+    if o.policy_check is not None and not o.policy_check.ok:
+        return c.fail(Reason.POLICY_VIOLATION, f"lap {lap} not started: {o.policy_check.message}")
+
     version = spec.agent.version
     # Write-ahead: the Job is created only once the API server holds what it executes (the decision
     # it carries, the store it writes to). Otherwise record that first; the Job follows next pass.

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentRunStatus, StoreLocation
+from agentrun.api.tenancy import PolicyCheck
 from agentrun.checkpoint.schema import LapRecord, RunState
 
 JobState = Literal["active", "succeeded", "failed"]
@@ -132,3 +133,7 @@ class Observed:
     """Why there is no ``resolved_store`` (no URI anywhere)."""
     store_retry_seconds: float = 10.0
     """AGENTRUN_STORE_RETRY_SECONDS: how soon a run whose store is unavailable is looked at again."""
+    policy_check: PolicyCheck | None = None
+    """The tenancy re-check of the stored spec against the AgentRunPolicies of its namespace
+    (controller/tenancy.py), read by the shell for a live run; None: not read or not enforced
+    (the operator may not read the policies)."""
