@@ -35,6 +35,9 @@ from .jobs import (
 from .logs import run_logger
 
 log = logging.getLogger("agentrun.controller")
+#: Fields the decide side may add (coordinated in the notes of issue 12): filled when present.
+_JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(d.ObservedJob))
+_RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(d.Observed))
 
 
 def spec_error_text(exc: pydantic.ValidationError) -> str:
@@ -137,6 +140,9 @@ def observed_job(job: dict[str, Any], pods: list[dict[str, Any]] | None) -> d.Ob
     if state == "active" and pods is not None and not (job.get("status") or {}).get("ready"):
         # a pod that does not run yet: is it stuck on its configuration (a missing Secret)?
         waiting = pod_waiting(pods)
+    extra: dict[str, Any] = {}
+    if "termination_message" in _JOB_FIELDS and state != "active" and pods is not None:
+        extra["termination_message"] = termination_message(pods)  # raw: decide bounds and redacts
     started = (job.get("status") or {}).get("startTime") or meta.get("creationTimestamp")
     pod_spec = (((job.get("spec") or {}).get("template") or {}).get("spec") or {})
     containers = pod_spec.get("containers") or [{}]
@@ -147,7 +153,7 @@ def observed_job(job: dict[str, Any], pods: list[dict[str, Any]] | None) -> d.Ob
         started_at=parse_time(started),
         waiting_reason=waiting[0], waiting_message=waiting[1], waiting_since=parse_time(waiting[2]),
         approval=(meta.get("annotations") or {}).get(ANNOTATION_APPROVAL),
-        store=store_of_env(containers[0].get("env") or []),
+        store=store_of_env(containers[0].get("env") or []), **extra,
     )
 
 
@@ -197,8 +203,7 @@ def observe(body: dict[str, Any], jobs: list[dict[str, Any]], pods_of: Callable[
         except (ValueError, pydantic.ValidationError) as exc:
             store_error = str(exc)
     extra: dict[str, Any] = {}
-    fields = {f.name for f in dataclasses.fields(d.Observed)}
-    if "store_retry_seconds" in fields:
+    if "store_retry_seconds" in _RUN_FIELDS:
         extra["store_retry_seconds"] = config.store_retry_seconds
     return d.Observed(
         namespace=namespace, name=name, uid=uid, generation=int(meta.get("generation") or 1),

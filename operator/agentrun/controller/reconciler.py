@@ -82,6 +82,7 @@ class Controller:
         self._synced = asyncio.Event()
         self._pod_reads: dict[Key, int | None] = {}  # Job -> its version whose pods were read
         self._job_reads: dict[Key, int | None] = {}  # Job -> run version for which it was looked up
+        self._reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
         self.ready = False
 
     # ---------------------------------------------------------------- lifecycle
@@ -137,16 +138,19 @@ class Controller:
         while True:
             await asyncio.sleep(self.config.resync_seconds)
             try:
-                await self.resync()
+                await self.resync(full=False)
             except Exception as exc:  # noqa: BLE001
                 log.warning("resync failed: %s", exc)
 
-    async def resync(self) -> None:
-        """Queue every cached run (on becoming leader, and periodically). No request: the cache."""
+    async def resync(self, full: bool = True) -> None:
+        """Queue every cached run (on becoming leader), or periodically (``full=False``) every run not
+        reconciled within the resync period. No request: the cache."""
         if not self.is_leader:
             return
+        horizon = time.monotonic() - self.config.resync_seconds
         for key in list(self.cache.runs):
-            self.cache.on_change(key)
+            if full or self._reconciled_at.get(key, float("-inf")) < horizon:
+                self.cache.on_change(key)
 
     def enqueue(self, namespace: str, name: str, delay: float = 0.0) -> None:
         self.queue.add_after((namespace, name), delay)
@@ -154,6 +158,7 @@ class Controller:
     def forget(self, key: Key) -> None:
         """The run is gone: drop its queue state, refusals and metrics."""
         self.queue.discard(key)
+        self._reconciled_at.pop(key, None)
         if self.executor is not None:
             self.executor.forget(key)
         metrics.forget_run(*key)
@@ -176,6 +181,7 @@ class Controller:
         if not self.is_leader:  # a standby does nothing, and counts no reconcile
             return
         started = time.monotonic()
+        self._reconciled_at[key] = started
         result = "success"
         try:
             delay = await self.reconcile(key)
