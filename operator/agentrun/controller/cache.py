@@ -10,8 +10,8 @@ What enqueues a run (``on_change``):
 - the run itself changed (a newer ``resourceVersion`` than the cache holds). The operator's own
   writes are put into the cache from their responses (:meth:`Cache.put`), so their watch events
   carry no newer version and are skipped;
-- one of its Jobs appeared, disappeared, or changed *state* (active/succeeded/failed, its reason,
-  whether a pod is ready), not on every status update of the Job;
+- one of its Jobs appeared, disappeared, or changed *state* (active/succeeded/failed and its
+  reason), not on every status update of the Job;
 - a pod of its current Job started or stopped waiting on a configuration error (a missing
   Secret), or terminated after the cache had already seen its Job finish.
 
@@ -73,11 +73,11 @@ def job_state(job: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def job_signature(job: dict[str, Any] | None) -> tuple[Any, ...] | None:
-    """What of a Job a reconcile reacts to: its state, and whether a pod is ready."""
+    """What of a Job a reconcile reacts to: its state (active, succeeded, failed and why). Its pod
+    starting, becoming ready or waiting on its configuration is the pods' business."""
     if job is None:
         return None
-    state, reason = job_state(job)
-    return state, reason, bool((job.get("status") or {}).get("ready"))
+    return job_state(job)
 
 
 def pod_terminated(pod: dict[str, Any]) -> bool:
