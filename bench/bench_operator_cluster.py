@@ -62,7 +62,7 @@ from e2e.cluster import operator_env, start_cluster, start_s3  # noqa: E402
 GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
 #: The operator's count of its own API requests (operator/agentrun/metrics/kube.py), per label set too.
 KUBE_REQUESTS = "agentrun_kube_requests_total"
-KEEP = (KUBE_REQUESTS,)
+KEEP = (KUBE_REQUESTS, "agentrun_reconcile_total")
 TERMINAL = ("Succeeded", "Failed", "BudgetExceeded")
 
 
@@ -259,6 +259,8 @@ class Bench:
             "reconciles_per_lap": rc_n / max(1, laps_done),
             "kube_requests": requests, "kube_requests_per_lap": requests / max(1, laps_done),
             "kube_requests_by_label": by_kind,
+            "reconciles_by_result": {k[len("agentrun_reconcile_total"):]: v - m0.get(k, 0) for k, v in m1.items()
+                                     if k.startswith("agentrun_reconcile_total{") and v - m0.get(k, 0) > 0},
             "runs": runs, "laps_per_run": laps, "laps_total": laps_done, "failed_runs": failed, "incomplete": incomplete,
             "retried_jobs": retried, "wall_seconds": wall, "load_after": os.getloadavg(),
             "gap_job_complete_to_next_job": gaps_job, "gap_pod_succeeded_to_next_job": gaps_pod,

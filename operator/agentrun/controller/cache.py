@@ -37,6 +37,9 @@ Key = tuple[str, str]  # (namespace, name)
 #: Server-side timeout of a watch, and the client's read timeout (a silent connection is dropped).
 WATCH_SECONDS, WATCH_READ_TIMEOUT = 120, 150.0
 LIST_PAGE = 500
+#: Longest wait between two tries of a failing list/watch (the API server restarting): the cache
+#: lags the API server by at most this much once it is back.
+WATCH_RETRY_MAX = 5.0
 
 
 def rv_int(obj: dict[str, Any] | None) -> int | None:
@@ -112,6 +115,11 @@ class Cache:
         self._jobs_by_uid: dict[str, set[Key]] = {}
         self._pods_by_job: dict[Key, set[Key]] = {}
         self.skipped = 0  # events that changed nothing a reconcile reads (own writes, stale, pod noise)
+        self.causes: dict[str, int] = {}  # enqueues by cause (logged when the controller stops)
+
+    def _enqueue(self, key: Key, cause: str) -> None:
+        self.causes[cause] = self.causes.get(cause, 0) + 1
+        self.on_change(key)
 
     # ------------------------------------------------------------------ reads (reconciles)
 
@@ -165,7 +173,7 @@ class Cache:
             return
         if not is_newer(obj, old):
             if relist and kind == "runs" and notify:
-                self.on_change(key)  # a relist reconciles every run (also the initial one)
+                self._enqueue(key, "run listed")  # a relist reconciles every run (also the initial one)
             else:
                 self.skipped += 1
             return
@@ -214,26 +222,26 @@ class Cache:
 
     def _notify(self, kind: str, key: Key, obj: dict[str, Any], old: dict[str, Any] | None, relist: bool) -> None:
         if kind == "runs":
-            self.on_change(key)
+            self._enqueue(key, "run listed" if relist else "run changed")
             return
         owner = self._owner(obj)
         if owner is None:
             return
         if kind == "jobs":
             if old is None or job_signature(obj) != job_signature(old):
-                self.on_change(owner)
+                self._enqueue(owner, "job added" if old is None else "job state")
             else:
                 self.skipped += 1
             return
         # pods
         before, after = pod_signature(old), pod_signature(obj)
         if (before or (None,))[0] != after[0]:  # a configuration problem appeared, changed or went
-            self.on_change(owner)
+            self._enqueue(owner, "pod config")
             return
         if after[1] and not (before or (None, False))[1]:
             job = self.jobs.get((key[0], ((obj.get("metadata") or {}).get("labels") or {}).get("job-name", "")))
             if job is not None and job_state(job)[0] != "active":
-                self.on_change(owner)  # the Job was seen finished before its pod's exit: read it now
+                self._enqueue(owner, "pod exit after job")  # the Job was seen finished first
                 return
         self.skipped += 1
 
@@ -245,7 +253,7 @@ class Cache:
         if kind == "jobs":
             owner = self._owner(old)
             if owner is not None:
-                self.on_change(owner)
+                self._enqueue(owner, "job deleted")
 
 
 class Informer:
@@ -323,9 +331,9 @@ class Informer:
                 failures += 1
                 log.warning("watch of %s in %s failed: %s %s", self.kind, self.namespace or "all namespaces",
                             exc.status, exc.reason)
-                self._stop.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
+                self._stop.wait(min(WATCH_RETRY_MAX, 0.5 * 2 ** min(failures, 6)))
             except Exception as exc:  # noqa: BLE001 - connection dropped: watch again from rv
                 failures += 1
                 log.info("watch of %s in %s interrupted (%s); resuming", self.kind,
                          self.namespace or "all namespaces", exc)
-                self._stop.wait(min(30.0, 0.2 * 2 ** min(failures, 7)))
+                self._stop.wait(min(WATCH_RETRY_MAX, 0.2 * 2 ** min(failures, 7)))

@@ -122,6 +122,8 @@ class Controller:
         self._synced.set()
 
     async def stop(self) -> None:
+        log.info("watch cache: reconciles queued by cause %s; events skipped %d", self.cache.causes,
+                 self.cache.skipped)
         self.queue.shut_down()
         for inf in self.informers:
             inf.stop()
@@ -150,7 +152,7 @@ class Controller:
         horizon = time.monotonic() - self.config.resync_seconds
         for key in list(self.cache.runs):
             if full or self._reconciled_at.get(key, float("-inf")) < horizon:
-                self.cache.on_change(key)
+                self.cache._enqueue(key, "resync")
 
     def enqueue(self, namespace: str, name: str, delay: float = 0.0) -> None:
         self.queue.add_after((namespace, name), delay)
