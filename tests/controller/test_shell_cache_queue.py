@@ -309,3 +309,34 @@ def test_the_operator_registry_exports_the_request_counter():
     metrics.kube_request("frob", "secrets", 200)  # outside the bounded sets: "other"
     assert metrics.REGISTRY.get_sample_value(
         "agentrun_kube_requests_total", {"verb": "other", "resource": "other", "code": "200"}) >= 1
+
+
+def test_the_echo_of_an_own_write_arriving_before_its_response_is_skipped(cache):
+    c, changed, _ = cache
+    c.event("runs", "ADDED", run_obj(5))
+    changed.clear()
+    key = ("ns", "r")
+    # the status patch: its watch event comes back before the HTTP response
+    c.begin_write("runs", key)
+    c.event("runs", "MODIFIED", run_obj(6, phase="Running"))
+    assert changed == [] and c.run(key)["metadata"]["resourceVersion"] == "6"
+    c.end_write("runs", key, run_obj(6, phase="Running"))
+    assert changed == []
+    # the Job create: same, for a Job the cache did not hold
+    c.begin_write("jobs", ("ns", "r-job"))
+    c.event("jobs", "ADDED", job_obj(7))
+    c.end_write("jobs", ("ns", "r-job"), job_obj(7))
+    assert changed == [] and [j["metadata"]["name"] for j in c.jobs_of("ns", UID)] == ["r-job"]
+    # someone else's write lands while ours is in flight: it enqueues, once ours ended
+    c.begin_write("runs", key)
+    c.event("runs", "MODIFIED", run_obj(8, phase="Running"))  # our echo
+    c.event("runs", "MODIFIED", run_obj(9, phase="Running"))  # theirs, after ours
+    assert changed == []
+    c.end_write("runs", key, run_obj(8, phase="Running"))
+    assert changed == [key] and c.run(key)["metadata"]["resourceVersion"] == "9"
+    # a failed write: every held event notifies
+    changed.clear()
+    c.begin_write("runs", key)
+    c.event("runs", "MODIFIED", run_obj(10))
+    c.end_write("runs", key, None)
+    assert changed == [key]

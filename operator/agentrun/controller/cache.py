@@ -116,6 +116,8 @@ class Cache:
         self._pods_by_job: dict[Key, set[Key]] = {}
         self.skipped = 0  # events that changed nothing a reconcile reads (own writes, stale, pod noise)
         self.causes: dict[str, int] = {}  # enqueues by cause (logged when the controller stops)
+        self._writing: dict[tuple[str, Key], int] = {}  # own writes in flight, per object
+        self._deferred: dict[tuple[str, Key], list[tuple[dict[str, Any], dict[str, Any] | None, bool]]] = {}
 
     def _enqueue(self, key: Key, cause: str) -> None:
         self.causes[cause] = self.causes.get(cause, 0) + 1
@@ -138,6 +140,30 @@ class Cache:
         """Store the response of the operator's own write, without enqueueing: its watch event
         then carries no newer version and is skipped."""
         self._apply(kind, "MODIFIED", obj, notify=False)
+
+    def begin_write(self, kind: str, key: Key) -> None:
+        """The operator starts a write of this object. Until :meth:`end_write`, its watch events are
+        applied but their notification is held: the echo of the write may arrive before its
+        response."""
+        self._writing[(kind, key)] = self._writing.get((kind, key), 0) + 1
+
+    def end_write(self, kind: str, key: Key, response: dict[str, Any] | None) -> None:
+        """The write ended (``response``: the stored object, None when it failed). The held events
+        that are not its echo (a later version than the response) notify now; on a failure, all."""
+        if response is not None:
+            self.put(kind, response)
+        n = self._writing.get((kind, key), 1) - 1
+        if n > 0:
+            self._writing[(kind, key)] = n
+            return
+        self._writing.pop((kind, key), None)
+        written = rv_int(response) if response is not None else None
+        for obj, old, relist in self._deferred.pop((kind, key), []):
+            got = rv_int(obj)
+            if written is None or got is None or got > written:
+                self._notify(kind, key, obj, old, relist)
+            else:
+                self.skipped += 1
 
     # ------------------------------------------------------------------ informer callbacks
 
@@ -180,6 +206,9 @@ class Cache:
         store[key] = obj
         self._index(kind, key, obj, old)
         if notify:
+            if (kind, key) in self._writing:
+                self._deferred.setdefault((kind, key), []).append((obj, old, relist))
+                return
             self._notify(kind, key, obj, old, relist)
 
     def _index(self, kind: str, key: Key, obj: dict[str, Any], old: dict[str, Any] | None) -> None:

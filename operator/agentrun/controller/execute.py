@@ -145,6 +145,17 @@ class Executor:
     async def _call(self, method: str, path_: str, **kw: Any) -> Any:
         return await asyncio.to_thread(self.kube.request, method, path_, **kw)
 
+    async def _write(self, kind: str, key: Key, method: str, path_: str, **kw: Any) -> Any:
+        """A write of one cached object: its response goes into the cache, and the watch event of
+        the write (its echo, possibly arriving before the response) enqueues nothing."""
+        self.cache.begin_write(kind, key)
+        stored = None
+        try:
+            stored = await self._call(method, path_, **kw)
+        finally:
+            self.cache.end_write(kind, key, stored if isinstance(stored, dict) else None)
+        return stored
+
     # ---------------------------------------------------------------- store reads
 
     def store(self, spec: AgentRunSpec, loc: StoreLocation) -> Any:
@@ -245,9 +256,7 @@ class Executor:
             try:
                 job = build_job(RunIdentity(ns, name, o.uid), spec, a.lap, a.attempt, a.agent_version, self.config,
                                 approval=a.approval, store=a.store)
-                created = await self._call("POST", path(JOBS, ns), body=job)
-                if isinstance(created, dict):
-                    self.cache.put("jobs", created)
+                await self._write("jobs", (ns, a.name), "POST", path(JOBS, ns), body=job)
                 out.wrote = True
                 alog.info("created lap Job %s (agent %s)", a.name, a.agent_version)
             except ApiException as exc:
@@ -268,8 +277,8 @@ class Executor:
                 {"op": "add", "path": "/status", "value": status.model_dump(by_alias=True, exclude_none=True, mode="json")},
             ]
             try:
-                stored = await self._call("PATCH", path(RUNS, ns, name, "status"), body=patch,
-                                          content_type="application/json-patch+json")
+                stored = await self._write("runs", key, "PATCH", path(RUNS, ns, name, "status"), body=patch,
+                                           content_type="application/json-patch+json")
             except ApiException as exc:
                 refusal = status_refusal(exc.status, exc.body) if exc.status in (400, 403, 422) else None
                 if refusal is None and exc.status in (409, 422):  # changed since we read it: decide again
@@ -279,7 +288,6 @@ class Executor:
                     raise
                 await self._status_refused(body, key, f"the API server refused the status update: {refusal}")
             if isinstance(stored, dict):
-                self.cache.put("runs", stored)
                 rv = (stored.get("metadata") or {}).get("resourceVersion", rv)
             out.wrote = True
             missing = pruned_field(patch[1]["value"], stored.get("status") if isinstance(stored, dict) else None)
@@ -291,8 +299,9 @@ class Executor:
             if status.phase != o.status.phase:
                 rlog.info("phase %s -> %s: %s", o.status.phase, status.phase, status.message)
         for a in decision.of(d.RemoveAnnotations):
-            stored = await self._call("PATCH", run_path, body={"metadata": {"annotations": {k: None for k in a.keys}}},
-                                      content_type="application/merge-patch+json")
+            stored = await self._write("runs", key, "PATCH", run_path,
+                                       body={"metadata": {"annotations": {k: None for k in a.keys}}},
+                                       content_type="application/merge-patch+json")
             rv = self._wrote_run(stored, rv)
             out.wrote = True
         if decision.of(d.DeleteCheckpoints):
@@ -310,8 +319,8 @@ class Executor:
                 fins = [f for f in fins if f != a.name]
                 if isinstance(a, d.AddFinalizer):
                     fins.append(a.name)
-                stored = await self._call("PATCH", run_path, body={"metadata": {"finalizers": fins}},
-                                          content_type="application/merge-patch+json")
+                stored = await self._write("runs", key, "PATCH", run_path, body={"metadata": {"finalizers": fins}},
+                                           content_type="application/merge-patch+json")
                 rv = self._wrote_run(stored, rv)
                 out.wrote = True
         for a in decision.actions:
@@ -338,9 +347,9 @@ class Executor:
             out.wrote = False  # nothing left to decide about
         return out
 
-    def _wrote_run(self, stored: Any, rv: str) -> str:
+    @staticmethod
+    def _wrote_run(stored: Any, rv: str) -> str:
         if isinstance(stored, dict):
-            self.cache.put("runs", stored)
             return str((stored.get("metadata") or {}).get("resourceVersion", rv))
         return rv
 
