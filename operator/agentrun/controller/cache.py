@@ -30,6 +30,7 @@ from typing import Any
 from .decide import pod_config_problem
 from .jobs import LABEL_RUN_UID
 from .kube import JOBS, PODS, RUNS, Kube, path
+from .observe import job_state
 
 log = logging.getLogger("agentrun.controller")
 
@@ -63,16 +64,6 @@ def is_newer(new: dict[str, Any], old: dict[str, Any] | None) -> bool:
 def key_of(obj: dict[str, Any]) -> Key:
     meta = obj.get("metadata") or {}
     return meta.get("namespace") or "", meta.get("name") or ""
-
-
-def job_state(job: dict[str, Any]) -> tuple[str, str | None]:
-    """("active" | "succeeded" | "failed", the failed condition's reason)."""
-    for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("status") == "True" and cond.get("type") == "Complete":
-            return "succeeded", None
-        if cond.get("status") == "True" and cond.get("type") == "Failed":
-            return "failed", cond.get("reason")
-    return "active", None
 
 
 def job_signature(job: dict[str, Any] | None) -> tuple[Any, ...] | None:

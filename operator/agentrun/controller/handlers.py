@@ -19,10 +19,10 @@ from typing import Any
 
 import kopf
 
-from .cache import job_state as _job_state
 from .config import OperatorConfig
 from .execute import StatusRefused, pruned_field, status_refusal
 from .execute import probe_store as _probe_store
+from .observe import job_state as _job_state
 from .observe import pod_exit as _pod_exit
 from .observe import pod_failure_message as _pod_failure_message
 from .observe import spec_error_text

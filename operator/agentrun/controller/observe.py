@@ -21,7 +21,6 @@ from agentrun.api.status import AgentRunStatus
 from agentrun.api.types import parse_time
 
 from . import decide as d
-from .cache import job_state
 from .config import OperatorConfig
 from .jobs import (
     ANNOTATION_AGENT_VERSION,
@@ -38,6 +37,16 @@ log = logging.getLogger("agentrun.controller")
 #: Fields the decide side may add (coordinated in the notes of issue 12): filled when present.
 _JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(d.ObservedJob))
 _RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(d.Observed))
+
+
+def job_state(job: dict[str, Any]) -> tuple[str, str | None]:
+    """("active" | "succeeded" | "failed", the failed condition's reason)."""
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("status") == "True" and cond.get("type") == "Complete":
+            return "succeeded", None
+        if cond.get("status") == "True" and cond.get("type") == "Failed":
+            return "failed", cond.get("reason")
+    return "active", None
 
 
 def spec_error_text(exc: pydantic.ValidationError) -> str:

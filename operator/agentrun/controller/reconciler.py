@@ -26,14 +26,14 @@ from agentrun.api.status import AgentRunStatus
 from agentrun.checkpoint.schema import RunRef
 
 from . import decide as d
-from .cache import Cache, Informer, Key, job_state, rv_int
+from .cache import Cache, Informer, Key, rv_int
 from .config import OperatorConfig
 from .execute import Executor, StatusRefused
 from .jobs import LABEL_RUN_UID
 from .kube import JOBS, PODS, Kube, instrument, new_api_client, path
 from .lease import LeaseElector
 from .logs import run_logger
-from .observe import current_jobs, needs_pod_read, observe
+from .observe import current_jobs, job_state, needs_pod_read, observe
 from .queue import WorkQueue
 
 log = logging.getLogger("agentrun.controller")
