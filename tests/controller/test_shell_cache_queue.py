@@ -340,3 +340,66 @@ def test_the_echo_of_an_own_write_arriving_before_its_response_is_skipped(cache)
     c.event("runs", "MODIFIED", run_obj(10))
     c.end_write("runs", key, None)
     assert changed == [key]
+
+
+# -------------------------------------------------------------------------------------- informer
+
+
+class _FakeKube:
+    """Lists and watch streams scripted per call; records the queries."""
+
+    def __init__(self, lists: list[dict[str, Any]], streams: list[Any]) -> None:
+        self.lists, self.streams, self.queries = lists, streams, []
+
+    def request(self, method: str, path_: str, **kw: Any) -> Any:
+        self.queries.append(("list", kw.get("query", {}).get("resourceVersion")))
+        return self.lists.pop(0)
+
+    def stream(self, path_: str, query: dict[str, Any], timeout: Any) -> Any:
+        self.queries.append(("watch", query.get("resourceVersion")))
+        item = self.streams.pop(0) if self.streams else None
+        if item is None:
+            import threading
+            threading.Event().wait()  # the last watch: blocks like an idle one (daemon thread)
+        if isinstance(item, Exception):
+            raise item
+        yield from item
+
+
+def test_the_informer_lists_watches_resumes_and_relists_after_410():
+    from agentrun.controller.cache import Informer
+
+    def listed(rv: int, *objs: dict[str, Any]) -> dict[str, Any]:
+        return {"metadata": {"resourceVersion": str(rv)}, "items": list(objs)}
+
+    other = run_obj(3)
+    other["metadata"].update(name="other", uid="u2")
+    kube = _FakeKube(
+        lists=[listed(5, run_obj(4), other), listed(20, run_obj(12, phase="Running"))],
+        streams=[
+            [{"type": "MODIFIED", "object": run_obj(6)}, {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}],
+            OSError("connection reset"),  # resumes from the last version seen (the bookmark's)
+            [{"type": "ERROR", "object": {"code": 410, "message": "too old"}}],  # expired: list again
+        ],
+    )
+
+    async def main() -> tuple[Cache, list[tuple[str, str]], list[tuple[str, str]]]:
+        changed: list[tuple[str, str]] = []
+        deleted: list[tuple[str, str]] = []
+        c = Cache(on_change=changed.append, on_deleted=deleted.append)
+        inf = Informer(kube, "runs", "ns", None, c, asyncio.get_running_loop())  # type: ignore[arg-type]
+        inf.start()
+        await asyncio.wait_for(inf.synced.wait(), 30)
+        for _ in range(3000):  # wait for the condition (the second list applied), not for a time
+            if deleted:
+                break
+            await asyncio.sleep(0.01)
+        inf.stop()
+        return c, changed, deleted
+
+    c, changed, deleted = asyncio.run(main())
+    assert kube.queries == [("list", None), ("watch", "5"), ("watch", "9"), ("watch", "9"), ("list", None),
+                            ("watch", "20")]
+    assert deleted == [("ns", "other")]  # gone while the watch was expired
+    assert c.run(("ns", "r"))["status"] == {"phase": "Running"}
+    assert changed.count(("ns", "r")) == 3  # listed, modified, listed again with a change

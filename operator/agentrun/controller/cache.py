@@ -175,6 +175,7 @@ class Cache:
         return {"runs": self.runs, "jobs": self.jobs, "pods": self.pods}[kind]
 
     def _apply(self, kind: str, type_: str, obj: dict[str, Any], *, notify: bool, relist: bool = False) -> None:
+        (obj.get("metadata") or {}).pop("managedFields", None)  # never read: memory only
         key = key_of(obj)
         store = self._store(kind)
         old = store.get(key)
