@@ -110,7 +110,7 @@ class Cache:
         self._writing: dict[tuple[str, Key], int] = {}  # own writes in flight, per object
         self._deferred: dict[tuple[str, Key], list[tuple[dict[str, Any], dict[str, Any] | None, bool]]] = {}
 
-    def _enqueue(self, key: Key, cause: str) -> None:
+    def enqueue(self, key: Key, cause: str) -> None:
         self.causes[cause] = self.causes.get(cause, 0) + 1
         self.on_change(key)
 
@@ -191,7 +191,7 @@ class Cache:
             return
         if not is_newer(obj, old):
             if relist and kind == "runs" and notify:
-                self._enqueue(key, "run listed")  # a relist reconciles every run (also the initial one)
+                self.enqueue(key, "run listed")  # a relist reconciles every run (also the initial one)
             else:
                 self.skipped += 1
             return
@@ -243,26 +243,26 @@ class Cache:
 
     def _notify(self, kind: str, key: Key, obj: dict[str, Any], old: dict[str, Any] | None, relist: bool) -> None:
         if kind == "runs":
-            self._enqueue(key, "run listed" if relist else "run changed")
+            self.enqueue(key, "run listed" if relist else "run changed")
             return
         owner = self._owner(obj)
         if owner is None:
             return
         if kind == "jobs":
             if old is None or job_signature(obj) != job_signature(old):
-                self._enqueue(owner, "job added" if old is None else "job state")
+                self.enqueue(owner, "job added" if old is None else "job state")
             else:
                 self.skipped += 1
             return
         # pods
         before, after = pod_signature(old), pod_signature(obj)
         if (before or (None,))[0] != after[0]:  # a configuration problem appeared, changed or went
-            self._enqueue(owner, "pod config")
+            self.enqueue(owner, "pod config")
             return
         if after[1] and not (before or (None, False))[1]:
             job = self.jobs.get((key[0], ((obj.get("metadata") or {}).get("labels") or {}).get("job-name", "")))
             if job is not None and job_state(job)[0] != "active":
-                self._enqueue(owner, "pod exit after job")  # the Job was seen finished first
+                self.enqueue(owner, "pod exit after job")  # the Job was seen finished first
                 return
         self.skipped += 1
 
@@ -274,7 +274,7 @@ class Cache:
         if kind == "jobs":
             owner = self._owner(old)
             if owner is not None:
-                self._enqueue(owner, "job deleted")
+                self.enqueue(owner, "job deleted")
 
 
 class Informer:

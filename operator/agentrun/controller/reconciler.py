@@ -152,7 +152,7 @@ class Controller:
         horizon = time.monotonic() - self.config.resync_seconds
         for key in list(self.cache.runs):
             if full or self._reconciled_at.get(key, float("-inf")) < horizon:
-                self.cache._enqueue(key, "resync")
+                self.cache.enqueue(key, "resync")
 
     def enqueue(self, namespace: str, name: str, delay: float = 0.0) -> None:
         self.queue.add_after((namespace, name), delay)
