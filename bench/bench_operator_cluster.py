@@ -9,7 +9,10 @@ the process kubelet of e2e/cluster.py), the local S3 server, and the operator as
    reaching ``Complete``, and the next lap's Job being ``ADDED``. Kubernetes timestamps have
    1-second resolution, so they are not used. Both ends are seen through the same watch path, so its
    delivery latency cancels out to first order. Also: the operator's CPU time (utime+stime from
-   /proc) per lap, and its own ``agentrun_reconcile_duration_seconds`` (sum / count).
+   /proc) per lap, its own ``agentrun_reconcile_duration_seconds`` (sum / count: reconciles per lap),
+   and its own ``agentrun_kube_requests_total`` (API requests per lap, by verb, resource and code).
+   ``BENCH_OPERATOR_PYTHONPATH`` runs the operator of another checkout (before/after); one without
+   that counter gets it from ``bench/kube_request_shim`` (kubernetes-client requests only).
 
 2. Operator scale (``scale``): N AgentRuns in one namespace, a realistic mix without Jobs: 60 %
    ``spec.suspend: true`` (driven to phase Suspended by a first operator), 30 % terminal
@@ -57,6 +60,9 @@ from benchlib import proc_cpu_seconds, proc_status_kb, summary  # noqa: E402
 from e2e.cluster import operator_env, start_cluster, start_s3  # noqa: E402
 
 GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
+#: The operator's count of its own API requests (operator/agentrun/metrics/kube.py), per label set too.
+KUBE_REQUESTS = "agentrun_kube_requests_total"
+KEEP = (KUBE_REQUESTS, "agentrun_reconcile_total")
 TERMINAL = ("Succeeded", "Failed", "BudgetExceeded")
 
 
@@ -100,10 +106,11 @@ class Bench:
             self.cluster, self.s3, namespace=ns, prefix=f"bench-{ns}",
             AGENTRUN_LEASE_DURATION="15",  # the default
             AGENTRUN_RESYNC_SECONDS=resync, AGENTRUN_JOB_TTL_SECONDS="-1", AGENTRUN_METRICS_PORT=str(port),
-            AGENTRUN_HEALTH_PORT="0",
         )
         if os.environ.get("BENCH_OPERATOR_PYTHONPATH"):  # e.g. an export of an older commit, for before/after
-            env["PYTHONPATH"] = os.environ["BENCH_OPERATOR_PYTHONPATH"]
+            # the shim counts the kubernetes client's requests of an operator without its own counter
+            env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bench" / "kube_request_shim"),
+                                                 os.environ["BENCH_OPERATOR_PYTHONPATH"]])
         fh = open(log, "ab")
         proc = subprocess.Popen([sys.executable, "-m", "agentrun.cli.main", "operator"], env=env, stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -120,8 +127,9 @@ class Bench:
                 proc.wait(10)
 
     @staticmethod
-    def metrics(port: int) -> dict[str, float]:
-        """Sum of each sample name (labels folded) of the operator's /metrics."""
+    def metrics(port: int, keep_labels: tuple[str, ...] = ()) -> dict[str, float]:
+        """Sum of each sample name (labels folded) of the operator's /metrics; the samples of the
+        names in ``keep_labels`` also under their full ``name{labels}``."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
                 text = r.read().decode()
@@ -135,6 +143,8 @@ class Bench:
             name = name_labels.split("{", 1)[0]
             try:
                 out[name] = out.get(name, 0.0) + float(value)
+                if name in keep_labels:
+                    out[name_labels] = float(value)
             except ValueError:
                 pass
         return out
@@ -181,7 +191,7 @@ class Bench:
                     raise SystemExit(f"operator did not start:\n{log.read_text()[-3000:]}")
                 time.sleep(0.5)
             time.sleep(2)
-            cpu0, m0 = proc_cpu_seconds(proc.pid), self.metrics(port)
+            cpu0, m0 = proc_cpu_seconds(proc.pid), self.metrics(port, KEEP)
             spy = None
             if profile and self.profile and shutil.which("py-spy"):
                 # on-CPU samples of the operator (all threads) while the runs go
@@ -206,7 +216,7 @@ class Bench:
                     break
                 time.sleep(2)
             wall = time.time() - t0
-            cpu1, m1 = proc_cpu_seconds(proc.pid), self.metrics(port)
+            cpu1, m1 = proc_cpu_seconds(proc.pid), self.metrics(port, KEEP)
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(60)
@@ -241,8 +251,16 @@ class Bench:
         laps_done = sum(len(v) for v in by_run.values())
         rc_sum = m1.get("agentrun_reconcile_duration_seconds_sum", 0) - m0.get("agentrun_reconcile_duration_seconds_sum", 0)
         rc_n = m1.get("agentrun_reconcile_duration_seconds_count", 0) - m0.get("agentrun_reconcile_duration_seconds_count", 0)
+        requests = m1.get(KUBE_REQUESTS, 0) - m0.get(KUBE_REQUESTS, 0)
+        by_kind = {k[len(KUBE_REQUESTS):]: v - m0.get(k, 0) for k, v in m1.items()
+                   if k.startswith(KUBE_REQUESTS + "{") and v - m0.get(k, 0) > 0}
         self.cluster.kubectl_run("delete", "namespace", ns, "--wait=false", check=False)
         return {
+            "reconciles_per_lap": rc_n / max(1, laps_done),
+            "kube_requests": requests, "kube_requests_per_lap": requests / max(1, laps_done),
+            "kube_requests_by_label": by_kind,
+            "reconciles_by_result": {k[len("agentrun_reconcile_total"):]: v - m0.get(k, 0) for k, v in m1.items()
+                                     if k.startswith("agentrun_reconcile_total{") and v - m0.get(k, 0) > 0},
             "runs": runs, "laps_per_run": laps, "laps_total": laps_done, "failed_runs": failed, "incomplete": incomplete,
             "retried_jobs": retried, "wall_seconds": wall, "load_after": os.getloadavg(),
             "gap_job_complete_to_next_job": gaps_job, "gap_pod_succeeded_to_next_job": gaps_pod,
@@ -433,7 +451,9 @@ def main() -> None:
                 print(f"overhead, {r} concurrent runs x {laps} laps: "
                       + (f"Job Complete -> next Job p50 {gs['p50'] * 1000:.0f} ms p99 {gs['p99'] * 1000:.0f} ms (n={gs['n']}); " if gs else "")
                       + (f"pod Succeeded -> next Job p50 {ps['p50'] * 1000:.0f} ms p99 {ps['p99'] * 1000:.0f} ms; " if ps else "")
-                      + f"operator CPU {res['operator_cpu_per_lap'] * 1000:.1f} ms/lap; failed runs {len(res['failed_runs'])}, "
+                      + f"operator CPU {res['operator_cpu_per_lap'] * 1000:.1f} ms/lap; "
+                        f"reconciles/lap {res['reconciles_per_lap']:.2f}; API requests/lap {res['kube_requests_per_lap']:.2f}; "
+                        f"load {os.getloadavg()[0]:.1f}; failed runs {len(res['failed_runs'])}, "
                         f"retried Jobs {res['retried_jobs']}", flush=True)
     finally:
         bench.close()

@@ -59,8 +59,10 @@ def test_exact_namespaces():
     assert not exact_namespaces(("team-*",)) and not exact_namespaces(("a", "!b")) and not exact_namespaces(("a?",))
 
 
-@pytest.mark.parametrize("namespaces,disabled", [(("team-a", "team-b"), True), ((), False), (("team-*",), False)])
-def test_startup_disables_kopf_scanning_for_exact_namespaces(monkeypatch, namespaces, disabled):
+@pytest.mark.parametrize("namespaces", [("team-a", "team-b"), (), ("team-*",)])
+def test_startup_keeps_the_controller_in_kopfs_memo_and_disables_scanning(namespaces):
+    """Kopf watches nothing (the controller's cache does): no namespace/CRD scanning, which a
+    namespaced RBAC does not grant; the controller is the memo's, not a module global."""
     import asyncio
 
     import kopf
@@ -69,14 +71,17 @@ def test_startup_disables_kopf_scanning_for_exact_namespaces(monkeypatch, namesp
     from agentrun.controller.config import OperatorConfig
 
     class _Started(handlers.Controller):
-        async def start(self) -> None:  # no cluster: only the settings are under test
+        async def start(self) -> None:  # no cluster: only the wiring is under test
             self.ready = True
 
-    monkeypatch.setattr(handlers, "CONTROLLER", _Started(OperatorConfig(namespaces=namespaces)))
+    controller = _Started(OperatorConfig(namespaces=namespaces))
+    memo = handlers.memo_for(controller)
     settings = kopf.OperatorSettings()
-    asyncio.run(handlers._startup(settings=settings))
-    assert settings.scanning.disabled is disabled
+    asyncio.run(handlers._startup(settings=settings, memo=memo))
+    assert memo.controller is controller and controller.ready
+    assert settings.scanning.disabled is True
     assert settings.persistence.finalizer == "kopf.agentrun.dev/finalizer"
+    assert not hasattr(handlers, "CONTROLLER")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -416,6 +421,8 @@ def test_pruned_field_finds_what_an_older_crd_dropped():
 
 
 def test_failed_reconciles_back_off_exponentially_per_run(monkeypatch):
+    """A refused status write or an error: the run is queued again after its own exponential
+    backoff (0.5 s doubling, capped at 5 min); a success resets it; other runs are not affected."""
     import asyncio
     from types import SimpleNamespace
 
@@ -425,23 +432,29 @@ def test_failed_reconciles_back_off_exponentially_per_run(monkeypatch):
     c = Controller(OperatorConfig())
     c.elector = SimpleNamespace(is_leader=True)  # type: ignore[assignment]
     delays: list[tuple[str, float]] = []
-    monkeypatch.setattr(c, "enqueue", lambda ns, name, delay=0.0: delays.append((name, delay)))
+    limited = c.queue.add_rate_limited
 
-    async def refused(ns, name):
+    def spy(key):
+        delays.append((key[1], limited(key)))
+        return delays[-1][1]
+
+    monkeypatch.setattr(c.queue, "add_rate_limited", spy)
+
+    async def refused(key):
         raise StatusRefused("status.approval.decidedBy: Too long")
 
-    monkeypatch.setattr(c, "reconcile", refused)
-    for _ in range(8):
-        asyncio.run(c._worker(("ns", "r")))
-    asyncio.run(c._worker(("ns", "other")))
-    assert delays == [("r", d) for d in (5, 10, 20, 40, 80, 160, 300, 300)] + [("other", 5)]
+    async def main(reconcile, keys):
+        monkeypatch.setattr(c, "reconcile", reconcile)
+        for key in keys:
+            await c.process(key)
 
-    async def ok(ns, name):
+    asyncio.run(main(refused, [("ns", "r")] * 12 + [("ns", "other")]))
+    assert delays == [("r", dl) for dl in (0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300)] + [("other", 0.5)]
+
+    async def ok(key):
         return None
 
-    monkeypatch.setattr(c, "reconcile", ok)
-    asyncio.run(c._worker(("ns", "r")))
-    assert ("ns", "r") not in c._failures
-    monkeypatch.setattr(c, "reconcile", refused)
-    asyncio.run(c._worker(("ns", "r")))
-    assert delays[-1] == ("r", 5)  # a success resets the backoff
+    asyncio.run(main(ok, [("ns", "r")]))
+    assert c.queue.num_requeues(("ns", "r")) == 0
+    asyncio.run(main(refused, [("ns", "r")]))
+    assert delays[-1] == ("r", 0.5)  # a success resets the backoff

@@ -304,14 +304,14 @@ def diag(henv, request):
 
 # ---------------------------------------------------------------------------------------------- RBAC
 
-# What the controller calls (operator/agentrun/controller/handlers.py, lease.py) and what Kopf
-# needs to watch (list/watch AgentRuns and Jobs). Nothing else, and nothing cluster-scoped: with
+# What the controller calls (operator/agentrun/controller/execute.py, lease.py) and what its
+# watch cache needs (controller/cache.py: list/watch AgentRuns, Jobs and pods). Nothing else, and nothing cluster-scoped: with
 # exact watchNamespaces Kopf's scanning is disabled (no namespace list, no CRD list/watch).
 EXPECTED_RUN_NS = {
     "agentruns.agentrun.dev []": {"get", "list", "watch", "patch", "delete"},
     "agentruns.agentrun.dev/status []": {"patch", "operate"},  # operate: docs/security.md
     "jobs.batch []": {"create", "list", "watch", "delete"},
-    "pods []": {"list"},
+    "pods []": {"list", "watch"},
     "events []": {"create"},
 }
 EXPECTED_RELEASE_NS = {

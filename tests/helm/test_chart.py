@@ -70,6 +70,7 @@ def test_rbac_least_privilege(helm, values):
         ("agentruns/status", "operate"),  # how the admission policy agentrun-status-owner knows the operator
         *{("jobs", v) for v in ("create", "list", "watch", "delete")},
         ("pods", "list"),
+        ("pods", "watch"),  # the controller's watch cache (controller/cache.py)
         # Kopf watches CRDs only cluster-wide; with exact watchNamespaces its scanning is disabled
         *(() if namespaced else (("customresourcedefinitions", "list"), ("customresourcedefinitions", "watch"))),
         *{("leases", v) for v in ("create", "get", "update", "patch")},

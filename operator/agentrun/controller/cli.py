@@ -19,8 +19,6 @@ def operator_command(namespaces: tuple[str, ...], metrics_port: int | None, log_
     (see agentrun.controller.config). Only the holder of the Lease acts; other replicas wait."""
     import dataclasses
 
-    import kopf
-
     from agentrun import metrics
 
     from . import handlers
@@ -41,7 +39,6 @@ def operator_command(namespaces: tuple[str, ...], metrics_port: int | None, log_
     cfg = dataclasses.replace(cfg, **overrides)
     setup_logging(cfg.log_format, logging.DEBUG if verbose else logging.INFO)
     controller = handlers.Controller(cfg)
-    handlers.CONTROLLER = controller
     if cfg.metrics_port:
         metrics.set_health_check("healthz", lambda: controller.elector is None
                                  or (__import__("time").monotonic() - controller.elector.last_tick) < 3 * cfg.lease_duration_seconds + 30)
@@ -50,8 +47,4 @@ def operator_command(namespaces: tuple[str, ...], metrics_port: int | None, log_
     logging.getLogger("agentrun.controller").info(
         "starting agentrun operator %s (pid %d), namespaces=%s", cfg.identity, os.getpid(),
         ",".join(cfg.namespaces) or "<cluster-wide>")
-    kopf.run(
-        standalone=True,  # leader election is our Lease (agentrun.controller.lease), not Kopf peering
-        clusterwide=not cfg.namespaces,
-        namespaces=list(cfg.namespaces),
-    )
+    handlers.run(controller)

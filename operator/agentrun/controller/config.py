@@ -53,9 +53,8 @@ class OperatorConfig:
     namespaces: tuple[str, ...] = ()
     """AGENTRUN_NAMESPACES (comma-separated): namespaces to watch; empty: cluster-wide."""
     metrics_port: int = 9090
-    """AGENTRUN_METRICS_PORT: port of the Prometheus /metrics endpoint (0: off)."""
-    health_port: int = 8080
-    """AGENTRUN_HEALTH_PORT: port of the liveness endpoint /healthz (0: off)."""
+    """AGENTRUN_METRICS_PORT: port of the Prometheus /metrics endpoint and of the /healthz and
+    /readyz probes (0: off)."""
     log_format: str = "json"
     """AGENTRUN_LOG_FORMAT: json or text (also passed to lap pods)."""
     lease_name: str = "agentrun-operator"
@@ -67,7 +66,8 @@ class OperatorConfig:
     resync_seconds: float = 30.0
     """AGENTRUN_RESYNC_SECONDS: every run is reconciled at least this often (safety net)."""
     store_retry_seconds: float = 10.0
-    """AGENTRUN_STORE_RETRY_SECONDS: requeue delay when the checkpoint store is unavailable."""
+    """AGENTRUN_STORE_RETRY_SECONDS: requeue delay when the checkpoint store is unavailable (the
+    retention-Delete cleanup of a deleted run's checkpoints; the lap read, when decide takes it)."""
     pod_config_grace_seconds: float = 30.0
     """AGENTRUN_POD_CONFIG_GRACE_SECONDS: how long a lap pod may wait on a configuration error
     (CreateContainerConfigError: a missing Secret or key) before the run's condition and a Warning
@@ -128,7 +128,6 @@ class OperatorConfig:
         parse("AGENTRUN_JOB_TTL_SECONDS", ttl, "job_ttl_seconds")
         parse("AGENTRUN_NAMESPACES", lambda v: tuple(n.strip() for n in v.split(",") if n.strip()), "namespaces")
         parse("AGENTRUN_METRICS_PORT", int, "metrics_port")
-        parse("AGENTRUN_HEALTH_PORT", int, "health_port")
         parse("AGENTRUN_LOG_FORMAT", log_format, "log_format")
         parse("AGENTRUN_LEASE_NAME", str, "lease_name")
         parse("POD_NAMESPACE", str, "lease_namespace")

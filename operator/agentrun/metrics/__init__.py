@@ -10,6 +10,7 @@ The controller calls these module-level functions; they act on one process-wide
     metrics.lap_finished(namespace, name, outcome, duration_seconds)
     metrics.lap_retried(namespace, name, reason)
     metrics.reconcile_finished(result, duration_seconds) # result: success|error|requeue
+    metrics.kube_request(verb, resource, code)           # every API server request (metrics/kube.py)
     metrics.start_server(port, addr="0.0.0.0")           # /metrics, /healthz, /readyz
 
 None of them raises on odd input: a metrics problem never breaks a reconcile.
@@ -34,6 +35,7 @@ from .core import (
     RunView,
     normalize_label,
 )
+from .kube import KubeRequestMetrics
 from .server import HealthCheck, serve
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "RunView",
     "clear_runs",
     "forget_run",
+    "kube_request",
     "lap_finished",
     "lap_retried",
     "normalize_label",
@@ -62,6 +65,7 @@ disable_created_metrics()
 
 DEFAULT = OperatorMetrics()
 REGISTRY = DEFAULT.registry
+KUBE = KubeRequestMetrics(REGISTRY)
 _checks: dict[str, HealthCheck] = {}
 
 
@@ -96,6 +100,11 @@ def lap_retried(namespace: str, name: str, reason: str) -> None:
 def reconcile_finished(result: str, duration_seconds: float) -> None:
     """A reconcile ended. ``result``: ``success``, ``error``, ``requeue`` (or ``requeue_after``)."""
     DEFAULT.reconcile_finished(result, duration_seconds)
+
+
+def kube_request(verb: str, resource: str, code: int | str) -> None:
+    """The operator made one request to the API server (``code``: HTTP status or ``<error>``)."""
+    KUBE.observe(verb, resource, code)
 
 
 def set_health_check(kind: str, check: HealthCheck) -> None:

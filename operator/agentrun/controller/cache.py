@@ -1,0 +1,360 @@
+"""The controller's watch cache: AgentRuns, their lap Jobs and the Jobs' pods, in memory.
+
+Each kind is listed once and then watched (:class:`Informer`, a thread per kind and namespace,
+raw JSON through :class:`~agentrun.controller.kube.Kube`); a watch that expires (410 Gone) lists
+again. Every change is applied on the event loop (:class:`Cache`), which is where reconciles read,
+so a reconcile sees one consistent state and makes no read request of its own.
+
+What enqueues a run (``on_change``):
+
+- the run itself changed (a newer ``resourceVersion`` than the cache holds). The operator's own
+  writes are put into the cache from their responses (:meth:`Cache.put`), so their watch events
+  carry no newer version and are skipped;
+- one of its Jobs appeared, disappeared, or changed *state* (active/succeeded/failed and its
+  reason), not on every status update of the Job;
+- a pod of its current Job started or stopped waiting on a configuration error (a missing
+  Secret), or terminated after the cache had already seen its Job finish.
+
+``resourceVersion``s are compared as the integers the API server hands out (etcd revisions); an
+event older than the cached object is stale and ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .decide import pod_config_problem
+from .jobs import LABEL_RUN_UID
+from .kube import JOBS, PODS, RUNS, Kube, path
+from .observe import job_state
+
+log = logging.getLogger("agentrun.controller")
+
+Key = tuple[str, str]  # (namespace, name)
+#: Server-side timeout of a watch, and the client's read timeout (a silent connection is dropped).
+WATCH_SECONDS, WATCH_READ_TIMEOUT = 120, 150.0
+LIST_PAGE = 500
+#: Longest wait between two tries of a failing list/watch (the API server restarting): the cache
+#: lags the API server by at most this much once it is back.
+WATCH_RETRY_MAX = 5.0
+
+
+def rv_int(obj: dict[str, Any] | None) -> int | None:
+    try:
+        return int(((obj or {}).get("metadata") or {}).get("resourceVersion"))
+    except (TypeError, ValueError):
+        return None
+
+
+def is_newer(new: dict[str, Any], old: dict[str, Any] | None) -> bool:
+    """True when ``new`` is a later version than ``old`` (or there is no ``old``)."""
+    if old is None:
+        return True
+    a, b = rv_int(new), rv_int(old)
+    if a is None or b is None:
+        return ((new.get("metadata") or {}).get("resourceVersion")
+                != (old.get("metadata") or {}).get("resourceVersion"))
+    return a > b
+
+
+def key_of(obj: dict[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace") or "", meta.get("name") or ""
+
+
+def job_signature(job: dict[str, Any] | None) -> tuple[Any, ...] | None:
+    """What of a Job a reconcile reacts to: its state (active, succeeded, failed and why). Its pod
+    starting, becoming ready or waiting on its configuration is the pods' business."""
+    if job is None:
+        return None
+    return job_state(job)
+
+
+def pod_terminated(pod: dict[str, Any]) -> bool:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated"):
+            return True
+    return bool((pod.get("status") or {}).get("reason"))
+
+
+def pod_signature(pod: dict[str, Any] | None) -> tuple[Any, ...] | None:
+    """What of a pod a reconcile reacts to: a configuration problem it waits on, and termination."""
+    if pod is None:
+        return None
+    problem = None
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") and pod_config_problem(waiting.get("reason"), waiting.get("message")):
+            problem = (waiting.get("reason"), waiting.get("message"))
+    return problem, pod_terminated(pod)
+
+
+class Cache:
+    """The in-memory state, mutated only on the event loop."""
+
+    def __init__(self, on_change: Callable[[Key], None], on_deleted: Callable[[Key], None] | None = None) -> None:
+        self.on_change = on_change
+        self.on_deleted = on_deleted
+        self.runs: dict[Key, dict[str, Any]] = {}
+        self.jobs: dict[Key, dict[str, Any]] = {}
+        self.pods: dict[Key, dict[str, Any]] = {}
+        self._run_by_uid: dict[str, Key] = {}
+        self._jobs_by_uid: dict[str, set[Key]] = {}
+        self._pods_by_job: dict[Key, set[Key]] = {}
+        self.skipped = 0  # events that changed nothing a reconcile reads (own writes, stale, pod noise)
+        self.causes: dict[str, int] = {}  # enqueues by cause (logged when the controller stops)
+        self._writing: dict[tuple[str, Key], int] = {}  # own writes in flight, per object
+        self._deferred: dict[tuple[str, Key], list[tuple[dict[str, Any], dict[str, Any] | None, bool]]] = {}
+
+    def enqueue(self, key: Key, cause: str) -> None:
+        self.causes[cause] = self.causes.get(cause, 0) + 1
+        self.on_change(key)
+
+    # ------------------------------------------------------------------ reads (reconciles)
+
+    def run(self, key: Key) -> dict[str, Any] | None:
+        return self.runs.get(key)
+
+    def jobs_of(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        return [self.jobs[k] for k in sorted(self._jobs_by_uid.get(uid, ())) if k in self.jobs and k[0] == namespace]
+
+    def pods_of(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return [self.pods[k] for k in sorted(self._pods_by_job.get((namespace, job), ())) if k in self.pods]
+
+    # ------------------------------------------------------------------ write-through (own writes)
+
+    def put(self, kind: str, obj: dict[str, Any]) -> None:
+        """Store the response of the operator's own write, without enqueueing: its watch event
+        then carries no newer version and is skipped."""
+        self._apply(kind, "MODIFIED", obj, notify=False)
+
+    def begin_write(self, kind: str, key: Key) -> None:
+        """The operator starts a write of this object. Until :meth:`end_write`, its watch events are
+        applied but their notification is held: the echo of the write may arrive before its
+        response."""
+        self._writing[(kind, key)] = self._writing.get((kind, key), 0) + 1
+
+    def end_write(self, kind: str, key: Key, response: dict[str, Any] | None) -> None:
+        """The write ended (``response``: the stored object, None when it failed). The held events
+        that are not its echo (a later version than the response) notify now; on a failure, all."""
+        if response is not None:
+            self.put(kind, response)
+        n = self._writing.get((kind, key), 1) - 1
+        if n > 0:
+            self._writing[(kind, key)] = n
+            return
+        self._writing.pop((kind, key), None)
+        written = rv_int(response) if response is not None else None
+        for obj, old, relist in self._deferred.pop((kind, key), []):
+            got = rv_int(obj)
+            if written is None or got is None or got > written:
+                self._notify(kind, key, obj, old, relist)
+            else:
+                self.skipped += 1
+
+    # ------------------------------------------------------------------ informer callbacks
+
+    def event(self, kind: str, type_: str, obj: dict[str, Any]) -> None:
+        self._apply(kind, type_, obj, notify=True)
+
+    def replace(self, kind: str, namespace: str | None, items: list[dict[str, Any]]) -> None:
+        """A (re)list of ``kind`` in ``namespace`` (None: everywhere): objects no longer listed were
+        deleted meanwhile."""
+        store = self._store(kind)
+        listed = {key_of(o) for o in items}
+        for key in [k for k in store if (namespace is None or k[0] == namespace) and k not in listed]:
+            self._apply(kind, "DELETED", store[key], notify=True)
+        for obj in items:
+            self._apply(kind, "ADDED", obj, notify=True, relist=True)
+
+    def _store(self, kind: str) -> dict[Key, dict[str, Any]]:
+        return {"runs": self.runs, "jobs": self.jobs, "pods": self.pods}[kind]
+
+    def _apply(self, kind: str, type_: str, obj: dict[str, Any], *, notify: bool, relist: bool = False) -> None:
+        (obj.get("metadata") or {}).pop("managedFields", None)  # never read: memory only
+        key = key_of(obj)
+        store = self._store(kind)
+        old = store.get(key)
+        if type_ == "DELETED":
+            if old is None:
+                return
+            if not is_newer(obj, old) and rv_int(obj) is not None and rv_int(obj) != rv_int(old):
+                return  # an old deletion event after a newer object (cannot happen for one name, but be safe)
+            del store[key]
+            self._unindex(kind, key, old)
+            if notify:
+                self._notify_deleted(kind, key, old)
+            return
+        if not is_newer(obj, old):
+            if relist and kind == "runs" and notify:
+                self.enqueue(key, "run listed")  # a relist reconciles every run (also the initial one)
+            else:
+                self.skipped += 1
+            return
+        store[key] = obj
+        self._index(kind, key, obj, old)
+        if notify:
+            if (kind, key) in self._writing:
+                self._deferred.setdefault((kind, key), []).append((obj, old, relist))
+                return
+            self._notify(kind, key, obj, old, relist)
+
+    def _index(self, kind: str, key: Key, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        meta = obj.get("metadata") or {}
+        if kind == "runs":
+            if meta.get("uid"):
+                self._run_by_uid[meta["uid"]] = key
+        elif kind == "jobs":
+            uid = (meta.get("labels") or {}).get(LABEL_RUN_UID)
+            if uid:
+                self._jobs_by_uid.setdefault(uid, set()).add(key)
+        else:
+            job = (meta.get("labels") or {}).get("job-name")
+            if job:
+                self._pods_by_job.setdefault((key[0], job), set()).add(key)
+
+    def _unindex(self, kind: str, key: Key, old: dict[str, Any]) -> None:
+        meta = old.get("metadata") or {}
+        if kind == "runs":
+            if self._run_by_uid.get(meta.get("uid", "")) == key:
+                del self._run_by_uid[meta["uid"]]
+        elif kind == "jobs":
+            uid = (meta.get("labels") or {}).get(LABEL_RUN_UID)
+            keys = self._jobs_by_uid.get(uid or "")
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._jobs_by_uid[uid or ""]
+        else:
+            job = (meta.get("labels") or {}).get("job-name")
+            keys = self._pods_by_job.get((key[0], job or ""))
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._pods_by_job[(key[0], job or "")]
+
+    def _owner(self, obj: dict[str, Any]) -> Key | None:
+        uid = ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_RUN_UID)
+        return self._run_by_uid.get(uid or "")
+
+    def _notify(self, kind: str, key: Key, obj: dict[str, Any], old: dict[str, Any] | None, relist: bool) -> None:
+        if kind == "runs":
+            self.enqueue(key, "run listed" if relist else "run changed")
+            return
+        owner = self._owner(obj)
+        if owner is None:
+            return
+        if kind == "jobs":
+            if old is None or job_signature(obj) != job_signature(old):
+                self.enqueue(owner, "job added" if old is None else "job state")
+            else:
+                self.skipped += 1
+            return
+        # pods
+        before, after = pod_signature(old), pod_signature(obj)
+        if (before or (None,))[0] != after[0]:  # a configuration problem appeared, changed or went
+            self.enqueue(owner, "pod config")
+            return
+        if after[1] and not (before or (None, False))[1]:
+            job = self.jobs.get((key[0], ((obj.get("metadata") or {}).get("labels") or {}).get("job-name", "")))
+            if job is not None and job_state(job)[0] != "active":
+                self.enqueue(owner, "pod exit after job")  # the Job was seen finished first
+                return
+        self.skipped += 1
+
+    def _notify_deleted(self, kind: str, key: Key, old: dict[str, Any]) -> None:
+        if kind == "runs":
+            if self.on_deleted is not None:
+                self.on_deleted(key)
+            return
+        if kind == "jobs":
+            owner = self._owner(old)
+            if owner is not None:
+                self.enqueue(owner, "job deleted")
+
+
+class Informer:
+    """List, then watch, one kind in one namespace (None: cluster-wide), in a daemon thread; every
+    change is handed to ``cache`` on ``loop``. ``synced`` is set after the first list is applied."""
+
+    def __init__(self, kube: Kube, kind: str, namespace: str | None, selector: str | None,
+                 cache: Cache, loop: asyncio.AbstractEventLoop) -> None:
+        self.kube, self.kind, self.namespace, self.selector = kube, kind, namespace, selector
+        self.cache, self.loop = cache, loop
+        self.synced = asyncio.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.path = path({"runs": RUNS, "jobs": JOBS, "pods": PODS}[kind], namespace)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"informer-{self.kind}-{self.namespace or 'all'}",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _list(self) -> tuple[list[dict[str, Any]], str]:
+        items: list[dict[str, Any]] = []
+        cont = None
+        while True:
+            doc = self.kube.request("GET", self.path, query={"labelSelector": self.selector, "limit": LIST_PAGE,
+                                                             "continue": cont}, timeout=(10.0, 120.0))
+            items += doc.get("items") or []
+            cont = (doc.get("metadata") or {}).get("continue")
+            if not cont:
+                return items, doc["metadata"]["resourceVersion"]
+
+    def _deliver(self, fn: Callable[..., None], *args: Any) -> None:
+        def call() -> None:
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - a bad object never stops the informer
+                log.exception("watch cache: cannot apply a %s event", self.kind)
+        self.loop.call_soon_threadsafe(call)
+
+    def _run(self) -> None:
+        from kubernetes.client.rest import ApiException
+
+        rv: str | None = None
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                if rv is None:
+                    items, rv = self._list()
+                    self._deliver(self.cache.replace, self.kind, self.namespace, items)
+                    self.loop.call_soon_threadsafe(self.synced.set)
+                query = {"labelSelector": self.selector, "resourceVersion": rv, "allowWatchBookmarks": "true",
+                         "timeoutSeconds": WATCH_SECONDS}
+                for ev in self.kube.stream(self.path, query, timeout=(10.0, WATCH_READ_TIMEOUT)):
+                    type_, obj = ev.get("type"), ev.get("object") or {}
+                    if type_ == "ERROR":
+                        if obj.get("code") == 410:  # expired: list again
+                            rv = None
+                            break
+                        raise ApiException(status=obj.get("code") or 0, reason=str(obj.get("message")))
+                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if new_rv:
+                        rv = new_rv
+                    if type_ in ("ADDED", "MODIFIED", "DELETED"):
+                        self._deliver(self.cache.event, self.kind, type_, obj)
+                    if self._stop.is_set():
+                        return
+                failures = 0
+            except ApiException as exc:
+                if exc.status == 410:
+                    rv = None
+                    continue
+                failures += 1
+                log.warning("watch of %s in %s failed: %s %s", self.kind, self.namespace or "all namespaces",
+                            exc.status, exc.reason)
+                self._stop.wait(min(WATCH_RETRY_MAX, 0.5 * 2 ** min(failures, 6)))
+            except Exception as exc:  # noqa: BLE001 - connection dropped: watch again from rv
+                failures += 1
+                log.info("watch of %s in %s interrupted (%s); resuming", self.kind,
+                         self.namespace or "all namespaces", exc)
+                self._stop.wait(min(WATCH_RETRY_MAX, 0.2 * 2 ** min(failures, 7)))

@@ -1,0 +1,394 @@
+"""Execute: a :class:`decide.Decision` -> requests to the API server and the checkpoint store.
+
+Reads ``decide`` asks for (checkpoints, attempt reports, the store probe, a fork) go to the store;
+writes go to the API server as few, small requests (the Job create, one JSON-patch of the status
+guarded by the run's resourceVersion, deletes, Events). Every successful write's response is put
+into the watch cache (:meth:`Cache.put`), so the next reconcile sees it and its watch event is
+skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+
+from agentrun import metrics
+from agentrun.api.spec import AgentRunSpec
+from agentrun.api.status import AgentRunStatus, StoreLocation
+from agentrun.checkpoint.schema import RunRef
+
+from . import decide as d
+from .cache import Cache, Key
+from .config import OperatorConfig
+from .jobs import RunIdentity, build_job, effective_endpoint
+from .kube import EVENTS, GROUP, JOBS, RUNS, VERSION, Kube, path
+from .logs import run_logger
+
+log = logging.getLogger("agentrun.controller")
+
+
+class StatusRefused(Exception):
+    """The API server refused a status write for good: the reconcile failed (backoff, one Event)."""
+
+
+def status_refusal(status: int, body: str | bytes | None) -> str | None:
+    """Why the API server refused a status write for good (validation, admission, authorization),
+    naming the fields from its error; None for a conflict (409, or the 422 of a failed json-patch
+    ``test`` of the resourceVersion, which carries no details): then the run changed, read again."""
+    if status == 409:
+        return None
+    try:
+        doc = json.loads(body or "{}")
+    except (TypeError, ValueError):
+        doc = {}
+    if not isinstance(doc, dict):
+        doc = {}
+    details = doc.get("details") or {}
+    if status == 422 and not details:
+        return None
+    causes = [c for c in details.get("causes") or [] if isinstance(c, dict) and c.get("field") not in (None, "<nil>")]
+    if causes:
+        text = "; ".join(f"{c.get('field')}: {c.get('message') or c.get('reason')}" for c in causes[:4])
+    else:
+        text = str(doc.get("message") or f"HTTP {status}")
+    return d.shown(text, 600)[1:-1]
+
+
+def pruned_field(sent: Any, stored: Any, path_: str = "status") -> str | None:
+    """The first field of ``sent`` that the API server did not store (a CRD older than the operator
+    prunes unknown fields silently), else None."""
+    if isinstance(sent, dict):
+        if not isinstance(stored, dict):
+            return path_
+        for k, v in sent.items():
+            if k not in stored:
+                return f"{path_}.{k}"
+            found = pruned_field(v, stored[k], f"{path_}.{k}")
+            if found:
+                return found
+    return None
+
+
+def probe_store(store: Any) -> d.StoreProbeRead:
+    """The store's conditional-write verdict (checkpoint/probe.py; cached per endpoint and bucket
+    for the life of the process, so a run's reconciles do not probe again)."""
+    from agentrun.checkpoint.errors import CheckpointError
+    from agentrun.checkpoint.probe import PROBES, store_where
+
+    try:
+        result = PROBES.check(store)
+    except CheckpointError as exc:
+        return d.StoreProbeRead("unavailable", store_where(store.config), store.config.bucket, str(exc))
+    return d.StoreProbeRead("ok" if result.safe else "unsafe", result.endpoint, result.bucket, result.detail)
+
+
+def store_location(config: Any) -> dict[str, Any]:
+    """Where the store is, for status.checkpoint (so `agentrun trace` can find it): the endpoint
+    only when it carries no credentials in its URL."""
+    from urllib.parse import urlsplit
+
+    endpoint = config.endpoint_url
+    if endpoint and (urlsplit(endpoint).username or urlsplit(endpoint).password):
+        endpoint = None
+    return {"endpoint": endpoint, "region": config.region, "path_style": config.path_style}
+
+
+def failed_status(o: d.Observed, status: AgentRunStatus | None, reason: str, message: str) -> AgentRunStatus:
+    """``status`` (else the observed one) turned Failed for a reason found while executing."""
+    helper = getattr(d, "failed_status", None)
+    if helper is not None:
+        return helper(o, status, reason, message)  # type: ignore[no-any-return]
+    ctx = d._Ctx(o)
+    if status is not None:
+        ctx.st = status.model_copy(deep=True)
+    ctx.phase("Failed", reason, message)
+    ctx.st.observed_generation = o.generation
+    return ctx.st
+
+
+def where(o: d.Observed) -> StoreLocation:
+    """The run's store: pinned in status (or, for a run of an earlier release not pinned yet, from
+    its records); the current resolution only for a run that never used one."""
+    loc = d.pinned_store(o.status, o.namespace, o.name, o.uid, o.jobs, o.resolved_store) or o.resolved_store
+    if loc is None:
+        raise ValueError(o.store_error or "the run has no checkpoint store")
+    return loc
+
+
+@dataclass
+class Outcome:
+    """What one execution did: the requeue delay, and whether it wrote the run or its Jobs (the
+    cache changed under ``decide``: the shell decides again)."""
+
+    requeue: float | None = None
+    wrote: bool = False
+
+
+class Executor:
+    def __init__(self, config: OperatorConfig, kube: Kube, cache: Cache) -> None:
+        self.config, self.kube, self.cache = config, kube, cache
+        self._stores: dict[tuple, Any] = {}
+        self._refusals: dict[Key, str] = {}
+        """The last refused status write per run (its message): ONE Warning Event per refusal."""
+
+    def forget(self, key: Key) -> None:
+        self._refusals.pop(key, None)
+
+    def succeeded(self, key: Key) -> None:
+        self._refusals.pop(key, None)
+
+    async def _call(self, method: str, path_: str, **kw: Any) -> Any:
+        return await asyncio.to_thread(self.kube.request, method, path_, **kw)
+
+    async def _write(self, kind: str, key: Key, method: str, path_: str, **kw: Any) -> Any:
+        """A write of one cached object: its response goes into the cache, and the watch event of
+        the write (its echo, possibly arriving before the response) enqueues nothing."""
+        self.cache.begin_write(kind, key)
+        stored = None
+        try:
+            stored = await self._call(method, path_, **kw)
+        finally:
+            self.cache.end_write(kind, key, stored if isinstance(stored, dict) else None)
+        return stored
+
+    # ---------------------------------------------------------------- store reads
+
+    def store(self, spec: AgentRunSpec, loc: StoreLocation) -> Any:
+        """The checkpoint store at the run's pinned location (status.store)."""
+        from agentrun.checkpoint.store import CheckpointStore, StoreConfig
+
+        sc = StoreConfig(
+            uri=loc.uri,
+            endpoint_url=effective_endpoint(loc, spec, self.config),
+            region=loc.region,
+            path_style=loc.path_style,
+            snapshot_every=spec.checkpoint.snapshot_every,
+        )
+        key = (sc.uri, sc.endpoint_url, sc.region, sc.path_style)
+        if key not in self._stores:
+            self._stores[key] = CheckpointStore(sc)
+        return self._stores[key]
+
+    async def read(self, o: d.Observed, decision: d.Decision, run: RunRef, spec: AgentRunSpec | None) -> d.Observed:
+        from agentrun.checkpoint import errors as ce
+
+        assert spec is not None
+        try:
+            store = self.store(spec, where(o))
+        except ValueError as exc:  # no store configured, or an unusable one: say so, do not loop
+            if decision.of(d.ProbeStore):
+                return replace(o, store_probe=d.StoreProbeRead("invalid", detail=str(exc).splitlines()[-1].strip()))
+            raise
+        loc = store_location(store.config)
+        for a in decision.actions:
+            if isinstance(a, d.ReadCheckpoint):
+                try:
+                    record, stored = await asyncio.to_thread(store.get_lap, run, a.lap)
+                    cp = d.CheckpointRead(
+                        lap=a.lap, kind="ok", record=record, key=stored.key, sha256=stored.sha256,
+                        written_at=stored.written_at, uri=f"s3://{store.config.bucket}/{stored.key}", size=stored.size,
+                        **loc,
+                    )
+                except ce.CheckpointNotFound as exc:
+                    cp = d.CheckpointRead(lap=a.lap, kind="missing", error=str(exc))
+                except (ce.CorruptCheckpoint, ce.UnsupportedSchemaVersion) as exc:
+                    cp = d.CheckpointRead(lap=a.lap, kind="unreadable", error=str(exc))
+                except ce.CheckpointError as exc:
+                    cp = d.CheckpointRead(lap=a.lap, kind="unavailable", error=str(exc))
+                o = replace(o, checkpoint=cp)
+            elif isinstance(a, d.ProbeStore):
+                o = replace(o, store_probe=await asyncio.to_thread(probe_store, store))
+            elif isinstance(a, d.ReadAttemptFailure):
+                try:
+                    report = await asyncio.to_thread(store.get_attempt_failure, run, a.lap, a.attempt)
+                except ce.CheckpointError as exc:
+                    report = {"message": f"(failure report unreadable: {exc})"}
+                o = replace(o, attempt_failure=d.AttemptFailureRead(a.lap, a.attempt, report))
+            elif isinstance(a, d.ForkCheckpoint):
+                source = RunRef(namespace=run.namespace, name=a.source_name, uid=a.source_uid)
+                try:
+                    state, stored = await asyncio.to_thread(store.fork, source, a.lap, run)
+                    fr = d.ForkRead(
+                        lap=a.lap, kind="ok", state=state, key=stored.key, sha256=stored.sha256,
+                        written_at=stored.written_at, uri=f"s3://{store.config.bucket}/{stored.key}", **loc,
+                    )
+                except ce.CheckpointNotFound as exc:
+                    fr = d.ForkRead(lap=a.lap, kind="missing", error=str(exc))
+                except (ce.CorruptCheckpoint, ce.UnsupportedSchemaVersion) as exc:
+                    fr = d.ForkRead(lap=a.lap, kind="unreadable", error=str(exc))
+                except ce.CheckpointError as exc:
+                    fr = d.ForkRead(lap=a.lap, kind="unavailable", error=str(exc))
+                except ValueError as exc:  # a source name/uid that cannot be a key
+                    fr = d.ForkRead(lap=a.lap, kind="unreadable", error=str(exc))
+                o = replace(o, fork=fr)
+        return o
+
+    # ---------------------------------------------------------------- writes
+
+    async def execute(self, body: dict[str, Any], o: d.Observed, decision: d.Decision, run: RunRef,
+                      spec: AgentRunSpec | None) -> Outcome:
+        from kubernetes.client.rest import ApiException
+
+        ns, name = o.namespace, o.name
+        key = (ns, name)
+        rlog = run_logger(ns, name)
+        out = Outcome(requeue=decision.requeue_after)
+        rv = body["metadata"]["resourceVersion"]
+        run_path = path(RUNS, ns, name)
+        # Jobs first: a lost status write is repaired by adopting the Job (deterministic name).
+        for a in decision.of(d.DeleteJob):
+            try:
+                await self._call("DELETE", path(JOBS, ns, a.name),
+                                 body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"})
+                rlog.info("deleted stray Job %s", a.name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        status = decision.status
+        for a in decision.of(d.CreateJob):
+            alog = run_logger(ns, name, a.lap, a.attempt)
+            assert spec is not None
+            try:
+                job = build_job(RunIdentity(ns, name, o.uid), spec, a.lap, a.attempt, a.agent_version, self.config,
+                                approval=a.approval, store=a.store)
+                await self._write("jobs", (ns, a.name), "POST", path(JOBS, ns), body=job)
+                out.wrote = True
+                alog.info("created lap Job %s (agent %s)", a.name, a.agent_version)
+            except ApiException as exc:
+                if exc.status == 409:
+                    alog.info("lap Job %s exists already: adopted", a.name)
+                elif exc.status in (400, 403, 422):
+                    status = failed_status(o, status, "JobRefused",
+                                           f"the lap Job was refused by the API server: {exc.reason}")
+                    decision.actions.append(d.Event("Warning", "JobRefused", status.message or ""))
+                else:
+                    raise
+            except ValueError as exc:
+                status = failed_status(o, status, "InvalidConfiguration", str(exc))
+                decision.actions.append(d.Event("Warning", "InvalidConfiguration", str(exc)))
+        if status is not None:
+            patch = [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+                {"op": "add", "path": "/status", "value": status.model_dump(by_alias=True, exclude_none=True, mode="json")},
+            ]
+            try:
+                stored = await self._write("runs", key, "PATCH", path(RUNS, ns, name, "status"), body=patch,
+                                           content_type="application/json-patch+json")
+            except ApiException as exc:
+                refusal = status_refusal(exc.status, exc.body) if exc.status in (400, 403, 422) else None
+                if refusal is None and exc.status in (409, 422):  # changed since we read it: decide again
+                    rlog.info("run changed while reconciling; reconciling again")
+                    return Outcome(requeue=0.2, wrote=False)
+                if refusal is None:
+                    raise
+                await self._status_refused(body, key, f"the API server refused the status update: {refusal}")
+            if isinstance(stored, dict):
+                rv = (stored.get("metadata") or {}).get("resourceVersion", rv)
+            out.wrote = True
+            missing = pruned_field(patch[1]["value"], stored.get("status") if isinstance(stored, dict) else None)
+            if missing is not None:
+                await self._status_refused(
+                    body, key, f"the API server did not store {missing}: the AgentRun CRD is older than the "
+                    "operator; apply the CRD of this release")
+            metrics.observe_run(ns, name, body.get("spec") or {}, status.model_dump(by_alias=True, exclude_none=True, mode="json"))
+            if status.phase != o.status.phase:
+                rlog.info("phase %s -> %s: %s", o.status.phase, status.phase, status.message)
+        for a in decision.of(d.RemoveAnnotations):
+            stored = await self._write("runs", key, "PATCH", run_path,
+                                       body={"metadata": {"annotations": {k: None for k in a.keys}}},
+                                       content_type="application/merge-patch+json")
+            rv = self._wrote_run(stored, rv)
+            out.wrote = True
+        if decision.of(d.DeleteCheckpoints):
+            try:
+                assert spec is not None
+                n = await asyncio.to_thread(self.store(spec, where(o)).delete_run, run)
+                rlog.info("retention Delete: deleted %d checkpoint objects", n)
+            except Exception as exc:
+                rlog.warning("retention Delete: cannot delete checkpoints yet: %s", exc)
+                await self.event(body, "Warning", "CheckpointDeleteFailed", f"cannot delete checkpoints yet: {exc}")
+                return Outcome(requeue=self.config.store_retry_seconds, wrote=out.wrote)
+        fins = list(body["metadata"].get("finalizers") or [])
+        for a in decision.actions:
+            if isinstance(a, (d.AddFinalizer, d.RemoveFinalizer)):
+                fins = [f for f in fins if f != a.name]
+                if isinstance(a, d.AddFinalizer):
+                    fins.append(a.name)
+                stored = await self._write("runs", key, "PATCH", run_path, body={"metadata": {"finalizers": fins}},
+                                           content_type="application/merge-patch+json")
+                rv = self._wrote_run(stored, rv)
+                out.wrote = True
+        for a in decision.actions:
+            if isinstance(a, d.Event):
+                await self.event(body, a.type, a.reason, a.message)
+                lap = a.lap if a.lap is not None else (status.lap if status else o.status.lap)
+                run_logger(ns, name, lap, a.attempt).log(
+                    logging.WARNING if a.type == "Warning" else logging.INFO, "%s: %s", a.reason, a.message)
+            elif isinstance(a, d.LapFinished):
+                metrics.lap_finished(ns, name, a.outcome, a.duration_seconds, a.checkpoint_bytes)
+            elif isinstance(a, d.LapRetried):
+                metrics.lap_retried(ns, name, a.reason)
+        for a in decision.of(d.DeleteRun):  # spec.ttlSecondsAfterFinished passed: after its Event
+            try:
+                await self._call("DELETE", run_path, body={
+                    "kind": "DeleteOptions", "apiVersion": "v1",
+                    "preconditions": {"uid": o.uid, "resourceVersion": rv}})
+                rlog.info("deleted the finished run (ttlSecondsAfterFinished=%ds)", a.ttl_seconds)
+            except ApiException as exc:
+                if exc.status == 409:  # changed since we read it (e.g. a new ttl): decide again
+                    return Outcome(requeue=0.2, wrote=out.wrote)
+                if exc.status != 404:
+                    raise
+            out.wrote = False  # nothing left to decide about
+        return out
+
+    @staticmethod
+    def _wrote_run(stored: Any, rv: str) -> str:
+        if isinstance(stored, dict):
+            return str((stored.get("metadata") or {}).get("resourceVersion", rv))
+        return rv
+
+    async def _status_refused(self, body: dict[str, Any], key: Key, message: str) -> NoReturn:
+        """A status write refused for good (not a conflict): nothing after it is done this pass (no
+        annotation removed, no Event of the decision: the status does not hold it), ONE Warning Event
+        per distinct refusal, and the worker retries with the run's exponential backoff."""
+        rlog = run_logger(*key)
+        if self._refusals.get(key) != message:
+            self._refusals[key] = message
+            rlog.warning("StatusUpdateRefused: %s", message)
+            await self.event(body, "Warning", "StatusUpdateRefused", message)
+        else:
+            rlog.debug("status update refused again: %s", message)
+        raise StatusRefused(message)
+
+    async def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        from kubernetes.client.rest import ApiException
+
+        meta = body["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta['name'][:200]}.{secrets.token_hex(8)}", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRun", "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"],
+                               "resourceVersion": meta.get("resourceVersion")},
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": "agentrun-operator"},
+            "reportingComponent": "agentrun.dev/operator",
+            "reportingInstance": self.config.identity[:128],
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self._call("POST", path(EVENTS, meta["namespace"]), body=event)
+        except ApiException as exc:  # events are best effort
+            log.warning("cannot post event %s: %s", reason, exc.reason)

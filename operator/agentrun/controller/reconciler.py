@@ -1,0 +1,280 @@
+"""The reconciler: watch cache -> work queue -> (observe, decide, execute) per run, only on the
+holder of the Lease.
+
+Level-based: a reconcile reads the run, its Jobs and their pods from the watch cache (no request),
+asks :func:`decide.decide` what to do, and executes it. When the execution wrote the run or created
+a Job, the new state is already in the cache (write-through) and ``decide`` is asked again in the
+same reconcile, until nothing is written (at most :data:`MAX_PASSES`): the events of those writes
+are skipped by the cache. Backoffs and deadlines come back as delayed adds; errors and refused
+status writes as rate-limited adds (per-run exponential backoff). A periodic resync re-queues every
+cached run as a safety net. An operator restart resumes every run from its status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from agentrun import metrics
+from agentrun.api.status import AgentRunStatus
+from agentrun.checkpoint.schema import RunRef
+
+from . import decide as d
+from .cache import Cache, Informer, Key, rv_int
+from .config import OperatorConfig
+from .execute import Executor, StatusRefused
+from .jobs import LABEL_RUN_UID
+from .kube import JOBS, PODS, Kube, instrument, new_api_client, path
+from .lease import LeaseElector
+from .logs import run_logger
+from .observe import current_jobs, job_state, needs_pod_read, observe
+from .queue import WorkQueue
+
+log = logging.getLogger("agentrun.controller")
+
+#: Threads for the blocking API-server and S3 calls of reconciles (the loop's default executor).
+RECONCILE_THREADS = 32
+#: Concurrent reconciles (of different runs: one run is never reconciled twice at once).
+WORKERS = 32
+#: Decide/execute passes of one reconcile while each pass writes (then the key is queued again).
+MAX_PASSES = 4
+
+
+def namespace_matcher(patterns: tuple[str, ...] | list[str]) -> Any:
+    """Kopf's namespace patterns: globs, ``!glob`` excludes; none: every namespace."""
+    incl = [p for p in patterns if not p.startswith("!")]
+    excl = [p[1:] for p in patterns if p.startswith("!")]
+
+    def allowed(ns: str) -> bool:
+        if incl and not any(fnmatch.fnmatchcase(ns, p) for p in incl):
+            return False
+        return not any(fnmatch.fnmatchcase(ns, p) for p in excl)
+
+    return allowed
+
+
+def exact_namespaces(namespaces: tuple[str, ...] | list[str]) -> bool:
+    """True when ``namespaces`` is a non-empty list of plain names (no Kopf glob or negation)."""
+    return bool(namespaces) and all(
+        ns and not ns.startswith("!") and not any(ch in ns for ch in "*?[]") for ns in namespaces)
+
+
+@dataclass
+class Controller:
+    config: OperatorConfig
+    elector: LeaseElector | None = None
+
+    def __post_init__(self) -> None:
+        self.queue: WorkQueue[Key] = WorkQueue()
+        allowed = namespace_matcher(self.config.namespaces)
+        self.cache = Cache(on_change=lambda k: self.queue.add(k) if allowed(k[0]) else None,
+                           on_deleted=self.forget)
+        self.kube: Kube | None = None
+        self.executor: Executor | None = None
+        self.informers: list[Informer] = []
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._synced = asyncio.Event()
+        self._pod_reads: dict[Key, int | None] = {}  # Job -> its version whose pods were read
+        self._job_reads: dict[Key, int | None] = {}  # Job -> run version for which it was looked up
+        self._reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
+        self.ready = False
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        cfg = self.config
+        watch_ns: list[str | None] = list(cfg.namespaces) if exact_namespaces(cfg.namespaces) else [None]
+        # Reconciles block in threads on API-server and S3 calls: size the pool for that I/O.
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=RECONCILE_THREADS, thread_name_prefix="reconcile"))
+        # One API client, one connection pool for every call of this process (the watches hold one
+        # connection each).
+        api_client = new_api_client(RECONCILE_THREADS + 3 * len(watch_ns) + 2)
+        instrument(api_client, metrics.kube_request)
+        self.kube = Kube(api_client)
+        self.executor = Executor(cfg, self.kube, self.cache)
+        loop = asyncio.get_running_loop()
+        for ns in watch_ns:
+            for kind, selector in (("runs", None), ("jobs", LABEL_RUN_UID), ("pods", LABEL_RUN_UID)):
+                self.informers.append(Informer(self.kube, kind, ns, selector, self.cache, loop))
+        for inf in self.informers:
+            inf.start()
+        if self.elector is None:
+            self.elector = LeaseElector(cfg.lease_name, cfg.lease_namespace, cfg.identity,
+                                        cfg.lease_duration_seconds, on_acquire=self.resync,
+                                        on_lose=metrics.clear_runs)
+        self._tasks.append(asyncio.create_task(self._wait_synced()))
+        self._tasks.append(asyncio.create_task(self.elector.run()))
+        self._tasks.append(asyncio.create_task(self._resync_loop()))
+        self._tasks += [asyncio.create_task(self._worker()) for _ in range(WORKERS)]
+        self.ready = True
+
+    async def _wait_synced(self) -> None:
+        await asyncio.gather(*(inf.synced.wait() for inf in self.informers))
+        log.info("watch cache synced: %d runs, %d Jobs, %d pods", len(self.cache.runs), len(self.cache.jobs),
+                 len(self.cache.pods))
+        self._synced.set()
+
+    async def stop(self) -> None:
+        log.info("watch cache: reconciles queued by cause %s; events skipped %d", self.cache.causes,
+                 self.cache.skipped)
+        self.queue.shut_down()
+        for inf in self.informers:
+            inf.stop()
+        for t in self._tasks:
+            t.cancel()
+        if self.elector is not None:
+            await self.elector.release()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.elector is not None and self.elector.is_leader
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.resync_seconds)
+            try:
+                await self.resync(full=False)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("resync failed: %s", exc)
+
+    async def resync(self, full: bool = True) -> None:
+        """Queue every cached run (on becoming leader), or periodically (``full=False``) every run not
+        reconciled within the resync period. No request: the cache."""
+        if not self.is_leader:
+            return
+        horizon = time.monotonic() - self.config.resync_seconds
+        for key in list(self.cache.runs):
+            if full or self._reconciled_at.get(key, float("-inf")) < horizon:
+                self.cache.enqueue(key, "resync")
+
+    def enqueue(self, namespace: str, name: str, delay: float = 0.0) -> None:
+        self.queue.add_after((namespace, name), delay)
+
+    def forget(self, key: Key) -> None:
+        """The run is gone: drop its queue state, refusals and metrics."""
+        self.queue.discard(key)
+        self._reconciled_at.pop(key, None)
+        if self.executor is not None:
+            self.executor.forget(key)
+        metrics.forget_run(*key)
+
+    # ---------------------------------------------------------------- workers
+
+    async def _worker(self) -> None:
+        await self._synced.wait()
+        while True:
+            key = await self.queue.get()
+            if key is None:
+                return
+            try:
+                await self.process(key)
+            finally:
+                self.queue.done(key)
+
+    async def process(self, key: Key) -> None:
+        """One reconcile of ``key`` with its bookkeeping: requeue, backoff, metrics."""
+        if not self.is_leader:  # a standby does nothing, and counts no reconcile
+            return
+        started = time.monotonic()
+        self._reconciled_at[key] = started
+        result = "success"
+        try:
+            delay = await self.reconcile(key)
+            self.queue.forget(key)
+            if self.executor is not None:
+                self.executor.succeeded(key)
+            if delay is not None:
+                result = "requeue"
+                self.queue.add_after(key, delay)
+        except StatusRefused:  # one Event was posted; retry with the run's backoff, quietly
+            result = "error"
+            self.queue.add_rate_limited(key)
+        except Exception as exc:  # never crash: log, count, retry later (per-run backoff)
+            result = "error"
+            run_logger(*key).error("reconcile failed: %s", exc, exc_info=True)
+            self.queue.add_rate_limited(key)
+        metrics.reconcile_finished(result, time.monotonic() - started)
+
+    # ---------------------------------------------------------------- reconcile
+
+    async def reconcile(self, key: Key) -> float | None:
+        """One reconcile of one run from the cache. Returns the requeue delay, if any."""
+        assert self.executor is not None
+        requeue: float | None = None
+        for _ in range(MAX_PASSES):
+            body = self.cache.run(key)
+            if body is None or not self.is_leader:
+                return None
+            meta = body["metadata"]
+            ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+            await self._read_missing(body)
+            o = observe(body, self.cache.jobs_of(ns, uid), lambda job: self.cache.pods_of(ns, job),
+                        self.config, datetime.now(UTC))
+            run = RunRef(namespace=ns, name=name, uid=uid)
+            decision = d.decide(o)
+            for _ in range(3):
+                if not decision.needs_read:
+                    break
+                o = await self.executor.read(o, decision, run, o.spec)
+                decision = d.decide(o)
+            if decision.needs_read:
+                raise RuntimeError("decide kept asking for reads")
+            out = await self.executor.execute(body, o, decision, run, o.spec)
+            requeue = out.requeue
+            if not out.wrote:
+                return requeue
+        return 0.0  # still writing after MAX_PASSES: queue it again
+
+    async def _read_missing(self, body: dict[str, Any]) -> None:
+        """The rare reads the cache cannot answer: the recorded Job missing from it (deleted, or the
+        watch lags behind), and the pods of a finished current Job whose exit the cache has not
+        seen. Each is read once per version, then the cache (and the watch) answer."""
+        assert self.kube is not None
+        meta = body["metadata"]
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        status = _status_of(body)
+        if status is None:
+            return
+        for jname in current_jobs(name, uid, status):
+            jkey = (ns, jname)
+            job = self.cache.jobs.get(jkey)
+            if job is None:
+                if status.active_job is None or jname != status.active_job.name:
+                    continue
+                if self._job_reads.get(jkey) == rv_int(body):
+                    continue
+                self._job_reads[jkey] = rv_int(body)
+                doc = await asyncio.to_thread(self.kube.request, "GET", path(JOBS, ns), query={
+                    "labelSelector": f"{LABEL_RUN_UID}={uid}", "fieldSelector": f"metadata.name={jname}"})
+                for item in (doc or {}).get("items") or []:
+                    self.cache.put("jobs", item)
+                job = self.cache.jobs.get(jkey)
+                if job is None:
+                    continue
+            if job_state(job)[0] == "active" or not needs_pod_read(job, self.cache.pods_of(ns, jname)):
+                continue
+            if self._pod_reads.get(jkey) == rv_int(job):
+                continue
+            self._pod_reads[jkey] = rv_int(job)
+            doc = await asyncio.to_thread(self.kube.request, "GET", path(PODS, ns),
+                                          query={"labelSelector": f"job-name={jname}"})
+            for item in (doc or {}).get("items") or []:
+                self.cache.put("pods", item)
+        if len(self._pod_reads) > 4096:
+            self._pod_reads.clear()
+        if len(self._job_reads) > 4096:
+            self._job_reads.clear()
+
+
+def _status_of(body: dict[str, Any]) -> AgentRunStatus | None:
+    try:
+        return AgentRunStatus.model_validate(body.get("status") or {})
+    except Exception:  # noqa: BLE001 - observe() reports it
+        return None

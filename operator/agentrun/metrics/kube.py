@@ -1,0 +1,41 @@
+"""``agentrun_kube_requests_total{verb,resource,code}``: every request the operator makes to the
+Kubernetes API server, as controller-runtime's ``rest_client_requests_total`` counts them, so the API
+work per lap is visible in production (and in ``bench/bench_operator_cluster.py``).
+
+``verb`` is the Kubernetes verb (get, list, watch, create, update, patch, delete); ``resource`` the
+plural resource, with its subresource (``agentruns/status``); ``code`` the HTTP status, or
+``<error>`` when no response came back (connection refused, timeout). Every label comes from a
+bounded set: the verbs are fixed, the resources are the few the operator touches, and anything
+else is counted as ``other``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter
+
+VERBS: tuple[str, ...] = ("get", "list", "watch", "create", "update", "patch", "delete")
+#: The resources the operator touches; any other is counted as ``other``.
+RESOURCES: tuple[str, ...] = (
+    "agentruns", "agentruns/status", "jobs", "pods", "events", "leases", "other",
+)
+
+
+class KubeRequestMetrics:
+    """The API request counter, on the given registry (the operator's ``metrics.REGISTRY``)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "agentrun_kube_requests",
+            "Requests of the operator to the Kubernetes API server, by verb, resource and HTTP status "
+            "(<error>: no response). Mirrors controller-runtime's rest_client_requests_total.",
+            ["verb", "resource", "code"], registry=registry,
+        )
+
+    def observe(self, verb: str, resource: str, code: int | str) -> None:
+        """Count one request. Never raises."""
+        try:
+            verb = verb if verb in VERBS else "other"
+            resource = resource if resource in RESOURCES else "other"
+            self.requests.labels(verb, resource, str(code)).inc()
+        except Exception:  # noqa: BLE001 - a metrics problem never breaks a request
+            pass

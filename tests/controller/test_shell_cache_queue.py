@@ -1,0 +1,405 @@
+"""The controller shell's pure parts: the work queue (dedup, one worker per key, per-key backoff),
+the watch cache (own writes and stale events skipped, Jobs and pods enqueue only on a state change),
+and the request counter's labels. No cluster, no sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agentrun.controller.cache import Cache
+from agentrun.controller.jobs import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID
+from agentrun.controller.kube import instrument, request_labels
+from agentrun.controller.queue import RateLimiter, WorkQueue
+from agentrun.metrics.kube import KubeRequestMetrics
+
+# ----------------------------------------------------------------------------------------- queue
+
+
+def test_queue_dedups_a_key_until_it_is_taken():
+    async def main() -> None:
+        q: WorkQueue[str] = WorkQueue()
+        for k in ("a", "b", "a", "a", "b"):
+            q.add(k)
+        assert len(q) == 2
+        assert await q.get() == "a"
+        assert await q.get() == "b"
+        assert len(q) == 0
+
+    asyncio.run(main())
+
+
+def test_queue_never_hands_a_key_to_two_workers_and_loses_no_add():
+    async def main() -> None:
+        q: WorkQueue[str] = WorkQueue()
+        q.add("a")
+        q.add("b")
+        first = await q.get()
+        assert first == "a" and q.is_processing("a")
+        q.add("a")  # an event while "a" is reconciled
+        q.add("a")
+        assert len(q) == 1  # only "b": "a" waits for its worker to finish
+        assert await q.get() == "b"
+        assert len(q) == 0
+        q.done("a")  # the worker finished: "a" is queued again, once
+        assert len(q) == 1
+        assert await q.get() == "a"
+        q.done("a")
+        q.done("b")
+        assert len(q) == 0
+
+    asyncio.run(main())
+
+
+def test_queue_workers_run_different_keys_concurrently_but_one_key_serially():
+    async def main() -> list[tuple[str, str]]:
+        q: WorkQueue[str] = WorkQueue()
+        log: list[tuple[str, str]] = []
+        running: set[str] = set()
+        release = {k: asyncio.Event() for k in ("a1", "a2", "b")}
+        seen: dict[str, int] = {}
+
+        async def worker() -> None:
+            while (key := await q.get()) is not None:
+                assert key not in running, f"{key} processed twice at once"
+                running.add(key)
+                n = seen[key] = seen.get(key, 0) + 1
+                log.append(("start", f"{key}{n if key == 'a' else ''}"))
+                await release[f"{key}{n}" if key == "a" else key].wait()
+                running.discard(key)
+                log.append(("end", key))
+                q.done(key)
+
+        workers = [asyncio.create_task(worker()) for _ in range(3)]
+        q.add("a")
+        q.add("b")
+        for _ in range(5):
+            await asyncio.sleep(0)  # let the workers take the keys (no time passes)
+        q.add("a")  # while a is processed
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert running == {"a", "b"} and seen == {"a": 1, "b": 1}
+        release["a1"].set()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert seen["a"] == 2  # re-queued after its first reconcile ended, not before
+        release["a2"].set()
+        release["b"].set()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        q.shut_down()
+        await asyncio.gather(*workers)
+        return log
+
+    log = asyncio.run(main())
+    a_events = [e for e in log if e[1].startswith("a")]
+    assert a_events == [("start", "a1"), ("end", "a"), ("start", "a2"), ("end", "a")]
+
+
+def test_rate_limiter_backs_off_per_key_exponentially_and_forget_resets():
+    rl: RateLimiter[str] = RateLimiter(base=0.5, cap=300.0)
+    assert [rl.when("x") for _ in range(12)] == [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]
+    assert rl.when("y") == 0.5 and rl.num_requeues("x") == 12
+    rl.forget("x")
+    assert rl.num_requeues("x") == 0 and rl.when("x") == 0.5
+
+
+def test_queue_delayed_adds_keep_the_earliest_and_rate_limited_adds_use_the_backoff():
+    async def main() -> None:
+        q: WorkQueue[str] = WorkQueue(RateLimiter(base=1.0, cap=8.0))
+        q.add_after("a", 100)
+        q.add_after("a", 300)  # later: ignored
+        assert 99 < (q.pending_delay("a") or 0) <= 100
+        q.add_after("a", 10)  # earlier: replaces
+        assert 9 < (q.pending_delay("a") or 0) <= 10
+        assert len(q) == 0
+        assert [q.add_rate_limited("b") for _ in range(5)] == [1.0, 2.0, 4.0, 8.0, 8.0]
+        assert 0 < (q.pending_delay("b") or 0) <= 1.0  # the earliest pending one stays
+        q.forget("b")
+        assert q.num_requeues("b") == 0
+        q.add_after("c", 0)  # no delay: queued now
+        assert len(q) == 1
+        q.discard("a")
+        assert q.pending_delay("a") is None
+        q.shut_down()
+        assert q.pending_delay("b") is None
+
+    asyncio.run(main())
+
+
+def test_a_delayed_add_fires_into_the_queue():
+    async def main() -> str | None:
+        q: WorkQueue[str] = WorkQueue()
+        q.add_after("a", 0.001)
+        return await asyncio.wait_for(q.get(), 10)  # waits for the timer, not a fixed time
+
+    assert asyncio.run(main()) == "a"
+
+
+# ----------------------------------------------------------------------------------------- cache
+
+UID = "0123456789abcdef"
+
+
+def run_obj(rv: int, **status: Any) -> dict[str, Any]:
+    return {"metadata": {"namespace": "ns", "name": "r", "uid": UID, "resourceVersion": str(rv)},
+            "spec": {}, "status": status}
+
+
+def job_obj(rv: int, name: str = "r-job", *, conditions: list[dict[str, str]] | None = None,
+            active: int = 1, ready: int = 0) -> dict[str, Any]:
+    return {"metadata": {"namespace": "ns", "name": name, "resourceVersion": str(rv),
+                         "labels": {LABEL_RUN_UID: UID, LABEL_LAP: "1", LABEL_ATTEMPT: "1"}},
+            "status": {"active": active, "ready": ready, "conditions": conditions or []}}
+
+
+def pod_obj(rv: int, *, waiting: tuple[str, str] | None = None, exit_code: int | None = None,
+            job: str = "r-job") -> dict[str, Any]:
+    state: dict[str, Any] = {"running": {}}
+    if waiting:
+        state = {"waiting": {"reason": waiting[0], "message": waiting[1]}}
+    if exit_code is not None:
+        state = {"terminated": {"exitCode": exit_code, "reason": "Completed"}}
+    return {"metadata": {"namespace": "ns", "name": f"{job}-p", "resourceVersion": str(rv),
+                         "labels": {LABEL_RUN_UID: UID, "job-name": job}, "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"containerStatuses": [{"name": "lap", "state": state}]}}
+
+
+@pytest.fixture
+def cache() -> tuple[Cache, list[tuple[str, str]], list[tuple[str, str]]]:
+    changed: list[tuple[str, str]] = []
+    deleted: list[tuple[str, str]] = []
+    return Cache(on_change=changed.append, on_deleted=deleted.append), changed, deleted
+
+
+def test_the_event_of_the_operators_own_write_is_skipped(cache):
+    c, changed, _ = cache
+    c.event("runs", "ADDED", run_obj(5))
+    assert changed == [("ns", "r")]
+    c.put("runs", run_obj(7, phase="Running"))  # the response of our status patch
+    assert changed == [("ns", "r")] and c.run(("ns", "r"))["status"] == {"phase": "Running"}
+    c.event("runs", "MODIFIED", run_obj(6))  # an older event still in flight: stale
+    c.event("runs", "MODIFIED", run_obj(7, phase="Running"))  # the echo of our own write
+    assert changed == [("ns", "r")]
+    assert c.run(("ns", "r"))["metadata"]["resourceVersion"] == "7"
+    c.event("runs", "MODIFIED", run_obj(8, phase="Running"))  # someone else's write
+    assert changed == [("ns", "r")] * 2
+    assert c.skipped == 2
+
+
+def test_a_job_enqueues_its_run_only_when_its_state_changes(cache):
+    c, changed, _ = cache
+    c.event("runs", "ADDED", run_obj(1))
+    changed.clear()
+    c.put("jobs", job_obj(10))  # created by the operator
+    c.event("jobs", "ADDED", job_obj(10))  # its echo
+    c.event("jobs", "MODIFIED", job_obj(11, active=1))  # startTime, uncountedTerminatedPods, ...
+    c.event("jobs", "MODIFIED", job_obj(12, ready=1))  # its pod is ready
+    assert changed == []
+    c.event("jobs", "MODIFIED", job_obj(13, active=0, ready=0,
+                                        conditions=[{"type": "Complete", "status": "True"}]))
+    assert changed == [("ns", "r")]
+    assert [j["metadata"]["name"] for j in c.jobs_of("ns", UID)] == ["r-job"]
+    c.event("jobs", "DELETED", job_obj(14, active=0, conditions=[{"type": "Complete", "status": "True"}]))
+    assert changed == [("ns", "r")] * 2 and c.jobs_of("ns", UID) == []
+
+
+def test_pods_enqueue_only_on_a_configuration_problem_or_an_exit_after_the_job_finished(cache):
+    c, changed, _ = cache
+    c.event("runs", "ADDED", run_obj(1))
+    c.event("jobs", "ADDED", job_obj(10))
+    changed.clear()
+    c.event("pods", "ADDED", pod_obj(20, waiting=("ContainerCreating", "")))
+    c.event("pods", "MODIFIED", pod_obj(21))  # running
+    c.event("pods", "MODIFIED", pod_obj(22, exit_code=0))  # exited before the Job is Complete: the Job event follows
+    assert changed == []
+    assert [p["metadata"]["resourceVersion"] for p in c.pods_of("ns", "r-job")] == ["22"]
+    c.event("jobs", "ADDED", job_obj(40, "r-job3", active=0, conditions=[{"type": "Failed", "status": "True"}]))
+    changed.clear()
+    c.event("pods", "ADDED", pod_obj(41, job="r-job3"))
+    c.event("pods", "MODIFIED", pod_obj(42, job="r-job3", exit_code=75))  # the exit after the Job's failure
+    assert changed == [("ns", "r")]
+
+
+def test_a_configuration_problem_of_a_pod_enqueues_its_run(cache):
+    c, changed, _ = cache
+    c.event("runs", "ADDED", run_obj(1))
+    c.event("jobs", "ADDED", job_obj(10))
+    changed.clear()
+    c.event("pods", "ADDED", pod_obj(20, waiting=("ContainerCreating", "")))
+    c.event("pods", "MODIFIED", pod_obj(21, waiting=("CreateContainerConfigError", 'secret "s3" not found')))
+    assert changed == [("ns", "r")]
+    c.event("pods", "MODIFIED", pod_obj(22, waiting=("CreateContainerConfigError", 'secret "s3" not found')))
+    assert changed == [("ns", "r")]  # unchanged problem: no new reconcile
+    c.event("pods", "MODIFIED", pod_obj(23))  # the Secret appeared: running
+    assert changed == [("ns", "r")] * 2
+
+
+def test_a_relist_reconciles_every_run_and_reports_the_ones_deleted_meanwhile(cache):
+    c, changed, deleted = cache
+    c.replace("runs", "ns", [run_obj(1)])
+    other = run_obj(2)
+    other["metadata"].update(name="gone", uid="u2")
+    c.event("runs", "ADDED", other)
+    changed.clear()
+    c.replace("runs", "ns", [run_obj(1)])  # after a 410: "gone" was deleted while not watched
+    assert deleted == [("ns", "gone")] and changed == [("ns", "r")]
+    assert set(c.runs) == {("ns", "r")}
+
+
+# ------------------------------------------------------------------------------- request counter
+
+
+@pytest.mark.parametrize("method,url,labels", [
+    ("GET", "https://h:6443/apis/agentrun.dev/v1alpha1/namespaces/ns/agentruns/r", ("get", "agentruns")),
+    ("GET", "https://h/apis/agentrun.dev/v1alpha1/namespaces/ns/agentruns?labelSelector=x", ("list", "agentruns")),
+    ("GET", "https://h/apis/agentrun.dev/v1alpha1/agentruns?watch=true&resourceVersion=5", ("watch", "agentruns")),
+    ("PATCH", "https://h/apis/agentrun.dev/v1alpha1/namespaces/ns/agentruns/r/status", ("patch", "agentruns/status")),
+    ("POST", "https://h/apis/batch/v1/namespaces/ns/jobs", ("create", "jobs")),
+    ("DELETE", "https://h/apis/batch/v1/namespaces/ns/jobs/j", ("delete", "jobs")),
+    ("GET", "https://h/api/v1/namespaces/ns/pods?labelSelector=job-name%3Dj", ("list", "pods")),
+    ("GET", "https://h/api/v1/pods?watch=true", ("watch", "pods")),
+    ("POST", "https://h/api/v1/namespaces/ns/events", ("create", "events")),
+    ("GET", "https://h/apis/coordination.k8s.io/v1/namespaces/sys/leases/op", ("get", "leases")),
+    ("PUT", "https://h/apis/coordination.k8s.io/v1/namespaces/sys/leases/op", ("update", "leases")),
+    ("GET", "https://h/api/v1/namespaces/ns", ("get", "namespaces")),
+])
+def test_request_labels(method, url, labels):
+    assert request_labels(method, url) == labels
+
+
+def test_every_request_through_the_api_client_is_counted():
+    from types import SimpleNamespace
+
+    reg = CollectorRegistry()
+    m = KubeRequestMetrics(reg)
+
+    def request(method: str, url: str, **_: Any) -> Any:
+        if "boom" in url:
+            raise OSError("connection refused")
+        return SimpleNamespace(status=409 if method == "POST" else 200)
+
+    api_client = SimpleNamespace(rest_client=SimpleNamespace(request=request))
+    instrument(api_client, m.observe)
+    instrument(api_client, m.observe)  # idempotent: not counted twice
+    rest = api_client.rest_client
+    rest.request("GET", "https://h/api/v1/namespaces/ns/pods")
+    rest.request("POST", "https://h/apis/batch/v1/namespaces/ns/jobs")
+    rest.request("POST", "https://h/apis/batch/v1/namespaces/ns/jobs")
+    with pytest.raises(OSError):
+        rest.request("GET", "https://h/api/v1/namespaces/boom/pods/x")
+
+    def value(verb: str, resource: str, code: str) -> float | None:
+        return reg.get_sample_value("agentrun_kube_requests_total", {"verb": verb, "resource": resource, "code": code})
+
+    assert value("list", "pods", "200") == 1
+    assert value("create", "jobs", "409") == 2
+    assert value("get", "pods", "<error>") == 1
+
+
+def test_the_operator_registry_exports_the_request_counter():
+    from agentrun import metrics
+
+    metrics.kube_request("patch", "agentruns/status", 200)
+    assert metrics.REGISTRY.get_sample_value(
+        "agentrun_kube_requests_total", {"verb": "patch", "resource": "agentruns/status", "code": "200"}) >= 1
+    metrics.kube_request("frob", "secrets", 200)  # outside the bounded sets: "other"
+    assert metrics.REGISTRY.get_sample_value(
+        "agentrun_kube_requests_total", {"verb": "other", "resource": "other", "code": "200"}) >= 1
+
+
+def test_the_echo_of_an_own_write_arriving_before_its_response_is_skipped(cache):
+    c, changed, _ = cache
+    c.event("runs", "ADDED", run_obj(5))
+    changed.clear()
+    key = ("ns", "r")
+    # the status patch: its watch event comes back before the HTTP response
+    c.begin_write("runs", key)
+    c.event("runs", "MODIFIED", run_obj(6, phase="Running"))
+    assert changed == [] and c.run(key)["metadata"]["resourceVersion"] == "6"
+    c.end_write("runs", key, run_obj(6, phase="Running"))
+    assert changed == []
+    # the Job create: same, for a Job the cache did not hold
+    c.begin_write("jobs", ("ns", "r-job"))
+    c.event("jobs", "ADDED", job_obj(7))
+    c.end_write("jobs", ("ns", "r-job"), job_obj(7))
+    assert changed == [] and [j["metadata"]["name"] for j in c.jobs_of("ns", UID)] == ["r-job"]
+    # someone else's write lands while ours is in flight: it enqueues, once ours ended
+    c.begin_write("runs", key)
+    c.event("runs", "MODIFIED", run_obj(8, phase="Running"))  # our echo
+    c.event("runs", "MODIFIED", run_obj(9, phase="Running"))  # theirs, after ours
+    assert changed == []
+    c.end_write("runs", key, run_obj(8, phase="Running"))
+    assert changed == [key] and c.run(key)["metadata"]["resourceVersion"] == "9"
+    # a failed write: every held event notifies
+    changed.clear()
+    c.begin_write("runs", key)
+    c.event("runs", "MODIFIED", run_obj(10))
+    c.end_write("runs", key, None)
+    assert changed == [key]
+
+
+# -------------------------------------------------------------------------------------- informer
+
+
+class _FakeKube:
+    """Lists and watch streams scripted per call; records the queries."""
+
+    def __init__(self, lists: list[dict[str, Any]], streams: list[Any]) -> None:
+        self.lists, self.streams, self.queries = lists, streams, []
+
+    def request(self, method: str, path_: str, **kw: Any) -> Any:
+        self.queries.append(("list", kw.get("query", {}).get("resourceVersion")))
+        return self.lists.pop(0)
+
+    def stream(self, path_: str, query: dict[str, Any], timeout: Any) -> Any:
+        self.queries.append(("watch", query.get("resourceVersion")))
+        item = self.streams.pop(0) if self.streams else None
+        if item is None:
+            import threading
+            threading.Event().wait()  # the last watch: blocks like an idle one (daemon thread)
+        if isinstance(item, Exception):
+            raise item
+        yield from item
+
+
+def test_the_informer_lists_watches_resumes_and_relists_after_410():
+    from agentrun.controller.cache import Informer
+
+    def listed(rv: int, *objs: dict[str, Any]) -> dict[str, Any]:
+        return {"metadata": {"resourceVersion": str(rv)}, "items": list(objs)}
+
+    other = run_obj(3)
+    other["metadata"].update(name="other", uid="u2")
+    kube = _FakeKube(
+        lists=[listed(5, run_obj(4), other), listed(20, run_obj(12, phase="Running"))],
+        streams=[
+            [{"type": "MODIFIED", "object": run_obj(6)}, {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}],
+            OSError("connection reset"),  # resumes from the last version seen (the bookmark's)
+            [{"type": "ERROR", "object": {"code": 410, "message": "too old"}}],  # expired: list again
+        ],
+    )
+
+    async def main() -> tuple[Cache, list[tuple[str, str]], list[tuple[str, str]]]:
+        changed: list[tuple[str, str]] = []
+        deleted: list[tuple[str, str]] = []
+        c = Cache(on_change=changed.append, on_deleted=deleted.append)
+        inf = Informer(kube, "runs", "ns", None, c, asyncio.get_running_loop())  # type: ignore[arg-type]
+        inf.start()
+        await asyncio.wait_for(inf.synced.wait(), 30)
+        for _ in range(3000):  # wait for the condition (the second list applied), not for a time
+            if deleted:
+                break
+            await asyncio.sleep(0.01)
+        inf.stop()
+        return c, changed, deleted
+
+    c, changed, deleted = asyncio.run(main())
+    assert kube.queries == [("list", None), ("watch", "5"), ("watch", "9"), ("watch", "9"), ("list", None),
+                            ("watch", "20")]
+    assert deleted == [("ns", "other")]  # gone while the watch was expired
+    assert c.run(("ns", "r"))["status"] == {"phase": "Running"}
+    assert changed.count(("ns", "r")) == 3  # listed, modified, listed again with a change

@@ -1,0 +1,66 @@
+"""observe(): the watch cache's JSON (run, Jobs, pods) -> decide.Observed, pod details of the
+current attempt only."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from agentrun.controller.config import OperatorConfig
+from agentrun.controller.jobs import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID, job_name
+from agentrun.controller.observe import needs_pod_read, observe
+
+UID = "0123456789abcdef0123456789abcdef"
+
+
+def run_body(**status):
+    return {"metadata": {"namespace": "ns", "name": "r", "uid": UID, "resourceVersion": "9", "generation": 2,
+                         "annotations": {"a": "b"}, "finalizers": ["f"]},
+            "spec": {"task": "t", "agent": {"version": "v1", "model": {"provider": "scripted", "script": []}}},
+            "status": status}
+
+
+def job(lap, attempt, *, cond=None):
+    return {"metadata": {"namespace": "ns", "name": job_name("r", UID, lap, attempt), "resourceVersion": "5",
+                         "labels": {LABEL_RUN_UID: UID, LABEL_LAP: str(lap), LABEL_ATTEMPT: str(attempt)}},
+            "status": {"conditions": [{"type": cond, "status": "True"}] if cond else []}}
+
+
+def pod(exit_code=None, waiting=None, message=None):
+    state = {"terminated": {"exitCode": exit_code, "message": message}} if exit_code is not None else \
+        {"waiting": {"reason": waiting[0], "message": waiting[1]}}
+    return {"metadata": {"name": "p", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"containerStatuses": [{"name": "lap", "state": state}]}}
+
+
+def test_observe_reads_pods_of_the_current_attempt_only():
+    j1, j2 = job(1, 1, cond="Failed"), job(2, 1, cond="Failed")  # lap 1 is history, lap 2 the next attempt
+    pods = {j1["metadata"]["name"]: [pod(75)],
+            j2["metadata"]["name"]: [pod(2, message='{"msg": "lap failed", "error": "model endpoint unreachable"}')]}
+    o = observe(run_body(lap=1), [j1, j2], lambda name: pods[name], OperatorConfig(checkpoint_uri="s3://b/p"),
+                datetime(2026, 1, 1, tzinfo=UTC))
+    by_lap = {j.lap: j for j in o.jobs}
+    assert by_lap[1].exit_code is None and by_lap[1].state == "failed"  # not current: pods not read
+    assert by_lap[2].exit_code == 2 and by_lap[2].message == "model endpoint unreachable"
+    assert o.generation == 2 and o.annotations == {"a": "b"} and o.finalizers == ("f",)
+    assert o.resolved_store is not None and o.spec is not None and o.spec_error is None
+
+
+def test_observe_sees_a_pod_waiting_on_its_configuration():
+    j = job(1, 1)
+    o = observe(run_body(), [j], lambda name: [pod(waiting=("CreateContainerConfigError", 'secret "s" not found'))],
+                OperatorConfig(), datetime(2026, 1, 1, tzinfo=UTC))
+    assert o.jobs[0].state == "active" and o.jobs[0].waiting_reason == "CreateContainerConfigError"
+    assert o.store_error  # no URI anywhere: said, not raised
+
+
+def test_a_finished_job_without_a_seen_exit_needs_one_pod_read():
+    assert needs_pod_read(job(1, 1, cond="Complete"), [])
+    assert not needs_pod_read(job(1, 1, cond="Complete"), [pod(0)])
+    assert not needs_pod_read(job(1, 1), [])
+
+
+def test_an_invalid_spec_is_observed_with_its_error():
+    body = run_body()
+    body["spec"] = {"task": 5}
+    o = observe(body, [], lambda name: [], OperatorConfig(), datetime(2026, 1, 1, tzinfo=UTC))
+    assert o.spec is None and o.spec_error and "spec." in o.spec_error
