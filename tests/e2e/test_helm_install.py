@@ -318,6 +318,14 @@ EXPECTED_RELEASE_NS = {
     "leases.coordination.k8s.io []": {"create"},
     f"leases.coordination.k8s.io [{RELEASE}]": {"get", "update", "patch"},
 }
+# cluster-wide, the tenancy re-check's reads (ClusterRole <release>-tenancy-reader): seen in every namespace
+EXPECTED_TENANCY_READER = {
+    "namespaces []": {"get"},
+    "validatingadmissionpolicybindings.admissionregistration.k8s.io []": {"list"},
+    "agentrunpolicies.agentrun.dev []": {"get"},
+}
+EXPECTED_RUN_NS.update(EXPECTED_TENANCY_READER)
+EXPECTED_RELEASE_NS.update(EXPECTED_TENANCY_READER)
 
 
 def test_rbac_is_exactly_what_the_operator_uses(henv, diag):
@@ -340,16 +348,17 @@ def test_rbac_is_exactly_what_the_operator_uses(henv, diag):
     for verb in ("get", "list", "watch"):
         r = henv.kubectl("auth", "can-i", verb, "secrets", f"--as={sa_user}", "--all-namespaces", check=False)
         assert r.stdout.strip() == "no", (verb, r.stdout, r.stderr)
-    # nothing cluster-scoped: no CRD or namespace access, no ClusterRoleBinding of the chart
+    # nothing cluster-scoped but the re-check's three reads: no CRD access, no listing of namespaces,
+    # one ClusterRoleBinding (the tenancy reader)
     for verb, res in (("list", "customresourcedefinitions.apiextensions.k8s.io"),
                       ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
                       ("list", "namespaces"), ("list", "agentruns.agentrun.dev")):
         r = henv.kubectl("auth", "can-i", verb, res, f"--as={sa_user}", "--all-namespaces", check=False)
         assert r.stdout.strip() == "no", (verb, res, r.stdout, r.stderr)
     crbs = json.loads(henv.kubectl("get", "clusterrolebindings", "-o", "json").stdout)["items"]
-    assert not [b["metadata"]["name"] for b in crbs
-                if any(sj.get("name") == OPERATOR_SA and sj.get("namespace") == henv.sys_ns
-                       for sj in b.get("subjects") or [])]
+    assert [b["roleRef"]["name"] for b in crbs
+            if any(sj.get("name") == OPERATOR_SA and sj.get("namespace") == henv.sys_ns
+                   for sj in b.get("subjects") or [])] == [f"{RELEASE}-tenancy-reader"]
     # leases in the watched namespace or another name: no
     r = henv.kubectl("auth", "can-i", "update", "leases/someone-else", f"--as={sa_user}", "-n", henv.sys_ns,
                      check=False)

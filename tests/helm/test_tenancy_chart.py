@@ -42,8 +42,13 @@ def test_default_install_renders_the_generated_policy_a_default_policy_and_its_b
     default = _one(docs, "AgentRunPolicy", t.DEFAULT_POLICY)
     assert default["spec"] == values["tenancy"]["policy"]
     t.AgentRunPolicySpec.model_validate(default["spec"])  # a valid AgentRunPolicy spec
-    # no ClusterRole for the re-check until it is wired (tenancy.operatorRecheck)
-    assert not [d for d in docs if d["metadata"]["name"].endswith("-tenancy-reader")]
+    # the re-check's ClusterRole (tenancy.operatorRecheck, on by default): exactly its three reads
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-tenancy-reader")]
+    assert sorted((r["resources"][0], tuple(r["verbs"])) for r in role["rules"]) == [
+        ("agentrunpolicies", ("get",)), ("namespaces", ("get",)), ("validatingadmissionpolicybindings", ("list",))]
+    (dep,) = [d for d in docs if d["kind"] == "Deployment" and "inbox" not in d["metadata"]["name"]]
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["AGENTRUN_TENANCY_RECHECK_SECONDS"] == "10"
 
 
 def test_what_the_default_policy_allows():

@@ -72,6 +72,11 @@ class OperatorConfig:
     """AGENTRUN_POD_CONFIG_GRACE_SECONDS: how long a lap pod may wait on a configuration error
     (CreateContainerConfigError: a missing Secret or key) before the run's condition and a Warning
     Event say so. The run keeps waiting: the pod starts once the Secret exists."""
+    tenancy_recheck_seconds: float = 10.0
+    """AGENTRUN_TENANCY_RECHECK_SECONDS: how long the AgentRunPolicies of a namespace read for the
+    re-check before each lap are reused (0: read them on every reconcile of a live run; negative:
+    no re-check). A policy tightened after apply stops a run before any lap that starts later than
+    this after the change (docs/security.md)."""
     identity: str = ""
     """AGENTRUN_IDENTITY (or POD_NAME): this replica's name in the Lease (default host-pid)."""
 
@@ -136,6 +141,7 @@ class OperatorConfig:
         parse("AGENTRUN_RESYNC_SECONDS", float, "resync_seconds")
         parse("AGENTRUN_STORE_RETRY_SECONDS", float, "store_retry_seconds")
         parse("AGENTRUN_POD_CONFIG_GRACE_SECONDS", float, "pod_config_grace_seconds")
+        parse("AGENTRUN_TENANCY_RECHECK_SECONDS", float, "tenancy_recheck_seconds")
         parse("POD_NAME", str, "identity")
         parse("AGENTRUN_IDENTITY", str, "identity")
         if not kw.get("identity"):

@@ -13,6 +13,7 @@ cached run as a safety net. An operator restart resumes every run from its statu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fnmatch
 import logging
 import time
@@ -22,8 +23,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agentrun import metrics
-from agentrun.api.status import AgentRunStatus
+from agentrun.api.status import TERMINAL_PHASES, AgentRunStatus
 from agentrun.checkpoint.schema import RunRef
+from agentrun.notify.sender import from_env as notify_from_env
 
 from . import decide as d
 from .cache import Cache, Informer, Key, rv_int
@@ -35,6 +37,7 @@ from .lease import LeaseElector
 from .logs import run_logger
 from .observe import current_jobs, job_state, needs_pod_read, observe
 from .queue import WorkQueue
+from .tenancy import PolicyCache
 
 log = logging.getLogger("agentrun.controller")
 
@@ -83,6 +86,8 @@ class Controller:
         self._pod_reads: dict[Key, int | None] = {}  # Job -> its version whose pods were read
         self._job_reads: dict[Key, int | None] = {}  # Job -> run version for which it was looked up
         self._reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
+        self.policies: PolicyCache | None = None  # the tenancy re-check's reads (None: off)
+        self.notifier: Any = None  # approval notifications (agentrun.notify), when configured
         self.ready = False
 
     # ---------------------------------------------------------------- lifecycle
@@ -99,6 +104,13 @@ class Controller:
         instrument(api_client, metrics.kube_request)
         self.kube = Kube(api_client)
         self.executor = Executor(cfg, self.kube, self.cache)
+        if cfg.tenancy_recheck_seconds >= 0:
+            self.policies = PolicyCache(api_client, ttl=cfg.tenancy_recheck_seconds)
+        from kubernetes import client as kclient
+
+        self.notifier = notify_from_env(kclient.CustomObjectsApi(api_client), active=lambda: self.is_leader)
+        if self.notifier is not None:
+            self.notifier.start()
         loop = asyncio.get_running_loop()
         for ns in watch_ns:
             for kind, selector in (("runs", None), ("jobs", LABEL_RUN_UID), ("pods", LABEL_RUN_UID)):
@@ -129,6 +141,8 @@ class Controller:
             inf.stop()
         for t in self._tasks:
             t.cancel()
+        if self.notifier is not None:
+            await asyncio.to_thread(self.notifier.stop)
         if self.elector is not None:
             await self.elector.release()
 
@@ -217,6 +231,10 @@ class Controller:
             await self._read_missing(body)
             o = observe(body, self.cache.jobs_of(ns, uid), lambda job: self.cache.pods_of(ns, job),
                         self.config, datetime.now(UTC))
+            if self.policies is not None and o.spec is not None and not o.deleting \
+                    and o.status.phase not in TERMINAL_PHASES:
+                check = await asyncio.to_thread(self.policies.check, ns, body.get("spec") or {})
+                o = dataclasses.replace(o, policy_check=check)
             run = RunRef(namespace=ns, name=name, uid=uid)
             decision = d.decide(o)
             for _ in range(3):
