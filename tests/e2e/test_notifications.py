@@ -123,3 +123,37 @@ def test_each_approval_is_announced_once_per_kind_across_a_restart(env, tmp_path
                 p.wait(20)
         rx.srv.shutdown()
         log.close()
+
+
+def test_the_operator_announces_and_a_restarted_operator_does_not_repeat(env, tmp_path, monkeypatch):  # noqa: F811
+    """The notifier as the chart runs it: a thread of ``agentrun operator`` (only the Lease holder
+    announces). The operator is SIGKILLed between the two messages of one approval and started
+    again: each kind arrives once, the first after the receiver's 500."""
+    e = env
+    rx = Receiver()
+    notify = {"AGENTRUN_NOTIFY_WEBHOOK_URL": rx.url, "AGENTRUN_NOTIFY_INTERVAL_SECONDS": "1",
+              "AGENTRUN_NOTIFY_BACKOFF_SECONDS": "1", "AGENTRUN_NOTIFY_DEADLINE_NEAR_SECONDS": "40",
+              "AGENTRUN_INBOX_URL": "https://inbox.example"}
+    plain = e.operator_env
+    e.kill_operator()
+    monkeypatch.setattr(e, "operator_env", lambda **extra: plain(**{**notify, **extra}))
+    e.start_operator()
+    try:
+        approval_run(e, "notify-op", "60s")
+        wait_for("notify-op requested, recorded", lambda: notified(e, "notify-op").get("requestedAt"), timeout=180)
+        assert [s for s, _ in rx.attempts("notify-op", "requested")] == [500, 200]
+        assert not rx.delivered("notify-op", "deadline-near")
+        e.kill_operator()  # SIGKILL, between the two messages
+        e.start_operator()
+        wait_for("notify-op deadline near, recorded", lambda: notified(e, "notify-op").get("deadlineNearAt"),
+                 timeout=120)
+        approval_run(e, "notify-op-sentinel", "1h")  # announced in a scan that saw notify-op's records
+        wait_for("notify-op-sentinel announced", lambda: rx.delivered("notify-op-sentinel", "requested"), timeout=180)
+        assert len(rx.delivered("notify-op", "requested")) == 1
+        assert len(rx.delivered("notify-op", "deadline-near")) == 1
+        assert rx.url not in e.log.read_text()  # the webhook URL is a secret: not in the operator's log
+    finally:
+        e.kill_operator()
+        monkeypatch.setattr(e, "operator_env", plain)
+        e.start_operator()
+        rx.srv.shutdown()

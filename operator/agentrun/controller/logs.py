@@ -45,7 +45,8 @@ def setup_logging(fmt: str = "json", level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    for noisy in ("kubernetes", "urllib3", "botocore", "boto3", "aiohttp.access"):
+    # httpx logs every request line with its URL at INFO: a webhook URL (a secret) must not reach the log
+    for noisy in ("kubernetes", "urllib3", "botocore", "boto3", "aiohttp.access", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
