@@ -113,7 +113,7 @@ def test_queue_runs_approve_and_reject(env):  # noqa: F811 (the fixture)
     assert by["q-suspended"]["phase"] == "Suspended" and by["q-suspended"]["waitingOn"] is None
     r = cli(env, "runs", "-A")
     header = r.stdout.splitlines()[0].split()
-    assert header == ["NAMESPACE", "NAME", "PHASE", "LAP", "SINCE-CHECKPOINT", "COST", "WAITING-ON"], r.stdout
+    assert header == ["NAMESPACE", "NAME", "PHASE", "LAP", "SINCE-CHECKPOINT", "COST", "WAITING-ON", "CAUSE"], r.stdout
     assert any(line.split()[:3] == [env.ns, "q-approve", "AwaitingApproval"] for line in r.stdout.splitlines())
 
     # reject needs a reason; approve and reject move the runs
