@@ -70,6 +70,7 @@ class Bench:
     def __init__(self, workdir: Path, profile: str | None = None) -> None:
         self.dir = workdir
         self.profile = profile
+        self.lap_nice: int | None = None  # --lap-nice
         self.cluster = start_cluster(workdir / "kube")
         self.s3 = start_s3(workdir / "s3")
         from kubernetes import client, config
@@ -107,6 +108,8 @@ class Bench:
             AGENTRUN_LEASE_DURATION="15",  # the default
             AGENTRUN_RESYNC_SECONDS=resync, AGENTRUN_JOB_TTL_SECONDS="-1", AGENTRUN_METRICS_PORT=str(port),
         )
+        if self.lap_nice is not None:  # the lap pods at a lower CPU priority: a stand-in for other nodes
+            env["AGENTRUN_LAP_COMMAND"] = json.dumps(["nice", "-n", str(self.lap_nice), *json.loads(env["AGENTRUN_LAP_COMMAND"])])
         if os.environ.get("BENCH_OPERATOR_PYTHONPATH"):  # e.g. an export of an older commit, for before/after
             # the shim counts the kubernetes client's requests of an operator without its own counter
             env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bench" / "kube_request_shim"),
@@ -413,6 +416,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--dir", help="working directory (default: a temp dir, removed at the end)")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--lap-nice", type=int, default=None,
+                    help="overhead: run the lap processes under `nice -n N` (on a real cluster they run on other nodes)")
     ap.add_argument("--profile", help="py-spy the operator during the highest overhead level; folded stacks here")
     args = ap.parse_args()
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
@@ -422,6 +427,8 @@ def main() -> None:
     workdir = Path(args.dir or tmp).resolve()
     out: dict[str, Any] = {"load_before": os.getloadavg(), "cpus": os.cpu_count()}
     bench = Bench(workdir, args.profile)
+    bench.lap_nice = args.lap_nice
+    out["lap_nice"] = args.lap_nice
 
     def save() -> None:  # after each part, so a later failure keeps what was measured
         if args.json:
