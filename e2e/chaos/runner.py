@@ -182,6 +182,8 @@ class ScenarioRun:
                         time.sleep(1)
                     if not f.landed:
                         f.note += f" (delete failed: {r.stderr.strip()[:100]})"
+                        if "NotFound" in r.stderr:  # the lap ended and its pod was removed: again
+                            self._rearm(f)
                 else:
                     pid = w.pod_pid(self.ns, pod)
                     if pid:
@@ -190,6 +192,7 @@ class ScenarioRun:
                         f.mid_call = bool(mid_call)
                     else:
                         f.note += " (the lap had already ended)"
+                        self._rearm(f)
             self.background(f.kind, hit)
         elif f.kind == S3_OUTAGE:
             before = w.proxy.refused
@@ -244,6 +247,23 @@ class ScenarioRun:
         f.fired_at = el
         say(f"{self.scn.name}: {f.note} (progress {self.progress():.0%})")
         return True
+
+    def _rearm(self, f: Fault, tries: int = 3) -> None:
+        """A pod fault whose lap ended between the pick and the kill did not land: fire it again on
+        another running lap (at most ``tries`` times, while laps remain), so "every fault lands"
+        tests the operator, not the race between the delay and a fast lap."""
+        done = getattr(f, "_rearmed", 0)
+        if done >= tries:
+            return
+        f._rearmed = done + 1  # type: ignore[attr-defined]
+
+        def refire() -> None:
+            if f.landed or self.progress() >= 1.0:
+                return
+            if not self.fire(f):
+                self.timers.append((time.time() + 1, f"{f.kind} re-armed, waiting for a lap", refire))
+
+        self.timers.append((time.time(), f"{f.kind} re-armed: its lap ended before the kill", refire))
 
     # ------------------------------------------------------------------ approvals
     def approve(self, name: str, plan: RunPlan) -> None:

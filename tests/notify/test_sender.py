@@ -126,7 +126,10 @@ def test_configuration_from_the_environment():
 def test_only_an_active_notifier_announces(receiver):
     url, _, got = receiver
     leader = threading.Event()
-    n = Notifier(api=Api(waiting()), url=url, interval=0.05, active=leader.is_set).start()
+    # the notifier's own loop reads the wall clock: a deadline an hour after *now* (not the fixed
+    # NOW), so "deadline near" is not due whenever this runs
+    ahead = int((datetime.now(UTC) - NOW).total_seconds()) + 3600
+    n = Notifier(api=Api(waiting(deadline_in=ahead)), url=url, interval=0.05, active=leader.is_set).start()
     try:
         deadline = datetime.now(UTC) + timedelta(seconds=30)
         # not the leader: it turns (ticks) without scanning
