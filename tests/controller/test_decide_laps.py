@@ -120,6 +120,58 @@ def test_lost_status_write_adopts_existing_job():
     assert w.created == [] and w.status.active_job.name == create.name
 
 
+def test_a_lost_status_write_at_a_lap_boundary_neither_fences_nor_repeats_the_next_lap():
+    """The pass that reads lap 1's checkpoint creates lap 2's Job, then its status write is lost
+    (refused, or the operator is killed in between): the status still shows lap 1's Job as the
+    active one. Lap 2's Job is not a stray: it is adopted, not deleted and created a second time
+    (chaos seeds 156519 and 363088: "Job ...-l2-a1 created 2 times")."""
+    w = World(make_spec())
+    w.reconcile()
+    w.finish_job()
+    w.refuse_status = 1
+    w.reconcile()
+    assert w.created == [(1, 1), (2, 1)] and w.status.active_job.lap == 1  # the status is behind
+    dec = w.reconcile()
+    assert not dec.of(d.DeleteJob) and not dec.of(d.CreateJob), dec.actions
+    assert w.created == [(1, 1), (2, 1)] and (w.status.lap, w.status.active_job.lap) == (1, 2)
+    assert w.jobs[w.status.active_job.name].state == "active"
+    w.finish_job("done")
+    w.reconcile()
+    assert w.status.phase == "Succeeded" and w.created == [(1, 1), (2, 1)]
+
+
+def test_a_lost_status_write_after_a_failed_attempt_adopts_the_retry():
+    w = World(make_spec())
+    w.reconcile()
+    w.fail_job(75)
+    w.refuse_status = 1
+    w.reconcile()
+    w.now += timedelta(minutes=10)  # past any backoff
+    w.reconcile()
+    assert len(w.created) == len(set(w.created)), w.created
+    assert not [j for j in w.jobs.values() if j.state == "active" and j.name != w.status.active_job.name]
+
+
+def test_an_adopted_job_that_ended_already_is_observed_next_pass():
+    w = World(make_spec())
+    w.reconcile()
+    w.finish_job()
+    w.refuse_status = 1
+    w.reconcile()  # lap 2's Job created, the status write lost
+    (lap2,) = [n for n, j in w.jobs.items() if j.lap == 2]
+    w.jobs[lap2] = dataclasses.replace(w.jobs[lap2], state="succeeded", exit_code=0)  # and it ended
+    w.store[2] = ok_read(record(2, "done"))
+    w.reconcile()
+    assert w.status.phase == "Succeeded" and w.status.lap == 2 and w.created == [(1, 1), (2, 1)]
+
+
+def test_a_job_two_steps_ahead_of_the_status_is_still_a_stray():
+    w = World(make_spec())
+    w.reconcile()
+    w.jobs["zombie-l3"] = d.ObservedJob("zombie-l3", 3, 1, "active")
+    assert d.DeleteJob("zombie-l3") in w.reconcile().actions
+
+
 def test_stray_active_job_is_deleted():
     w = World(make_spec())
     w.reconcile()

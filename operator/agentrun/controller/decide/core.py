@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from agentrun.api.approval import ANN_APPROVED
-from agentrun.api.reasons import Reason, RetryReason
-from agentrun.api.status import TERMINAL_PHASES, ActiveJob
+from agentrun.api.reasons import Reason
+from agentrun.api.status import TERMINAL_PHASES
 
 from ..jobs import job_name
 from .actions import FINALIZER, AddFinalizer, Decision, DeleteCheckpoints, DeleteJob, RemoveFinalizer
-from .approvals import adoption_mismatch, consume_annotation, take_decision
+from .approvals import consume_annotation, take_decision
 from .context import Ctx, StatusWriter
 from .finish import expire
 from .fork import apply_fork
-from .laps import next_step, observe_active
+from .laps import adopt, next_step, observe_active, successors
 from .observed import Observed
-from .retries import next_lap_attempt, record_retry
+from .retries import next_lap_attempt
 from .store import check_store_probe, pin_store
 
 
@@ -67,22 +67,20 @@ def decide(o: Observed) -> Decision:
         lap, attempt = next_lap_attempt(st)
         name = job_name(o.name, o.uid, lap, attempt)
         if name in jobs:
-            j = jobs[name]
-            mismatch = adoption_mismatch(st, j)
-            if mismatch is not None:
-                c.act(DeleteJob(name))
-                c.event("Warning", Reason.JOB_MISMATCH, f"Job {name} was not adopted: {mismatch}; it was deleted and "
-                        "the lap attempt is retried with a new Job", lap, attempt)
-                return (record_retry(c, lap, attempt, RetryReason.JOB_MISMATCH, f"JobMismatch: {mismatch}")
-                        or next_step(c))
-            st.active_job = ActiveJob(
-                name=name, lap=lap, attempt=attempt,
-                agent_version=j.agent_version or spec.agent.version, started_at=j.started_at or o.now,
-            )
+            stop = adopt(c, jobs[name])
+            if stop is not None:
+                return stop
 
-    # Fence stray Jobs: an active Job that is not the run's current attempt must not write.
+    # Fence stray Jobs: an active Job that is not the run's current attempt must not write. One
+    # exception: the attempt a pass started right after the current one ended, in a status write
+    # that was then lost (the status is behind, not the Job): the run adopts it when it gets there
+    # (``next_step``), so deleting it would only run that attempt twice.
+    keep: set[str] = set()
+    if st.active_job is not None:
+        keep = {st.active_job.name} | {job_name(o.name, o.uid, lap, attempt)
+                                       for lap, attempt in successors(st.active_job)}
     for j in o.jobs:
-        if j.state == "active" and (st.active_job is None or j.name != st.active_job.name):
+        if j.state == "active" and j.name not in keep:
             c.act(DeleteJob(j.name))
 
     aj = st.active_job

@@ -13,8 +13,17 @@ from agentrun.api.text import truncate
 from agentrun.checkpoint.schema import LapRecord
 
 from ..jobs import job_name
-from .actions import CreateJob, Decision, LapFinished, LapRetried, ReadAttemptFailure, ReadCheckpoint, RequeueAfter
-from .approvals import apply_timeout, approval_env
+from .actions import (
+    CreateJob,
+    Decision,
+    DeleteJob,
+    LapFinished,
+    LapRetried,
+    ReadAttemptFailure,
+    ReadCheckpoint,
+    RequeueAfter,
+)
+from .approvals import adoption_mismatch, apply_timeout, approval_env
 from .context import MAX_CONDITION_MESSAGE_CHARS, Ctx, condition
 from .finish import apply_outcome, record_checkpoint
 from .observed import CheckpointRead, ObservedJob
@@ -225,6 +234,17 @@ def next_step(c: Ctx) -> Decision:
         c.event("Normal", Reason.VERSION_CHANGED,
                 f"lap {lap} runs agent version {version} (lap {st.lap} ran {st.agent_version})", lap, attempt)
     name = job_name(o.name, o.uid, lap, attempt)
+    existing = next((j for j in o.jobs if j.name == name), None)
+    if existing is not None:  # created by a pass whose status write was lost: adopt, never create it again
+        stop = adopt(c, existing)
+        if stop is not None:
+            return stop
+        st.started_at = st.started_at or o.now
+        st.next_attempt_at = None
+        c.phase("Running", Reason.LAP_RUNNING, f"lap {lap} attempt {attempt} running (agent {existing.agent_version or version})")
+        if existing.state != "active":
+            c.act(RequeueAfter(0.0))  # it ended already: observe it on the next pass
+        return c.finish()
     c.act(CreateJob(lap=lap, attempt=attempt, agent_version=version, name=name, approval=decision_env,
                     store=o.status.store))
     st.active_job = ActiveJob(name=name, lap=lap, attempt=attempt, agent_version=version, started_at=o.now)
@@ -232,3 +252,29 @@ def next_step(c: Ctx) -> Decision:
     st.next_attempt_at = None
     c.phase("Running", Reason.LAP_RUNNING, f"lap {lap} attempt {attempt} running (agent {version})")
     return c.finish()
+
+
+def adopt(c: Ctx, job: ObservedJob) -> Decision | None:
+    """The Job of the run's next lap attempt exists although the status does not record it: the
+    status write that followed its creation was lost (the operator stopped in between, or the write
+    was refused). Adopt it (``st.active_job``), unless it carries another decision or store than
+    the status: then it is deleted, with one Warning Event, and the attempt is retried with a new
+    Job. Returns a Decision to stop with, or None once adopted."""
+    o, st = c.o, c.st
+    mismatch = adoption_mismatch(st, job)
+    if mismatch is not None:
+        c.act(DeleteJob(job.name))
+        c.event("Warning", Reason.JOB_MISMATCH, f"Job {job.name} was not adopted: {mismatch}; it was deleted and "
+                "the lap attempt is retried with a new Job", job.lap, job.attempt)
+        return (record_retry(c, job.lap, job.attempt, RetryReason.JOB_MISMATCH, f"JobMismatch: {mismatch}")
+                or next_step(c))
+    st.active_job = ActiveJob(name=job.name, lap=job.lap, attempt=job.attempt,
+                              agent_version=job.agent_version or c.spec.agent.version,
+                              started_at=job.started_at or o.now)
+    return None
+
+
+def successors(aj: ActiveJob) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The lap attempts a pass may have started once ``aj`` ended, in a write the status then lost:
+    the next lap (``aj`` checkpointed) or the next attempt of its lap (``aj`` failed)."""
+    return (aj.lap + 1, 1), (aj.lap, aj.attempt + 1)
