@@ -53,7 +53,7 @@ COLUMNS = ("NAMESPACE", "NAME", "OWNER", "TOOL", "LAP", "AGE", "DEADLINE", "ON-T
 
 # ------------------------------------------------------------------------------- pure formatting
 
-def queue_rows(runs: list[dict], now: datetime, owner: str | None = None) -> list[dict]:
+def queue_rows(runs: list[dict[str, Any]], now: datetime, owner: str | None = None) -> list[dict[str, Any]]:
     """The approval queue: one row per run in phase AwaitingApproval (optionally of one owner),
     oldest request first (then namespace, name). ``now`` must be timezone-aware."""
     rows = []
@@ -95,7 +95,7 @@ def deadline_cell(seconds_left: int | None) -> str:
     return "overdue" if seconds_left <= 0 else human_duration(seconds_left)
 
 
-def table_cells(row: dict) -> list[str]:
+def table_cells(row: dict[str, Any]) -> list[str]:
     return [
         row["namespace"], row["name"], row["owner"], row["tool"] or "<none>",
         "<none>" if row["lap"] is None else str(row["lap"]),
@@ -104,7 +104,7 @@ def table_cells(row: dict) -> list[str]:
     ]
 
 
-def format_table(rows: list[dict]) -> str:
+def format_table(rows: list[dict[str, Any]]) -> str:
     """kubectl-like columns, left-aligned, three spaces apart."""
     return columns(COLUMNS, [table_cells(r) for r in rows])
 
@@ -113,7 +113,7 @@ def format_table(rows: list[dict]) -> str:
 class StoredCall:
     """The pending call as the checkpoint store holds it (``arguments`` None: not readable)."""
 
-    arguments: dict | None = None
+    arguments: dict[str, Any] | None = None
     call_id: str | None = None
     lap: int | None = None
     error: str | None = None
@@ -123,7 +123,7 @@ class StoredCall:
         return arguments_sha256(self.arguments) if self.arguments is not None else None
 
 
-def binding(run: dict, stored: StoredCall) -> tuple[str | None, str | None, list[str]]:
+def binding(run: dict[str, Any], stored: StoredCall) -> tuple[str | None, str | None, list[str]]:
     """(call id, arguments sha256, warnings) of the pending call, for showing and for a decision.
     The call id is status.approval.callId; the digest is the store's (of the full arguments) when
     the store holds that call, else status.approval.argumentsSha256 (written by the operator)."""
@@ -147,7 +147,7 @@ def binding(run: dict, stored: StoredCall) -> tuple[str | None, str | None, list
     return call_id, sha, warnings
 
 
-def show_text(run: dict, now: datetime, stored: StoredCall | None = None) -> str:
+def show_text(run: dict[str, Any], now: datetime, stored: StoredCall | None = None) -> str:
     """The pending call of one waiting run: who, which tool, its arguments (JSON; the full ones from
     the checkpoint store when ``stored`` has them, else the 4 KiB cut of status), their sha256,
     the deadline."""
@@ -166,7 +166,7 @@ def show_text(run: dict, now: datetime, stored: StoredCall | None = None) -> str
         try:
             args = json.dumps(json.loads(args_raw), indent=2, sort_keys=True) if args_raw else "<none>"
         except ValueError:  # truncated to 4 KiB by the status: print it as stored
-            args = args_raw
+            args = str(args_raw)
         source = "from status, cut at 4 KiB"
     out = [
         f"Name:        {meta.get('namespace', '')}/{meta.get('name', '')}",
@@ -193,7 +193,7 @@ def show_text(run: dict, now: datetime, stored: StoredCall | None = None) -> str
 
 
 def decision_patch(approve: bool, reason: str | None, resource_version: str | None, *,
-                   call_id: str | None = None, sha256: str | None = None, decided_by: str | None = None) -> dict:
+                   call_id: str | None = None, sha256: str | None = None, decided_by: str | None = None) -> dict[str, Any]:
     """The metadata merge patch of a decision: the annotations a user would type with kubectl, plus
     the binding of the call that was shown (call id, arguments sha256) and the decider. With the
     resourceVersion the run was read at, the API server refuses the patch (409) if the run changed
@@ -226,7 +226,7 @@ def refusal(e: Any) -> str | None:
     # "agentruns.agentrun.dev "x" is forbidden: ValidatingAdmissionPolicy '...' with binding '...'
     # denied request: <the policy's message>": keep the policy's message
     marker = "denied request: "
-    return msg.split(marker, 1)[1] if marker in msg else msg
+    return str(msg.split(marker, 1)[1] if marker in msg else msg)
 
 
 # ------------------------------------------------------------------------------------------ I/O
@@ -240,11 +240,11 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _get_run(api: Any, ns: str, name: str) -> dict:
+def _get_run(api: Any, ns: str, name: str) -> dict[str, Any]:
     return get_run(api, ns, name)
 
 
-def _stored_call(run: dict) -> StoredCall:
+def _stored_call(run: dict[str, Any]) -> StoredCall:
     """The pending call from the run's checkpoint store: the lap record of status.approval.lap
     holds it (``pendingApproval``). The store is found as ``agentrun trace`` finds it
     (``cli.trace.resolve_store``: AGENTRUN_CHECKPOINT_URI/AGENTRUN_S3_*, spec, status); credentials
@@ -285,7 +285,7 @@ def _whoami() -> str | None:
 
     try:
         review = client.AuthenticationV1Api().create_self_subject_review(
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+            client.V1SelfSubjectReview(api_version="authentication.k8s.io/v1", kind="SelfSubjectReview"))
     except Exception:
         return None
     info = getattr(getattr(review, "status", None), "user_info", None)

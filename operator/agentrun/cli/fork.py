@@ -129,6 +129,6 @@ def fork_command(run: str, lap: int, new_name: str, dry_run: bool, output: str, 
 
 def _api_message(e: Any) -> str:
     try:
-        return json.loads(e.body).get("message", "").splitlines()[0]
+        return str(json.loads(e.body).get("message", "")).splitlines()[0]
     except (TypeError, ValueError, AttributeError, IndexError):
         return str(getattr(e, "reason", e))

@@ -179,12 +179,13 @@ def _reason(e: BaseException) -> str:
     return _first(reason if isinstance(reason, BaseException) else e)
 
 
-def get_run(api: Any, namespace: str, name: str) -> dict:
+def get_run(api: Any, namespace: str, name: str) -> dict[str, Any]:
     """The AgentRun, or ``agentrun: agentrun "NAME" not found in namespace "NS"``."""
     from kubernetes.client.exceptions import ApiException
 
     try:
-        return api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        run: dict[str, Any] = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        return run
     except ApiException as e:
         if e.status == 404:
             raise CLIError(f'agentrun "{name}" not found in namespace "{namespace}"') from None
@@ -193,14 +194,17 @@ def get_run(api: Any, namespace: str, name: str) -> dict:
         raise unreachable(e) from None
 
 
-def list_runs(api: Any, namespace: str | None) -> list[dict]:
+def list_runs(api: Any, namespace: str | None) -> list[dict[str, Any]]:
     """AgentRuns of one namespace, or of all (``namespace`` None)."""
     from kubernetes.client.exceptions import ApiException
 
     try:
         if namespace is None:
-            return api.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
-        return api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+            doc = api.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        else:
+            doc = api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+        items: list[dict[str, Any]] = doc["items"]
+        return items
     except ApiException as e:
         raise api_error(e, "list agentruns" + (f' in namespace "{namespace}"' if namespace else "")) from None
     except Exception as e:

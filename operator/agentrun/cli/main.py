@@ -32,7 +32,8 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module, attr = target.split(":")
-        return getattr(importlib.import_module(module), attr)
+        command: click.Command = getattr(importlib.import_module(module), attr)
+        return command
 
     def invoke(self, ctx: click.Context) -> object:
         """Errors are one line (``agentrun: ...``), never a traceback: an API server that cannot be

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from typing import Any
 
 import click
 import yaml
@@ -22,7 +23,7 @@ MAX_CAUSE_COLUMN = 100
 _HELD_UP = ("SecretMissing", "LapPodConfigError", "StoreUnavailable")
 
 
-def run_cause(status: dict) -> str | None:
+def run_cause(status: dict[str, Any]) -> str | None:
     """Why a run failed, retries or is held up, else None: a Failed/BudgetExceeded run's message; a
     Retrying run's last failure of the lap in progress (status.retries[].lastReason: the pod's cause);
     a run held up by a missing Secret or an unavailable store, the Progressing condition's message."""
@@ -39,7 +40,7 @@ def run_cause(status: dict) -> str | None:
     return None
 
 
-def run_rows(runs: list[dict], now: datetime) -> list[dict]:
+def run_rows(runs: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
     """One row per run, by namespace then name. ``now`` must be timezone-aware."""
     rows = []
     for run in runs:
@@ -65,7 +66,7 @@ def run_rows(runs: list[dict], now: datetime) -> list[dict]:
     return rows
 
 
-def table_cells(row: dict, with_namespace: bool) -> list[str]:
+def table_cells(row: dict[str, Any], with_namespace: bool) -> list[str]:
     cells = [
         row["name"], row["phase"], str(row["lap"]),
         "<none>" if row["secondsSinceCheckpoint"] is None else human_duration(row["secondsSinceCheckpoint"]),
@@ -75,13 +76,13 @@ def table_cells(row: dict, with_namespace: bool) -> list[str]:
     return ([row["namespace"]] if with_namespace else []) + cells
 
 
-def format_runs(rows: list[dict], with_namespace: bool = False) -> str:
+def format_runs(rows: list[dict[str, Any]], with_namespace: bool = False) -> str:
     """kubectl-like columns, three spaces apart (NAMESPACE first with -A)."""
     header = (["NAMESPACE"] if with_namespace else []) + list(COLUMNS)
     return columns(header, [table_cells(r, with_namespace) for r in rows])
 
 
-def render(rows: list[dict], output: str, with_namespace: bool) -> str:
+def render(rows: list[dict[str, Any]], output: str, with_namespace: bool) -> str:
     if output == "json":
         return json.dumps(rows, indent=2)
     if output == "yaml":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import click
 
@@ -29,7 +30,7 @@ def operator_command(namespaces: tuple[str, ...], metrics_port: int | None, log_
         cfg = OperatorConfig.from_env()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    overrides = {}
+    overrides: dict[str, Any] = {}
     if namespaces:
         overrides["namespaces"] = tuple(namespaces)
     if metrics_port is not None:

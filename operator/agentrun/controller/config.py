@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def _bool(value: str | None, default: bool) -> bool:
@@ -84,13 +85,13 @@ class OperatorConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
         """Read the configuration; a bad value raises ValueError naming the variable."""
         env = os.environ if env is None else env
-        kw: dict = {}
+        kw: dict[str, Any] = {}
 
         def get(name: str) -> str | None:
             value = env.get(name)
             return value if value not in (None, "") else None
 
-        def parse(name: str, conv, attr: str) -> None:
+        def parse(name: str, conv: Callable[[str], Any], attr: str) -> None:
             raw = get(name)
             if raw is None:
                 return

@@ -132,7 +132,7 @@ class Outcome:
 class Executor:
     def __init__(self, config: OperatorConfig, kube: Kube, cache: Cache) -> None:
         self.config, self.kube, self.cache = config, kube, cache
-        self._stores: dict[tuple, Any] = {}
+        self._stores: dict[tuple[Any, ...], Any] = {}
         self._refusals: dict[Key, str] = {}
         """The last refused status write per run (its message): ONE Warning Event per refusal."""
 
@@ -232,7 +232,7 @@ class Executor:
 
     async def execute(self, body: dict[str, Any], o: d.Observed, decision: d.Decision, run: RunRef,
                       spec: AgentRunSpec | None) -> Outcome:
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
 
         ns, name = o.namespace, o.name
         key = (ns, name)
@@ -367,7 +367,7 @@ class Executor:
         raise StatusRefused(message)
 
     async def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
 
         meta = body["metadata"]
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

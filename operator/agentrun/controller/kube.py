@@ -115,7 +115,7 @@ class Kube:
     def request(self, method: str, path_: str, *, query: dict[str, Any] | None = None, body: Any = None,
                 content_type: str | None = None, timeout: float | tuple[float, float] | None = 30.0) -> Any:
         """The response's JSON document; an ``ApiException`` (status, reason, body) on a non-2xx."""
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
 
         resp = self._send(method, path_, query, body, content_type, timeout)
         data = resp.read()
@@ -126,7 +126,7 @@ class Kube:
 
     def stream(self, path_: str, query: dict[str, Any], timeout: tuple[float, float]) -> Iterator[dict[str, Any]]:
         """The events of a watch (``watch=true`` is added), one JSON document per line."""
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
 
         resp = self._send("GET", path_, {**query, "watch": "true"}, None, None, timeout)
         raw = resp.response

@@ -71,7 +71,7 @@ def default_clock() -> Clock:
 class Observation:
     """The Lease record a replica last read, and when (on its own monotonic clock) it last changed."""
 
-    record: tuple | None
+    record: tuple[Any, ...] | None
     at: float
 
 
@@ -125,7 +125,7 @@ class LeaseElector:
         self.holder: str | None = None  # the other replica holding the Lease, when we wait
         self._standby_logged: str | None = None
         self._acquire_pending = False  # on_acquire failed: run it again while we hold the Lease
-        self._acquire_task: asyncio.Task | None = None
+        self._acquire_task: asyncio.Task[None] | None = None
         self._observed: Observation | None = None
 
     @property
@@ -141,7 +141,7 @@ class LeaseElector:
 
     def _try(self) -> bool:
         """One acquire/renew round; True if this replica holds the Lease afterwards."""
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
 
         started = self.clock.monotonic()
         api = self._api()
@@ -175,8 +175,8 @@ class LeaseElector:
         }
         if action == "create":
             body_spec.update(acquireTime=stamp, leaseTransitions=0)
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace}, "spec": body_spec}
+            body: dict[str, Any] = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                                    "metadata": {"name": self.name, "namespace": self.namespace}, "spec": body_spec}
             try:
                 api.create_namespaced_lease(self.namespace, body, _request_timeout=timeout)
             except ApiException as exc:
@@ -262,7 +262,7 @@ class LeaseElector:
         """Give the Lease up on a clean shutdown so a standby takes over at once."""
         if not self._leader:
             return
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
 
         def _release() -> None:
             api = self._api()

@@ -50,7 +50,7 @@ def setup_logging(fmt: str = "json", level: int = logging.INFO) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def run_logger(namespace: str, name: str, lap: int | None = None, attempt: int | None = None) -> logging.LoggerAdapter:
+def run_logger(namespace: str, name: str, lap: int | None = None, attempt: int | None = None) -> logging.LoggerAdapter[logging.Logger]:
     return logging.LoggerAdapter(
         logging.getLogger("agentrun.controller"),
         {"run_namespace": namespace, "run_name": name, "lap": lap, "attempt": attempt},

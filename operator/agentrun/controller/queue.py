@@ -35,7 +35,7 @@ class RateLimiter(Generic[K]):
         """The delay before the next try of ``key``, counting this failure."""
         n = self._failures.get(key, 0)
         self._failures[key] = n + 1
-        return min(self.cap, self.base * 2 ** min(n, 32))
+        return float(min(self.cap, self.base * 2.0 ** min(n, 32)))
 
     def num_requeues(self, key: K) -> int:
         return self._failures.get(key, 0)

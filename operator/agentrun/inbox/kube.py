@@ -125,25 +125,26 @@ class Kube:
         return h
 
     def request(self, method: str, path: str, user: User | None, *, what: str, body: Any = None,
-                params: dict | None = None, content_type: str = "application/json") -> dict:
+                params: dict[str, Any] | None = None, content_type: str = "application/json") -> dict[str, Any]:
         data = None if body is None else json.dumps(body).encode()
         r = self._client().request(method, path, params=params, content=data,
                                    headers=self._headers(user, {"Content-Type": content_type} if data else None))
         if r.status_code >= 300:
             raise ApiError(r.status_code, r.text[:4000], what)
-        return r.json()
+        doc: dict[str, Any] = r.json()
+        return doc
 
     # --- as the person ----------------------------------------------------------------------
 
-    def list_runs(self, user: User, namespace: str | None) -> dict:
+    def list_runs(self, user: User, namespace: str | None) -> dict[str, Any]:
         path = f"{RUNS}/namespaces/{namespace}/{PLURAL}" if namespace else f"{RUNS}/{PLURAL}"
         return self.request("GET", path, user, what=f"list agentruns{' in ' + namespace if namespace else ''}")
 
-    def get_run(self, user: User, namespace: str, name: str) -> dict:
+    def get_run(self, user: User, namespace: str, name: str) -> dict[str, Any]:
         return self.request("GET", f"{RUNS}/namespaces/{namespace}/{PLURAL}/{name}", user,
                             what=f"get agentrun {namespace}/{name}")
 
-    def patch_run(self, user: User, namespace: str, name: str, patch: dict) -> dict:
+    def patch_run(self, user: User, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         return self.request("PATCH", f"{RUNS}/namespaces/{namespace}/{PLURAL}/{name}", user, body=patch,
                             content_type="application/merge-patch+json", what=f"patch agentrun {namespace}/{name}")
 
@@ -161,7 +162,7 @@ class Kube:
         return bool((doc.get("status") or {}).get("allowed"))
 
     def watch_runs(self, user: User, namespace: str | None, resource_version: str,
-                   timeout_seconds: int = 50) -> Iterator[dict]:
+                   timeout_seconds: int = 50) -> Iterator[dict[str, Any]]:
         """The watch events (``{"type", "object"}``) of agentruns from ``resource_version``; ends
         after ``timeout_seconds`` (the server closes it) or on an error (ApiError)."""
         path = f"{RUNS}/namespaces/{namespace}/{PLURAL}" if namespace else f"{RUNS}/{PLURAL}"

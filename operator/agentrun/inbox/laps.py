@@ -52,11 +52,11 @@ class LapReader:
     def __init__(self, env: dict[str, str] | None = None, cache_size: int = 512) -> None:
         self.env = dict(os.environ if env is None else env)
         self._cache: OrderedDict[tuple[str, int], Any] = OrderedDict()
-        self._stores: dict[tuple, Any] = {}  # one client per store location (making one costs ~0.1 s)
+        self._stores: dict[tuple[Any, ...], Any] = {}  # one client per store location (making one costs ~0.1 s)
         self._lock = threading.Lock()
         self.cache_size = cache_size
 
-    def _store(self, run: dict) -> tuple[Any, Any]:
+    def _store(self, run: dict[str, Any]) -> tuple[Any, Any]:
         from agentrun.checkpoint.schema import RunRef
         from agentrun.cli.trace import open_store, resolve_store
 
@@ -89,7 +89,7 @@ class LapReader:
                 self._cache.popitem(last=False)
         return record
 
-    def read(self, run: dict, count: int = 3) -> tuple[StoredCall, list[LapSummary], str | None]:
+    def read(self, run: dict[str, Any], count: int = 3) -> tuple[StoredCall, list[LapSummary], str | None]:
         """(the pending call, the last ``count`` laps up to the approval's lap, an error message)."""
         st = run.get("status") or {}
         lap = (st.get("approval") or {}).get("lap") or st.get("lap")

@@ -27,7 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from agentrun.api.approval import MAX_CALL_ID_CHARS, MAX_REASON_CHARS, SHA256_HEX_CHARS
 from agentrun.api.crdgen import PLURAL
-from agentrun.cli.approvals import AWAITING, binding, decision_patch, refusal
+from agentrun.cli.approvals import AWAITING, binding, decision_patch, queue_rows, refusal
 from agentrun.inbox import assets, identity, view
 from agentrun.inbox.kube import RUNS, ApiError, Kube, User
 from agentrun.inbox.laps import LapReader
@@ -98,9 +98,9 @@ class Inbox:
         return [], ["You may not list AgentRuns in every namespace, nor list namespaces: ask the inbox's "
                     "operator to set the namespaces it shows (inbox.namespaces in the chart)."]
 
-    def runs(self, user: User) -> tuple[list[dict], list[str]]:
+    def runs(self, user: User) -> tuple[list[dict[str, Any]], list[str]]:
         scopes, notices = self.scopes(user)
-        items: list[dict] = []
+        items: list[dict[str, Any]] = []
         for ns in scopes:
             try:
                 items += self.kube.list_runs(user, ns).get("items") or []
@@ -134,7 +134,7 @@ class Inbox:
         now = datetime.now(UTC)
         cards = []
         by_key = {(r["metadata"].get("namespace"), r["metadata"].get("name")): r for r in items}
-        for row in view.queue_rows(items, now):
+        for row in queue_rows(items, now):
             run = by_key[(row["namespace"], row["name"])]
             stored, laps, err = self.reader.read(run, self.settings.laps)
             cards.append(view.card(run, now, stored, laps, err, self.can_approve(user, row["namespace"])))
@@ -186,7 +186,7 @@ class Inbox:
 
     # --- the watch behind /events ----------------------------------------------------------
 
-    def watch(self, user: User, scope: str | None, out: queue.Queue, stop: threading.Event) -> None:
+    def watch(self, user: User, scope: str | None, out: queue.Queue[dict[str, Any]], stop: threading.Event) -> None:
         """Put one ``{"type", "key"}`` per watch event on ``out`` until ``stop``; re-lists on 410."""
         rv = None
         while not stop.is_set():
@@ -240,10 +240,11 @@ class Handler(BaseHTTPRequestHandler):
         self._log(status)
 
     def _log(self, status: int) -> None:
-        who = self._user.name[:64] if getattr(self, "_user", None) else "-"
+        user = getattr(self, "_user", None)
+        who = user.name[:64] if user is not None else "-"
         log.info("%s %s %s %s", self.command, urlsplit(self.path).path[:200], status, who)
 
-    def _json(self, status: int, doc: dict, headers: dict[str, str] | None = None) -> None:
+    def _json(self, status: int, doc: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(doc), "application/json", headers)
 
     def _redirect(self, where: str, headers: dict[str, str] | None = None) -> None:
@@ -425,7 +426,7 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.close_connection = True
             self._log(200)
-            out: queue.Queue = queue.Queue(maxsize=1000)
+            out: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=1000)
             for scope in scopes:
                 threading.Thread(target=self.app.watch, args=(user, scope, out, stop), daemon=True,
                                  name=f"inbox-watch-{scope or 'all'}").start()

@@ -11,6 +11,7 @@ import html
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from agentrun.api.approval import MAX_REASON_CHARS
 from agentrun.api.types import parse_time
@@ -66,11 +67,11 @@ class Card:
         return f"run-{self.namespace}.{self.name}"
 
 
-def waiting(runs: list[dict]) -> list[dict]:
+def waiting(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in runs if (r.get("status") or {}).get("phase") == AWAITING]
 
 
-def card(run: dict, now: datetime, stored: StoredCall, laps: list[LapSummary], laps_error: str | None,
+def card(run: dict[str, Any], now: datetime, stored: StoredCall, laps: list[LapSummary], laps_error: str | None,
          can_decide: bool) -> Card:
     """The card of a run in phase AwaitingApproval (``queue_rows`` gives owner, age, deadline)."""
     row = queue_rows([run], now)[0]
@@ -100,7 +101,7 @@ def card(run: dict, now: datetime, stored: StoredCall, laps: list[LapSummary], l
     )
 
 
-def history_rows(runs: list[dict], limit: int = MAX_HISTORY) -> list[dict]:
+def history_rows(runs: list[dict[str, Any]], limit: int = MAX_HISTORY) -> list[dict[str, Any]]:
     """The latest decision of each run (status.approval once decided or timed out), newest first."""
     rows = []
     for run in runs:
@@ -204,7 +205,7 @@ def _when(value: str) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ") if t else "-"
 
 
-def history_html(rows: list[dict]) -> str:
+def history_html(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return '<p class="empty">No decisions yet.</p>'
     body = "".join(
@@ -219,7 +220,7 @@ def history_html(rows: list[dict]) -> str:
             f'<th scope="col">Reason</th></tr></thead><tbody>{body}</tbody></table></div>')
 
 
-def main_html(cards: list[Card], history: list[dict], csrf: str, notices: list[str]) -> str:
+def main_html(cards: list[Card], history: list[dict[str, Any]], csrf: str, notices: list[str]) -> str:
     """The live part of the page (replaced by the script on every watch event)."""
     notes = "".join(f'<p class="notice">{esc(n, 600)}</p>' for n in notices)
     pending = "".join(card_html(c, csrf) for c in cards) or '<p class="empty">Nothing is waiting for a decision.</p>'

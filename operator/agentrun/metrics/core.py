@@ -248,13 +248,15 @@ class RunView:
         for entry in status.get("retries") or []:
             if isinstance(entry, Mapping) and entry.get("lap") == lap_in_progress:
                 current_retries = int(parse_number(entry.get("retries")) or 0)
-        approval = status.get("approval") if isinstance(status.get("approval"), Mapping) else None
+        raw_approval = status.get("approval")
+        approval: Mapping[str, Any] = raw_approval if isinstance(raw_approval, Mapping) else {}
         pending = bool(approval) and approval.get("state") == "Pending" and phase not in TERMINAL_PHASES
         owner = None
         if pending:
             owner = str(approval.get("owner") or status.get("waitingOn") or "unassigned")
             owner = owner[:MAX_OWNER_LABEL_LENGTH]
-        cost = status.get("cost") if isinstance(status.get("cost"), Mapping) else {}
+        raw_cost = status.get("cost")
+        cost: Mapping[str, Any] = raw_cost if isinstance(raw_cost, Mapping) else {}
         resumed = [parse_timestamp(approval.get("decidedAt"))] if approval else []
         for cond in status.get("conditions") or []:
             if isinstance(cond, Mapping) and cond.get("type") == "Suspended" and cond.get("status") == "False":

@@ -8,6 +8,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -26,10 +27,10 @@ class _QuietHandler(WSGIRequestHandler):
         pass  # scrapes and probes every few seconds would flood the operator's log
 
 
-def make_app(registry: CollectorRegistry, checks: dict[str, HealthCheck]) -> Callable:
+def make_app(registry: CollectorRegistry, checks: dict[str, HealthCheck]) -> Callable[..., Iterable[bytes]]:
     metrics_app = make_wsgi_app(registry)
 
-    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path in ("/healthz", "/readyz"):
             check = checks.get(path.lstrip("/"))
@@ -44,7 +45,8 @@ def make_app(registry: CollectorRegistry, checks: dict[str, HealthCheck]) -> Cal
             start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
             return [b"ok\n" if ok else b"not ok\n"]
         if path in ("/metrics", "/"):
-            return metrics_app(environ, start_response)
+            out: Iterable[bytes] = metrics_app(environ, start_response)
+            return out
         start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
         return [b"not found: try /metrics, /healthz, /readyz\n"]
 
