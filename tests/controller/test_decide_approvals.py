@@ -104,3 +104,20 @@ def test_invalid_annotation_value_is_removed_and_still_waiting():
     w.reconcile()
     assert w.annotations == {} and w.status.approval.state == "Pending"
     assert any("neither true nor false" in e.message for e in w.events)
+
+
+def test_an_annotation_consumed_twice_in_one_decision_gives_one_warning():
+    """The status write that recorded a lap asking for approval was lost, and an approval arrives
+    after its deadline: the decision reads the status (not waiting: the annotation is stray) and
+    then the lap's checkpoint (waiting, and timed out): the annotation is removed once, with one
+    Warning (hypothesis seed 69 of test_invariants)."""
+    w = World(make_spec(approval={"owner": "ops", "timeout": "5s", "onTimeout": "fail"}))
+    w.reconcile()
+    w.finish_job("awaiting-approval", pending=True)
+    w.refuse_status = 1
+    w.reconcile()
+    w.now += timedelta(seconds=30)
+    w.annotations["approved"] = "true"
+    dec = w.reconcile()
+    assert len([e for e in dec.of(d.Event) if e.reason == "ApprovalIgnored"]) == 1, dec.actions
+    assert len(dec.of(d.RemoveAnnotations)) == 1 and w.status.phase == "Failed"

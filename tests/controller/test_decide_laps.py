@@ -293,3 +293,22 @@ def test_records_without_storage_leave_status_storage_unset():
     w.finish_job()
     w.reconcile()
     assert w.status.lap == 1 and w.status.storage is None
+
+
+def test_a_job_started_before_a_lost_write_is_adopted_even_if_suspended_since():
+    """The lap's Job exists (its status write lost) and the run was suspended meanwhile: the lap in
+    flight is adopted and ends, as any lap in flight does; the status says so (not Suspended)."""
+    w = World(make_spec())
+    w.reconcile()
+    w.finish_job()
+    w.refuse_status = 1
+    w.reconcile()  # lap 2's Job created, its status write lost
+    w.spec = make_spec(suspend=True)
+    w.generation = 2
+    dec = w.reconcile()
+    assert not dec.of(d.DeleteJob) and not dec.of(d.CreateJob)
+    assert w.status.phase == "Running" and w.status.active_job.lap == 2
+    assert w.reconcile().actions == []  # settled
+    w.finish_job()
+    w.reconcile()
+    assert w.status.phase == "Suspended" and w.status.lap == 2 and w.created == [(1, 1), (2, 1)]

@@ -222,6 +222,12 @@ def test_pods_enqueue_only_on_a_configuration_problem_or_an_exit_after_the_job_f
     c.event("pods", "ADDED", pod_obj(41, job="r-job3"))
     c.event("pods", "MODIFIED", pod_obj(42, job="r-job3", exit_code=75))  # the exit after the Job's failure
     assert changed == [("ns", "r")]
+    # the exit of a Job that succeeded, seen after the Job: nothing to learn from it, no reconcile
+    c.event("jobs", "ADDED", job_obj(50, "r-job4", active=0, conditions=[{"type": "Complete", "status": "True"}]))
+    changed.clear()
+    c.event("pods", "ADDED", pod_obj(51, job="r-job4"))
+    c.event("pods", "MODIFIED", pod_obj(52, job="r-job4", exit_code=0))
+    assert changed == []
 
 
 def test_a_configuration_problem_of_a_pod_enqueues_its_run(cache):

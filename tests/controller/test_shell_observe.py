@@ -53,10 +53,12 @@ def test_observe_sees_a_pod_waiting_on_its_configuration():
     assert o.store_error  # no URI anywhere: said, not raised
 
 
-def test_a_finished_job_without_a_seen_exit_needs_one_pod_read():
-    assert needs_pod_read(job(1, 1, cond="Complete"), [])
-    assert not needs_pod_read(job(1, 1, cond="Complete"), [pod(0)])
+def test_a_failed_job_without_a_seen_exit_needs_one_pod_read():
+    assert needs_pod_read(job(1, 1, cond="Failed"), [])
+    assert not needs_pod_read(job(1, 1, cond="Failed"), [pod(75)])
     assert not needs_pod_read(job(1, 1), [])
+    # a Job that succeeded exited 0: its pod adds nothing, so no read (one request per lap saved)
+    assert not needs_pod_read(job(1, 1, cond="Complete"), [])
 
 
 def test_an_invalid_spec_is_observed_with_its_error():

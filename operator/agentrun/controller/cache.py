@@ -261,8 +261,10 @@ class Cache:
             return
         if after[1] and not (before or (None, False))[1]:
             job = self.jobs.get((key[0], ((obj.get("metadata") or {}).get("labels") or {}).get("job-name", "")))
-            if job is not None and job_state(job)[0] != "active":
-                self.enqueue(owner, "pod exit after job")  # the Job was seen finished first
+            if job is not None and job_state(job)[0] == "failed":
+                # the Job was seen failed first: the exit code and termination message name the cause
+                # (a Job that succeeded needs nothing of its pod)
+                self.enqueue(owner, "pod exit after job")
                 return
         self.skipped += 1
 

@@ -167,9 +167,10 @@ def observed_job(job: dict[str, Any], pods: list[dict[str, Any]] | None) -> d.Ob
 
 
 def needs_pod_read(job: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
-    """A finished Job whose pods the cache has not seen terminate yet (the Job's watch event came
-    first, or the pod is gone): the shell reads its pods from the API server once."""
-    if job_state(job)[0] == "active":
+    """A failed Job whose pods the cache has not seen terminate yet (the Job's watch event came
+    first, or the pod is gone): the shell reads its pods from the API server once. A Job that
+    succeeded needs no pod: its exit is 0 and the checkpoint tells the rest."""
+    if job_state(job)[0] != "failed":
         return False
     return pod_exit(pods) == (None, None)
 

@@ -103,6 +103,8 @@ def remove_annotation_keys(c: StatusWriter) -> None:
 def consume_annotation(c: StatusWriter, why: str) -> None:
     if ANN_APPROVED not in c.o.annotations:
         return
+    if any(isinstance(a, RemoveAnnotations) for a in c.actions):
+        return  # consumed already in this decision (one Warning per annotation)
     remove_annotation_keys(c)
     c.event(
         "Warning",

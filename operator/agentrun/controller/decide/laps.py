@@ -188,6 +188,24 @@ def next_step(c: Ctx) -> Decision:
 
     decision_env = approval_env(st)
 
+    # The next attempt's Job exists already: a pass created it and its status write was lost. It
+    # was started when everything below allowed it; adopt it (never create it again) and let it
+    # end, whatever changed since (suspend, budget, policy: they apply from the next lap on).
+    lap, attempt = next_lap_attempt(st)
+    name = job_name(o.name, o.uid, lap, attempt)
+    existing = next((j for j in o.jobs if j.name == name), None)
+    if existing is not None:
+        stop = adopt(c, existing)
+        if stop is not None:
+            return stop
+        st.started_at = st.started_at or o.now
+        st.next_attempt_at = None
+        c.phase("Running", Reason.LAP_RUNNING,
+                f"lap {lap} attempt {attempt} running (agent {existing.agent_version or spec.agent.version})")
+        if existing.state != "active":
+            c.act(RequeueAfter(0.0))  # it ended already: observe it on the next pass
+        return c.finish()
+
     if spec.suspend:
         if st.phase != "Suspended":
             c.phase("Suspended", Reason.SUSPENDED, f"suspended after lap {st.lap}; set spec.suspend=false to resume")
@@ -202,7 +220,6 @@ def next_step(c: Ctx) -> Decision:
         c.act(RequeueAfter(max(0.5, (st.next_attempt_at - o.now).total_seconds())))
         return c.finish()
 
-    lap, attempt = next_lap_attempt(st)
     if attempt > spec.retry.attempts_per_lap:
         return c.fail(Reason.RETRIES_EXHAUSTED, f"lap {lap} already failed {attempt - 1} attempt(s)")
     if lap > spec.budget.max_laps:
@@ -233,18 +250,6 @@ def next_step(c: Ctx) -> Decision:
     if attempt == 1 and st.agent_version and st.agent_version != version:
         c.event("Normal", Reason.VERSION_CHANGED,
                 f"lap {lap} runs agent version {version} (lap {st.lap} ran {st.agent_version})", lap, attempt)
-    name = job_name(o.name, o.uid, lap, attempt)
-    existing = next((j for j in o.jobs if j.name == name), None)
-    if existing is not None:  # created by a pass whose status write was lost: adopt, never create it again
-        stop = adopt(c, existing)
-        if stop is not None:
-            return stop
-        st.started_at = st.started_at or o.now
-        st.next_attempt_at = None
-        c.phase("Running", Reason.LAP_RUNNING, f"lap {lap} attempt {attempt} running (agent {existing.agent_version or version})")
-        if existing.state != "active":
-            c.act(RequeueAfter(0.0))  # it ended already: observe it on the next pass
-        return c.finish()
     c.act(CreateJob(lap=lap, attempt=attempt, agent_version=version, name=name, approval=decision_env,
                     store=o.status.store))
     st.active_job = ActiveJob(name=name, lap=lap, attempt=attempt, agent_version=version, started_at=o.now)
