@@ -64,8 +64,9 @@ class OperatorConfig:
     """AGENTRUN_LEASE_NAMESPACE (or POD_NAMESPACE): namespace of the Lease."""
     lease_duration_seconds: float = 15.0
     """AGENTRUN_LEASE_DURATION: seconds a standby waits after the leader's last renewal."""
-    resync_seconds: float = 30.0
-    """AGENTRUN_RESYNC_SECONDS: every run is reconciled at least this often (safety net)."""
+    resync_seconds: float = 300.0
+    """AGENTRUN_RESYNC_SECONDS: every run is reconciled at least this often (a safety net: the watch
+    cache and the requeues of time-based steps do the work; a short period only adds reconciles)."""
     store_retry_seconds: float = 10.0
     """AGENTRUN_STORE_RETRY_SECONDS: requeue delay when the checkpoint store is unavailable (the
     retention-Delete cleanup of a deleted run's checkpoints; the lap read, when decide takes it)."""
