@@ -101,11 +101,11 @@ class Bench:
                       f"--from-literal=AWS_SECRET_ACCESS_KEY={self.s3.secret_key}")
         return ns
 
-    def start_operator(self, ns: str, log: Path, resync: str = "30") -> tuple[subprocess.Popen[bytes], int]:
+    def start_operator(self, ns: str, log: Path, resync: str = "300") -> tuple[subprocess.Popen[bytes], int]:
         port = free_port()
         env = operator_env(
             self.cluster, self.s3, namespace=ns, prefix=f"bench-{ns}",
-            AGENTRUN_LEASE_DURATION="15",  # the default
+            AGENTRUN_LEASE_DURATION="15",  # the default (and the resync: the default, 300 s)
             AGENTRUN_RESYNC_SECONDS=resync, AGENTRUN_JOB_TTL_SECONDS="-1", AGENTRUN_METRICS_PORT=str(port),
         )
         if self.lap_nice is not None:  # the lap pods at a lower CPU priority: a stand-in for other nodes
