@@ -512,3 +512,18 @@ def test_the_operators_notifier_reads_the_cache_and_its_status_write_queues_no_r
     assert c.kube.requests[0][1] == "/apis/agentrun.dev/v1alpha1/namespaces/ns/agentruns/r/status"  # type: ignore[union-attr]
     assert after[0]["status"]["approval"]["notified"]["callId"] == "c1"
     assert c.cache.skipped >= 1
+
+
+def test_a_policy_change_queues_the_live_runs_of_the_namespaces_it_applies_to():
+    from agentrun.controller.config import OperatorConfig
+    from agentrun.controller.reconciler import Controller
+
+    c = Controller(OperatorConfig())
+    for ns, name, phase in (("a", "live", "Running"), ("a", "done", "Succeeded"), ("b", "live", "AwaitingApproval")):
+        obj = run_obj(1, phase=phase)
+        obj["metadata"].update(namespace=ns, name=name, uid=f"{ns}-{name}")
+        c.cache.put("runs", obj)
+    c._policies_changed({"a"})
+    assert c.cache.causes == {"policy changed": 1} and list(c.queue._queue) == [("a", "live")]  # type: ignore[attr-defined]
+    c._policies_changed(None)  # a binding changed: every live run
+    assert c.cache.causes == {"policy changed": 3}
