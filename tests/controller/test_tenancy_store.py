@@ -121,3 +121,13 @@ def test_a_namespace_read_directly_is_kept_until_a_newer_event():
     assert s.knows("new")
     s.event("namespaces", "ADDED", ns_obj("new", 4))  # the lagging watch's older version
     assert s.namespaces["new"]["metadata"]["labels"] == {NAMESPACE_LABEL: "strict"}
+
+
+def test_a_relist_of_one_namespace_watched_by_name_leaves_the_others():
+    s = PolicyStore()
+    s.replace("namespaces", "a", [ns_obj("a", 1)])
+    s.replace("namespaces", "b", [ns_obj("b", 2, team="strict")])
+    s.replace("namespaces", "a", [ns_obj("a", 3, team="strict")])
+    assert sorted(s.namespaces) == ["a", "b"]
+    s.replace("namespaces", "b", [])  # b deleted while its watch was expired
+    assert sorted(s.namespaces) == ["a"]

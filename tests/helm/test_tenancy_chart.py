@@ -109,6 +109,14 @@ def test_team_policies_get_their_own_binding_and_leave_the_default(helm):
         ("agentrunpolicies", "list"), ("agentrunpolicies", "watch")}
 
 
+def test_with_watch_namespaces_the_reader_lists_and_watches_only_those_namespaces(helm):
+    _, docs = template(helm, *VAP, "--set", "watchNamespaces={team-a,team-b}")
+    reader = _one(docs, "ClusterRole", "agentrun-operator-tenancy-reader")
+    (ns_rule,) = [r for r in reader["rules"] if r["resources"] == ["namespaces"]]
+    assert ns_rule["resourceNames"] == ["team-a", "team-b"] and ns_rule["verbs"] == ["get", "list", "watch"]
+    assert all("resourceNames" not in r for r in reader["rules"] if r is not ns_rule)
+
+
 @pytest.mark.parametrize("args", [[], VAP + ["--set", "tenancy.enabled=false"]], ids=["api-not-served", "disabled"])
 def test_tenancy_renders_only_where_served_and_enabled(helm, args):
     _, docs = template(helm, *args)

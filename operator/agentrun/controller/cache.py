@@ -307,14 +307,18 @@ class Informer:
 
     ``cache`` is any sink with ``replace(kind, namespace, items)`` and ``event(kind, type, obj)``
     (the :class:`Cache`, or the tenancy re-check's ``PolicyStore``); ``resource`` the
-    (prefix, plural) of ``kind`` when it is not one of :data:`RESOURCES`. An ``optional`` informer
+    (prefix, plural) of ``kind`` when it is not one of :data:`RESOURCES`; ``field_selector`` narrows
+    the list and watch (``metadata.name=X``: one object, which RBAC can grant by ``resourceNames``),
+    and ``scope`` is then what a relist replaces (passed to ``replace`` instead of the namespace). An
+    ``optional`` informer
     whose list or watch is refused (403, or 404: not served) tells the sink (``refused(kind,
     status)``), counts as synced and lists again every :data:`REFUSED_RETRY` seconds."""
 
     def __init__(self, kube: Kube, kind: str, namespace: str | None, selector: str | None,
                  cache: Any, loop: asyncio.AbstractEventLoop, resource: tuple[str, str] | None = None,
-                 optional: bool = False) -> None:
+                 optional: bool = False, field_selector: str | None = None, scope: str | None = None) -> None:
         self.kube, self.kind, self.namespace, self.selector = kube, kind, namespace, selector
+        self.field_selector, self.scope = field_selector, (namespace if scope is None else scope)
         self.cache, self.loop, self.optional = cache, loop, optional
         self.synced = asyncio.Event()
         self._stop = threading.Event()
@@ -333,8 +337,10 @@ class Informer:
         items: list[dict[str, Any]] = []
         cont = None
         while True:
-            doc = self.kube.request("GET", self.path, query={"labelSelector": self.selector, "limit": LIST_PAGE,
-                                                             "continue": cont}, timeout=(10.0, 120.0))
+            doc = self.kube.request("GET", self.path, query={"labelSelector": self.selector,
+                                                             "fieldSelector": self.field_selector,
+                                                             "limit": LIST_PAGE, "continue": cont},
+                                    timeout=(10.0, 120.0))
             items += doc.get("items") or []
             cont = (doc.get("metadata") or {}).get("continue")
             if not cont:
@@ -357,10 +363,10 @@ class Informer:
             try:
                 if rv is None:
                     items, rv = self._list()
-                    self._deliver(self.cache.replace, self.kind, self.namespace, items)
+                    self._deliver(self.cache.replace, self.kind, self.scope, items)
                     self.loop.call_soon_threadsafe(self.synced.set)
-                query = {"labelSelector": self.selector, "resourceVersion": rv, "allowWatchBookmarks": "true",
-                         "timeoutSeconds": WATCH_SECONDS}
+                query = {"labelSelector": self.selector, "fieldSelector": self.field_selector, "resourceVersion": rv,
+                         "allowWatchBookmarks": "true", "timeoutSeconds": WATCH_SECONDS}
                 for ev in self.kube.stream(self.path, query, timeout=(10.0, WATCH_READ_TIMEOUT)):
                     type_, obj = ev.get("type"), ev.get("object") or {}
                     if type_ == "ERROR":

@@ -118,8 +118,12 @@ class Controller:
         if cfg.tenancy_recheck_seconds >= 0:  # its value is no longer a period: the policies are watched
             self.policies = PolicyStore(on_change=self._policies_changed)
             for kind, resource in TENANCY_KINDS.items():
-                self.informers.append(Informer(self.kube, kind, None, None, self.policies, loop, resource=resource,
-                                               optional=True))
+                # namespaces: with exact watched namespaces, each by name (the chart's role names them)
+                names: list[str | None] = list(cfg.namespaces) if kind == "namespaces" and watch_ns != [None] else [None]
+                for name in names:
+                    self.informers.append(Informer(
+                        self.kube, kind, None, None, self.policies, loop, resource=resource, optional=True,
+                        field_selector=f"metadata.name={name}" if name else None, scope=name))
         self.notifier = notify_from_env(None, active=lambda: self.is_leader, runs=self._notifier_runs,
                                         patch_status=self._notifier_patch)
         if self.notifier is not None:

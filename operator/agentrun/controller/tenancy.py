@@ -4,9 +4,10 @@ that apply to a namespace, picked the way the API server picks the bindings of t
 the pure :func:`agentrun.api.tenancy.check_all`. decide() only sees the verdict
 (``Observed.policy_check``).
 
-In the operator, what the re-check reads is kept by watches (:class:`PolicyStore`, fed by three
-cluster-wide :class:`~agentrun.controller.cache.Informer`\\ s: namespaces, the
-validatingadmissionpolicybindings, the AgentRunPolicies): no request per reconcile or per period,
+In the operator, what the re-check reads is kept by watches (:class:`PolicyStore`, fed by
+:class:`~agentrun.controller.cache.Informer`\\ s of the validatingadmissionpolicybindings, the
+AgentRunPolicies and the namespaces: all of them, or with exact watched namespaces each of those by
+name, which RBAC grants by ``resourceNames``): no request per reconcile or per period,
 and a policy tightened after apply is seen with its watch event, which also queues the live runs of
 the namespaces it applies to. :func:`load_policies` / :func:`recheck` are the same reads done once
 through the API (tools, tests).
@@ -111,12 +112,14 @@ class PolicyStore:
                         "see the chart's tenancy.operatorRecheck", KINDS[kind][1], status)
         self.refusals[kind] = status
 
-    def replace(self, kind: str, namespace: str | None, items: list[dict[str, Any]]) -> None:
+    def replace(self, kind: str, scope: str | None, items: list[dict[str, Any]]) -> None:
+        """A (re)list of ``kind``: of every object (``scope`` None), or of the one named ``scope``
+        (a namespace watched by name)."""
         if self.refusals.pop(kind, None) is not None:
             log.info("tenancy re-check: %s listed again", KINDS[kind][1])
         store = self._store(kind)
         listed = {_name(o) for o in items}
-        for name in [n for n in store if n not in listed]:
+        for name in [n for n in store if n not in listed and (scope is None or n == scope)]:
             self.event(kind, "DELETED", store[name])
         for obj in items:
             self.event(kind, "ADDED", obj)
@@ -167,7 +170,7 @@ class PolicyStore:
             if old is not None and new is not None and old.get("spec") == new.get("spec"):
                 return
             log.info("tenancy re-check: AgentRunPolicy %s %s (resourceVersion %s)", name,
-                     "deleted" if new is None else "changed", rv_int(new) if new is not None else rv_int(old))
+                     "deleted" if new is None else "added" if old is None else "changed", rv_int(new) if new is not None else rv_int(old))
             bindings = list(self.bindings.values())
             affected = {ns for ns, o in self.namespaces.items()
                         if name in binding_params(bindings, o["metadata"]["labels"])}
