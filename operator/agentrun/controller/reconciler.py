@@ -110,7 +110,8 @@ class Controller:
             ThreadPoolExecutor(max_workers=RECONCILE_THREADS, thread_name_prefix="reconcile"))
         # One API client, one connection pool for every call of this process (the watches hold one
         # connection each).
-        api_client = new_api_client(RECONCILE_THREADS + 3 * len(watch_ns) + 2)
+        tenancy_watches = 2 + len(watch_ns) if cfg.tenancy_recheck_seconds >= 0 else 0
+        api_client = new_api_client(RECONCILE_THREADS + 3 * len(watch_ns) + tenancy_watches + 2)
         instrument(api_client, metrics.kube_request)
         self.kube = Kube(api_client)
         self.executor = Executor(cfg, self.kube, self.cache)
