@@ -527,3 +527,31 @@ def test_a_policy_change_queues_the_live_runs_of_the_namespaces_it_applies_to():
     assert c.cache.causes == {"policy changed": 1} and list(c.queue._queue) == [("a", "live")]  # type: ignore[attr-defined]
     c._policies_changed(None)  # a binding changed: every live run
     assert c.cache.causes == {"policy changed": 3}
+
+
+def test_an_optional_informer_that_listed_keeps_its_state_when_a_later_watch_is_refused():
+    from kubernetes.client.rest import ApiException
+
+    from agentrun.controller.cache import Informer
+    from agentrun.controller.tenancy import POLICIES, PolicyStore
+
+    pol = {"metadata": {"name": "p", "resourceVersion": "4"}, "spec": {}}
+    kube = _FakeKube(lists=[{"metadata": {"resourceVersion": "5"}, "items": [pol]}],
+                     streams=[ApiException(status=403, reason="Forbidden")])
+
+    async def main() -> PolicyStore:
+        store = PolicyStore()
+        inf = Informer(kube, "policies", None, None, store, asyncio.get_running_loop(),  # type: ignore[arg-type]
+                       resource=POLICIES, optional=True)
+        inf.start()
+        await asyncio.wait_for(inf.synced.wait(), 30)
+        for _ in range(3000):  # until it watches again after the refused watch (backoff 1 s)
+            if len(kube.queries) >= 3:
+                break
+            await asyncio.sleep(0.01)
+        inf.stop()
+        return store
+
+    store = asyncio.run(main())
+    assert kube.queries == [("list", None), ("watch", "5"), ("watch", "5")]
+    assert store.refusals == {} and list(store.policies) == ["p"]

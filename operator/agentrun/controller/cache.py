@@ -310,15 +310,17 @@ class Informer:
     (prefix, plural) of ``kind`` when it is not one of :data:`RESOURCES`; ``field_selector`` narrows
     the list and watch (``metadata.name=X``: one object, which RBAC can grant by ``resourceNames``),
     and ``scope`` is then what a relist replaces (passed to ``replace`` instead of the namespace). An
-    ``optional`` informer
-    whose list or watch is refused (403, or 404: not served) tells the sink (``refused(kind,
-    status)``), counts as synced and lists again every :data:`REFUSED_RETRY` seconds."""
+    ``optional`` informer whose first list is refused (403, or 404: not served) tells the sink
+    (``refused(kind, status)``), counts as synced and lists again every :data:`REFUSED_RETRY`
+    seconds; once it has listed, a refusal is an error like any other (retried with backoff, the
+    sink keeps what it was told last)."""
 
     def __init__(self, kube: Kube, kind: str, namespace: str | None, selector: str | None,
                  cache: Any, loop: asyncio.AbstractEventLoop, resource: tuple[str, str] | None = None,
                  optional: bool = False, field_selector: str | None = None, scope: str | None = None) -> None:
         self.kube, self.kind, self.namespace, self.selector = kube, kind, namespace, selector
         self.field_selector, self.scope = field_selector, (namespace if scope is None else scope)
+        self._listed = False
         self.cache, self.loop, self.optional = cache, loop, optional
         self.synced = asyncio.Event()
         self._stop = threading.Event()
@@ -364,6 +366,7 @@ class Informer:
                 if rv is None:
                     items, rv = self._list()
                     self._deliver(self.cache.replace, self.kind, self.scope, items)
+                    self._listed = True
                     self.loop.call_soon_threadsafe(self.synced.set)
                 query = {"labelSelector": self.selector, "fieldSelector": self.field_selector, "resourceVersion": rv,
                          "allowWatchBookmarks": "true", "timeoutSeconds": WATCH_SECONDS}
@@ -386,7 +389,7 @@ class Informer:
                 if exc.status == 410:
                     rv = None
                     continue
-                if self.optional and exc.status in (403, 404):
+                if self.optional and not self._listed and exc.status in (403, 404):
                     rv = None
                     self._deliver(self.cache.refused, self.kind, exc.status)
                     self.loop.call_soon_threadsafe(self.synced.set)
