@@ -409,3 +409,155 @@ def test_the_informer_lists_watches_resumes_and_relists_after_410():
     assert deleted == [("ns", "other")]  # gone while the watch was expired
     assert c.run(("ns", "r"))["status"] == {"phase": "Running"}
     assert changed.count(("ns", "r")) == 3  # listed, modified, listed again with a change
+
+
+def test_an_optional_informer_refused_by_rbac_tells_its_sink_and_counts_as_synced():
+    from kubernetes.client.rest import ApiException
+
+    from agentrun.controller.cache import Informer
+    from agentrun.controller.tenancy import BINDINGS, PolicyStore
+
+    class Refusing(_FakeKube):
+        def request(self, method: str, path_: str, **kw: Any) -> Any:
+            self.queries.append(("list", path_))
+            raise ApiException(status=403, reason="Forbidden")
+
+    kube = Refusing([], [])
+
+    async def main() -> PolicyStore:
+        store = PolicyStore()
+        inf = Informer(kube, "bindings", None, None, store, asyncio.get_running_loop(),  # type: ignore[arg-type]
+                       resource=BINDINGS, optional=True)
+        inf.start()
+        await asyncio.wait_for(inf.synced.wait(), 30)
+        for _ in range(3000):  # the refusal is delivered with (not after) the synced flag: wait for it
+            if store.refusals:
+                break
+            await asyncio.sleep(0.01)
+        inf.stop()
+        return store
+
+    store = asyncio.run(main())
+    assert store.refusals == {"bindings": 403}
+    assert kube.queries == [("list", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings")]
+    assert store.check("ns", {}) is None
+
+
+# ------------------------------------------------------------------------- approvals (the notifier's feed)
+
+
+def awaiting(rv: int, call: str = "c1", state: str = "Pending") -> dict[str, Any]:
+    return run_obj(rv, phase="AwaitingApproval", approval={"state": state, "callId": call})
+
+
+def test_the_cache_keeps_the_runs_waiting_on_an_approval_and_wakes_on_each_new_one():
+    woken: list[tuple[str, str]] = []
+    c = Cache(on_change=lambda k: None, on_awaiting=woken.append)
+    key = ("ns", "r")
+    c.event("runs", "ADDED", run_obj(1, phase="Running"))
+    assert c.awaiting_runs() == [] and woken == []
+    c.put("runs", awaiting(2))  # the operator's own status write moves it to AwaitingApproval
+    assert woken == [key] and [r["metadata"]["resourceVersion"] for r in c.awaiting_runs()] == ["2"]
+    c.event("runs", "MODIFIED", awaiting(3))  # the same approval again (e.g. notified recorded): no wake-up
+    assert woken == [key]
+    c.event("runs", "MODIFIED", awaiting(4, call="c2"))  # the next call's approval
+    assert woken == [key, key]
+    c.event("runs", "MODIFIED", awaiting(5, call="c2", state="Approved"))
+    assert c.awaiting_runs() == [] and c.awaiting == {}
+    c.event("runs", "MODIFIED", awaiting(6, call="c3"))
+    c.event("runs", "DELETED", awaiting(6, call="c3"))
+    assert c.awaiting == {} and len(woken) == 3
+
+
+def test_the_operators_notifier_reads_the_cache_and_its_status_write_queues_no_reconcile():
+    """Controller._notifier_runs/_notifier_patch, called from another thread as the notifier's
+    thread does: the runs waiting on an approval come from the cache (no request); the record is
+    one PATCH whose watch echo (arriving before the response) is skipped, not a reconcile."""
+    import threading
+
+    from agentrun.controller.config import OperatorConfig
+    from agentrun.controller.reconciler import Controller
+
+    c = Controller(OperatorConfig(namespaces=("ns",)))
+
+    class Kube:
+        def __init__(self) -> None:
+            self.requests: list[tuple[str, str, Any]] = []
+
+        def request(self, method: str, path_: str, **kw: Any) -> Any:
+            self.requests.append((method, path_, kw.get("body")))
+            stored = awaiting(8)
+            stored["status"]["approval"]["notified"] = kw["body"]["status"]["approval"]["notified"]
+            # the watch echo of this write lands on the loop before the response does
+            loop.call_soon_threadsafe(c.cache.event, "runs", "MODIFIED", stored)
+            done = threading.Event()
+            loop.call_soon_threadsafe(done.set)
+            done.wait(10)
+            return stored
+
+    async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        nonlocal loop
+        loop = asyncio.get_running_loop()
+        c._loop, c.kube = loop, Kube()  # type: ignore[assignment]
+        c.cache.event("runs", "ADDED", run_obj(5, phase="Running"))
+        c.cache.event("runs", "ADDED", {**awaiting(6), "metadata": {**awaiting(6)["metadata"], "name": "w"}})
+        c.cache.put("runs", awaiting(7))
+        c.queue.shut_down()
+        before = dict(c.cache.causes)
+        seen = await asyncio.to_thread(c._notifier_runs)
+        patch = {"status": {"approval": {"notified": {"callId": "c1", "requestedAt": "2026-12-01T12:00:00Z"}}}}
+        await asyncio.to_thread(c._notifier_patch, "ns", "r", patch)
+        after = await asyncio.to_thread(c._notifier_runs)
+        assert c.cache.causes == before, "the echo of the notifier's write queued a reconcile"
+        return seen, after
+
+    loop: asyncio.AbstractEventLoop
+    seen, after = asyncio.run(main())
+    assert [r["metadata"]["name"] for r in seen] == ["r", "w"]
+    assert [m for m, *_ in c.kube.requests] == ["PATCH"]  # type: ignore[union-attr]
+    assert c.kube.requests[0][1] == "/apis/agentrun.dev/v1alpha1/namespaces/ns/agentruns/r/status"  # type: ignore[union-attr]
+    assert after[0]["status"]["approval"]["notified"]["callId"] == "c1"
+    assert c.cache.skipped >= 1
+
+
+def test_a_policy_change_queues_the_live_runs_of_the_namespaces_it_applies_to():
+    from agentrun.controller.config import OperatorConfig
+    from agentrun.controller.reconciler import Controller
+
+    c = Controller(OperatorConfig())
+    for ns, name, phase in (("a", "live", "Running"), ("a", "done", "Succeeded"), ("b", "live", "AwaitingApproval")):
+        obj = run_obj(1, phase=phase)
+        obj["metadata"].update(namespace=ns, name=name, uid=f"{ns}-{name}")
+        c.cache.put("runs", obj)
+    c._policies_changed({"a"})
+    assert c.cache.causes == {"policy changed": 1} and list(c.queue._queue) == [("a", "live")]  # type: ignore[attr-defined]
+    c._policies_changed(None)  # a binding changed: every live run
+    assert c.cache.causes == {"policy changed": 3}
+
+
+def test_an_optional_informer_that_listed_keeps_its_state_when_a_later_watch_is_refused():
+    from kubernetes.client.rest import ApiException
+
+    from agentrun.controller.cache import Informer
+    from agentrun.controller.tenancy import POLICIES, PolicyStore
+
+    pol = {"metadata": {"name": "p", "resourceVersion": "4"}, "spec": {}}
+    kube = _FakeKube(lists=[{"metadata": {"resourceVersion": "5"}, "items": [pol]}],
+                     streams=[ApiException(status=403, reason="Forbidden")])
+
+    async def main() -> PolicyStore:
+        store = PolicyStore()
+        inf = Informer(kube, "policies", None, None, store, asyncio.get_running_loop(),  # type: ignore[arg-type]
+                       resource=POLICIES, optional=True)
+        inf.start()
+        await asyncio.wait_for(inf.synced.wait(), 30)
+        for _ in range(3000):  # until it watches again after the refused watch (backoff 1 s)
+            if len(kube.queries) >= 3:
+                break
+            await asyncio.sleep(0.01)
+        inf.stop()
+        return store
+
+    store = asyncio.run(main())
+    assert kube.queries == [("list", None), ("watch", "5"), ("watch", "5")]
+    assert store.refusals == {} and list(store.policies) == ["p"]

@@ -18,9 +18,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -79,6 +81,29 @@ def approval_run(e, name: str, timeout: str) -> None:
     e.apply(e.run_doc(name, script, approval_timeout=timeout))
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kube_requests(port: int) -> dict[tuple[str, str], float]:
+    """The operator's agentrun_kube_requests_total by (verb, resource), summed over codes; {} while
+    its /metrics does not answer yet."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        if line.startswith("agentrun_kube_requests_total{"):
+            labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.index("}")].split(","))
+            key = (labels["verb"].strip('"'), labels["resource"].strip('"'))
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def notified(e, name: str) -> dict:
     return (e.status(name).get("approval") or {}).get("notified") or {}
 
@@ -128,12 +153,17 @@ def test_each_approval_is_announced_once_per_kind_across_a_restart(env, tmp_path
 def test_the_operator_announces_and_a_restarted_operator_does_not_repeat(env, tmp_path, monkeypatch):  # noqa: F811
     """The notifier as the chart runs it: a thread of ``agentrun operator`` (only the Lease holder
     announces). The operator is SIGKILLed between the two messages of one approval and started
-    again: each kind arrives once, the first after the receiver's 500."""
+    again: each kind arrives once, the first after the receiver's 500.
+
+    Inside the operator the notifier reads the watch cache: the restarted operator LISTs the
+    AgentRuns once (its informer) and never again while the notifier scans every second (the
+    API-polling notifier made one LIST per scan), and its records are status patches."""
     e = env
     rx = Receiver()
+    port = free_port()
     notify = {"AGENTRUN_NOTIFY_WEBHOOK_URL": rx.url, "AGENTRUN_NOTIFY_INTERVAL_SECONDS": "1",
               "AGENTRUN_NOTIFY_BACKOFF_SECONDS": "1", "AGENTRUN_NOTIFY_DEADLINE_NEAR_SECONDS": "40",
-              "AGENTRUN_INBOX_URL": "https://inbox.example"}
+              "AGENTRUN_INBOX_URL": "https://inbox.example", "AGENTRUN_METRICS_PORT": str(port)}
     plain = e.operator_env
     e.kill_operator()
     monkeypatch.setattr(e, "operator_env", lambda **extra: plain(**{**notify, **extra}))
@@ -145,12 +175,22 @@ def test_the_operator_announces_and_a_restarted_operator_does_not_repeat(env, tm
         assert not rx.delivered("notify-op", "deadline-near")
         e.kill_operator()  # SIGKILL, between the two messages
         e.start_operator()
+        # the restarted operator's informer listed the runs (its cache is being filled)
+        synced = wait_for("the restarted operator's runs listed",
+                          lambda: (got := kube_requests(port)).get(("list", "agentruns")) and got, timeout=120)
         wait_for("notify-op deadline near, recorded", lambda: notified(e, "notify-op").get("deadlineNearAt"),
                  timeout=120)
         approval_run(e, "notify-op-sentinel", "1h")  # announced in a scan that saw notify-op's records
         wait_for("notify-op-sentinel announced", lambda: rx.delivered("notify-op-sentinel", "requested"), timeout=180)
         assert len(rx.delivered("notify-op", "requested")) == 1
         assert len(rx.delivered("notify-op", "deadline-near")) == 1
+        # ~20 one-second scans from the restart to "deadline near": no LIST of the runs but the
+        # informer's own (one more only if its watch expired meanwhile: a relist)
+        after = kube_requests(port)
+        lists = after.get(("list", "agentruns"), 0) - synced[("list", "agentruns")]
+        assert lists <= 1, f"the notifier in the operator LISTs the runs: {lists:.0f} LISTs; {after}"
+        assert after.get(("get", "agentruns"), 0) == 0, after
+        assert after.get(("patch", "agentruns/status"), 0) >= 2, after  # its records (and the operator's)
         assert rx.url not in e.log.read_text()  # the webhook URL is a secret: not in the operator's log
     finally:
         e.kill_operator()

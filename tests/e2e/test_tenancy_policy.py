@@ -6,16 +6,19 @@
   the chart renders a team policy): every refused case names exactly the messages the pure checker
   (agentrun.api.tenancy.check) gives, and every allowed case is accepted; so the CEL and the Python
   checker agree case by case.
-* The loader the operator's re-check uses (agentrun.controller.tenancy.load_policies) reads, through the API, the same
+* The loader of the operator's re-check (agentrun.controller.tenancy.load_policies) reads, through the API, the same
   policies the API server applies; tightening the policy after a run was admitted makes the re-check
-  of the stored run fail with the violation named; and the running operator stops such a run before
-  its next lap (the test at the end).
+  of the stored run fail with the violation named; the operator's watched store (PolicyStore fed by
+  informers, with exactly the chart's reader ClusterRole) sees the tightening with its watch event;
+  and the running operator stops such a run before its next lap, with no periodic policy read (the
+  test at the end reads its agentrun_kube_requests_total).
 * The chart's NetworkPolicies are accepted by the API server (server-side dry-run). The process
   kubelet does not enforce NetworkPolicy (there is no network plugin): only the manifests are tested.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -271,9 +274,41 @@ def test_the_recheck_loader_reads_what_the_api_server_applies_and_sees_a_tighten
     assert not missing.ok and "does not exist" in missing.message
 
 
+def _watching(api, body) -> None:
+    """Run ``await body(store)`` with a PolicyStore fed by the operator's informers of the
+    re-check (list, then watch) through the kubernetes ApiClient ``api``, once they synced."""
+    from agentrun.controller.cache import Informer
+    from agentrun.controller.kube import Kube
+
+    async def main() -> None:
+        store = tc.PolicyStore()
+        loop = asyncio.get_running_loop()
+        infs = [Informer(Kube(api), kind, None, None, store, loop, resource=res, optional=True)
+                for kind, res in tc.KINDS.items()]
+        for inf in infs:
+            inf.start()
+        try:
+            await asyncio.wait_for(asyncio.gather(*(inf.synced.wait() for inf in infs)), 60)
+            await body(store)
+        finally:
+            for inf in infs:
+                inf.stop()
+
+    asyncio.run(main())
+
+
+async def _until(what: str, fn, timeout: float = 60):
+    for _ in range(int(timeout / 0.1)):
+        if got := fn():
+            return got
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def test_recheck_is_none_without_the_readers_rbac_and_a_check_with_it(cluster, strict):
     """The chart's tenancy.operatorRecheck ClusterRole is exactly what the re-check needs: without it
-    the re-check says it cannot run (None: not enforced), with it it checks."""
+    the re-check says it cannot run (None: not enforced; the watches are refused), with it the
+    loader checks, and the watched store checks and sees a tightened policy with its watch event."""
     from kubernetes import config
 
     ns, pname = strict
@@ -282,6 +317,11 @@ def test_recheck_is_none_without_the_readers_rbac_and_a_check_with_it(cluster, s
     api = config.new_client_from_config(config_file=sa_kubeconfig(cluster, ns, sa))
     spec = _manifest(CASES[0], "x")["spec"]
     assert tc.recheck(api, ns, spec) is None
+
+    async def refused(store):
+        assert store.refusals and store.check(ns, spec) is None
+
+    _watching(api, refused)
     chart_role = next(d for d in _helm_docs("--set", "tenancy.operatorRecheck=true", "--api-versions",
                                  "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
                       if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-tenancy-reader"))
@@ -296,6 +336,22 @@ def test_recheck_is_none_without_the_readers_rbac_and_a_check_with_it(cluster, s
         assert got.ok and [n for n, _ in got.violations] == [pname]
         bad = _manifest(next(c for c in CASES if c["name"] == "cloud-metadata-address"), "x")["spec"]
         assert "destinations.alwaysDenied" in tc.recheck(api, ns, bad).message
+
+        async def watched(store):
+            got = store.check(ns, spec)
+            assert store.refusals == {} and got.ok and [n for n, _ in got.violations] == [pname], got
+            hosts = TABLE["policy"]["destinations"]["allowedHosts"]
+            await asyncio.to_thread(cluster.kubectl_run, "patch", "agentrunpolicy", pname, "--type=merge", "-p",
+                                    json.dumps({"spec": {"destinations": {"allowedHosts": ["api.openai.com"]}}}))
+            try:
+                got = await _until("the tightened policy watched", lambda: not store.check(ns, spec).ok)
+                assert "destinations.allowedHosts" in store.check(ns, spec).message
+            finally:
+                await asyncio.to_thread(cluster.kubectl_run, "patch", "agentrunpolicy", pname, "--type=merge", "-p",
+                                        json.dumps({"spec": {"destinations": {"allowedHosts": hosts}}}))
+            await _until("the restored policy watched", lambda: store.check(ns, spec).ok)
+
+        _watching(api, watched)
     finally:
         cluster.kubectl_run("delete", "clusterrolebinding,clusterrole", f"{sa}-{ns}", "--ignore-not-found")
 
@@ -316,16 +372,20 @@ def test_chart_networkpolicies_are_accepted_by_the_api_server(cluster, strict):
 
 def test_a_policy_tightened_after_apply_stops_the_run_before_its_next_call(cluster, s3, strict, tmp_path):
     """Lap 1's tool call is held at a gate; the policy is tightened (loopback no longer allowed);
-    the call is released: lap 1 completes, and the operator's re-check before lap 2 stops the run
-    (Failed, condition reason PolicyViolation naming the rule) before lap 2's call."""
+    the call is released once the operator's watch reported the tightened version: lap 1
+    completes, and the operator's re-check before lap 2 stops the run (Failed, condition reason
+    PolicyViolation naming the rule) before lap 2's call. Throughout, the re-check read the
+    policies, bindings and namespaces by one list each and watches: no get or list per reconcile
+    or per period (the TTL re-check made three reads per namespace and period)."""
     from e2e_support import ToolGate
+    from test_notifications import free_port, kube_requests
     from test_operator_e2e import Env
+
+    port = free_port()
 
     class RecheckEnv(Env):
         def operator_env(self, **extra: str) -> dict[str, str]:
-            # the policies are read on every reconcile (the default reuses them for 10 s), so the
-            # tightening is seen before lap 2 whatever the box's speed
-            return super().operator_env(AGENTRUN_TENANCY_RECHECK_SECONDS="0", **extra)
+            return super().operator_env(AGENTRUN_METRICS_PORT=str(port), **extra)
 
     e = RecheckEnv(cluster, s3, tmp_path)
     e.prepare_namespace()
@@ -344,14 +404,25 @@ def test_a_policy_tightened_after_apply_stops_the_run_before_its_next_call(clust
         doc["spec"]["agent"]["tools"] = [{"name": "slow", "http": {"url": f"{gate.url}/slow", "timeout": "10m"}}]
         e.apply(doc)
         wait_for("lap 1's call held at the gate", lambda: gate.arrived("1") >= 1, timeout=180)
-        cluster.kubectl_run("patch", "agentrunpolicy", pname, "--type=merge", "-p",
-                            json.dumps({"spec": {"destinations": {"allowLoopback": False}}}))
+        rv = cluster.kubectl_run("patch", "agentrunpolicy", pname, "--type=merge", "-o",
+                                 "jsonpath={.metadata.resourceVersion}", "-p",
+                                 json.dumps({"spec": {"destinations": {"allowLoopback": False}}})).stdout.strip()
+        # the operator's watch delivered the tightened version (the lap's end comes through another watch)
+        wait_for("the tightened policy watched by the operator",
+                 lambda: f"AgentRunPolicy {pname} changed (resourceVersion {rv})" in e.log.read_text(), timeout=60)
         gate.open()
         st = e.wait_phase("tighten", "Failed", "Succeeded", timeout=180)
         assert st["phase"] == "Failed", st
         cond = next(c for c in st.get("conditions") or [] if c.get("reason") == t.CONDITION_REASON)
         assert "destinations.allowLoopback" in cond["message"] and pname in cond["message"], cond
         assert gate.arrived("2") == 0
+        got = kube_requests(port)
+        reads = {k: v for k, v in got.items() if k[0] in ("get", "list") and k[1] in (
+            "namespaces", "validatingadmissionpolicybindings", "agentrunpolicies", "other")}
+        # one list of each watched kind (a second one only after an expired watch), and at most one
+        # get of the run's namespace if the run was reconciled before its namespace's watch event
+        assert sum(reads.values()) <= 4 and got.get(("get", "agentrunpolicies"), 0) == 0, got
+        assert got.get(("watch", "agentrunpolicies"), 0) >= 1, got
     finally:
         gate.close()
         e.kill_operator()

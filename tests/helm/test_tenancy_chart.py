@@ -42,10 +42,16 @@ def test_default_install_renders_the_generated_policy_a_default_policy_and_its_b
     default = _one(docs, "AgentRunPolicy", t.DEFAULT_POLICY)
     assert default["spec"] == values["tenancy"]["policy"]
     t.AgentRunPolicySpec.model_validate(default["spec"])  # a valid AgentRunPolicy spec
-    # the re-check's ClusterRole (tenancy.operatorRecheck, on by default): exactly its three reads
+    # the re-check's ClusterRole (tenancy.operatorRecheck, on by default): exactly its watches (and
+    # the get of a namespace whose event has not arrived yet)
     (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-tenancy-reader")]
     assert sorted((r["resources"][0], tuple(r["verbs"])) for r in role["rules"]) == [
-        ("agentrunpolicies", ("get",)), ("namespaces", ("get",)), ("validatingadmissionpolicybindings", ("list",))]
+        ("agentrunpolicies", ("list", "watch")), ("namespaces", ("get", "list", "watch")),
+        ("validatingadmissionpolicybindings", ("list", "watch"))]
+    # every resource the operator's informers of the re-check read, with list and watch
+    from agentrun.controller.tenancy import KINDS
+    granted = {(res, v) for r in role["rules"] for res in r["resources"] for v in r["verbs"]}
+    assert {(plural, v) for _, plural in KINDS.values() for v in ("list", "watch")} <= granted
     (dep,) = [d for d in docs if d["kind"] == "Deployment" and "inbox" not in d["metadata"]["name"]]
     env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["AGENTRUN_TENANCY_RECHECK_SECONDS"] == "10"
@@ -98,7 +104,17 @@ def test_team_policies_get_their_own_binding_and_leave_the_default(helm):
     t.AgentRunPolicySpec.model_validate(_one(docs, "AgentRunPolicy", "team-a")["spec"])
     reader = _one(docs, "ClusterRole", "agentrun-operator-tenancy-reader")
     assert {(r, v) for rule in reader["rules"] for r in rule["resources"] for v in rule["verbs"]} == {
-        ("namespaces", "get"), ("validatingadmissionpolicybindings", "list"), ("agentrunpolicies", "get")}
+        ("namespaces", "get"), ("namespaces", "list"), ("namespaces", "watch"),
+        ("validatingadmissionpolicybindings", "list"), ("validatingadmissionpolicybindings", "watch"),
+        ("agentrunpolicies", "list"), ("agentrunpolicies", "watch")}
+
+
+def test_with_watch_namespaces_the_reader_lists_and_watches_only_those_namespaces(helm):
+    _, docs = template(helm, *VAP, "--set", "watchNamespaces={team-a,team-b}")
+    reader = _one(docs, "ClusterRole", "agentrun-operator-tenancy-reader")
+    (ns_rule,) = [r for r in reader["rules"] if r["resources"] == ["namespaces"]]
+    assert ns_rule["resourceNames"] == ["team-a", "team-b"] and ns_rule["verbs"] == ["get", "list", "watch"]
+    assert all("resourceNames" not in r for r in reader["rules"] if r is not ns_rule)
 
 
 @pytest.mark.parametrize("args", [[], VAP + ["--set", "tenancy.enabled=false"]], ids=["api-not-served", "disabled"])

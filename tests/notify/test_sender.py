@@ -143,3 +143,45 @@ def test_only_an_active_notifier_announces(receiver):
         assert len(got) == 1 and n.scans >= 1
     finally:
         n.stop()
+
+
+def test_with_a_source_and_a_status_writer_the_api_is_never_used(receiver):
+    """The operator's wiring: the runs come from its watch cache, the record goes through its
+    own-write path; ``api`` is None, so any LIST or patch through it would raise."""
+    url, _, got = receiver
+    run = waiting()
+    reads: list[int] = []
+    writes: list[tuple[str, str, dict]] = []
+
+    def runs() -> list[dict]:
+        reads.append(1)
+        return [run]
+
+    def patch_status(ns: str, name: str, patch: dict) -> None:
+        writes.append((ns, name, patch))
+        run["status"]["approval"]["notified"] = patch["status"]["approval"]["notified"]
+
+    n = Notifier(api=None, url=url, clock=lambda: 0.0, runs=runs, patch_status=patch_status)
+    n.scan(NOW)
+    n.scan(NOW)
+    assert len(reads) == 2 and len(got) == 1
+    assert [(ns, name, p["status"]["approval"]["notified"]["callId"]) for ns, name, p in writes] == [("ns", "r", "c1")]
+    n.stop()
+
+
+def test_a_woken_notifier_scans_before_its_interval(receiver):
+    url, _, got = receiver
+    run = {"metadata": {"namespace": "ns", "name": "r", "uid": "u"}, "status": {"phase": "Running"}}
+    n = Notifier(api=None, url=url, interval=3600.0, runs=lambda: [run], patch_status=lambda *a: None).start()
+    try:
+        deadline = datetime.now(UTC) + timedelta(seconds=30)
+        while n.scans < 1 and datetime.now(UTC) < deadline:  # the first scan, at start
+            threading.Event().wait(0.02)
+        ahead = int((datetime.now(UTC) - NOW).total_seconds()) + 3600
+        run.update(waiting(deadline_in=ahead))  # the run starts waiting; the cache wakes the notifier
+        n.wake()
+        while not got and datetime.now(UTC) < deadline:
+            threading.Event().wait(0.02)
+        assert [b["kind"] for b in got] == ["requested"] and n.scans >= 2  # long before the hour's interval
+    finally:
+        n.stop()

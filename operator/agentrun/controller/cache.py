@@ -41,6 +41,11 @@ LIST_PAGE = 500
 #: Longest wait between two tries of a failing list/watch (the API server restarting): the cache
 #: lags the API server by at most this much once it is back.
 WATCH_RETRY_MAX = 5.0
+#: Wait before listing again a kind an optional informer may not read (403: no RBAC; 404: not served).
+REFUSED_RETRY = 60.0
+#: The resource of each kind of the cache.
+RESOURCES = {"runs": RUNS, "jobs": JOBS, "pods": PODS}
+AWAITING = "AwaitingApproval"
 
 
 def rv_int(obj: dict[str, Any] | None) -> int | None:
@@ -96,9 +101,13 @@ def pod_signature(pod: dict[str, Any] | None) -> tuple[Any, ...] | None:
 class Cache:
     """The in-memory state, mutated only on the event loop."""
 
-    def __init__(self, on_change: Callable[[Key], None], on_deleted: Callable[[Key], None] | None = None) -> None:
+    def __init__(self, on_change: Callable[[Key], None], on_deleted: Callable[[Key], None] | None = None,
+                 on_awaiting: Callable[[Key], None] | None = None) -> None:
         self.on_change = on_change
         self.on_deleted = on_deleted
+        self.on_awaiting = on_awaiting  # a run started waiting on a new approval (the notifier's wake-up)
+        #: The runs waiting on an approval (phase AwaitingApproval, state Pending): key -> callId.
+        self.awaiting: dict[Key, str] = {}
         self.runs: dict[Key, dict[str, Any]] = {}
         self.jobs: dict[Key, dict[str, Any]] = {}
         self.pods: dict[Key, dict[str, Any]] = {}
@@ -124,6 +133,11 @@ class Cache:
 
     def pods_of(self, namespace: str, job: str) -> list[dict[str, Any]]:
         return [self.pods[k] for k in sorted(self._pods_by_job.get((namespace, job), ())) if k in self.pods]
+
+    def awaiting_runs(self) -> list[dict[str, Any]]:
+        """The runs waiting on an approval, by key. The dicts are the cached ones: a change
+        replaces a cached object, never mutates it, so another thread may read them."""
+        return [self.runs[k] for k in sorted(self.awaiting) if k in self.runs]
 
     # ------------------------------------------------------------------ write-through (own writes)
 
@@ -208,6 +222,15 @@ class Cache:
         if kind == "runs":
             if meta.get("uid"):
                 self._run_by_uid[meta["uid"]] = key
+            st = obj.get("status") or {}
+            ap = st.get("approval") or {}
+            if st.get("phase") == AWAITING and ap.get("state") == "Pending" and ap.get("callId"):
+                before = self.awaiting.get(key)
+                self.awaiting[key] = str(ap["callId"])
+                if before != self.awaiting[key] and self.on_awaiting is not None:
+                    self.on_awaiting(key)
+            else:
+                self.awaiting.pop(key, None)
         elif kind == "jobs":
             uid = (meta.get("labels") or {}).get(LABEL_RUN_UID)
             if uid:
@@ -222,6 +245,7 @@ class Cache:
         if kind == "runs":
             if self._run_by_uid.get(meta.get("uid", "")) == key:
                 del self._run_by_uid[meta["uid"]]
+            self.awaiting.pop(key, None)
         elif kind == "jobs":
             uid = (meta.get("labels") or {}).get(LABEL_RUN_UID)
             keys = self._jobs_by_uid.get(uid or "")
@@ -281,16 +305,29 @@ class Cache:
 
 class Informer:
     """List, then watch, one kind in one namespace (None: cluster-wide), in a daemon thread; every
-    change is handed to ``cache`` on ``loop``. ``synced`` is set after the first list is applied."""
+    change is handed to ``cache`` on ``loop``. ``synced`` is set after the first list is applied.
+
+    ``cache`` is any sink with ``replace(kind, namespace, items)`` and ``event(kind, type, obj)``
+    (the :class:`Cache`, or the tenancy re-check's ``PolicyStore``); ``resource`` the
+    (prefix, plural) of ``kind`` when it is not one of :data:`RESOURCES`; ``field_selector`` narrows
+    the list and watch (``metadata.name=X``: one object, which RBAC can grant by ``resourceNames``),
+    and ``scope`` is then what a relist replaces (passed to ``replace`` instead of the namespace). An
+    ``optional`` informer whose first list is refused (403, or 404: not served) tells the sink
+    (``refused(kind, status)``), counts as synced and lists again every :data:`REFUSED_RETRY`
+    seconds; once it has listed, a refusal is an error like any other (retried with backoff, the
+    sink keeps what it was told last)."""
 
     def __init__(self, kube: Kube, kind: str, namespace: str | None, selector: str | None,
-                 cache: Cache, loop: asyncio.AbstractEventLoop) -> None:
+                 cache: Any, loop: asyncio.AbstractEventLoop, resource: tuple[str, str] | None = None,
+                 optional: bool = False, field_selector: str | None = None, scope: str | None = None) -> None:
         self.kube, self.kind, self.namespace, self.selector = kube, kind, namespace, selector
-        self.cache, self.loop = cache, loop
+        self.field_selector, self.scope = field_selector, (namespace if scope is None else scope)
+        self._listed = False
+        self.cache, self.loop, self.optional = cache, loop, optional
         self.synced = asyncio.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.path = path({"runs": RUNS, "jobs": JOBS, "pods": PODS}[kind], namespace)
+        self.path = path(resource or RESOURCES[kind], namespace)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"informer-{self.kind}-{self.namespace or 'all'}",
@@ -304,8 +341,10 @@ class Informer:
         items: list[dict[str, Any]] = []
         cont = None
         while True:
-            doc = self.kube.request("GET", self.path, query={"labelSelector": self.selector, "limit": LIST_PAGE,
-                                                             "continue": cont}, timeout=(10.0, 120.0))
+            doc = self.kube.request("GET", self.path, query={"labelSelector": self.selector,
+                                                             "fieldSelector": self.field_selector,
+                                                             "limit": LIST_PAGE, "continue": cont},
+                                    timeout=(10.0, 120.0))
             items += doc.get("items") or []
             cont = (doc.get("metadata") or {}).get("continue")
             if not cont:
@@ -328,10 +367,11 @@ class Informer:
             try:
                 if rv is None:
                     items, rv = self._list()
-                    self._deliver(self.cache.replace, self.kind, self.namespace, items)
+                    self._deliver(self.cache.replace, self.kind, self.scope, items)
+                    self._listed = True
                     self.loop.call_soon_threadsafe(self.synced.set)
-                query = {"labelSelector": self.selector, "resourceVersion": rv, "allowWatchBookmarks": "true",
-                         "timeoutSeconds": WATCH_SECONDS}
+                query = {"labelSelector": self.selector, "fieldSelector": self.field_selector, "resourceVersion": rv,
+                         "allowWatchBookmarks": "true", "timeoutSeconds": WATCH_SECONDS}
                 for ev in self.kube.stream(self.path, query, timeout=(10.0, WATCH_READ_TIMEOUT)):
                     type_, obj = ev.get("type"), ev.get("object") or {}
                     if type_ == "ERROR":
@@ -350,6 +390,12 @@ class Informer:
             except ApiException as exc:
                 if exc.status == 410:
                     rv = None
+                    continue
+                if self.optional and not self._listed and exc.status in (403, 404):
+                    rv = None
+                    self._deliver(self.cache.refused, self.kind, exc.status)
+                    self.loop.call_soon_threadsafe(self.synced.set)
+                    self._stop.wait(REFUSED_RETRY)
                     continue
                 failures += 1
                 log.warning("watch of %s in %s failed: %s %s", self.kind, self.namespace or "all namespaces",

@@ -75,10 +75,9 @@ class OperatorConfig:
     (CreateContainerConfigError: a missing Secret or key) before the run's condition and a Warning
     Event say so. The run keeps waiting: the pod starts once the Secret exists."""
     tenancy_recheck_seconds: float = 10.0
-    """AGENTRUN_TENANCY_RECHECK_SECONDS: how long the AgentRunPolicies of a namespace read for the
-    re-check before each lap are reused (0: read them on every reconcile of a live run; negative:
-    no re-check). A policy tightened after apply stops a run before any lap that starts later than
-    this after the change (docs/security.md)."""
+    """AGENTRUN_TENANCY_RECHECK_SECONDS: negative: no re-check of a run's AgentRunPolicies before
+    each lap. Otherwise the re-check watches the policies (a change is seen with its watch event,
+    docs/security.md) and the value itself is no longer used (deprecated; it was a re-read period)."""
     identity: str = ""
     """AGENTRUN_IDENTITY (or POD_NAME): this replica's name in the Lease (default host-pid)."""
 

@@ -8,6 +8,12 @@ same reconcile, until nothing is written (at most :data:`MAX_PASSES`): the event
 are skipped by the cache. Backoffs and deadlines come back as delayed adds; errors and refused
 status writes as rate-limited adds (per-run exponential backoff). A periodic resync re-queues every
 cached run as a safety net. An operator restart resumes every run from its status.
+
+Two more parts read watches, not the API: the tenancy re-check (``tenancy.PolicyStore``, fed by
+informers of namespaces, admission bindings and AgentRunPolicies; a change queues the live runs it
+applies to) and the approval notifier (``agentrun.notify``), which takes the runs waiting on an
+approval from the cache (a snapshot taken on the event loop) and records its deliveries through the
+cache's own-write path, so their watch echoes queue no reconcile.
 """
 
 from __future__ import annotations
@@ -32,12 +38,13 @@ from .cache import Cache, Informer, Key, rv_int
 from .config import OperatorConfig
 from .execute import Executor, StatusRefused
 from .jobs import LABEL_RUN_UID
-from .kube import JOBS, PODS, Kube, instrument, new_api_client, path
+from .kube import JOBS, PODS, RUNS, Kube, instrument, new_api_client, path
 from .lease import LeaseElector
 from .logs import run_logger
 from .observe import current_jobs, job_state, needs_pod_read, observe
 from .queue import WorkQueue
-from .tenancy import PolicyCache
+from .tenancy import KINDS as TENANCY_KINDS
+from .tenancy import NAMESPACES, PolicyStore
 
 log = logging.getLogger("agentrun.controller")
 
@@ -47,6 +54,8 @@ RECONCILE_THREADS = 32
 WORKERS = 32
 #: Decide/execute passes of one reconcile while each pass writes (then the key is queued again).
 MAX_PASSES = 4
+#: How long the notifier thread waits for the event loop (a snapshot of the cache, a status write).
+NOTIFIER_LOOP_TIMEOUT = 60.0
 
 
 def namespace_matcher(patterns: tuple[str, ...] | list[str]) -> Any:
@@ -75,9 +84,10 @@ class Controller:
 
     def __post_init__(self) -> None:
         self.queue: WorkQueue[Key] = WorkQueue()
-        allowed = namespace_matcher(self.config.namespaces)
+        allowed = self._allowed = namespace_matcher(self.config.namespaces)
         self.cache = Cache(on_change=lambda k: self.queue.add(k) if allowed(k[0]) else None,
-                           on_deleted=self.forget)
+                           on_deleted=self.forget, on_awaiting=self._approval_pending)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.kube: Kube | None = None
         self.executor: Executor | None = None
         self.informers: list[Informer] = []
@@ -86,7 +96,7 @@ class Controller:
         self._pod_reads: dict[Key, int | None] = {}  # Job -> its version whose pods were read
         self._job_reads: dict[Key, int | None] = {}  # Job -> run version for which it was looked up
         self._reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
-        self.policies: PolicyCache | None = None  # the tenancy re-check's reads (None: off)
+        self.policies: PolicyStore | None = None  # the tenancy re-check's watched policies (None: off)
         self.notifier: Any = None  # approval notifications (agentrun.notify), when configured
         self.ready = False
 
@@ -100,18 +110,25 @@ class Controller:
             ThreadPoolExecutor(max_workers=RECONCILE_THREADS, thread_name_prefix="reconcile"))
         # One API client, one connection pool for every call of this process (the watches hold one
         # connection each).
-        api_client = new_api_client(RECONCILE_THREADS + 3 * len(watch_ns) + 2)
+        tenancy_watches = 2 + len(watch_ns) if cfg.tenancy_recheck_seconds >= 0 else 0
+        api_client = new_api_client(RECONCILE_THREADS + 3 * len(watch_ns) + tenancy_watches + 2)
         instrument(api_client, metrics.kube_request)
         self.kube = Kube(api_client)
         self.executor = Executor(cfg, self.kube, self.cache)
-        if cfg.tenancy_recheck_seconds >= 0:
-            self.policies = PolicyCache(api_client, ttl=cfg.tenancy_recheck_seconds)
-        from kubernetes import client as kclient
-
-        self.notifier = notify_from_env(kclient.CustomObjectsApi(api_client), active=lambda: self.is_leader)
+        loop = self._loop = asyncio.get_running_loop()
+        if cfg.tenancy_recheck_seconds >= 0:  # its value is no longer a period: the policies are watched
+            self.policies = PolicyStore(on_change=self._policies_changed)
+            for kind, resource in TENANCY_KINDS.items():
+                # namespaces: with exact watched namespaces, each by name (the chart's role names them)
+                names: list[str | None] = list(cfg.namespaces) if kind == "namespaces" and watch_ns != [None] else [None]
+                for name in names:
+                    self.informers.append(Informer(
+                        self.kube, kind, None, None, self.policies, loop, resource=resource, optional=True,
+                        field_selector=f"metadata.name={name}" if name else None, scope=name))
+        self.notifier = notify_from_env(None, active=lambda: self.is_leader, runs=self._notifier_runs,
+                                        patch_status=self._notifier_patch)
         if self.notifier is not None:
             self.notifier.start()
-        loop = asyncio.get_running_loop()
         for ns in watch_ns:
             for kind, selector in (("runs", None), ("jobs", LABEL_RUN_UID), ("pods", LABEL_RUN_UID)):
                 self.informers.append(Informer(self.kube, kind, ns, selector, self.cache, loop))
@@ -170,6 +187,54 @@ class Controller:
 
     def enqueue(self, namespace: str, name: str, delay: float = 0.0) -> None:
         self.queue.add_after((namespace, name), delay)
+
+    # ---------------------------------------------------------------- tenancy and notifier feeds
+
+    def _policies_changed(self, namespaces: set[str] | None) -> None:
+        """What applies to ``namespaces`` (None: all) changed: re-check their live runs now."""
+        for key, run in list(self.cache.runs.items()):
+            if (namespaces is None or key[0] in namespaces) \
+                    and ((run.get("status") or {}).get("phase")) not in TERMINAL_PHASES:
+                self.cache.enqueue(key, "policy changed")
+
+    def _approval_pending(self, key: Key) -> None:
+        if self.notifier is not None and self._allowed(key[0]):
+            self.notifier.wake()
+
+    def _on_loop(self, fn: Any, *args: Any) -> Any:
+        """Run ``fn(*args)`` (a coroutine function) on the event loop from another thread; its result."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(fn(*args), self._loop).result(NOTIFIER_LOOP_TIMEOUT)
+
+    def _notifier_runs(self) -> list[dict[str, Any]]:
+        """The notifier's source (called in its thread): the cached runs waiting on an approval."""
+        async def snapshot() -> list[dict[str, Any]]:
+            return [r for r in self.cache.awaiting_runs() if self._allowed(r["metadata"]["namespace"])]
+        return self._on_loop(snapshot)  # type: ignore[no-any-return]
+
+    def _notifier_patch(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """The notifier's status write (called in its thread): an own write of the cache."""
+        async def write() -> None:
+            assert self.kube is not None
+            key = (namespace, name)
+            self.cache.begin_write("runs", key)
+            stored = None
+            try:
+                stored = await asyncio.to_thread(self.kube.request, "PATCH", path(RUNS, namespace, name, "status"),
+                                                 body=patch, content_type="application/merge-patch+json")
+            finally:
+                self.cache.end_write("runs", key, stored if isinstance(stored, dict) else None)
+        self._on_loop(write)
+
+    async def _tenancy_check(self, ns: str, spec: dict[str, Any]) -> Any:
+        """The re-check's verdict from the watched policies; the run's namespace is read once when
+        its watch event has not arrived yet (a namespace created just before the run)."""
+        assert self.policies is not None and self.kube is not None
+        if not self.policies.knows(ns) and not self.policies.refusals:
+            doc = await asyncio.to_thread(self.kube.request, "GET", path(NAMESPACES, None, ns))
+            if isinstance(doc, dict):
+                self.policies.put_namespace(doc)
+        return self.policies.check(ns, spec)
 
     def forget(self, key: Key) -> None:
         """The run is gone: drop its queue state, refusals and metrics."""
@@ -233,7 +298,7 @@ class Controller:
                         self.config, datetime.now(UTC))
             if self.policies is not None and o.spec is not None and not o.deleting \
                     and o.status.phase not in TERMINAL_PHASES:
-                check = await asyncio.to_thread(self.policies.check, ns, body.get("spec") or {})
+                check = await self._tenancy_check(ns, body.get("spec") or {})
                 o = dataclasses.replace(o, policy_check=check)
             run = RunRef(namespace=ns, name=name, uid=uid)
             decision = d.decide(o)

@@ -1,18 +1,28 @@
-"""The operator's tenancy re-check (docs/security.md "Tenancy guardrails"): read the AgentRunPolicies
-that apply to a namespace through the API, the way the API server picks the bindings of the
-``agentrun-tenancy`` ValidatingAdmissionPolicy, and check a run's stored spec with the pure
-:func:`agentrun.api.tenancy.check_all`. Shell code (API reads); decide() only sees the verdict
-(``Observed.policy_check``). Reads are cached per namespace for ``ttl`` seconds."""
+"""The operator's tenancy re-check (docs/security.md "Tenancy guardrails"): the AgentRunPolicies
+that apply to a namespace, picked the way the API server picks the bindings of the
+``agentrun-tenancy`` ValidatingAdmissionPolicy, and a run's stored spec checked against them with
+the pure :func:`agentrun.api.tenancy.check_all`. decide() only sees the verdict
+(``Observed.policy_check``).
+
+In the operator, what the re-check reads is kept by watches (:class:`PolicyStore`, fed by
+:class:`~agentrun.controller.cache.Informer`\\ s of the validatingadmissionpolicybindings, the
+AgentRunPolicies and the namespaces: all of them, or with exact watched namespaces each of those by
+name, which RBAC grants by ``resourceNames``): no request per reconcile or per period,
+and a policy tightened after apply is seen with its watch event, which also queues the live runs of
+the namespaces it applies to. :func:`load_policies` / :func:`recheck` are the same reads done once
+through the API (tools, tests).
+"""
 
 from __future__ import annotations
 
-import threading
-import time
-from typing import Any, cast
+import logging
+from collections.abc import Callable
+from typing import Any
 
 from agentrun.api.tenancy import (
     GROUP,
     PLURAL,
+    VAP_NAME,
     VERSION,
     AgentRunPolicySpec,
     PolicyCheck,
@@ -20,13 +30,23 @@ from agentrun.api.tenancy import (
     check_all,
 )
 
+from .cache import is_newer, rv_int
+
+log = logging.getLogger("agentrun.controller")
+
+#: (group/version prefix, plural) of what the re-check watches (all cluster-scoped).
+NAMESPACES = ("/api/v1", "namespaces")
+BINDINGS = ("/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings")
+POLICIES = (f"/apis/{GROUP}/{VERSION}", PLURAL)
+#: The informer kinds of :class:`PolicyStore` and their resources.
+KINDS: dict[str, tuple[str, str]] = {"namespaces": NAMESPACES, "bindings": BINDINGS, "policies": POLICIES}
+
 
 def load_policies(api: Any, namespace: str) -> dict[str, AgentRunPolicySpec | None]:
     """Read the policies that apply to ``namespace`` through the kubernetes client ``api``
-    (a ``kubernetes.client.ApiClient``): namespace labels, the bindings of VAP_NAME, their params.
-    Needs get on namespaces, list on validatingadmissionpolicybindings and get on agentrunpolicies
-    (the chart's agentrun-tenancy-reader ClusterRole). Raises the client's ApiException on errors
-    other than a missing AgentRunPolicy."""
+    (a ``kubernetes.client.ApiClient``): namespace labels, the bindings of VAP_NAME, the policies.
+    Needs get on namespaces, list on validatingadmissionpolicybindings and agentrunpolicies (the
+    chart's agentrun-tenancy-reader ClusterRole). Raises the client's ApiException on errors."""
     from kubernetes import client
 
     core = client.CoreV1Api(api)
@@ -36,24 +56,16 @@ def load_policies(api: Any, namespace: str) -> dict[str, AgentRunPolicySpec | No
     labels = (meta.labels if meta is not None else None) or {}
     bindings = [api.sanitize_for_serialization(b)
                 for b in adm.list_validating_admission_policy_binding().items]
-    out: dict[str, AgentRunPolicySpec | None] = {}
-    for name in binding_params(bindings, labels):
-        try:
-            obj = cast("dict[str, Any]", custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name))
-        except client.ApiException as e:
-            if e.status == 404:
-                out[name] = None
-                continue
-            raise
-        out[name] = AgentRunPolicySpec.model_validate(obj.get("spec") or {})
-    return out
+    listed = {(p.get("metadata") or {}).get("name"): p
+              for p in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL).get("items") or []}
+    return {name: (AgentRunPolicySpec.model_validate(listed[name].get("spec") or {}) if name in listed else None)
+            for name in binding_params(bindings, labels)}
 
 
 def recheck(api: Any, namespace: str, spec: dict[str, Any]) -> PolicyCheck | None:
-    """The operator's re-check of a run before a lap: :func:`check_all` of the stored ``spec`` (the
-    JSON of .spec) against :func:`load_policies`. None when the operator may not read the policies
-    (403: the chart's ``tenancy.operatorRecheck`` RBAC is off), so the caller logs that the re-check
-    is not enforced; other API errors are raised (retry with backoff, like any read)."""
+    """:func:`check_all` of the stored ``spec`` (the JSON of .spec) against :func:`load_policies`.
+    None when the policies may not be read (403: the chart's ``tenancy.operatorRecheck`` RBAC is
+    off); other API errors are raised."""
     from kubernetes import client
 
     try:
@@ -64,34 +76,129 @@ def recheck(api: Any, namespace: str, spec: dict[str, Any]) -> PolicyCheck | Non
         raise
 
 
-class PolicyCache:
-    """``recheck`` with the policies of a namespace cached for ``ttl`` seconds (three API reads per
-    namespace and period instead of per reconcile). A policy tightened after apply is seen within
-    ``ttl``; None (no reader RBAC) is cached too."""
+def _name(obj: dict[str, Any]) -> str:
+    return (obj.get("metadata") or {}).get("name") or ""
 
-    def __init__(self, api: Any, ttl: float = 10.0, clock: Any = time.monotonic) -> None:
-        self.api, self.ttl, self.clock = api, ttl, clock
-        self._lock = threading.Lock()
-        self._by_ns: dict[str, tuple[float, dict[str, AgentRunPolicySpec | None] | None]] = {}
 
-    def policies(self, namespace: str) -> dict[str, AgentRunPolicySpec | None] | None:
-        from kubernetes import client
+class PolicyStore:
+    """What the re-check reads, as the watches last reported it: the labels of every namespace,
+    the bindings of VAP_NAME and the AgentRunPolicies. The sink of the informers of :data:`KINDS`
+    (``replace``/``event``/``refused``, like :class:`~agentrun.controller.cache.Cache`); mutated
+    and read on the event loop only.
 
-        now = self.clock()
-        with self._lock:
-            hit = self._by_ns.get(namespace)
-        if hit is not None and now - hit[0] < self.ttl:
-            return hit[1]
-        try:
-            got: dict[str, AgentRunPolicySpec | None] | None = load_policies(self.api, namespace)
-        except client.ApiException as e:
-            if e.status != 403:
-                raise
-            got = None
-        with self._lock:
-            self._by_ns[namespace] = (now, got)
-        return got
+    ``on_change(namespaces)`` is called when what applies to some namespaces changed: a set of
+    namespace names, or None for every namespace (a binding changed)."""
+
+    def __init__(self, on_change: Callable[[set[str] | None], None] | None = None) -> None:
+        self.on_change = on_change
+        self.namespaces: dict[str, dict[str, Any]] = {}
+        self.bindings: dict[str, dict[str, Any]] = {}
+        self.policies: dict[str, dict[str, Any]] = {}
+        self._parsed: dict[str, AgentRunPolicySpec | ValueError] = {}
+        self.refusals: dict[str, int] = {}  # kind -> HTTP status of its refused list/watch (no RBAC)
+        self.changes = 0  # changes that applied (for logs and tests)
+
+    # ---------------------------------------------------------------- informer sink
+
+    def _store(self, kind: str) -> dict[str, dict[str, Any]]:
+        return {"namespaces": self.namespaces, "bindings": self.bindings, "policies": self.policies}[kind]
+
+    def refused(self, kind: str, status: int) -> None:
+        """The API server refused to list or watch ``kind`` (403: no RBAC; 404: not served). Until
+        a list succeeds, every check answers None (not enforced): a partial view could pick a
+        wrong policy."""
+        if kind not in self.refusals:
+            log.warning("tenancy re-check not enforced: the operator may not list and watch %s (HTTP %s); "
+                        "see the chart's tenancy.operatorRecheck", KINDS[kind][1], status)
+        self.refusals[kind] = status
+
+    def replace(self, kind: str, scope: str | None, items: list[dict[str, Any]]) -> None:
+        """A (re)list of ``kind``: of every object (``scope`` None), or of the one named ``scope``
+        (a namespace watched by name)."""
+        if self.refusals.pop(kind, None) is not None:
+            log.info("tenancy re-check: %s listed again", KINDS[kind][1])
+        store = self._store(kind)
+        listed = {_name(o) for o in items}
+        for name in [n for n in store if n not in listed and (scope is None or n == scope)]:
+            self.event(kind, "DELETED", store[name])
+        for obj in items:
+            self.event(kind, "ADDED", obj)
+
+    def event(self, kind: str, type_: str, obj: dict[str, Any]) -> None:
+        store, name = self._store(kind), _name(obj)
+        old = store.get(name)
+        if type_ == "DELETED":
+            if old is None:
+                return
+            del store[name]
+            if kind == "policies":
+                self._parsed.pop(name, None)
+            self._changed(kind, name, old, None)
+            return
+        if not is_newer(obj, old):
+            return
+        if kind == "namespaces":  # only the labels are read: keep nothing else
+            meta = obj.get("metadata") or {}
+            obj = {"metadata": {"name": name, "resourceVersion": meta.get("resourceVersion"),
+                                "labels": dict(meta.get("labels") or {})}}
+        else:
+            (obj.get("metadata") or {}).pop("managedFields", None)
+        store[name] = obj
+        if kind == "policies":
+            try:
+                self._parsed[name] = AgentRunPolicySpec.model_validate(obj.get("spec") or {})
+            except ValueError as exc:
+                self._parsed[name] = ValueError(f"AgentRunPolicy {name} cannot be read: {exc}")
+        self._changed(kind, name, old, obj)
+
+    def put_namespace(self, obj: dict[str, Any]) -> None:
+        """A namespace read by the operator (the watch had not reported it yet)."""
+        self.event("namespaces", "ADDED", obj)
+
+    def _changed(self, kind: str, name: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if kind == "namespaces":
+            if new is None or (old is not None and old["metadata"]["labels"] == new["metadata"]["labels"]):
+                return
+            affected: set[str] | None = {name}
+        elif kind == "bindings":
+            if not any(((o or {}).get("spec") or {}).get("policyName") == VAP_NAME for o in (old, new)):
+                return
+            if old is not None and new is not None and old.get("spec") == new.get("spec"):
+                return
+            affected = None
+        else:
+            if old is not None and new is not None and old.get("spec") == new.get("spec"):
+                return
+            log.info("tenancy re-check: AgentRunPolicy %s %s (resourceVersion %s)", name,
+                     "deleted" if new is None else "added" if old is None else "changed", rv_int(new) if new is not None else rv_int(old))
+            bindings = list(self.bindings.values())
+            affected = {ns for ns, o in self.namespaces.items()
+                        if name in binding_params(bindings, o["metadata"]["labels"])}
+        self.changes += 1
+        if self.on_change is not None:
+            self.on_change(affected)
+
+    # ---------------------------------------------------------------- reads (reconciles)
+
+    def knows(self, namespace: str) -> bool:
+        return namespace in self.namespaces
+
+    def policies_for(self, namespace: str) -> dict[str, AgentRunPolicySpec | None] | None:
+        """The policies that apply to ``namespace`` (None for a name no policy has: a violation);
+        None when a watch is refused. Raises ValueError for a policy whose spec cannot be read."""
+        if self.refusals:
+            return None
+        ns = self.namespaces.get(namespace)
+        labels = ns["metadata"]["labels"] if ns is not None else {}
+        out: dict[str, AgentRunPolicySpec | None] = {}
+        for name in binding_params(list(self.bindings.values()), labels):
+            got = self._parsed.get(name)
+            if isinstance(got, ValueError):
+                raise got
+            out[name] = got
+        return out
 
     def check(self, namespace: str, spec: dict[str, Any]) -> PolicyCheck | None:
-        policies = self.policies(namespace)
+        """The verdict for a run of ``namespace`` with ``spec`` (None: not enforced)."""
+        policies = self.policies_for(namespace)
         return None if policies is None else check_all(spec, policies)

@@ -16,7 +16,9 @@ from prometheus_client import CollectorRegistry, Counter
 VERBS: tuple[str, ...] = ("get", "list", "watch", "create", "update", "patch", "delete")
 #: The resources the operator touches; any other is counted as ``other``.
 RESOURCES: tuple[str, ...] = (
-    "agentruns", "agentruns/status", "jobs", "pods", "events", "leases", "other",
+    "agentruns", "agentruns/status", "jobs", "pods", "events", "leases",
+    # the tenancy re-check's watches (agentrun.controller.tenancy)
+    "namespaces", "validatingadmissionpolicybindings", "agentrunpolicies", "other",
 )
 
 

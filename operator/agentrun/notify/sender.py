@@ -1,7 +1,11 @@
 """The notifier: a background thread that announces approvals to a webhook (see ``plan``).
 
-It never runs in the reconcile path: it has its own thread, its own list of the runs every
-``interval`` seconds, its own HTTP client with a timeout. A delivery that fails (no answer, or any
+It never runs in the reconcile path: it has its own thread and its own HTTP client with a timeout,
+and looks at the runs every ``interval`` seconds, or sooner when woken (:meth:`Notifier.wake`).
+Where the runs come from is a port: standalone (``python -m agentrun.notify``) it LISTs them through
+the API each time; inside the operator (``runs``, ``patch_status``) it takes the runs waiting on an
+approval from the operator's watch cache and writes through the cache (no request but its status
+writes), and the cache wakes it when a run starts waiting on a new approval. A delivery that fails (no answer, or any
 status but 2xx) is retried with exponential backoff (``backoff`` seconds doubling up to
 ``max_backoff``) per message; the rest of the messages go on meanwhile. A delivered message is
 recorded in ``status.approval.notified`` (a merge patch of the status subresource, as the operator)
@@ -18,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -41,7 +45,7 @@ class _Retry:
 class Notifier:
     """Announce approvals of the runs in ``namespaces`` (empty: the cluster) to ``url``."""
 
-    api: Any  # kubernetes.client.CustomObjectsApi
+    api: Any  # kubernetes.client.CustomObjectsApi (LIST and status patch), when runs/patch_status are not given
     url: str
     fmt: plan.Format = "generic"
     settings: plan.Settings = field(default_factory=plan.Settings)
@@ -52,6 +56,8 @@ class Notifier:
     timeout: float = 10.0
     clock: Callable[[], float] = field(default=None)  # type: ignore[assignment]
     active: Callable[[], bool] | None = None  # e.g. the Lease elector's is_leader: only the leader announces
+    runs: Callable[[], Iterable[dict]] | None = None  # the runs to look at (default: LIST through ``api``)
+    patch_status: Callable[[str, str, dict], Any] | None = None  # (namespace, name, merge patch) of the status
     ticks: int = 0  # loop turns (scanning or not)
     scans: int = 0
     delivered: int = 0
@@ -63,6 +69,7 @@ class Notifier:
         self._retry: dict[str, _Retry] = {}
         self._sent: dict[str, plan.Notice] = {}  # delivered, status not yet recorded
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._http = httpx.Client(timeout=self.timeout)
 
@@ -75,6 +82,7 @@ class Notifier:
 
     def stop(self, timeout: float = 15.0) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
         self._http.close()
@@ -90,11 +98,18 @@ class Notifier:
             except Exception as e:  # the API server away, ...: next time
                 log.warning("notifier scan failed: %s: %s", type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
             self.ticks += 1
-            self._stop.wait(self.interval)
+            self._wake.wait(self.interval)
+            self._wake.clear()
+
+    def wake(self) -> None:
+        """Scan now (thread-safe): e.g. a run started waiting on an approval."""
+        self._wake.set()
 
     # --- one pass ---------------------------------------------------------------------------
 
     def _runs(self) -> list[dict]:
+        if self.runs is not None:
+            return list(self.runs())
         if not self.namespaces:
             return self.api.list_cluster_custom_object(GROUP, VERSION, PLURAL).get("items") or []
         items: list[dict] = []
@@ -103,7 +118,7 @@ class Notifier:
         return items
 
     def scan(self, now: datetime | None = None) -> None:
-        """List the runs once; deliver and record what is due (respecting each message's backoff)."""
+        """Look at the runs once; deliver and record what is due (respecting each message's backoff)."""
         now = now or datetime.now(UTC)
         for run in self._runs():
             for notice in plan.announcements(run, now, self.settings):
@@ -143,7 +158,11 @@ class Notifier:
     def _record(self, run: dict, notice: plan.Notice) -> None:
         patch = plan.notified_patch(run, notice, datetime.now(UTC))
         try:
-            self.api.patch_namespaced_custom_object_status(GROUP, VERSION, notice.namespace, PLURAL, notice.name, patch)
+            if self.patch_status is not None:
+                self.patch_status(notice.namespace, notice.name, patch)
+            else:
+                self.api.patch_namespaced_custom_object_status(GROUP, VERSION, notice.namespace, PLURAL, notice.name,
+                                                               patch)
         except Exception as e:  # kept in _sent: recorded on the next scan, not sent again
             log.warning("notification %s of %s/%s delivered but not recorded in status (%s): retried next scan",
                         notice.kind, notice.namespace, notice.name, type(e).__name__)
@@ -151,8 +170,11 @@ class Notifier:
         self._sent.pop(notice.idempotency_key, None)
 
 
-def from_env(api: Any, env: dict[str, str] | None = None, active: Callable[[], bool] | None = None) -> Notifier | None:
-    """A Notifier configured by the environment, or None when no webhook is set:
+def from_env(api: Any, env: dict[str, str] | None = None, active: Callable[[], bool] | None = None,
+             runs: Callable[[], Iterable[dict]] | None = None,
+             patch_status: Callable[[str, str, dict], Any] | None = None) -> Notifier | None:
+    """A Notifier configured by the environment, or None when no webhook is set (``runs`` and
+    ``patch_status``: the operator's cache instead of ``api``, see :class:`Notifier`):
 
     AGENTRUN_NOTIFY_WEBHOOK_URL (from a Secret), AGENTRUN_NOTIFY_FORMAT (generic, slack, teams),
     AGENTRUN_NOTIFY_DEADLINE_NEAR_SECONDS (600), AGENTRUN_NOTIFY_INTERVAL_SECONDS (10),
@@ -184,5 +206,5 @@ def from_env(api: Any, env: dict[str, str] | None = None, active: Callable[[], b
                                inbox_url=env.get("AGENTRUN_INBOX_URL", "")),
         namespaces=tuple(n.strip() for n in env.get("AGENTRUN_NAMESPACES", "").split(",") if n.strip()),
         interval=num("AGENTRUN_NOTIFY_INTERVAL_SECONDS", 10), backoff=num("AGENTRUN_NOTIFY_BACKOFF_SECONDS", 1),
-        active=active,
+        active=active, runs=runs, patch_status=patch_status,
     )

@@ -1,0 +1,133 @@
+"""The tenancy re-check's watched state (agentrun.controller.tenancy.PolicyStore): the events of the
+namespaces, admission bindings and AgentRunPolicies informers give the same policies per namespace
+as the API server picks, a change names the namespaces whose runs must be checked again, and a
+refused watch makes the re-check say it is not enforced. Pure: no cluster, no requests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentrun.api.tenancy import NAMESPACE_LABEL, VAP_NAME
+from agentrun.controller.tenancy import PolicyStore
+
+SPEC = {"agent": {"model": {"baseURL": "https://api.example.com/v1"}}}
+
+
+def ns_obj(name: str, rv: int, team: str | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": str(rv), "uid": f"u-{name}",
+                         "labels": {NAMESPACE_LABEL: team} if team else {"kubernetes.io/metadata.name": name}},
+            "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}
+
+
+def binding(name: str, rv: int, policy: str, selector: dict[str, Any], vap: str = VAP_NAME) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": str(rv)},
+            "spec": {"policyName": vap, "paramRef": {"name": policy}, "validationActions": ["Deny"],
+                     "matchResources": {"namespaceSelector": selector}}}
+
+
+def policy(name: str, rv: int, hosts: list[str]) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": str(rv), "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"destinations": {"allowedHosts": hosts}}}
+
+
+@pytest.fixture
+def store() -> tuple[PolicyStore, list[set[str] | None]]:
+    changes: list[set[str] | None] = []
+    s = PolicyStore(on_change=changes.append)
+    s.replace("namespaces", None, [ns_obj("a", 1), ns_obj("b", 2, team="strict")])
+    s.replace("bindings", None, [
+        binding("agentrun-tenancy", 3, "default", {"matchExpressions": [
+            {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": ["strict"]}]}),
+        binding("agentrun-tenancy-strict", 4, "strict", {"matchLabels": {NAMESPACE_LABEL: "strict"}}),
+        binding("someone-elses", 5, "default", {}, vap="other-policy"),
+    ])
+    s.replace("policies", None, [policy("default", 6, ["*"]), policy("strict", 7, ["*"])])
+    changes.clear()
+    return s, changes
+
+
+def test_each_namespace_gets_the_policies_its_bindings_select(store):
+    s, _ = store
+    assert list(s.policies_for("a") or {}) == ["default"]
+    assert list(s.policies_for("b") or {}) == ["strict"]
+    assert (s.check("a", SPEC) or pytest.fail("not enforced")).ok
+    assert s.namespaces["a"] == {"metadata": {"name": "a", "resourceVersion": "1",
+                                              "labels": {"kubernetes.io/metadata.name": "a"}}}  # labels only
+    assert "managedFields" not in s.policies["strict"]["metadata"]
+
+
+def test_a_tightened_policy_is_checked_with_its_event_and_names_the_namespaces_it_applies_to(store):
+    s, changes = store
+    s.event("policies", "MODIFIED", policy("strict", 8, ["other.example.com"]))
+    assert changes == [{"b"}]
+    got = s.check("b", SPEC)
+    assert got is not None and not got.ok and "destinations.allowedHosts" in got.message
+    assert (s.check("a", SPEC) or pytest.fail("not enforced")).ok
+    # a stale event (older version) changes nothing; an equal spec notifies nobody
+    s.event("policies", "MODIFIED", policy("strict", 7, ["*"]))
+    s.event("policies", "MODIFIED", policy("strict", 9, ["other.example.com"]))
+    assert changes == [{"b"}] and not (s.check("b", SPEC) or pytest.fail("not enforced")).ok
+
+
+def test_a_deleted_policy_refuses_everything_like_the_api_server(store):
+    s, changes = store
+    s.event("policies", "DELETED", policy("strict", 8, ["*"]))
+    assert changes == [{"b"}]
+    got = s.check("b", SPEC)
+    assert got is not None and "does not exist" in got.message
+
+
+def test_binding_and_label_changes_name_every_or_the_relabelled_namespace(store):
+    s, changes = store
+    s.event("namespaces", "MODIFIED", ns_obj("a", 10, team="strict"))  # a joins the strict team
+    assert changes == [{"a"}] and list(s.policies_for("a") or {}) == ["strict"]
+    s.event("namespaces", "MODIFIED", {**ns_obj("a", 11, team="strict"), "status": {"phase": "Terminating"}})
+    assert changes == [{"a"}]  # the labels did not change
+    s.event("bindings", "DELETED", binding("agentrun-tenancy-strict", 12, "strict", {}))
+    assert changes == [{"a"}, None] and list(s.policies_for("b") or {}) == []
+    s.event("bindings", "MODIFIED", binding("someone-elses", 13, "x", {}, vap="other-policy"))
+    assert changes == [{"a"}, None]  # not a binding of agentrun-tenancy
+
+
+def test_a_relist_reports_what_was_deleted_meanwhile(store):
+    s, changes = store
+    s.replace("policies", None, [policy("default", 6, ["*"])])
+    assert changes == [{"b"}] and list(s.policies) == ["default"]
+
+
+def test_a_refused_watch_means_not_enforced_until_a_list_succeeds(store):
+    s, _ = store
+    s.refused("bindings", 403)
+    assert s.check("a", SPEC) is None and s.policies_for("b") is None
+    s.replace("bindings", None, list(s.bindings.values()))
+    assert s.refusals == {} and (s.check("a", SPEC) or pytest.fail("not enforced")).ok
+
+
+def test_an_unreadable_policy_is_an_error_of_the_check_not_an_allow(store):
+    s, _ = store
+    bad = policy("strict", 8, ["*"])
+    bad["spec"]["destinations"]["schemes"] = ["ftp"]
+    s.event("policies", "MODIFIED", bad)
+    with pytest.raises(ValueError, match="AgentRunPolicy strict cannot be read"):
+        s.check("b", SPEC)
+
+
+def test_a_namespace_read_directly_is_kept_until_a_newer_event():
+    s = PolicyStore()
+    assert not s.knows("new")
+    s.put_namespace(ns_obj("new", 5, team="strict"))
+    assert s.knows("new")
+    s.event("namespaces", "ADDED", ns_obj("new", 4))  # the lagging watch's older version
+    assert s.namespaces["new"]["metadata"]["labels"] == {NAMESPACE_LABEL: "strict"}
+
+
+def test_a_relist_of_one_namespace_watched_by_name_leaves_the_others():
+    s = PolicyStore()
+    s.replace("namespaces", "a", [ns_obj("a", 1)])
+    s.replace("namespaces", "b", [ns_obj("b", 2, team="strict")])
+    s.replace("namespaces", "a", [ns_obj("a", 3, team="strict")])
+    assert sorted(s.namespaces) == ["a", "b"]
+    s.replace("namespaces", "b", [])  # b deleted while its watch was expired
+    assert sorted(s.namespaces) == ["a"]
