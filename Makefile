@@ -8,7 +8,7 @@ help:
 	@echo "make install   - pip install the project with test extras"
 	@echo "make test      - run the whole test suite (unit, S3 integration, e2e on a local control plane)"
 	@echo "make dev       - local control plane + S3 + operator + an example run"
-	@echo "make lint      - ruff, mypy --strict (api, checkpoint, decide, jobs, lap, metrics, cli, inbox), import-linter (run by make test)"
+	@echo "make lint      - ruff, mypy --strict (api, checkpoint, controller, lap, metrics, cli, inbox, notify), import-linter (run by make test)"
 	@echo "make crds      - regenerate crds/ from the pydantic models"
 	@echo "make bench     - run every benchmark, write bench/results.md and plots (not a test)"
 
@@ -19,9 +19,8 @@ test: install lint
 	$(PYTHON) -m pytest
 
 # mypy --strict on the typed layers, and the import-linter contracts of .importlinter
-TYPED = operator/agentrun/api operator/agentrun/checkpoint operator/agentrun/controller/decide \
-	operator/agentrun/controller/jobs.py operator/agentrun/lap operator/agentrun/metrics operator/agentrun/cli \
-	operator/agentrun/inbox
+TYPED = operator/agentrun/api operator/agentrun/checkpoint operator/agentrun/controller operator/agentrun/lap \
+	operator/agentrun/metrics operator/agentrun/cli operator/agentrun/inbox operator/agentrun/notify
 
 lint:
 	$(PYTHON) -m ruff check operator tests bench e2e tools

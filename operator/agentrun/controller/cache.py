@@ -50,7 +50,7 @@ AWAITING = "AwaitingApproval"
 
 def rv_int(obj: dict[str, Any] | None) -> int | None:
     try:
-        return int(((obj or {}).get("metadata") or {}).get("resourceVersion"))
+        return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
     except (TypeError, ValueError):
         return None
 
@@ -279,11 +279,11 @@ class Cache:
                 self.skipped += 1
             return
         # pods
-        before, after = pod_signature(old), pod_signature(obj)
-        if (before or (None,))[0] != after[0]:  # a configuration problem appeared, changed or went
+        before, after = pod_signature(old) or (None, False), pod_signature(obj) or (None, False)
+        if before[0] != after[0]:  # a configuration problem appeared, changed or went
             self.enqueue(owner, "pod config")
             return
-        if after[1] and not (before or (None, False))[1]:
+        if after[1] and not before[1]:
             job = self.jobs.get((key[0], ((obj.get("metadata") or {}).get("labels") or {}).get("job-name", "")))
             if job is not None and job_state(job)[0] == "failed":
                 # the Job was seen failed first: the exit code and termination message name the cause
@@ -359,7 +359,7 @@ class Informer:
         self.loop.call_soon_threadsafe(call)
 
     def _run(self) -> None:
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
 
         rv: str | None = None
         failures = 0

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from agentrun.api.tenancy import (
     GROUP,
@@ -56,8 +56,8 @@ def load_policies(api: Any, namespace: str) -> dict[str, AgentRunPolicySpec | No
     labels = (meta.labels if meta is not None else None) or {}
     bindings = [api.sanitize_for_serialization(b)
                 for b in adm.list_validating_admission_policy_binding().items]
-    listed = {(p.get("metadata") or {}).get("name"): p
-              for p in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL).get("items") or []}
+    doc = cast("dict[str, Any]", custom.list_cluster_custom_object(GROUP, VERSION, PLURAL))
+    listed = {(p.get("metadata") or {}).get("name"): p for p in doc.get("items") or []}
     return {name: (AgentRunPolicySpec.model_validate(listed[name].get("spec") or {}) if name in listed else None)
             for name in binding_params(bindings, labels)}
 

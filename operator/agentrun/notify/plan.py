@@ -59,7 +59,7 @@ def summary(arguments: str | None) -> str:
     return one_line(json.dumps(doc, ensure_ascii=False), SUMMARY_CHARS)
 
 
-def announcements(run: dict, now: datetime, settings: Settings) -> list[Notice]:
+def announcements(run: dict[str, Any], now: datetime, settings: Settings) -> list[Notice]:
     """The messages due for ``run`` now, in order, none already delivered for its pending call."""
     st = run.get("status") or {}
     ap = st.get("approval") or {}
@@ -84,7 +84,7 @@ def announcements(run: dict, now: datetime, settings: Settings) -> list[Notice]:
                    on_timeout=str(spec_ap.get("onTimeout", "reject")), link=link) for k in due]
 
 
-def notified_patch(run: dict, notice: Notice, at: datetime) -> dict:
+def notified_patch(run: dict[str, Any], notice: Notice, at: datetime) -> dict[str, Any]:
     """The status merge patch recording ``notice`` as delivered (keeps what was recorded for the
     same call; starts over for another call)."""
     ap = (run.get("status") or {}).get("approval") or {}

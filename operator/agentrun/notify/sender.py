@@ -54,10 +54,10 @@ class Notifier:
     backoff: float = 1.0
     max_backoff: float = 300.0
     timeout: float = 10.0
-    clock: Callable[[], float] = field(default=None)  # type: ignore[assignment]
+    clock: Callable[[], float] | None = None
     active: Callable[[], bool] | None = None  # e.g. the Lease elector's is_leader: only the leader announces
-    runs: Callable[[], Iterable[dict]] | None = None  # the runs to look at (default: LIST through ``api``)
-    patch_status: Callable[[str, str, dict], Any] | None = None  # (namespace, name, merge patch) of the status
+    runs: Callable[[], Iterable[dict[str, Any]]] | None = None  # the runs to look at (default: LIST through ``api``)
+    patch_status: Callable[[str, str, dict[str, Any]], Any] | None = None  # (namespace, name, merge patch) of the status
     ticks: int = 0  # loop turns (scanning or not)
     scans: int = 0
     delivered: int = 0
@@ -65,7 +65,7 @@ class Notifier:
     def __post_init__(self) -> None:
         import time
 
-        self.clock = self.clock or time.monotonic
+        self._now: Callable[[], float] = self.clock or time.monotonic
         self._retry: dict[str, _Retry] = {}
         self._sent: dict[str, plan.Notice] = {}  # delivered, status not yet recorded
         self._stop = threading.Event()
@@ -107,12 +107,12 @@ class Notifier:
 
     # --- one pass ---------------------------------------------------------------------------
 
-    def _runs(self) -> list[dict]:
+    def _runs(self) -> list[dict[str, Any]]:
         if self.runs is not None:
             return list(self.runs())
         if not self.namespaces:
             return self.api.list_cluster_custom_object(GROUP, VERSION, PLURAL).get("items") or []
-        items: list[dict] = []
+        items: list[dict[str, Any]] = []
         for ns in self.namespaces:
             items += self.api.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL).get("items") or []
         return items
@@ -125,7 +125,7 @@ class Notifier:
                 key = notice.idempotency_key
                 if key not in self._sent:
                     r = self._retry.get(key)
-                    if r is not None and self.clock() < r.next_at:
+                    if r is not None and self._now() < r.next_at:
                         continue
                     if not self._deliver(notice):
                         continue
@@ -144,7 +144,7 @@ class Notifier:
             ok, why = False, type(e).__name__
         if not ok:
             delay = min(self.max_backoff, self.backoff * 2 ** (r.attempts - 1))
-            r.next_at = self.clock() + delay
+            r.next_at = self._now() + delay
             log.warning("notification %s of %s/%s (call %s) not delivered (%s, attempt %d): retry in %.0fs",
                         notice.kind, notice.namespace, notice.name, notice.call_id, why, r.attempts, delay)
             return False
@@ -155,7 +155,7 @@ class Notifier:
                  notice.name, notice.call_id, r.attempts)
         return True
 
-    def _record(self, run: dict, notice: plan.Notice) -> None:
+    def _record(self, run: dict[str, Any], notice: plan.Notice) -> None:
         patch = plan.notified_patch(run, notice, datetime.now(UTC))
         try:
             if self.patch_status is not None:
@@ -171,8 +171,8 @@ class Notifier:
 
 
 def from_env(api: Any, env: dict[str, str] | None = None, active: Callable[[], bool] | None = None,
-             runs: Callable[[], Iterable[dict]] | None = None,
-             patch_status: Callable[[str, str, dict], Any] | None = None) -> Notifier | None:
+             runs: Callable[[], Iterable[dict[str, Any]]] | None = None,
+             patch_status: Callable[[str, str, dict[str, Any]], Any] | None = None) -> Notifier | None:
     """A Notifier configured by the environment, or None when no webhook is set (``runs`` and
     ``patch_status``: the operator's cache instead of ``api``, see :class:`Notifier`):
 
