@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,21 +127,18 @@ def key_scheme_of(store: CheckpointStore, run: RunRef, lap: int, state: RunState
     is checkpointed, the scheme of an earlier attempt of this lap that journaled its model
     response under schema <= 2 (so its keys, maybe already sent, are derived again), else the
     current one."""
-    return _key_scheme_and_reads(store, run, lap, state)[0]
-
-
-def _key_scheme_and_reads(
-    store: CheckpointStore, run: RunRef, lap: int, state: RunState
-) -> tuple[KeyScheme, dict[str, JournalRead]]:
-    """``key_scheme_of``, and the journal entry it read (the model response's, or its absence), if
-    it read one: the lap's journal takes it as its first read of that entry, one GET less before
-    the model request."""
     if state.key_scheme is not None:
-        return state.key_scheme, {}
-    found = store.get_journal_entry(run, lap, MODEL_JOURNAL_NAME)
-    if found is not None and found[2] < 3:
-        return KEY_SCHEME_UID8, {MODEL_JOURNAL_NAME: found}
-    return KEY_SCHEME, {MODEL_JOURNAL_NAME: found}
+        return state.key_scheme
+    return _key_scheme(state, store.get_journal_entry(run, lap, MODEL_JOURNAL_NAME))
+
+
+def _key_scheme(state: RunState, model_entry: JournalRead) -> KeyScheme:
+    """``key_scheme_of`` given the lap's model journal entry as read (None: absent)."""
+    if state.key_scheme is not None:
+        return state.key_scheme
+    if model_entry is not None and model_entry[2] < 3:
+        return KEY_SCHEME_UID8
+    return KEY_SCHEME
 
 
 def exit_for(error: BaseException) -> int:
@@ -255,17 +253,26 @@ def _execute(
 def _execute_lap(
     cfg: LapConfig, store: CheckpointStore, log: LapLogger, crash: Callable[[str], None], setup: _Setup,
 ) -> LapExit:
-    if store.head_lap(cfg.run, cfg.lap) is not None:
-        msg = f"lap {cfg.lap} already checkpointed; nothing to do"
-        store.delete_journal(cfg.run, cfg.lap)  # finish what a runner killed after its checkpoint left
-        log(msg)
-        return LapExit(EXIT_ALREADY, msg)
-    try:
-        state = store.load_state(cfg.run, through_lap=cfg.lap - 1).state
-    except CheckpointNotFound as e:
-        raise PermanentLapError(f"lap {cfg.lap} cannot run: a checkpoint it needs is missing ({e})") from None
-    model, tools = setup.result(log)
-    key_scheme, already_read = _key_scheme_and_reads(store, cfg.run, cfg.lap, state)
+    # The lap's three first reads go together: whether the lap is checkpointed (HEAD), the state
+    # through the lap before (immutable by now), and the lap's model journal entry (which the key
+    # scheme and the step's first journal read need). They are independent reads of different
+    # keys with no write of ours between, so reading them at once is as if they were read in this
+    # order at one instant; their results (and errors) are taken in the order the lap uses them.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="lap-read") as reads:
+        state_read = reads.submit(store.load_state, cfg.run, through_lap=cfg.lap - 1)
+        model_entry_read = reads.submit(store.get_journal_entry, cfg.run, cfg.lap, MODEL_JOURNAL_NAME)
+        if store.head_lap(cfg.run, cfg.lap) is not None:
+            msg = f"lap {cfg.lap} already checkpointed; nothing to do"
+            store.delete_journal(cfg.run, cfg.lap)  # finish what a runner killed after its checkpoint left
+            log(msg)
+            return LapExit(EXIT_ALREADY, msg)
+        try:
+            state = state_read.result().state
+        except CheckpointNotFound as e:
+            raise PermanentLapError(f"lap {cfg.lap} cannot run: a checkpoint it needs is missing ({e})") from None
+        model, tools = setup.result(log)
+        model_entry = model_entry_read.result()
+    key_scheme, already_read = _key_scheme(state, model_entry), {MODEL_JOURNAL_NAME: model_entry}
     ctx = LapContext(
         spec=cfg.spec, run=cfg.run, lap=cfg.lap, attempt=cfg.attempt,
         agent_version=cfg.agent_version, decision=cfg.decision, key_scheme=key_scheme,
