@@ -4,6 +4,7 @@ Each check runs in a fresh interpreter, since this test process has imported eve
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -56,3 +57,29 @@ else:
     raise AssertionError("bad schema accepted")
 """
     assert _modules_after(code, "jsonschema") == ["jsonschema"]
+
+
+def test_the_lap_entrypoint_imports_neither_boto3_nor_botocore() -> None:
+    """botocore is imported when the store's client is made, by the lap's first step; boto3 and its
+    S3 transfer layer (s3transfer) never (the store makes botocore's client itself)."""
+    assert _modules_after("import agentrun.lap.cli", "boto3", "botocore", "s3transfer") == []
+
+
+def test_making_the_store_client_imports_botocore_but_not_boto3() -> None:
+    code = """
+from agentrun.checkpoint.store import CheckpointStore, StoreConfig
+store = CheckpointStore(StoreConfig(uri="s3://b-1/p", endpoint_url="http://127.0.0.1:9", region="us-east-1"))
+assert type(store.client).__name__ == "S3", type(store.client)
+"""
+    assert _modules_after(code, "boto3", "s3transfer", "botocore") == ["botocore"]
+
+
+def test_the_lap_package_turns_pydantic_plugin_discovery_off_unless_the_environment_sets_it() -> None:
+    probe = "import os, agentrun.lap.cli; print(repr(os.environ.get('PYDANTIC_DISABLE_PLUGINS')))"
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    for given, expected in ((None, "'__all__'"), ("", "''"), ("logfire", "'logfire'")):
+        run_env = env if given is None else {**env, "PYDANTIC_DISABLE_PLUGINS": given}
+        p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                           check=False, env=run_env)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.strip() == expected, (given, p.stdout)

@@ -16,7 +16,7 @@ import hashlib
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from agentrun.api.types import APIModel
 
@@ -34,7 +34,17 @@ KEY_SCHEME: KeyScheme = KEY_SCHEME_UID128
 """The key scheme a run starts with when nothing in its checkpoints says otherwise."""
 
 
-class RunRef(APIModel):
+class CheckpointModel(APIModel):
+    """Base of the checkpoint models: an ``APIModel`` (camelCase on the wire, unknown fields
+    refused) whose validator is built on first use (``defer_build``), so a lap pod builds only the
+    models it uses, and those it first uses after its model request only then; and whose field
+    descriptions are not read from the attribute docstrings below (pydantic parses the module's
+    source for that, ~7 ms of a lap's start, and no JSON schema is generated from these models)."""
+
+    model_config = ConfigDict(defer_build=True, use_attribute_docstrings=False)
+
+
+class RunRef(CheckpointModel):
     """Identity of a run: the AgentRun's namespace, name and UID."""
 
     namespace: str
@@ -65,7 +75,7 @@ class RunRef(APIModel):
         raise ValueError(f"unknown idempotency key scheme {scheme!r}")
 
 
-class ToolCall(APIModel):
+class ToolCall(CheckpointModel):
     """A tool call requested by the model."""
 
     id: str = Field(description="Call id given by the model (or derived), unique within the lap.")
@@ -73,7 +83,7 @@ class ToolCall(APIModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
-class Message(APIModel):
+class Message(CheckpointModel):
     """One message of the conversation."""
 
     role: Literal["system", "user", "assistant", "tool"]
@@ -94,7 +104,7 @@ ToolCallStatus = Literal[
 ]
 
 
-class ToolCallRecord(APIModel):
+class ToolCallRecord(CheckpointModel):
     """What happened to one tool call in a lap."""
 
     call_id: str
@@ -109,21 +119,21 @@ class ToolCallRecord(APIModel):
     finished_at: datetime | None = None
 
 
-class Usage(APIModel):
+class Usage(CheckpointModel):
     """Token usage."""
 
     input_tokens: int = 0
     output_tokens: int = 0
 
 
-class Outcome(APIModel):
+class Outcome(CheckpointModel):
     """How the lap ended; the operator decides the next step from it."""
 
     type: Literal["continue", "done", "awaiting-approval", "failed"]
     message: str | None = None
 
 
-class PendingApproval(APIModel):
+class PendingApproval(CheckpointModel):
     """A tool call that waits for a human decision. No process waits with it."""
 
     call_id: str
@@ -134,7 +144,7 @@ class PendingApproval(APIModel):
     requested_at: datetime
 
 
-class ApprovalDecision(APIModel):
+class ApprovalDecision(CheckpointModel):
     """A human decision (or a timeout) applied to a pending call."""
 
     call_id: str
@@ -144,7 +154,7 @@ class ApprovalDecision(APIModel):
     decided_at: datetime | None = None
 
 
-class Compaction(APIModel):
+class Compaction(CheckpointModel):
     """Older laps folded into a bounded summary; messages of laps <= throughLap leave the window."""
 
     through_lap: int
@@ -152,7 +162,7 @@ class Compaction(APIModel):
     pinned_facts: list[str] = Field(default_factory=list)
 
 
-class Totals(APIModel):
+class Totals(CheckpointModel):
     """Running totals of the run, through this lap."""
 
     laps: int = 0
@@ -161,14 +171,14 @@ class Totals(APIModel):
     cost_usd: str = Field(default="0.00", alias="costUSD")
 
 
-class Storage(APIModel):
+class Storage(CheckpointModel):
     """Bytes and objects of a run's checkpoint store (as stored, i.e. compressed)."""
 
     bytes: int = Field(default=0, ge=0)
     objects: int = Field(default=0, ge=0)
 
 
-class Timings(APIModel):
+class Timings(CheckpointModel):
     """Timings of the lap."""
 
     started_at: datetime
@@ -177,7 +187,7 @@ class Timings(APIModel):
     tools_seconds: float = 0.0
 
 
-class LapRecord(APIModel):
+class LapRecord(CheckpointModel):
     """One lap's delta: the only object a lap must write. Key: ``.../laps/<lap:08d>.json``."""
 
     kind: Literal["LapRecord"] = "LapRecord"
@@ -210,7 +220,7 @@ class LapRecord(APIModel):
     )
 
 
-class ForkProvenance(APIModel):
+class ForkProvenance(CheckpointModel):
     """Where a forked run's state comes from: the source run, the lap it was folded through, and
     the sha256 of that lap's object (the source's ``lastSha256`` at that lap)."""
 
@@ -219,7 +229,7 @@ class ForkProvenance(APIModel):
     sha256: str | None = None
 
 
-class RunState(APIModel):
+class RunState(CheckpointModel):
     """The state a lap starts from, folded from a snapshot plus the lap records after it.
 
     Stored as a snapshot every K laps under ``.../snapshots/<lap:08d>.json``.
@@ -253,7 +263,7 @@ class RunState(APIModel):
     )
 
 
-class JournalEntry(APIModel):
+class JournalEntry(CheckpointModel):
     """Envelope of a journal object (``.../journal/<lap:08d>/<name>.json``): the model response of a
     lap, or one tool call's result, written once (conditional put) before the lap checkpoint."""
 
@@ -266,7 +276,7 @@ class JournalEntry(APIModel):
     body: dict[str, Any]
 
 
-class AttemptFailure(APIModel):
+class AttemptFailure(CheckpointModel):
     """Envelope of a lap attempt's failure report (``.../attempts/<lap:08d>-<attempt:03d>.json``)."""
 
     kind: Literal["AttemptFailure"] = "AttemptFailure"

@@ -3,7 +3,9 @@ the exit. Used by ``agentrun lap`` and, in-process, by the benchmark."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +22,7 @@ from agentrun.checkpoint.errors import (
 from agentrun.checkpoint.schema import (
     KEY_SCHEME,
     KEY_SCHEME_UID8,
+    JournalEntry,
     KeyScheme,
     LapRecord,
     RunRef,
@@ -44,6 +47,8 @@ EXIT_ALREADY = ExitCode.ALREADY_CHECKPOINTED
 EXIT_RETRYABLE = ExitCode.RETRYABLE
 CHECKPOINT_TOO_LARGE = AttemptReason.CHECKPOINT_TOO_LARGE
 S3_SECRET_ENV = Env.S3_CREDENTIALS_SECRET
+JournalRead = tuple[JournalEntry, StoredObject, int] | None
+"""A journal entry as ``CheckpointStore.get_journal_entry`` returns it (None: absent)."""
 _ACCESS_DENIED = ("(HTTP 403)", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
                   "ExpiredToken", "no usable credentials")
 
@@ -78,12 +83,25 @@ class StoreJournal:
     keys; a tool result it no longer finds is sent again with the same key (the tool dedupes), as
     after a crash between a call and its journal entry."""
 
-    def __init__(self, store: CheckpointStore, run: RunRef, lap: int, agent_version: str) -> None:
+    def __init__(
+        self, store: CheckpointStore, run: RunRef, lap: int, agent_version: str,
+        already_read: Mapping[str, JournalRead] | None = None,
+    ) -> None:
         self.store, self.run, self.lap, self.agent_version = store, run, lap, agent_version
         self.sizes: dict[str, int] = {}
+        self._already_read = dict(already_read or {})
 
     def get(self, name: str) -> dict[str, Any] | None:
-        found = self.store.get_journal_entry(self.run, self.lap, name)
+        """The entry, read from the store; or, the first time only, what ``already_read`` holds for
+        ``name``: this lap's earlier read of the entry (or of its absence) stands for this one, as
+        if this read had happened then. A concurrent runner's entry, or the winner's deletion of
+        the journal, landing in between is then seen as landing after this read: a schedule the
+        journal handles anyway (the conditional put, ``LapAlreadyCheckpointed``, the tools'
+        idempotency keys)."""
+        if name in self._already_read:
+            found = self._already_read.pop(name)
+        else:
+            found = self.store.get_journal_entry(self.run, self.lap, name)
         if found is None:
             return None
         entry, stored, _ = found
@@ -111,8 +129,14 @@ def key_scheme_of(store: CheckpointStore, run: RunRef, lap: int, state: RunState
     current one."""
     if state.key_scheme is not None:
         return state.key_scheme
-    found = store.get_journal_entry(run, lap, MODEL_JOURNAL_NAME)
-    if found is not None and found[2] < 3:
+    return _key_scheme(state, store.get_journal_entry(run, lap, MODEL_JOURNAL_NAME))
+
+
+def _key_scheme(state: RunState, model_entry: JournalRead) -> KeyScheme:
+    """``key_scheme_of`` given the lap's model journal entry as read (None: absent)."""
+    if state.key_scheme is not None:
+        return state.key_scheme
+    if model_entry is not None and model_entry[2] < 3:
         return KEY_SCHEME_UID8
     return KEY_SCHEME
 
@@ -174,31 +198,86 @@ def execute_lap(
     return LapExit(code, message)
 
 
+class _Setup:
+    """The lap's setup that needs no store: the tool schemas checked, the tool runner and the model
+    client made (``jsonschema`` and ``httpx`` imported: tens of ms of CPU). It runs in a thread
+    started before the lap's first store read, so it overlaps the S3 round trips of
+    ``_execute`` (reads release the GIL while they wait), and is awaited where the lap needs its
+    result, before the model is called. It runs the steps in their sequential order and stops at
+    the first error, which ``result`` raises, so the lap fails exactly as it would without it; a
+    lap that ends before (already checkpointed, a store error) never sees it."""
+
+    def __init__(
+        self, cfg: LapConfig, env: Mapping[str, str], model: Model | None, tools: ToolRunner | None
+    ) -> None:
+        self._cfg, self._env, self._model, self._tools = cfg, env, model, tools
+        self._secrets: list[str] = []
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="lap-setup", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            check_tool_schemas(self._cfg.spec.agent.tools)
+            if self._tools is None:
+                http_tools = HTTPToolRunner.from_env(self._cfg.spec.agent.tools, self._env)
+                self._secrets = http_tools.secrets()
+                self._tools = http_tools
+            self._model = self._model or make_model(self._cfg.spec, self._env)
+        except BaseException as e:  # re-raised by result(), in the lap's thread
+            self._error = e
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self, log: LapLogger) -> tuple[Model, ToolRunner]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        log.add_secrets(self._secrets)
+        assert self._model is not None and self._tools is not None
+        return self._model, self._tools
+
+
 def _execute(
     cfg: LapConfig, store: CheckpointStore, env: Mapping[str, str], log: LapLogger,
     crash: Callable[[str], None], model: Model | None, tools: ToolRunner | None,
 ) -> LapExit:
-    if store.head_lap(cfg.run, cfg.lap) is not None:
-        msg = f"lap {cfg.lap} already checkpointed; nothing to do"
-        store.delete_journal(cfg.run, cfg.lap)  # finish what a runner killed after its checkpoint left
-        log(msg)
-        return LapExit(EXIT_ALREADY, msg)
+    setup = _Setup(cfg, env, model, tools)
     try:
-        state = store.load_state(cfg.run, through_lap=cfg.lap - 1).state
-    except CheckpointNotFound as e:
-        raise PermanentLapError(f"lap {cfg.lap} cannot run: a checkpoint it needs is missing ({e})") from None
-    check_tool_schemas(cfg.spec.agent.tools)
-    if tools is None:
-        http_tools = HTTPToolRunner.from_env(cfg.spec.agent.tools, env)
-        log.add_secrets(http_tools.secrets())
-        tools = http_tools
-    model = model or make_model(cfg.spec, env)
+        return _execute_lap(cfg, store, log, crash, setup)
+    finally:
+        setup.join()  # no setup thread outlives the lap (e.g. one that ended before needing it)
+
+
+def _execute_lap(
+    cfg: LapConfig, store: CheckpointStore, log: LapLogger, crash: Callable[[str], None], setup: _Setup,
+) -> LapExit:
+    # The lap's three first reads go together: whether the lap is checkpointed (HEAD), the state
+    # through the lap before (immutable by now), and the lap's model journal entry (which the key
+    # scheme and the step's first journal read need). They are independent reads of different
+    # keys with no write of ours between, so reading them at once is as if they were read in this
+    # order at one instant; their results (and errors) are taken in the order the lap uses them.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="lap-read") as reads:
+        state_read = reads.submit(store.load_state, cfg.run, through_lap=cfg.lap - 1)
+        model_entry_read = reads.submit(store.get_journal_entry, cfg.run, cfg.lap, MODEL_JOURNAL_NAME)
+        if store.head_lap(cfg.run, cfg.lap) is not None:
+            msg = f"lap {cfg.lap} already checkpointed; nothing to do"
+            store.delete_journal(cfg.run, cfg.lap)  # finish what a runner killed after its checkpoint left
+            log(msg)
+            return LapExit(EXIT_ALREADY, msg)
+        try:
+            state = state_read.result().state
+        except CheckpointNotFound as e:
+            raise PermanentLapError(f"lap {cfg.lap} cannot run: a checkpoint it needs is missing ({e})") from None
+        model, tools = setup.result(log)
+        model_entry = model_entry_read.result()
+    key_scheme, already_read = _key_scheme(state, model_entry), {MODEL_JOURNAL_NAME: model_entry}
     ctx = LapContext(
         spec=cfg.spec, run=cfg.run, lap=cfg.lap, attempt=cfg.attempt,
-        agent_version=cfg.agent_version, decision=cfg.decision,
-        key_scheme=key_scheme_of(store, cfg.run, cfg.lap, state),
+        agent_version=cfg.agent_version, decision=cfg.decision, key_scheme=key_scheme,
     )
-    journal = StoreJournal(store, cfg.run, cfg.lap, cfg.agent_version)
+    journal = StoreJournal(store, cfg.run, cfg.lap, cfg.agent_version, already_read)
     fx = Effects(model=model, tools=tools, journal=journal, crash=crash, log=log)
     record = run_lap(ctx, state, fx)
     record = record.model_copy(update={"storage": state.storage})  # its journal is deleted once it is stored
