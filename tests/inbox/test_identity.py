@@ -67,3 +67,16 @@ def test_cookie_flags():
     assert "HttpOnly" in c and "SameSite=Strict" in c and "Secure" in c and c.startswith("agentrun_inbox=v;")
     assert "Secure" not in identity.cookie_header("v", 60, secure=False)
     assert identity.parse_cookies("a=1; agentrun_inbox=x.y; b=2")["agentrun_inbox"] == "x.y"
+
+
+def test_a_huge_groups_header_is_refused_after_the_first_groups_beyond_the_limit(monkeypatch):
+    """An auth proxy's groups header of tens of thousands of names is refused as soon as the limit
+    is passed: the work does not grow with the header (it was quadratic: each new group was
+    compared with all the earlier ones before the count was checked)."""
+    seen: list[str] = []
+    real = identity._printable
+    monkeypatch.setattr(identity, "_printable", lambda v, limit, what: seen.append(v) or real(v, limit, what))
+    h = {"x-forwarded-user": "carol", "x-forwarded-groups": ",".join(f"g{i}" for i in range(30000))}
+    with pytest.raises(identity.IdentityError, match="groups"):
+        identity.proxy_user(h, "X-Forwarded-User", "X-Forwarded-Groups")
+    assert len(seen) == 1 + identity.MAX_GROUPS  # the name, then the groups up to the limit

@@ -48,9 +48,9 @@ def checked_user(name: str, groups: list[str] | tuple[str, ...]) -> User:
     for g in groups:
         g = g.strip()
         if g and g not in out:
+            if len(out) == MAX_GROUPS:  # checked as they come: a long header costs no more than this
+                raise IdentityError(f"more than {MAX_GROUPS} groups")
             out.append(_printable(g, MAX_GROUP_CHARS, "group"))
-    if len(out) > MAX_GROUPS:
-        raise IdentityError(f"more than {MAX_GROUPS} groups")
     return User(name=name, groups=tuple(out))
 
 
