@@ -16,6 +16,9 @@ outcome, a finished run's ttl), ``text`` (bounds of user input, the cause of a f
 Invariants (tested with hypothesis in tests/controller):
 * at most one ``CreateJob`` per decision, never for a lap attempt whose Job exists or is in
   ``status.activeJob``; applying the decision's status and calling ``decide`` again creates nothing;
+* a lost status write is repaired, never repeated: a Job of the next attempt that exists although
+  the status does not name it is adopted (its decision and store checked), and the stray-Job fence
+  spares the attempts a pass may have started once the active one ended (``laps.successors``);
 * no Job while AwaitingApproval (undecided), Suspended, or terminal;
 * no first lap (nor fork snapshot) before the store probe said the store honours conditional
   writes (``ProbeStore``); a finished run is deleted (``DeleteRun``) only past its ttl;
