@@ -10,7 +10,9 @@ the process kubelet of e2e/cluster.py), the local S3 server, and the operator as
    1-second resolution, so they are not used. Both ends are seen through the same watch path, so its
    delivery latency cancels out to first order. Also: the operator's CPU time (utime+stime from
    /proc) per lap, its own ``agentrun_reconcile_duration_seconds`` (sum / count: reconciles per lap),
-   and its own ``agentrun_kube_requests_total`` (API requests per lap, by verb, resource and code).
+   and its own ``agentrun_kube_requests_total`` (API requests per lap, by verb, resource and code),
+   cross-checked with the API server's ``apiserver_request_total`` for the requests only the
+   operator makes there (status patches of AgentRuns, Job creations).
    ``BENCH_OPERATOR_PYTHONPATH`` runs the operator of another checkout (before/after); one without
    that counter gets it from ``bench/kube_request_shim`` (kubernetes-client requests only).
 
@@ -37,6 +39,7 @@ import argparse
 import concurrent.futures as cf
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -129,6 +132,26 @@ class Bench:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
 
+    #: Requests only the operator makes in the benchmark's window (nobody else writes AgentRun status
+    #: or creates Jobs there): (apiserver verb, resource, subresource) -> the operator's (verb, resource).
+    CROSSCHECK = {("PATCH", "agentruns", "status"): ("patch", "agentruns/status"),
+                  ("POST", "jobs", ""): ("create", "jobs")}
+
+    def apiserver_requests(self) -> dict[tuple[str, str, str], float]:
+        """``apiserver_request_total`` of the API server itself, summed over codes and the other
+        labels, for the pairs of :attr:`CROSSCHECK`."""
+        text = self.cluster.kubectl_run("get", "--raw", "/metrics").stdout
+        out: dict[tuple[str, str, str], float] = {}
+        for line in text.splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels_text, _, value = line.rpartition(" ")
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', labels_text))
+            key = (labels.get("verb", ""), labels.get("resource", ""), labels.get("subresource", ""))
+            if key in self.CROSSCHECK:
+                out[key] = out.get(key, 0.0) + float(value)
+        return out
+
     @staticmethod
     def metrics(port: int, keep_labels: tuple[str, ...] = ()) -> dict[str, float]:
         """Sum of each sample name (labels folded) of the operator's /metrics; the samples of the
@@ -194,7 +217,7 @@ class Bench:
                     raise SystemExit(f"operator did not start:\n{log.read_text()[-3000:]}")
                 time.sleep(0.5)
             time.sleep(2)
-            cpu0, m0 = proc_cpu_seconds(proc.pid), self.metrics(port, KEEP)
+            cpu0, m0, a0 = proc_cpu_seconds(proc.pid), self.metrics(port, KEEP), self.apiserver_requests()
             spy = None
             if profile and self.profile and shutil.which("py-spy"):
                 # on-CPU samples of the operator (all threads) while the runs go
@@ -219,7 +242,7 @@ class Bench:
                     break
                 time.sleep(2)
             wall = time.time() - t0
-            cpu1, m1 = proc_cpu_seconds(proc.pid), self.metrics(port, KEEP)
+            cpu1, m1, a1 = proc_cpu_seconds(proc.pid), self.metrics(port, KEEP), self.apiserver_requests()
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(60)
@@ -257,8 +280,14 @@ class Bench:
         requests = m1.get(KUBE_REQUESTS, 0) - m0.get(KUBE_REQUESTS, 0)
         by_kind = {k[len(KUBE_REQUESTS):]: v - m0.get(k, 0) for k, v in m1.items()
                    if k.startswith(KUBE_REQUESTS + "{") and v - m0.get(k, 0) > 0}
+        # the operator's own counter against the API server's, for the requests only it makes
+        crosscheck = {}
+        for key, (verb, resource) in self.CROSSCHECK.items():
+            ours = sum(v for k, v in by_kind.items() if f'resource="{resource}"' in k and f'verb="{verb}"' in k)
+            crosscheck[f"{verb} {resource}"] = {"operator": ours, "apiserver": a1.get(key, 0.0) - a0.get(key, 0.0)}
         self.cluster.kubectl_run("delete", "namespace", ns, "--wait=false", check=False)
         return {
+            "apiserver_crosscheck": crosscheck,
             "reconciles_per_lap": rc_n / max(1, laps_done),
             "kube_requests": requests, "kube_requests_per_lap": requests / max(1, laps_done),
             "kube_requests_by_label": by_kind,
@@ -461,7 +490,9 @@ def main() -> None:
                       + f"operator CPU {res['operator_cpu_per_lap'] * 1000:.1f} ms/lap; "
                         f"reconciles/lap {res['reconciles_per_lap']:.2f}; API requests/lap {res['kube_requests_per_lap']:.2f}; "
                         f"load {os.getloadavg()[0]:.1f}; failed runs {len(res['failed_runs'])}, "
-                        f"retried Jobs {res['retried_jobs']}", flush=True)
+                        f"retried Jobs {res['retried_jobs']}; the operator's counts against the API "
+                        "server's: " + ", ".join(f"{k} {v['operator']:.0f}/{v['apiserver']:.0f}"
+                                                 for k, v in res["apiserver_crosscheck"].items()), flush=True)
     finally:
         bench.close()
         if tmp:
