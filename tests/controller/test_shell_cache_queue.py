@@ -32,6 +32,35 @@ def test_queue_dedups_a_key_until_it_is_taken():
     asyncio.run(main())
 
 
+def test_queue_metrics_count_adds_retries_and_the_wait_as_client_go_does():
+    """agentrun_workqueue_*: a deduplicated add is not counted, a rate-limited re-add is a retry,
+    the wait in the queue is observed when a worker takes the key, depth and delayed are read at
+    scrape time."""
+    from agentrun.metrics.workqueue import WorkQueueMetrics
+
+    reg = CollectorRegistry()
+    m = WorkQueueMetrics(reg)
+
+    async def main() -> None:
+        q: WorkQueue[str] = WorkQueue(observer=m)
+        m.watch(lambda: q.depth, lambda: q.delayed)
+        q.add("a")
+        q.add("a")  # deduplicated
+        q.add("b")
+        assert reg.get_sample_value("agentrun_workqueue_depth") == 2
+        assert await q.get() == "a"
+        q.add_rate_limited("a")  # the reconcile of "a" failed
+        assert reg.get_sample_value("agentrun_workqueue_delayed") == 1
+        assert reg.get_sample_value("agentrun_workqueue_depth") == 1
+        q.done("a")
+        assert await q.get() == "b"
+
+    asyncio.run(main())
+    assert reg.get_sample_value("agentrun_workqueue_adds_total") == 2
+    assert reg.get_sample_value("agentrun_workqueue_retries_total") == 1
+    assert reg.get_sample_value("agentrun_workqueue_queue_duration_seconds_count") == 2
+
+
 def test_queue_never_hands_a_key_to_two_workers_and_loses_no_add():
     async def main() -> None:
         q: WorkQueue[str] = WorkQueue()

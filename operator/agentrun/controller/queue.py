@@ -8,7 +8,9 @@ client-go's ``workqueue`` (``Type`` + ``DelayingQueue`` + ``RateLimitingQueue``)
 - ``add_rate_limited(key)``: queue after the key's own exponential backoff (``RateLimiter``: base
   doubling per consecutive failure, capped); ``forget(key)`` after a success resets it.
 
-Single-threaded: every method is called on the event loop. The clock is the loop's.
+Single-threaded: every method is called on the event loop. The clock is the loop's. An optional
+:class:`QueueObserver` sees what client-go's workqueue metrics count (adds, retries, the time a
+key waited in the queue); ``depth`` and ``delayed`` are read at scrape time.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Hashable
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
@@ -44,9 +46,19 @@ class RateLimiter(Generic[K]):
         self._failures.pop(key, None)
 
 
+class QueueObserver(Protocol):
+    def added(self) -> None: ...  # a key entered the queue (not deduplicated away)
+
+    def retried(self) -> None: ...  # a key was re-queued after a failure (rate-limited)
+
+    def waited(self, seconds: float) -> None: ...  # a key left the queue for a worker after this long
+
+
 class WorkQueue(Generic[K]):
-    def __init__(self, limiter: RateLimiter[K] | None = None) -> None:
+    def __init__(self, limiter: RateLimiter[K] | None = None, observer: QueueObserver | None = None) -> None:
         self.limiter: RateLimiter[K] = limiter or RateLimiter()
+        self.observer = observer
+        self._queued_at: dict[K, float] = {}
         self._queue: deque[K] = deque()
         self._dirty: set[K] = set()  # queued, or to be queued again when its processing ends
         self._processing: set[K] = set()
@@ -60,10 +72,11 @@ class WorkQueue(Generic[K]):
         if self._shutdown or key in self._dirty:
             return
         self._dirty.add(key)
+        if self.observer is not None:
+            self.observer.added()
         if key in self._processing:
             return  # queued again by done()
-        self._queue.append(key)
-        self._wake()
+        self._enqueue(key)
 
     def add_after(self, key: K, seconds: float) -> None:
         if self._shutdown:
@@ -83,6 +96,8 @@ class WorkQueue(Generic[K]):
     def add_rate_limited(self, key: K) -> float:
         """Queue ``key`` after its backoff; returns the delay."""
         delay = self.limiter.when(key)
+        if self.observer is not None:
+            self.observer.retried()
         self.add_after(key, delay)
         return delay
 
@@ -102,10 +117,33 @@ class WorkQueue(Generic[K]):
         self.limiter.forget(key)
         if key in self._dirty and key not in self._processing:
             self._dirty.discard(key)
+            self._queued_at.pop(key, None)
             try:
                 self._queue.remove(key)
             except ValueError:
                 pass
+
+    @property
+    def depth(self) -> int:
+        """Keys waiting for a worker (client-go's ``workqueue_depth``)."""
+        return len(self._queue)
+
+    @property
+    def delayed(self) -> int:
+        """Keys waiting for a requeue delay or a backoff to pass."""
+        return len(self._timers)
+
+    def _enqueue(self, key: K) -> None:
+        self._queue.append(key)
+        self._queued_at[key] = self._now()
+        self._wake()
+
+    @staticmethod
+    def _now() -> float:
+        try:
+            return asyncio.get_running_loop().time()
+        except RuntimeError:  # no loop (a unit test adding before it runs one)
+            return 0.0
 
     def _fire(self, key: K) -> None:
         self._timers.pop(key, None)
@@ -134,6 +172,9 @@ class WorkQueue(Generic[K]):
                     self._wake()  # pass the wake-up on
                 raise
         key = self._queue.popleft()
+        queued_at = self._queued_at.pop(key, None)
+        if self.observer is not None and queued_at is not None:
+            self.observer.waited(max(0.0, self._now() - queued_at))
         self._dirty.discard(key)
         self._processing.add(key)
         return key
@@ -142,8 +183,7 @@ class WorkQueue(Generic[K]):
         """Processing of ``key`` ended; if it was added meanwhile, it is queued again."""
         self._processing.discard(key)
         if key in self._dirty:
-            self._queue.append(key)
-            self._wake()
+            self._enqueue(key)
 
     def shut_down(self) -> None:
         self._shutdown = True

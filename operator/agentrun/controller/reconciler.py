@@ -83,7 +83,8 @@ class Controller:
     elector: LeaseElector | None = None
 
     def __post_init__(self) -> None:
-        self.queue: WorkQueue[Key] = WorkQueue()
+        self.queue: WorkQueue[Key] = WorkQueue(observer=metrics.WORKQUEUE)
+        metrics.WORKQUEUE.watch(lambda: self.queue.depth, lambda: self.queue.delayed)
         allowed = self._allowed = namespace_matcher(self.config.namespaces)
         self.cache = Cache(on_change=lambda k: self.queue.add(k) if allowed(k[0]) else None,
                            on_deleted=self.forget, on_awaiting=self._approval_pending)

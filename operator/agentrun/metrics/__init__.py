@@ -37,6 +37,7 @@ from .core import (
 )
 from .kube import KubeRequestMetrics
 from .server import HealthCheck, serve
+from .workqueue import WorkQueueMetrics
 
 __all__ = [
     "DEFAULT",
@@ -48,6 +49,8 @@ __all__ = [
     "OperatorMetrics",
     "RunStateCollector",
     "RunView",
+    "WORKQUEUE",
+    "WorkQueueMetrics",
     "clear_runs",
     "forget_run",
     "kube_request",
@@ -66,6 +69,7 @@ disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client 
 DEFAULT = OperatorMetrics()
 REGISTRY = DEFAULT.registry
 KUBE = KubeRequestMetrics(REGISTRY)
+WORKQUEUE = WorkQueueMetrics(REGISTRY)
 _checks: dict[str, HealthCheck] = {}
 
 
