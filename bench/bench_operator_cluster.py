@@ -104,13 +104,16 @@ class Bench:
                       f"--from-literal=AWS_SECRET_ACCESS_KEY={self.s3.secret_key}")
         return ns
 
-    def start_operator(self, ns: str, log: Path, resync: str = "300") -> tuple[subprocess.Popen[bytes], int]:
+    def start_operator(self, ns: str, log: Path, resync: str = "300",
+                       lap_command: list[str] | None = None) -> tuple[subprocess.Popen[bytes], int]:
         port = free_port()
         env = operator_env(
             self.cluster, self.s3, namespace=ns, prefix=f"bench-{ns}",
             AGENTRUN_LEASE_DURATION="15",  # the default (and the resync: the default, 300 s)
             AGENTRUN_RESYNC_SECONDS=resync, AGENTRUN_JOB_TTL_SECONDS="-1", AGENTRUN_METRICS_PORT=str(port),
         )
+        if lap_command is not None:
+            env["AGENTRUN_LAP_COMMAND"] = json.dumps(lap_command)
         if self.lap_nice is not None:  # the lap pods at a lower CPU priority: a stand-in for other nodes
             env["AGENTRUN_LAP_COMMAND"] = json.dumps(["nice", "-n", str(self.lap_nice), *json.loads(env["AGENTRUN_LAP_COMMAND"])])
         if os.environ.get("BENCH_OPERATOR_PYTHONPATH"):  # e.g. an export of an older commit, for before/after
@@ -333,6 +336,65 @@ class Bench:
 
     # ------------------------------------------------------------------ 2. resync and RSS at scale
 
+    def active(self, runs: int, minutes: float) -> dict[str, Any]:
+        """N runs whose laps are always in flight, for M minutes: each lap attempt is a pod that
+        sleeps 30-89 s and exits 75 (retryable), so every run cycles through Job Failed -> retry
+        recorded -> backoff (1-2 s) -> next attempt's Job, all the time (a lap process that writes a
+        real checkpoint is a Python process of ~40 MB: 1,000 of them do not fit this box). Sampled
+        every 10 s from the operator's metrics: the work queue's depth and delayed keys, reconciles,
+        CPU and RSS. A queue that keeps up stays near 0 and does not grow from the first minutes to
+        the last."""
+        ns = self.namespace("active")
+        log = self.dir / f"operator-{ns}.log"
+        # "$$$$": Kubernetes turns "$$" into "$" in a container's command ($(VAR) expansion)
+        sleeper = ["sh", "-c", "sleep $(( $$$$ % 60 + 30 )); exit 75"]
+        proc, port = self.start_operator(ns, log, lap_command=sleeper)
+        samples: list[dict[str, float]] = []
+        try:
+            end = time.time() + 120
+            while not self.metrics(port):
+                if proc.poll() is not None or time.time() > end:
+                    raise SystemExit(f"operator did not start:\n{log.read_text()[-3000:]}")
+                time.sleep(0.5)
+            script = [{"content": "done"}]
+            docs = [self.run_doc(f"a{i:04d}", script, retry={"attemptsPerLap": 100, "backoff": {
+                "initial": "1s", "max": "2s", "factor": 2}}) for i in range(runs)]
+            t0 = time.time()
+            self.create_runs(ns, docs)
+            created = time.time() - t0
+            cpu0 = proc_cpu_seconds(proc.pid) or 0.0
+            t_start = time.time()
+            while time.time() - t_start < minutes * 60:
+                time.sleep(10)
+                m = self.metrics(port)
+                samples.append({
+                    "t": time.time() - t_start, "depth": m.get("agentrun_workqueue_depth", float("nan")),
+                    "delayed": m.get("agentrun_workqueue_delayed", float("nan")),
+                    "reconciles": m.get("agentrun_reconcile_total", 0.0),
+                    "errors": m.get("agentrun_reconcile_errors_total", 0.0),
+                    "cpu": (proc_cpu_seconds(proc.pid) or 0.0) - cpu0,
+                    "rss_kb": float(proc_status_kb(proc.pid) or 0),
+                    "load": os.getloadavg()[0],
+                })
+                last = samples[-1]
+                print(f"  active {last['t']:.0f}s: queue depth {last['depth']:.0f}, delayed {last['delayed']:.0f}, "
+                      f"reconciles {last['reconciles']:.0f}, load {last['load']:.1f}", flush=True)
+            jobs = self.client.BatchV1Api().list_namespaced_job(ns).items
+            running = sum(1 for j in jobs if (j.status.active or 0) > 0)
+            phases = [(it.get("status") or {}).get("phase") for it in self.runs(ns)]
+        finally:
+            self.stop_operator(proc)
+        self.cluster.kubectl_run("delete", "namespace", ns, "--wait=false", check=False)
+        wall = samples[-1]["t"] if samples else 0.0
+        return {
+            "runs": runs, "minutes": minutes, "create_seconds": created, "samples": samples,
+            "jobs_total": len(jobs), "jobs_active_at_end": running,
+            "phases_at_end": {str(p): phases.count(p) for p in set(phases)},
+            "reconciles_per_second": (samples[-1]["reconciles"] - samples[0]["reconciles"]) / max(1.0, wall - samples[0]["t"])
+            if len(samples) > 1 else None,
+            "operator_cpu_fraction": samples[-1]["cpu"] / max(1.0, wall) if samples else None,
+        }
+
     def scale(self, runs: int, timeout: float) -> dict[str, Any]:
         ns = self.namespace(f"bench-scale-{runs}")
         n_susp, n_term = int(runs * 0.6), int(runs * 0.3)
@@ -438,7 +500,9 @@ class Bench:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("overhead", "scale", "all"))
+    ap.add_argument("what", choices=("overhead", "scale", "all", "active"))
+    ap.add_argument("--active-runs", type=int, default=1000, help="active: runs with a lap always in flight")
+    ap.add_argument("--minutes", type=float, default=10.0, help="active: how long")
     ap.add_argument("--runs", default=None, help="overhead: comma-separated concurrency levels (default 1,50,200)")
     ap.add_argument("--scale-runs", type=int, default=1000, help="runs of the scale benchmark")
     ap.add_argument("--laps", type=int, default=2, help="laps per run of the overhead benchmark (at least 10 below 10 runs)")
@@ -465,6 +529,18 @@ def main() -> None:
                 json.dump(out, f)
 
     try:
+        if args.what == "active":
+            res = bench.active(args.active_runs, args.minutes)
+            out["active"] = res
+            save()
+            depths = [s["depth"] for s in res["samples"]]
+            third = max(1, len(depths) // 3)
+            print(f"active, {res['runs']} runs for {res['minutes']:.0f} min (created in {res['create_seconds']:.0f} s): "
+                  f"queue depth max {max(depths):.0f}, mean over the first third {sum(depths[:third]) / third:.1f}, "
+                  f"over the last third {sum(depths[-third:]) / third:.1f}; reconciles/s "
+                  f"{res['reconciles_per_second'] or 0:.1f}; operator CPU {100 * (res['operator_cpu_fraction'] or 0):.0f} % "
+                  f"of a core; Jobs {res['jobs_total']} ({res['jobs_active_at_end']} active at the end); "
+                  f"phases {res['phases_at_end']}", flush=True)
         if args.what in ("scale", "all"):  # first: the cluster is quiet, no namespace being deleted
             n = args.scale_runs
             res = bench.scale(n, args.timeout)
