@@ -125,6 +125,14 @@ class Bench:
                                 stderr=subprocess.STDOUT, start_new_session=True)
         return proc, port
 
+    def wait_serving(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+        """Until the operator serves its metrics (started, Lease taken); its log if it died."""
+        end = time.time() + 120
+        while not self.metrics(port):
+            if proc.poll() is not None or time.time() > end:
+                raise SystemExit(f"operator did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+
     @staticmethod
     def stop_operator(proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is None:
@@ -213,12 +221,7 @@ class Bench:
             w.start()
         proc, port = self.start_operator(ns, log)
         try:
-            # wait for the operator to serve metrics (started, Lease taken) before counting its CPU
-            end = time.time() + 120
-            while not self.metrics(port):
-                if proc.poll() is not None or time.time() > end:
-                    raise SystemExit(f"operator did not start:\n{log.read_text()[-3000:]}")
-                time.sleep(0.5)
+            self.wait_serving(proc, port, log)  # before counting its CPU
             time.sleep(2)
             cpu0, m0, a0 = proc_cpu_seconds(proc.pid), self.metrics(port, KEEP), self.apiserver_requests()
             spy = None
@@ -351,11 +354,7 @@ class Bench:
         proc, port = self.start_operator(ns, log, lap_command=sleeper)
         samples: list[dict[str, float]] = []
         try:
-            end = time.time() + 120
-            while not self.metrics(port):
-                if proc.poll() is not None or time.time() > end:
-                    raise SystemExit(f"operator did not start:\n{log.read_text()[-3000:]}")
-                time.sleep(0.5)
+            self.wait_serving(proc, port, log)
             script = [{"content": "done"}]
             docs = [self.run_doc(f"a{i:04d}", script, retry={"attemptsPerLap": 100, "backoff": {
                 "initial": "1s", "max": "2s", "factor": 2}}) for i in range(runs)]
