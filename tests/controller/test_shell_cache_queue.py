@@ -505,6 +505,7 @@ def test_the_operators_notifier_reads_the_cache_and_its_status_write_queues_no_r
     import threading
 
     from agentrun.controller.config import OperatorConfig
+    from agentrun.controller.execute import Executor
     from agentrun.controller.reconciler import Controller
 
     c = Controller(OperatorConfig(namespaces=("ns",)))
@@ -528,6 +529,7 @@ def test_the_operators_notifier_reads_the_cache_and_its_status_write_queues_no_r
         nonlocal loop
         loop = asyncio.get_running_loop()
         c._loop, c.kube = loop, Kube()  # type: ignore[assignment]
+        c.executor = Executor(c.config, c.kube, c.cache)  # its writes go through the executor
         c.cache.event("runs", "ADDED", run_obj(5, phase="Running"))
         c.cache.event("runs", "ADDED", {**awaiting(6), "metadata": {**awaiting(6)["metadata"], "name": "w"}})
         c.cache.put("runs", awaiting(7))

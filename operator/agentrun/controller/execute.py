@@ -145,7 +145,7 @@ class Executor:
     async def _call(self, method: str, path_: str, **kw: Any) -> Any:
         return await asyncio.to_thread(self.kube.request, method, path_, **kw)
 
-    async def _write(self, kind: str, key: Key, method: str, path_: str, **kw: Any) -> Any:
+    async def write(self, kind: str, key: Key, method: str, path_: str, **kw: Any) -> Any:
         """A write of one cached object: its response goes into the cache, and the watch event of
         the write (its echo, possibly arriving before the response) enqueues nothing."""
         self.cache.begin_write(kind, key)
@@ -256,7 +256,7 @@ class Executor:
             try:
                 job = build_job(RunIdentity(ns, name, o.uid), spec, a.lap, a.attempt, a.agent_version, self.config,
                                 approval=a.approval, store=a.store)
-                await self._write("jobs", (ns, a.name), "POST", path(JOBS, ns), body=job)
+                await self.write("jobs", (ns, a.name), "POST", path(JOBS, ns), body=job)
                 out.wrote = True
                 alog.info("created lap Job %s (agent %s)", a.name, a.agent_version)
             except ApiException as exc:
@@ -277,7 +277,7 @@ class Executor:
                 {"op": "add", "path": "/status", "value": status.model_dump(by_alias=True, exclude_none=True, mode="json")},
             ]
             try:
-                stored = await self._write("runs", key, "PATCH", path(RUNS, ns, name, "status"), body=patch,
+                stored = await self.write("runs", key, "PATCH", path(RUNS, ns, name, "status"), body=patch,
                                            content_type="application/json-patch+json")
             except ApiException as exc:
                 refusal = status_refusal(exc.status, exc.body) if exc.status in (400, 403, 422) else None
@@ -299,7 +299,7 @@ class Executor:
             if status.phase != o.status.phase:
                 rlog.info("phase %s -> %s: %s", o.status.phase, status.phase, status.message)
         for a in decision.of(d.RemoveAnnotations):
-            stored = await self._write("runs", key, "PATCH", run_path,
+            stored = await self.write("runs", key, "PATCH", run_path,
                                        body={"metadata": {"annotations": {k: None for k in a.keys}}},
                                        content_type="application/merge-patch+json")
             rv = self._wrote_run(stored, rv)
@@ -319,7 +319,7 @@ class Executor:
                 fins = [f for f in fins if f != a.name]
                 if isinstance(a, d.AddFinalizer):
                     fins.append(a.name)
-                stored = await self._write("runs", key, "PATCH", run_path, body={"metadata": {"finalizers": fins}},
+                stored = await self.write("runs", key, "PATCH", run_path, body={"metadata": {"finalizers": fins}},
                                            content_type="application/merge-patch+json")
                 rv = self._wrote_run(stored, rv)
                 out.wrote = True

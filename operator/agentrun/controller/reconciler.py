@@ -216,15 +216,9 @@ class Controller:
     def _notifier_patch(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """The notifier's status write (called in its thread): an own write of the cache."""
         async def write() -> None:
-            assert self.kube is not None
-            key = (namespace, name)
-            self.cache.begin_write("runs", key)
-            stored = None
-            try:
-                stored = await asyncio.to_thread(self.kube.request, "PATCH", path(RUNS, namespace, name, "status"),
-                                                 body=patch, content_type="application/merge-patch+json")
-            finally:
-                self.cache.end_write("runs", key, stored if isinstance(stored, dict) else None)
+            assert self.executor is not None
+            await self.executor.write("runs", (namespace, name), "PATCH", path(RUNS, namespace, name, "status"),
+                                      body=patch, content_type="application/merge-patch+json")
         self._on_loop(write)
 
     async def _tenancy_check(self, ns: str, spec: dict[str, Any]) -> Any:
