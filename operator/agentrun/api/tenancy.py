@@ -502,9 +502,19 @@ class PolicyCheck:
         return text if len(text) <= 2000 else text[:2000] + "..."
 
 
-def check_all(spec: dict[str, Any], policies: dict[str, AgentRunPolicySpec | None]) -> PolicyCheck:
+@dataclass(frozen=True)
+class PolicyUnreadable:
+    """An AgentRunPolicy the API server stored but this operator cannot read (its spec fails the
+    models, e.g. a field of a newer release): runs it applies to are refused, never checked
+    against a part of it. ``error`` names the field, bounded."""
+
+    error: str
+
+
+def check_all(spec: dict[str, Any],
+              policies: dict[str, AgentRunPolicySpec | PolicyUnreadable | None]) -> PolicyCheck:
     """Check a spec against every applicable policy; a None policy (named by a binding, not found)
-    refuses everything, like ``parameterNotFoundAction: Deny``."""
+    refuses everything, like ``parameterNotFoundAction: Deny``, and so does an unreadable one."""
     out: list[tuple[str, tuple[Violation, ...]]] = []
     for name in sorted(policies):
         p = policies[name]
@@ -512,6 +522,10 @@ def check_all(spec: dict[str, Any], policies: dict[str, AgentRunPolicySpec | Non
             out.append((name, (Violation("spec", "", "paramRef",
                                          f"cannot be checked: AgentRunPolicy {name} named by a binding of "
                                          f"{VAP_NAME} does not exist"),)))
+        elif isinstance(p, PolicyUnreadable):
+            out.append((name, (Violation("spec", "", "spec",
+                                         f"cannot be checked: AgentRunPolicy {name} cannot be read by this "
+                                         f"operator: {p.error[:MAX_REFUSAL_CHARS]}"),)))
         else:
             out.append((name, tuple(check(spec, p))))
     return PolicyCheck(tuple(out))

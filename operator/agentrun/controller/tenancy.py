@@ -26,6 +26,7 @@ from agentrun.api.tenancy import (
     VERSION,
     AgentRunPolicySpec,
     PolicyCheck,
+    PolicyUnreadable,
     binding_params,
     check_all,
 )
@@ -42,7 +43,7 @@ POLICIES = (f"/apis/{GROUP}/{VERSION}", PLURAL)
 KINDS: dict[str, tuple[str, str]] = {"namespaces": NAMESPACES, "bindings": BINDINGS, "policies": POLICIES}
 
 
-def load_policies(api: Any, namespace: str) -> dict[str, AgentRunPolicySpec | None]:
+def load_policies(api: Any, namespace: str) -> dict[str, AgentRunPolicySpec | PolicyUnreadable | None]:
     """Read the policies that apply to ``namespace`` through the kubernetes client ``api``
     (a ``kubernetes.client.ApiClient``): namespace labels, the bindings of VAP_NAME, the policies.
     Needs get on namespaces, list on validatingadmissionpolicybindings and agentrunpolicies (the
@@ -58,8 +59,13 @@ def load_policies(api: Any, namespace: str) -> dict[str, AgentRunPolicySpec | No
                 for b in adm.list_validating_admission_policy_binding().items]
     doc = cast("dict[str, Any]", custom.list_cluster_custom_object(GROUP, VERSION, PLURAL))
     listed = {(p.get("metadata") or {}).get("name"): p for p in doc.get("items") or []}
-    return {name: (AgentRunPolicySpec.model_validate(listed[name].get("spec") or {}) if name in listed else None)
-            for name in binding_params(bindings, labels)}
+    out: dict[str, AgentRunPolicySpec | PolicyUnreadable | None] = {}
+    for name in binding_params(bindings, labels):
+        try:
+            out[name] = AgentRunPolicySpec.model_validate(listed[name].get("spec") or {}) if name in listed else None
+        except ValueError as exc:
+            out[name] = PolicyUnreadable(unreadable_text(exc))
+    return out
 
 
 def recheck(api: Any, namespace: str, spec: dict[str, Any]) -> PolicyCheck | None:
@@ -74,6 +80,22 @@ def recheck(api: Any, namespace: str, spec: dict[str, Any]) -> PolicyCheck | Non
         if e.status == 403:
             return None
         raise
+
+
+def unreadable_text(exc: ValueError, limit: int = 500) -> str:
+    """Why a policy's spec cannot be read: pydantic's first errors with their field paths, bounded
+    (the values are the platform team's own, but a policy is user-written text all the same)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        parts = []
+        for err in errors()[:3]:
+            loc = ".".join(str(x) for x in err.get("loc") or ())
+            parts.append(f"spec.{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
+        text = "; ".join(parts)
+    else:
+        text = str(exc)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _name(obj: dict[str, Any]) -> str:
@@ -94,7 +116,7 @@ class PolicyStore:
         self.namespaces: dict[str, dict[str, Any]] = {}
         self.bindings: dict[str, dict[str, Any]] = {}
         self.policies: dict[str, dict[str, Any]] = {}
-        self._parsed: dict[str, AgentRunPolicySpec | ValueError] = {}
+        self._parsed: dict[str, AgentRunPolicySpec | PolicyUnreadable] = {}
         self.refusals: dict[str, int] = {}  # kind -> HTTP status of its refused list/watch (no RBAC)
         self.changes = 0  # changes that applied (for logs and tests)
 
@@ -148,7 +170,9 @@ class PolicyStore:
             try:
                 self._parsed[name] = AgentRunPolicySpec.model_validate(obj.get("spec") or {})
             except ValueError as exc:
-                self._parsed[name] = ValueError(f"AgentRunPolicy {name} cannot be read: {exc}")
+                self._parsed[name] = PolicyUnreadable(unreadable_text(exc))
+                log.warning("tenancy re-check: AgentRunPolicy %s (resourceVersion %s) cannot be read; the runs "
+                            "it applies to are refused: %s", name, rv_int(obj), self._parsed[name].error)
         self._changed(kind, name, old, obj)
 
     def put_namespace(self, obj: dict[str, Any]) -> None:
@@ -183,20 +207,15 @@ class PolicyStore:
     def knows(self, namespace: str) -> bool:
         return namespace in self.namespaces
 
-    def policies_for(self, namespace: str) -> dict[str, AgentRunPolicySpec | None] | None:
-        """The policies that apply to ``namespace`` (None for a name no policy has: a violation);
-        None when a watch is refused. Raises ValueError for a policy whose spec cannot be read."""
+    def policies_for(self, namespace: str) -> dict[str, AgentRunPolicySpec | PolicyUnreadable | None] | None:
+        """The policies that apply to ``namespace`` (None for a name no policy has, a
+        :class:`PolicyUnreadable` for one whose spec cannot be read: both refuse); None when a
+        watch is refused."""
         if self.refusals:
             return None
         ns = self.namespaces.get(namespace)
         labels = ns["metadata"]["labels"] if ns is not None else {}
-        out: dict[str, AgentRunPolicySpec | None] = {}
-        for name in binding_params(list(self.bindings.values()), labels):
-            got = self._parsed.get(name)
-            if isinstance(got, ValueError):
-                raise got
-            out[name] = got
-        return out
+        return {name: self._parsed.get(name) for name in binding_params(list(self.bindings.values()), labels)}
 
     def check(self, namespace: str, spec: dict[str, Any]) -> PolicyCheck | None:
         """The verdict for a run of ``namespace`` with ``spec`` (None: not enforced)."""
