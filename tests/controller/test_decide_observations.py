@@ -252,3 +252,36 @@ def test_metrics_map_the_free_text_reasons_of_earlier_callers():
     assert retry_reason_label("something new") == "other"
     assert lap_outcome_label("awaiting-approval") == "awaiting_approval"
     assert lap_outcome_label("retryable_error") == "retryable_error"
+
+
+HOSTILE = "boom \x1b[2J\u202e api_key=sk-abcdefghijklmnopqrstuvwxyz\nsecond line"
+
+
+def test_a_cause_the_runner_wrote_is_escaped_and_redacted_like_one_read_from_the_log_tail():
+    """The lap pod's image is the run author's, so the ``error`` of its termination message (the
+    shell's ``ObservedJob.message``) is their text: it went into retries[].lastReason, status.message
+    and the Warning Event raw — ESC, a bidi override and a key — while the log-tail path escaped and
+    redacted. Review finding 1."""
+    w = World(make_spec(retry=MANY))
+    w.reconcile()
+    w.fail_job(75, "Error", message=HOSTILE)
+    w.reconcile()
+    (ev,) = [e for e in w.events if e.reason == "LapRetry"]
+    for text in (w.status.message, ev.message, w.status.retries[0].last_reason):
+        assert "\x1b" not in text and "\u202e" not in text and "sk-abc" not in text and "\n" not in text, text
+        assert "boom \\x1b[2J\\u202e api_key=[REDACTED]" in text
+        assert "second line" not in text
+
+
+def test_an_attempt_reports_message_is_escaped_and_redacted_and_so_is_the_phases_text():
+    w = World(make_spec())
+    w.reconcile()
+    w.failure_reports[(1, 1)] = {"reason": "Error", "message": HOSTILE}
+    w.fail_job(2, "Error")
+    w.reconcile()
+    w.reconcile()
+    assert w.status.phase == "Failed"
+    (ev,) = [e for e in w.events if e.type == "Warning"]
+    for text in (w.status.message, ev.message, *(c.message for c in w.status.conditions)):
+        assert "\x1b" not in text and "\u202e" not in text and "sk-abc" not in text and "\n" not in text, text
+    assert "api_key=[REDACTED]" in w.status.message

@@ -13,7 +13,7 @@ from typing import Literal
 from agentrun.api.reasons import ConditionType, Reason
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import TERMINAL_PHASES, AgentRunStatus, Condition
-from agentrun.api.text import truncate
+from agentrun.api.text import one_line
 
 from .actions import Action, Decision, Event, PatchStatus
 from .observed import Observed
@@ -77,7 +77,7 @@ def conditions_for(st: AgentRunStatus, phase: str, reason: str, message: str, ge
             why, text = _own(st, ctype, old)
         changed = old is None or old.status != value
         conds.append(Condition(
-            type=str(ctype), status=value, reason=str(why), message=truncate(text, MAX_CONDITION_MESSAGE_CHARS),
+            type=str(ctype), status=value, reason=str(why), message=one_line(text, MAX_CONDITION_MESSAGE_CHARS),
             observed_generation=generation,
             last_transition_time=now if changed or old is None else old.last_transition_time,
         ))
@@ -98,12 +98,12 @@ class StatusWriter:
 
     def event(self, type_: EventType, reason: str, message: str, lap: int | None = None,
               attempt: int | None = None) -> None:
-        self.actions.append(Event(type_, str(reason), truncate(message, MAX_EVENT_MESSAGE_CHARS), lap, attempt))
+        self.actions.append(Event(type_, str(reason), one_line(message, MAX_EVENT_MESSAGE_CHARS), lap, attempt))
 
     def phase(self, phase: str, reason: str, message: str) -> None:
         st, now = self.st, self.o.now
         st.phase = phase  # type: ignore[assignment]
-        st.message = truncate(message, MAX_MESSAGE_CHARS)
+        st.message = one_line(message, MAX_MESSAGE_CHARS)
         st.conditions = conditions_for(st, phase, reason, message, self.o.generation, now)
         if phase in TERMINAL_PHASES:
             st.completed_at = st.completed_at or now

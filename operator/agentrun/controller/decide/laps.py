@@ -9,7 +9,7 @@ from decimal import Decimal
 from agentrun.api.contract import AttemptReason, ExitCode
 from agentrun.api.reasons import LapOutcome, Reason, RetryReason
 from agentrun.api.status import TERMINAL_PHASES, ActiveJob, CheckpointRef, StorageStatus
-from agentrun.api.text import truncate
+from agentrun.api.text import one_line, truncate
 from agentrun.checkpoint.schema import LapRecord
 
 from ..jobs import job_name
@@ -29,6 +29,7 @@ from .finish import apply_outcome, record_checkpoint
 from .observed import CheckpointRead, ObservedJob
 from .retries import classify_failure, job_cause, next_lap_attempt, record_retry
 from .store import store_unavailable
+from .text import cause_text
 
 POD_CONFIG_RETRY_SECONDS = 15.0
 
@@ -73,7 +74,7 @@ def waiting_on_config(c: Ctx, aj: ActiveJob, job: ObservedJob, problem: tuple[st
            "soon as it is fixed; spec.lapTimeout bounds the wait")
     progressing = condition(st, "Progressing")
     if not (st.phase == "Pending" and progressing is not None and progressing.reason == reason
-            and progressing.message == truncate(msg, MAX_CONDITION_MESSAGE_CHARS)):
+            and progressing.message == one_line(msg, MAX_CONDITION_MESSAGE_CHARS)):
         c.phase("Pending", reason, msg)
         c.event("Warning", reason, msg, aj.lap, aj.attempt)
     c.act(RequeueAfter(POD_CONFIG_RETRY_SECONDS))
@@ -131,7 +132,7 @@ def _failed_permanently(c: Ctx, aj: ActiveJob, job: ObservedJob) -> Decision:
     if af is None or (af.lap, af.attempt) != (aj.lap, aj.attempt):
         return Decision([ReadAttemptFailure(aj.lap, aj.attempt)])
     report = af.report or {}
-    detail = report.get("message") or report.get("error") or job_cause(job) or "no failure report was written"
+    detail = cause_text(report.get("message") or report.get("error")) or job_cause(job) or "no failure report was written"
     where = f"lap {aj.lap} attempt {aj.attempt}"
     c.act(LapFinished(aj.lap, LapOutcome.PERMANENT_ERROR, max(0.0, (o.now - (aj.started_at or o.now)).total_seconds())))
     c.act(LapRetried(aj.lap, RetryReason.PERMANENT))

@@ -9,13 +9,13 @@ from agentrun.api.contract import ExitCode
 from agentrun.api.reasons import LapOutcome, Reason, RetryReason
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentRunStatus, LapRetries
-from agentrun.api.text import truncate
+from agentrun.api.text import one_line
 from agentrun.api.types import parse_duration
 
 from .actions import Decision, LapFinished, LapRetried
 from .context import Ctx
 from .observed import ObservedJob
-from .text import lap_cause
+from .text import cause_text, lap_cause
 
 MAX_RETRY_ENTRIES = 20
 MAX_LAST_REASON_CHARS = 512
@@ -41,7 +41,7 @@ def backoff_seconds(spec: AgentRunSpec, failed_attempt: int) -> float:
 def job_cause(job: ObservedJob) -> str | None:
     """The cause of a failed Job's attempt: the runner's message as the shell read it, else taken
     from the pod's termination message (bounded, secrets redacted)."""
-    return job.message or lap_cause(job.termination_message)
+    return cause_text(job.message) or lap_cause(job.termination_message)
 
 
 def classify_failure(job: ObservedJob) -> tuple[RetryReason, str]:
@@ -70,7 +70,7 @@ def record_retry(c: Ctx, lap: int, attempt: int, kind: RetryReason, reason: str,
     metrics get ``kind``). Returns the final Decision when the attempts are exhausted, else None
     (the run is Retrying; the caller goes on to the next step, which waits for the backoff)."""
     o, st = c.o, c.st
-    reason = truncate(reason, MAX_LAST_REASON_CHARS)
+    reason = one_line(reason, MAX_LAST_REASON_CHARS)
     entries = {r.lap: r for r in st.retries}
     entry = entries.get(lap) or LapRetries(lap=lap, retries=0)
     entry.retries = max(entry.retries, attempt)

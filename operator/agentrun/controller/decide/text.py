@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from agentrun.api.approval import MAX_DECIDED_BY_CHARS, MAX_REASON_CHARS, SHA256_HEX_CHARS
 from agentrun.api.contract import FAILURE_LOG_ERROR_FIELD, FAILURE_LOG_MESSAGES
@@ -91,6 +92,17 @@ def _runner_error(line: str) -> str | None:
         if f" {msg} " in line and marker in line:
             return line.split(marker, 1)[1]
     return None
+
+
+def cause_text(text: Any, limit: int = MAX_CAUSE_CHARS) -> str | None:
+    """A failure cause the lap pod wrote (its termination message's ``error``, its attempt report's
+    ``message``) as status, Events and terminals may hold it: the pod's image is the run author's,
+    so the text is theirs — its first line, secrets redacted, control characters escaped, at most
+    ``limit`` characters; None for no text."""
+    if not text or not str(text).strip():
+        return None
+    first = str(text).strip().splitlines()[0]
+    return truncate(escape_controls(redact_secrets(first))[0], limit)
 
 
 def lap_cause(termination_message: str | None, limit: int = MAX_CAUSE_CHARS) -> str | None:
