@@ -251,3 +251,35 @@ def test_check_all_refuses_when_a_named_policy_is_missing_and_names_every_policy
 def test_split_url_reads_hosts_like_the_api_servers_url(url, want):
     """Each pair agrees with the API server's url() (tests/e2e/test_tenancy_policy.py PARSER_PROBES)."""
     assert t.split_url(url) == want
+
+
+def test_only_bindings_that_deny_are_enforced_and_a_missing_policy_follows_its_not_found_action():
+    """Picked as the API server picks them (review finding 4): a Warn/Audit binding (the trial of a
+    stricter policy) admits, so the operator must not fail live runs for it; a paramRef with
+    parameterNotFoundAction Allow admits when its policy is missing; a paramRef.selector applies
+    every policy whose labels match."""
+    warn = _binding("trial", "strict")
+    warn["spec"]["validationActions"] = ["Warn", "Audit"]
+    allow = _binding("optional", "maybe")
+    allow["spec"]["paramRef"]["parameterNotFoundAction"] = "Allow"
+    by_label = _binding("by-label", "ignored")
+    by_label["spec"]["paramRef"] = {"selector": {"matchLabels": {"tier": "prod"}}, "parameterNotFoundAction": "Deny"}
+    refs = t.binding_refs([warn, allow, by_label], {})
+    assert [(r.name, r.deny_if_missing) for r in refs] == [("maybe", False), (None, True)]
+    assert t.binding_params([warn, allow], {}) == ["maybe"]
+    prod = t.AgentRunPolicySpec.model_validate({"budget": {"maxLaps": 5}})
+    got = t.resolve_refs(refs, {"p1": ({"tier": "prod"}, prod), "p2": ({"tier": "dev"}, ALLOW_ALL)})
+    assert got == {"p1": prod}  # "maybe" is missing and allowed; p2's labels do not match
+    none = t.resolve_refs(refs, {})
+    assert none == {"selected by {tier=prod}": None}
+    assert not t.check_all({}, none).ok and "selected by {tier=prod}" in t.check_all({}, none).message
+
+
+def test_the_operators_message_redacts_url_credentials_and_queries_the_admission_message_keeps_them():
+    spec = {"agent": {"model": {"baseURL": "https://u:pw@evil.example/v1?token=abc"}}}
+    check = t.check_all(spec, {"strict": STRICT})
+    assert not check.ok
+    assert "pw" not in check.message and "token=abc" not in check.message
+    assert "https://evil.example/v1" in check.message
+    (v,) = [v for _, vs in check.violations for v in vs if v.field == "spec.agent.model.baseURL"]
+    assert "token=abc" in v.message  # the CEL-parity text, shown only to the requester at admission

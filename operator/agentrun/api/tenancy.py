@@ -43,11 +43,13 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, TypeVar
 
 from pydantic import Field
 
-from .types import USD, APIModel
+from .types import USD, APIModel, redact_url
+
+P = TypeVar("P")
 
 GROUP: Final = "agentrun.dev"
 VERSION: Final = "v1alpha1"
@@ -202,6 +204,19 @@ class Violation:
     def message(self) -> str:
         """The refusal text, identical to the CEL messageExpression's."""
         return f"{self.field} {quote(self.value)} {self.detail} (AgentRunPolicy rule {self.rule})"
+
+    @property
+    def redacted_message(self) -> str:
+        """:attr:`message` for the operator's status and Events: a URL value without its user info,
+        query or fragment (a tool URL may carry a token); the CEL message at admission goes only
+        to the requester."""
+        value = self.value
+        if "://" in value:
+            try:
+                value = redact_url(value)
+            except ValueError:
+                value = "(a malformed URL)"
+        return f"{self.field} {quote(value)} {self.detail} (AgentRunPolicy rule {self.rule})"
 
 
 def quote(value: str) -> str:
@@ -438,9 +453,10 @@ MAX_REFUSAL_CHARS: Final = 4000
 messageExpression result longer than 5000)."""
 
 
-def refusal(policy_name: str, violations: list[Violation]) -> str:
-    """One line naming every violation (the CEL messageExpression, and the operator's condition message)."""
-    text = "; ".join(v.message for v in violations)
+def refusal(policy_name: str, violations: list[Violation], redacted: bool = False) -> str:
+    """One line naming every violation (the CEL messageExpression; ``redacted``: the operator's
+    condition message, URL values without credentials or query)."""
+    text = "; ".join(v.redacted_message if redacted else v.message for v in violations)
     if len(text) > MAX_REFUSAL_CHARS:
         text = text[:MAX_REFUSAL_CHARS] + "..."
     return f"AgentRunPolicy {policy_name}: " + text
@@ -469,20 +485,71 @@ def selector_matches(selector: dict[str, Any] | None, labels: dict[str, str]) ->
     return True
 
 
-def binding_params(bindings: list[dict[str, Any]], namespace_labels: dict[str, str]) -> list[str]:
-    """Names of the AgentRunPolicies that apply to a namespace with these labels: the paramRef.name of
-    every binding of VAP_NAME whose matchResources.namespaceSelector matches (the API server checks
-    each of them; all must pass)."""
-    names = []
+@dataclass(frozen=True)
+class ParamRef:
+    """What one binding of VAP_NAME that selects a namespace refers to: a policy by ``name``, or every
+    policy whose labels match ``selector`` (``paramRef.selector``); ``deny_if_missing`` is its
+    ``parameterNotFoundAction`` (Deny unless Allow)."""
+
+    name: str | None
+    selector: dict[str, Any] | None
+    deny_if_missing: bool
+
+    @property
+    def label(self) -> str:
+        """How a message names it: the policy's name, else its selector."""
+        if self.name:
+            return self.name
+        sel = self.selector or {}
+        parts = [f"{k}={v}" for k, v in sorted((sel.get("matchLabels") or {}).items())]
+        parts += [f"{e.get('key')} {e.get('operator')} {e.get('values') or ''}".strip()
+                  for e in sel.get("matchExpressions") or []]
+        return "selected by {" + ", ".join(parts) + "}"
+
+
+def binding_refs(bindings: list[dict[str, Any]], namespace_labels: dict[str, str]) -> list[ParamRef]:
+    """The policy references the API server enforces for a namespace with these labels, as it picks
+    them: every binding of VAP_NAME whose ``matchResources.namespaceSelector`` matches and whose
+    ``validationActions`` include ``Deny`` (a Warn or Audit binding, the trial of a stricter policy,
+    admits: the operator does not enforce it either), with its ``paramRef`` (by name or selector)."""
+    refs: list[ParamRef] = []
     for b in bindings:
         spec = b.get("spec") or {}
-        if spec.get("policyName") != VAP_NAME:
+        if spec.get("policyName") != VAP_NAME or "Deny" not in (spec.get("validationActions") or []):
             continue
-        sel = (spec.get("matchResources") or {}).get("namespaceSelector")
+        if not selector_matches((spec.get("matchResources") or {}).get("namespaceSelector"), namespace_labels):
+            continue
         ref = spec.get("paramRef") or {}
-        if selector_matches(sel, namespace_labels) and ref.get("name"):
-            names.append(ref["name"])
-    return sorted(set(names))
+        name, selector = ref.get("name") or None, ref.get("selector")
+        if name is None and selector is None:
+            continue  # no paramRef: the API server refuses such a binding of a policy with a paramKind
+        refs.append(ParamRef(name, None if name else selector, ref.get("parameterNotFoundAction") != "Allow"))
+    return refs
+
+
+def binding_params(bindings: list[dict[str, Any]], namespace_labels: dict[str, str]) -> list[str]:
+    """Names of the AgentRunPolicies the enforcing bindings name for a namespace with these labels
+    (:func:`binding_refs` by name)."""
+    return sorted({r.name for r in binding_refs(bindings, namespace_labels) if r.name})
+
+
+def resolve_refs(refs: list[ParamRef], policies: dict[str, tuple[dict[str, str], P]]) -> dict[str, P | None]:
+    """The policies ``refs`` refer to, from ``policies`` (name -> (labels, policy)): each by name,
+    or each whose labels match a selector; a reference that finds none and denies when missing is
+    kept as None (a violation, like ``parameterNotFoundAction: Deny``), one that allows is dropped."""
+    out: dict[str, P | None] = {}
+    for ref in refs:
+        if ref.name is not None:
+            if ref.name in policies:
+                out[ref.name] = policies[ref.name][1]
+            elif ref.deny_if_missing:
+                out[ref.name] = None
+            continue
+        found = {n: p for n, (labels, p) in policies.items() if selector_matches(ref.selector, labels)}
+        out.update(found)
+        if not found and ref.deny_if_missing:
+            out[ref.label] = None
+    return out
 
 
 @dataclass(frozen=True)
@@ -498,7 +565,7 @@ class PolicyCheck:
     @property
     def message(self) -> str:
         """The condition message: every broken policy and its violations, bounded."""
-        text = " | ".join(refusal(n, list(v)) for n, v in self.violations if v)
+        text = " | ".join(refusal(n, list(v), redacted=True) for n, v in self.violations if v)
         return text if len(text) <= 2000 else text[:2000] + "..."
 
 

@@ -27,8 +27,9 @@ from agentrun.api.tenancy import (
     AgentRunPolicySpec,
     PolicyCheck,
     PolicyUnreadable,
-    binding_params,
+    binding_refs,
     check_all,
+    resolve_refs,
 )
 
 from .cache import is_newer, rv_int
@@ -58,14 +59,18 @@ def load_policies(api: Any, namespace: str) -> dict[str, AgentRunPolicySpec | Po
     bindings = [api.sanitize_for_serialization(b)
                 for b in adm.list_validating_admission_policy_binding().items]
     doc = cast("dict[str, Any]", custom.list_cluster_custom_object(GROUP, VERSION, PLURAL))
-    listed = {(p.get("metadata") or {}).get("name"): p for p in doc.get("items") or []}
-    out: dict[str, AgentRunPolicySpec | PolicyUnreadable | None] = {}
-    for name in binding_params(bindings, labels):
-        try:
-            out[name] = AgentRunPolicySpec.model_validate(listed[name].get("spec") or {}) if name in listed else None
-        except ValueError as exc:
-            out[name] = PolicyUnreadable(unreadable_text(exc))
-    return out
+    listed = {str((p.get("metadata") or {}).get("name") or ""): p for p in doc.get("items") or []}
+    return resolve_refs(binding_refs(bindings, labels),
+                        {name: (dict((p.get("metadata") or {}).get("labels") or {}), parse_policy(p))
+                         for name, p in listed.items()})
+
+
+def parse_policy(obj: dict[str, Any]) -> AgentRunPolicySpec | PolicyUnreadable:
+    """An AgentRunPolicy's spec, or why this operator cannot read it."""
+    try:
+        return AgentRunPolicySpec.model_validate(obj.get("spec") or {})
+    except ValueError as exc:
+        return PolicyUnreadable(unreadable_text(exc))
 
 
 def recheck(api: Any, namespace: str, spec: dict[str, Any]) -> PolicyCheck | None:
@@ -167,12 +172,10 @@ class PolicyStore:
             (obj.get("metadata") or {}).pop("managedFields", None)
         store[name] = obj
         if kind == "policies":
-            try:
-                self._parsed[name] = AgentRunPolicySpec.model_validate(obj.get("spec") or {})
-            except ValueError as exc:
-                self._parsed[name] = PolicyUnreadable(unreadable_text(exc))
+            self._parsed[name] = parse_policy(obj)
+            if isinstance(self._parsed[name], PolicyUnreadable):
                 log.warning("tenancy re-check: AgentRunPolicy %s (resourceVersion %s) cannot be read; the runs "
-                            "it applies to are refused: %s", name, rv_int(obj), self._parsed[name].error)
+                            "it applies to are refused: %s", name, rv_int(obj), self._parsed[name])
         self._changed(kind, name, old, obj)
 
     def put_namespace(self, obj: dict[str, Any]) -> None:
@@ -191,13 +194,14 @@ class PolicyStore:
                 return
             affected = None
         else:
-            if old is not None and new is not None and old.get("spec") == new.get("spec"):
+            if old is not None and new is not None and old.get("spec") == new.get("spec") \
+                    and (old.get("metadata") or {}).get("labels") == (new.get("metadata") or {}).get("labels"):
                 return
             log.info("tenancy re-check: AgentRunPolicy %s %s (resourceVersion %s)", name,
                      "deleted" if new is None else "added" if old is None else "changed", rv_int(new) if new is not None else rv_int(old))
             bindings = list(self.bindings.values())
             affected = {ns for ns, o in self.namespaces.items()
-                        if name in binding_params(bindings, o["metadata"]["labels"])}
+                        if any(r.name in (name, None) for r in binding_refs(bindings, o["metadata"]["labels"]))}
         self.changes += 1
         if self.on_change is not None:
             self.on_change(affected)
@@ -215,7 +219,9 @@ class PolicyStore:
             return None
         ns = self.namespaces.get(namespace)
         labels = ns["metadata"]["labels"] if ns is not None else {}
-        return {name: self._parsed.get(name) for name in binding_params(list(self.bindings.values()), labels)}
+        known = {name: (dict((p.get("metadata") or {}).get("labels") or {}), self._parsed[name])
+                 for name, p in self.policies.items() if name in self._parsed}
+        return resolve_refs(binding_refs(list(self.bindings.values()), labels), known)
 
     def check(self, namespace: str, spec: dict[str, Any]) -> PolicyCheck | None:
         """The verdict for a run of ``namespace`` with ``spec`` (None: not enforced)."""
