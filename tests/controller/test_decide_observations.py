@@ -285,3 +285,17 @@ def test_an_attempt_reports_message_is_escaped_and_redacted_and_so_is_the_phases
     for text in (w.status.message, ev.message, *(c.message for c in w.status.conditions)):
         assert "\x1b" not in text and "\u202e" not in text and "sk-abc" not in text and "\n" not in text, text
     assert "api_key=[REDACTED]" in w.status.message
+
+
+def test_a_spec_change_without_a_phase_change_moves_every_conditions_observed_generation():
+    """Review finding 16: status.observedGeneration followed the spec, the conditions' did not (set
+    only when the phase was written), so a client reading a condition could not tell it was
+    decided against the current spec."""
+    w = World(make_spec())
+    w.reconcile()
+    assert {c.observed_generation for c in w.status.conditions} == {w.generation}
+    w.generation += 1  # e.g. spec.budget raised: the lap goes on, the phase stays Running
+    w.reconcile()
+    assert w.status.observed_generation == w.generation
+    assert {c.observed_generation for c in w.status.conditions} == {w.generation}
+    assert w.reconcile().of(d.PatchStatus) == []  # stable

@@ -123,6 +123,9 @@ class StatusWriter:
         st = self.st
         if touch_generation:
             st.observed_generation = self.o.generation
+            for cond in st.conditions:  # decided against this generation, whether or not they changed
+                if cond.type in CONDITION_TYPES:
+                    cond.observed_generation = self.o.generation
         if st.model_dump() != self.o.status.model_dump():
             self.actions.append(PatchStatus(st))
         return Decision(self.actions)
