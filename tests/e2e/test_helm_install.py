@@ -308,7 +308,7 @@ def diag(henv, request):
 # watch cache needs (controller/cache.py: list/watch AgentRuns, Jobs and pods). Nothing else, and nothing cluster-scoped: with
 # exact watchNamespaces Kopf's scanning is disabled (no namespace list, no CRD list/watch).
 EXPECTED_RUN_NS = {
-    "agentruns.agentrun.dev []": {"get", "list", "watch", "patch", "delete"},
+    "agentruns.agentrun.dev []": {"list", "watch", "patch", "delete"},
     "agentruns.agentrun.dev/status []": {"patch", "operate"},  # operate: docs/security.md
     "jobs.batch []": {"create", "list", "watch", "delete"},
     "pods []": {"list", "watch"},

@@ -65,14 +65,13 @@ def test_rbac_least_privilege(helm, values):
                 granted.add((res, v))
     assert granted == {
         ("events", "create"),
-        *{("agentruns", v) for v in ("get", "list", "watch", "patch", "delete")},
+        *{("agentruns", v) for v in ("list", "watch", "patch", "delete")},
         ("agentruns/status", "patch"),
         ("agentruns/status", "operate"),  # how the admission policy agentrun-status-owner knows the operator
         *{("jobs", v) for v in ("create", "list", "watch", "delete")},
         ("pods", "list"),
         ("pods", "watch"),  # the controller's watch cache (controller/cache.py)
-        # Kopf watches CRDs only cluster-wide; with exact watchNamespaces its scanning is disabled
-        *(() if namespaced else (("customresourcedefinitions", "list"), ("customresourcedefinitions", "watch"))),
+        # no CRD list/watch: Kopf's scanning is disabled in every mode (rbac.crdWatch, deprecated, is off)
         *{("leases", v) for v in ("create", "get", "update", "patch")},
     }
     lease_rules = [r for _, ns, r in rules if "leases" in r["resources"]]
@@ -91,12 +90,12 @@ def test_every_rbac_rule_is_commented_framework_or_application():
 def test_cluster_wide_vs_namespaced_rbac(helm):
     _, docs = template(helm)
     crds = {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]}
-    assert crds in one(docs, "ClusterRole", "agentrun-operator")["rules"]  # Kopf watches CRDs cluster-wide
+    assert crds not in one(docs, "ClusterRole", "agentrun-operator")["rules"]  # nothing watches CRDs
     assert one(docs, "ClusterRoleBinding", "agentrun-operator")["subjects"][0]["name"] == "agentrun-operator"
     assert [d["metadata"]["name"] for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")] == [
         "agentrun-approver", "agentrun-operator", "agentrun-operator"]
-    _, docs = template(helm, "--set", "rbac.crdWatch=false")
-    assert crds not in one(docs, "ClusterRole", "agentrun-operator")["rules"]
+    _, docs = template(helm, "--set", "rbac.crdWatch=true")  # deprecated, still honoured
+    assert crds in one(docs, "ClusterRole", "agentrun-operator")["rules"]
     _, docs = template(helm)
     assert not [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "agentrun-operator"]
     env = {e["name"]: e.get("value") for e in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
