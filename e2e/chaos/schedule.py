@@ -154,6 +154,10 @@ def leader_scenario(rng: random.Random, name: str, prefix: str, n: int, skews: t
 SOAK_KINDS = (OPERATOR_KILL, POD_DELETE, POD_SIGKILL, S3_OUTAGE, APISERVER_RESTART, ETCD_RESTART, KUBELET_RESTART)
 
 
+#: A soak wave's time bound per planned lap (2.4x what 100 runs x 20 laps took on 2 cores).
+SOAK_SECONDS_PER_LAP = 1.5
+
+
 def build_soak(seed: int, runs: int, laps: int, minutes: float) -> list[Scenario]:
     """``make soak``: waves of ``runs`` runs of ``laps`` laps each, until ``minutes`` have passed
     (the runner stops starting waves then). Each wave draws 4-8 random faults from every kind
@@ -190,7 +194,10 @@ def build_soak(seed: int, runs: int, laps: int, minutes: float) -> list[Scenario
                 elif kind == KUBELET_RESTART:
                     f.down_seconds = round(r.uniform(1.0, 5.0), 1)
                 faults.append(f)
-            scn = Scenario(name=f"soak{w:03d}", runs=plans, faults=faults, create_over=5, timeout=900)
+            # the wave's bound grows with its laps (100 runs x 20 laps took ~21 min on 2 cores: a
+            # fixed 900 s cut it short); a hang is caught sooner by the runner's stall check
+            scn = Scenario(name=f"soak{w:03d}", runs=plans, faults=faults, create_over=5,
+                           timeout=max(900.0, 300.0 + SOAK_SECONDS_PER_LAP * sum(p.laps for p in plans)))
         out.append(scn)
     return out
 
