@@ -33,6 +33,8 @@ from e2e.chaos.schedule import (
 from e2e.chaos.world import GROUP, PLURAL, REQ_TIMEOUT, VERSION, Watcher, World, say
 
 TERMINAL = ("Succeeded", "Failed", "BudgetExceeded")
+#: How long the garbage collector may take per kept Job (and its pod) once the runs are deleted.
+CLEANUP_SECONDS_PER_JOB = 0.5
 STALL_SECONDS = 240.0  # no lap checkpointed for this long while runs are active: fail early, with a diagnosis
 
 
@@ -396,8 +398,14 @@ class ScenarioRun:
             raise ScenarioFailed(f"scenario {scn.name} (seed {self.seed}, replay: CHAOS_SEED={self.seed} "
                                  f"python -m e2e.chaos --schedule {self.schedule}): {len(violations)} violation(s):\n  "
                                  + "\n  ".join(violations[:40]))
+        say(f"{scn.name}: invariants OK after {elapsed:.0f}s: {len(scn.runs)} runs, {scn.expected_laps} laps, "
+            f"{len(ev.jobs)} Jobs, {(ev.tool.get('totals') or {}).get('executions')} side effects each executed once; "
+            "deleting the runs")
         w.kubectl("delete", "agentruns", "--all", "-n", self.ns, "--wait=true", "--timeout=120s", check=False)
-        left = self.settle("nothing left after deleting the runs", lambda: invariants.check_nothing_left(w, self.ns), 180)
+        # the garbage collector removes every kept Job and its pod: its time grows with their number
+        # (a soak wave of 2,944 Jobs still had 2,583 pods after 180 s)
+        left = self.settle("nothing left after deleting the runs", lambda: invariants.check_nothing_left(w, self.ns),
+                           max(180.0, CLEANUP_SECONDS_PER_JOB * len(ev.jobs)))
         w.kill_operators()
         if left:
             self.diagnose(left)
