@@ -5,7 +5,7 @@ every S3 operation with its documentation) when an S3 client is made: 12-15 ms o
 pod's start. The store's client loads this copy instead (``botocore_data/``, put first in the
 client's data search path, before botocore's own data): the same model with only the operations
 in ``OPERATIONS`` and the shapes they reach, each shape exactly as botocore has it, without the
-``documentation`` strings (they only feed the clients' docstrings). Everything else the client
+``documentation`` strings of operations and shapes (they only feed the clients' docstrings). Everything else the client
 loads (the S3 endpoint rule set, paginators, the ``sdk-extras`` of the model, endpoints,
 partitions, retry rules) still comes from botocore.
 
@@ -55,8 +55,9 @@ def data_path(botocore_version: str | None = None) -> str | None:
 
 def trim(model: Mapping[str, Any], operations: Iterable[str]) -> dict[str, Any]:
     """``model`` (a botocore service model) with only ``operations`` and the shapes they reach
-    (input, output, errors, recursively), without ``documentation`` strings. Raises KeyError for
-    an operation the model does not have."""
+    (input, output, errors, recursively), without the ``documentation`` strings of operations and
+    shapes (the rest as it is: ``clientContextParams`` requires its own). Raises KeyError for an
+    operation the model does not have."""
     shapes = model["shapes"]
     ops = {name: model["operations"][name] for name in sorted(operations)}
     kept: set[str] = set()
@@ -70,9 +71,8 @@ def trim(model: Mapping[str, Any], operations: Iterable[str]) -> dict[str, Any]:
         shape = shapes[name]
         refs = [shape.get("member"), shape.get("key"), shape.get("value"), *shape.get("members", {}).values()]
         todo.extend(ref["shape"] for ref in refs if ref)
-    trimmed: dict[str, Any] = _without_documentation(
-        {**model, "operations": ops, "shapes": {name: shapes[name] for name in sorted(kept)}})
-    return trimmed
+    return {**model, "operations": _without_documentation(ops),
+            "shapes": _without_documentation({name: shapes[name] for name in sorted(kept)})}
 
 
 def _without_documentation(value: Any) -> Any:
