@@ -138,3 +138,20 @@ except SystemExit as e:
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False, env=env)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "None"
+
+
+def test_the_lap_start_parses_no_model_source() -> None:
+    """The API models take their descriptions from ``Field(description=...)``: building them reads
+    no module source (pydantic's ``use_attribute_docstrings`` reads and tokenizes each model's
+    module, which leaves it in ``linecache``)."""
+    probe = """
+import linecache
+from agentrun.api.spec import AgentRunSpec
+from agentrun.lap.config import parse_env
+import agentrun.lap.cli
+AgentRunSpec.model_validate({"task": "t", "agent": {"version": "v1", "model": {"provider": "openai", "name": "m"}}})
+print(",".join(f for f in linecache.cache if "agentrun" in f))
+"""
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == ""
