@@ -1,7 +1,8 @@
-"""The trimmed S3 service model of the store's client (``agentrun.checkpoint.s3model``): made from
-the installed botocore, a subset of its model with each kept shape as botocore has it, covering
-every S3 operation the code calls, and loaded by ``make_client`` only with the botocore version it
-was made from."""
+"""The trimmed botocore data of the store's client (``agentrun.checkpoint.s3model``): made from the
+installed botocore (a subset of its S3 model with each kept shape as botocore has it; the rest of
+what an S3 client loads as botocore has it, endpoints listing S3 only), covering every S3 operation
+the code calls, used only with the botocore version it was made from; and a client made with it
+resolves endpoints as botocore's standard client does and keeps the standard credential chain."""
 
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ def test_the_committed_copy_is_made_from_the_installed_botocore() -> None:
     assert manifest["apiVersion"] == api_version, REGENERATE
     assert manifest["operations"] == sorted(s3model.OPERATIONS), REGENERATE
     assert model == s3model.trim(installed, s3model.OPERATIONS), REGENERATE
+    for name, data in s3model.client_data().items():
+        assert json.loads((s3model.CLIENT_DIR / f"{name}.json").read_text()) == data, (name, REGENERATE)
+    files = {p.relative_to(s3model.CLIENT_DIR).as_posix() for p in s3model.CLIENT_DIR.rglob("*.json")}
+    assert files == {f"{name}.json" for name in s3model.client_data()}
 
 
 def test_each_kept_operation_and_shape_is_botocores_own_and_every_reference_is_kept() -> None:
@@ -65,9 +70,78 @@ def test_trim_refuses_an_operation_the_model_does_not_have() -> None:
 
 
 def test_the_copy_is_used_only_with_the_botocore_version_it_was_made_from() -> None:
-    assert s3model.data_path(botocore.__version__) == str(s3model.DATA_DIR)
-    assert s3model.data_path("0.0.1") is None
-    assert s3model.data_path() == str(s3model.DATA_DIR)
+    assert s3model.usable(botocore.__version__)
+    assert not s3model.usable("0.0.1")
+    assert s3model.usable()
+
+
+def test_the_endpoints_copy_keeps_every_partition_and_only_s3() -> None:
+    endpoints = json.loads((s3model.CLIENT_DIR / "endpoints.json").read_text())
+    installed = s3model.client_data()["endpoints"]
+    assert [p["partition"] for p in endpoints["partitions"]] == [p["partition"] for p in installed["partitions"]]
+    for mine, theirs in zip(endpoints["partitions"], installed["partitions"]):
+        assert set(mine["services"]) == {"s3"} & set(theirs["services"])
+        assert {k: v for k, v in mine.items() if k != "services"} == {k: v for k, v in theirs.items() if k != "services"}
+
+
+def _request(client: Any, op: str, **params: Any) -> tuple[str, ...]:
+    """The URL, signing region and host of the request ``op`` would send (not sent), or the type
+    and message of the error raised before sending it."""
+    seen: dict[str, Any] = {}
+
+    class Sent(Exception):
+        pass
+
+    def capture(request: Any, **_: Any) -> None:
+        seen["url"] = request.url
+        seen["auth"] = request.headers.get("Authorization", b"").decode()
+        raise Sent
+
+    client.meta.events.register(f"before-send.s3.{op}", capture)
+    try:
+        getattr(client, op_method(op))(**params)
+    except Sent:
+        scope = re.search(r"Credential=[^/]+/[0-9]+/([^/]+)/s3", seen["auth"])
+        return seen["url"], scope[1] if scope else "", seen["url"].split("/")[2]
+    except Exception as e:
+        return type(e).__name__, str(e)
+    raise AssertionError(f"{op} was sent")
+
+
+def op_method(op: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", op).lower().replace("v_2", "v2")
+
+
+@pytest.mark.parametrize("endpoint", [None, "http://127.0.0.1:9", "https://s3.example.test:8443/"])
+@pytest.mark.parametrize("region", ["us-east-1", "eu-west-1", "cn-north-1", None])
+@pytest.mark.parametrize("path_style", [False, True])
+@pytest.mark.parametrize("variant", [None, "AWS_USE_DUALSTACK_ENDPOINT", "AWS_USE_FIPS_ENDPOINT"])
+def test_requests_go_where_the_standard_client_sends_them(
+    endpoint: str | None, region: str | None, path_style: bool, variant: str | None, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from botocore.config import Config
+    from botocore.session import Session
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
+    for var in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_DATA_PATH", "AWS_ENDPOINT_URL",
+                "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(var, raising=False)
+    if variant:
+        monkeypatch.setenv(variant, "true")
+    mine = make_client(StoreConfig(uri="s3://b-1/p", endpoint_url=endpoint, region=region, path_style=path_style))
+    standard = Session().create_client("s3", endpoint_url=endpoint, region_name=region, config=Config(
+        s3={"addressing_style": "path" if path_style else "auto"}, retries={"mode": "standard", "max_attempts": 4},
+        connect_timeout=5, read_timeout=30))
+    assert len(mine.meta.service_model.operation_names) < len(standard.meta.service_model.operation_names)
+    assert (mine.meta.region_name, mine.meta.partition, mine.meta.endpoint_url) == (
+        standard.meta.region_name, standard.meta.partition, standard.meta.endpoint_url)
+    for op, params in (("GetObject", {"Bucket": "bucket-1", "Key": "a/b.json"}),
+                       ("PutObject", {"Bucket": "arn:aws:s3:us-west-2:123456789012:accesspoint/ap-1", "Key": "k"}),
+                       ("ListObjectsV2", {"Bucket": "bucket.with.dots", "Prefix": "p/"}),
+                       ("HeadObject", {"Bucket": "bucket-1", "Key": "k"})):
+        assert _request(mine, op, **params) == _request(standard, op, **params), (op, params)
 
 
 def test_the_store_client_has_the_trimmed_model_and_every_operation_the_code_calls() -> None:
@@ -89,3 +163,33 @@ def test_the_store_client_has_the_trimmed_model_and_every_operation_the_code_cal
     for method in sorted(calls):
         assert hasattr(client, method), f"the store's client calls {method} (not in s3model.OPERATIONS)"
     assert client.can_paginate("list_objects_v2")
+
+
+def test_web_identity_credentials_come_from_sts_through_a_standard_session(
+    moto_s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store's client with an endpoint URL (its session's data knows only S3) and no keys in the
+    environment: the web identity provider of the standard chain (IRSA) calls STS (moto's, through
+    AWS_ENDPOINT_URL_STS) with botocore's own STS data, and the S3 requests are signed with the
+    temporary credentials STS returned."""
+    token = tmp_path / "token"
+    token.write_text("eyJhbGciOiJub25lIn0.eyJzdWIiOiJhZ2VudHJ1biJ9.")
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DATA_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token))
+    monkeypatch.setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/agentrun-lap")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", moto_s3_server.endpoint_url)
+    client = make_client(StoreConfig(uri="s3://b-1/p", endpoint_url=moto_s3_server.endpoint_url, region="us-east-1",
+                                     path_style=True))
+    signed: list[str] = []
+    client.meta.events.register("before-send.s3.*", lambda request, **_: signed.append(
+        request.headers["Authorization"].decode()))
+    bucket = "web-identity-1"
+    client.create_bucket(Bucket=bucket)
+    client.put_object(Bucket=bucket, Key="k", Body=b"x")
+    assert client.get_object(Bucket=bucket, Key="k")["Body"].read() == b"x"
+    keys = {re.search(r"Credential=([^/]+)/", auth)[1] for auth in signed}  # type: ignore[index]
+    assert len(keys) == 1 and next(iter(keys)).startswith("ASIA"), keys  # STS's temporary keys

@@ -1,18 +1,33 @@
-"""A trimmed copy of botocore's S3 service model, for the checkpoint store's client.
+"""The data botocore loads for the checkpoint store's S3 client, trimmed to what that client needs.
 
-botocore parses the whole S3 service model (``s3/2006-03-01/service-2.json.gz``, 1.7 MB of JSON:
-every S3 operation with its documentation) when an S3 client is made: 12-15 ms of CPU of every lap
-pod's start. The store's client loads this copy instead (``botocore_data/``, put first in the
-client's data search path, before botocore's own data): the same model with only the operations
-in ``OPERATIONS`` and the shapes they reach, each shape exactly as botocore has it, without the
-``documentation`` strings of operations and shapes (they only feed the clients' docstrings). Everything else the client
-loads (the S3 endpoint rule set, paginators, the ``sdk-extras`` of the model, endpoints,
-partitions, retry rules) still comes from botocore.
+Making an S3 client, botocore parses the whole S3 service model (``s3/2006-03-01/service-2.json.gz``,
+1.7 MB of JSON: every S3 operation with its documentation, 12-15 ms of CPU) and the endpoints of
+every AWS service (``endpoints.json``, 1.2 MB, 15-18 ms), after listing its data directory (~450
+services) twice (10-12 ms): 40 ms of every lap pod's start. Made from the installed botocore's
+data by ``python -m agentrun.checkpoint.s3model`` into ``botocore_data/``:
 
-The copy is made from the installed botocore by ``python -m agentrun.checkpoint.s3model`` (run it
-after changing botocore's version; ``tests/checkpoint/test_s3model.py`` fails until then), and is
-used only with the botocore version it was made from (``agentrun-s3-model.json``); with any other
-version the client loads botocore's full model, as ``boto3.client("s3")`` does.
+- ``model/``: the S3 service model with only the operations in ``OPERATIONS`` and the shapes they
+  reach, each as botocore has it, without the ``documentation`` strings of operations and shapes
+  (they only feed the clients' docstrings);
+- ``client/``: the rest of what an S3 client loads, as botocore has it, except ``endpoints.json``
+  whose partitions list only the S3 service: the S3 model's ``sdk-extras``, its endpoint rule set
+  and paginators, ``partitions.json``, ``sdk-default-configuration.json``, ``_retry.json``.
+
+``session(endpoint_url, region)`` is the botocore session the store's client is made from:
+
+- with an endpoint URL (an S3-compatible store, or S3 through a given endpoint) and no
+  ``AWS_DATA_PATH``: a session whose data loader knows only ``model/`` and ``client/``, and whose
+  credential and token providers are those of a standard session (``create_credential_resolver``
+  with the client's region, as the session makes them), so the credential chain's own clients
+  (STS for web identity, SSO, sign-in) are made by that standard session with botocore's data.
+  With an endpoint URL, botocore's endpoint resolution does not depend on whether
+  ``endpoints.json`` is its own (``args.py``, ``compute_endpoint_resolver_builtin_defaults``);
+- otherwise (AWS's own endpoints): a standard session whose data search path has ``model/`` before
+  botocore's data (after ``AWS_DATA_PATH``): only the S3 model is the trimmed one.
+
+The copy is used only with the botocore version it was made from (``agentrun-s3-model.json``); with
+any other version the session is a standard one, as ``boto3.client("s3")`` uses, until it is made
+again (``tests/checkpoint/test_s3model.py`` fails until then).
 """
 
 from __future__ import annotations
@@ -32,14 +47,17 @@ OPERATIONS = (
     "CreateBucket",
 )  # fmt: skip
 DATA_DIR = Path(__file__).with_name("botocore_data")
+MODEL_DIR = DATA_DIR / "model"
+CLIENT_DIR = DATA_DIR / "client"
 MANIFEST = DATA_DIR / "agentrun-s3-model.json"
 """``{"botocore": <version the copy was made from>, "apiVersion": ..., "operations": [...]}``."""
 SERVICE = "s3"
+CLIENT_DATA = ("endpoints", "partitions", "sdk-default-configuration", "_retry")
+SERVICE_DATA = ("service-2.sdk-extras", "endpoint-rule-set-1", "paginators-1", "paginators-1.sdk-extras")
 
 
-def data_path(botocore_version: str | None = None) -> str | None:
-    """The data directory of the trimmed model when it was made from ``botocore_version`` (default:
-    the installed botocore's), else None."""
+def usable(botocore_version: str | None = None) -> bool:
+    """Whether the copy was made from ``botocore_version`` (default: the installed botocore's)."""
     if botocore_version is None:
         import botocore
 
@@ -47,10 +65,35 @@ def data_path(botocore_version: str | None = None) -> str | None:
     try:
         manifest = json.loads(MANIFEST.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    if manifest.get("botocore") != botocore_version:
-        return None
-    return str(DATA_DIR)
+        return False
+    return bool(manifest.get("botocore") == botocore_version)
+
+
+def session(endpoint_url: str | None, region: str | None) -> Any:
+    """The botocore session to make the store's S3 client from (see above)."""
+    import os
+
+    from botocore.loaders import Loader, create_loader
+    from botocore.session import Session
+
+    standard = Session()
+    if not usable():
+        return standard
+    data_path = standard.get_config_variable("data_path")
+    if endpoint_url and not data_path:
+        from botocore.credentials import create_credential_resolver
+        from botocore.tokens import create_token_resolver
+
+        s3 = Session()
+        s3.register_component("data_loader", Loader(
+            extra_search_paths=[str(MODEL_DIR), str(CLIENT_DIR)], include_default_search_paths=False))
+        region_name = region or standard.get_config_variable("region")  # as Session.create_client
+        s3.register_component("credential_provider", create_credential_resolver(standard, region_name=region_name))
+        s3.register_component("token_provider", create_token_resolver(standard))
+        return s3
+    paths = [data_path, str(MODEL_DIR)]
+    standard.register_component("data_loader", create_loader(os.pathsep.join(p for p in paths if p)))
+    return standard
 
 
 def trim(model: Mapping[str, Any], operations: Iterable[str]) -> dict[str, Any]:
@@ -94,24 +137,42 @@ def installed_model() -> tuple[str, dict[str, Any]]:
 
 
 def model_file(api_version: str) -> Path:
-    return DATA_DIR / SERVICE / api_version / "service-2.json"
+    return MODEL_DIR / SERVICE / api_version / "service-2.json"
+
+
+def client_data() -> dict[str, Any]:
+    """``client/``'s files (path under it without ``.json`` -> data) from the installed botocore."""
+    from botocore.loaders import Loader
+
+    loader = Loader(include_default_search_paths=False, extra_search_paths=[Loader.BUILTIN_DATA_PATH])
+    api_version = loader.determine_latest_version(SERVICE, "service-2")
+    files: dict[str, Any] = {name: loader.load_data(name) for name in CLIENT_DATA}
+    endpoints = files["endpoints"]
+    files["endpoints"] = {**endpoints, "partitions": [
+        {**p, "services": {k: v for k, v in p["services"].items() if k == SERVICE}} for p in endpoints["partitions"]]}
+    for name in SERVICE_DATA:
+        files[f"{SERVICE}/{api_version}/{name}"] = loader.load_data(f"{SERVICE}/{api_version}/{name}")
+    return files
 
 
 def write() -> Path:
-    """Make the trimmed copy from the installed botocore (replacing the one there was)."""
+    """Make the copy from the installed botocore (replacing the one there was)."""
+    import shutil
+
     import botocore
 
     api_version, model = installed_model()
-    for old in DATA_DIR.glob(f"{SERVICE}/*/service-2.json"):
-        old.unlink()
-        old.parent.rmdir()
+    shutil.rmtree(DATA_DIR, ignore_errors=True)
     path = model_file(api_version)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(trim(model, OPERATIONS), separators=(",", ":")) + "\n",
-                    encoding="utf-8")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(trim(model, OPERATIONS), separators=(",", ":")) + "\n", encoding="utf-8")
+    for name, data in client_data().items():
+        target = CLIENT_DIR / f"{name}.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(data, separators=(",", ":")) + "\n", encoding="utf-8")
     MANIFEST.write_text(json.dumps({"botocore": botocore.__version__, "apiVersion": api_version,
                                     "operations": sorted(OPERATIONS)}, indent=2) + "\n", encoding="utf-8")
-    return path
+    return DATA_DIR
 
 
 if __name__ == "__main__":
