@@ -18,8 +18,8 @@ def _modules_after(code: str, *names: str) -> list[str]:
     return [n for n in p.stdout.strip().split(",") if n]
 
 
-def test_the_lap_entrypoint_imports_neither_kopf_nor_kubernetes() -> None:
-    assert _modules_after("import agentrun.lap.cli", "kopf", "kubernetes") == []
+def test_the_lap_entrypoint_imports_neither_kopf_nor_kubernetes_nor_click() -> None:
+    assert _modules_after("import agentrun.lap.cli", "kopf", "kubernetes", "click") == []
 
 
 def test_optional_dependencies_are_not_imported_at_lap_start_up() -> None:
@@ -74,12 +74,84 @@ assert type(store.client).__name__ == "S3", type(store.client)
     assert _modules_after(code, "boto3", "s3transfer", "botocore") == ["botocore"]
 
 
-def test_the_lap_package_turns_pydantic_plugin_discovery_off_unless_the_environment_sets_it() -> None:
-    probe = "import os, agentrun.lap.cli; print(repr(os.environ.get('PYDANTIC_DISABLE_PLUGINS')))"
-    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+def _lap_probe(argv: list[str], env: dict[str, str]) -> list[str]:
+    """Runs the ``agentrun`` console script's function with ``argv``, in a fresh interpreter; the
+    exit code, then whether click was imported, then PYDANTIC_DISABLE_PLUGINS."""
+    probe = f"""
+import os, sys
+sys.argv = {["agentrun", *argv]!r}
+from agentrun.cli.entry import main
+try:
+    main()
+except SystemExit as e:
+    print(e.code)
+print("click" in sys.modules)
+print(repr(os.environ.get("PYDANTIC_DISABLE_PLUGINS")))
+"""
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip().splitlines()[-3:]
+
+
+def _env_without(*names: str) -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in names and not k.startswith("AGENTRUN_")}
+
+
+def test_the_console_script_is_the_entry_that_dispatches_the_lap_without_click() -> None:
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"]["agentrun"] == "agentrun.cli.entry:main"
+    assert _modules_after("import agentrun.cli.entry, agentrun.lap.entry", "click", "pydantic", "botocore") == []
+
+
+def test_agentrun_lap_runs_the_lap_without_importing_click() -> None:
+    """``agentrun lap`` (the lap Job's command) with no configuration: the lap's own refusal (exit 2,
+    permanent), with click never imported; ``agentrun lap --help`` is click's."""
+    code, click_loaded, _ = _lap_probe(["lap"], _env_without())
+    assert (code, click_loaded) == ("2", "False")
+    code, click_loaded, _ = _lap_probe(["lap", "--help"], _env_without())
+    assert (code, click_loaded) == ("0", "True")
+
+
+def test_the_lap_entry_turns_pydantic_plugin_discovery_off_unless_the_environment_sets_it() -> None:
+    """Set by the lap's process entry (both ``agentrun lap`` and the click command ``python -m
+    agentrun.cli.main lap``), before the lap builds a pydantic model; importing the package does
+    not touch the importer's environment."""
+    env = _env_without("PYDANTIC_DISABLE_PLUGINS")
     for given, expected in ((None, "'__all__'"), ("", "''"), ("logfire", "'logfire'")):
         run_env = env if given is None else {**env, "PYDANTIC_DISABLE_PLUGINS": given}
-        p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
-                           check=False, env=run_env)
-        assert p.returncode == 0, p.stderr
-        assert p.stdout.strip() == expected, (given, p.stdout)
+        assert _lap_probe(["lap"], run_env)[::2] == ["2", expected], given
+    click_path = """
+import os, sys
+from agentrun.cli.main import main
+try:
+    main(["lap"])
+except SystemExit as e:
+    print(e.code, repr(os.environ.get("PYDANTIC_DISABLE_PLUGINS")))
+"""
+    p = subprocess.run([sys.executable, "-c", click_path], capture_output=True, text=True, timeout=60, check=False,
+                       env=env)
+    assert p.stdout.split() == ["2", "'__all__'"], p.stderr
+    probe = "import os, agentrun.lap, agentrun.lap.cli; print(repr(os.environ.get('PYDANTIC_DISABLE_PLUGINS')))"
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "None"
+
+
+def test_the_lap_start_parses_no_model_source() -> None:
+    """The API models take their descriptions from ``Field(description=...)``: building them reads
+    no module source (pydantic's ``use_attribute_docstrings`` reads and tokenizes each model's
+    module, which leaves it in ``linecache``)."""
+    probe = """
+import linecache
+from agentrun.api.spec import AgentRunSpec
+from agentrun.lap.config import parse_env
+import agentrun.lap.cli
+AgentRunSpec.model_validate({"task": "t", "agent": {"version": "v1", "model": {"provider": "openai", "name": "m"}}})
+print(",".join(f for f in linecache.cache if "agentrun" in f))
+"""
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == ""

@@ -9,7 +9,7 @@ import click
 
 # subcommand name -> "module:attribute" of a click.Command
 SUBCOMMANDS = {
-    "lap": "agentrun.lap.cli:lap_command",
+    "lap": "agentrun.lap.command:lap_command",
     "operator": "agentrun.controller.cli:operator_command",
     "crd": "agentrun.api.crdgen:crd_command",
     "trace": "agentrun.cli.trace:trace_command",

@@ -1,7 +1,8 @@
-"""``agentrun lap``: run exactly one lap of an AgentRun, configured by the environment.
+"""``agentrun lap``: run exactly one lap of an AgentRun, configured by the environment
+(``run_from_env``; the process entry is ``agentrun.lap.entry``, its click command ``agentrun.lap.command``).
 
 Exit codes (docs/contracts.md): 0 checkpoint written; 3 lap already checkpointed; 75 retryable;
-2 permanent. Needs no Kubernetes API access (imports neither kubernetes nor kopf).
+2 permanent. Needs no Kubernetes API access (imports neither kubernetes nor kopf) and imports no click.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
-
-import click
 
 from agentrun.api.contract import (
     FAILURE_LOG_ERROR_FIELD,
@@ -109,8 +108,3 @@ def _report_config_failure(env: Mapping[str, str], code: int, message: str, log:
         return
     report_failure(store, run, lap, attempt, code, message, env.get(Env.AGENT_VERSION) or None, log)
 
-
-@click.command("lap")
-def lap_command() -> None:
-    """Run one lap of an AgentRun (configured by AGENTRUN_* environment variables)."""
-    sys.exit(run_from_env(os.environ))

@@ -1,0 +1,18 @@
+"""The ``agentrun`` console script. ``agentrun lap`` exactly (the lap Job's command line, see
+``controller/jobs.py``) runs the lap without importing click (``agentrun.lap.entry``: 20-25 ms of
+CPU of every lap pod's start); any other command line, ``agentrun lap --help`` included, goes to
+the click group ``agentrun.cli.main:main``."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    if sys.argv[1:] == ["lap"]:
+        from agentrun.lap.entry import main as lap_main
+
+        lap_main()
+    from agentrun.cli.main import main as click_main
+
+    click_main()
