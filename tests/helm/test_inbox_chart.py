@@ -4,7 +4,9 @@ TokenReviews in token mode), the session key from a Secret, and values refused b
 from __future__ import annotations
 
 import pytest
-from helm_support import template
+from helm_support import ROOT, template
+
+NP_VALUES = ROOT / "tests" / "helm" / "networkpolicy-values.yaml"
 
 ON = ["--set", "inbox.enabled=true"]
 
@@ -227,22 +229,24 @@ def test_the_operator_policy_selects_only_the_operator_and_lets_the_webhook_out(
 
 
 def test_the_inbox_has_its_own_egress_policy(helm):
-    values = ["-f", str(__import__("helm_support").ROOT / "tests" / "helm" / "networkpolicy-values.yaml")]
-    _, docs = template(helm, *ON, *values)
+    values = ["-f", str(NP_VALUES)]  # the inbox behind a front proxy, an extra egress rule (dex)
+    dex = {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "dex"}}}],
+           "ports": [{"protocol": "TCP", "port": 5556}]}
+    _, docs = template(helm, *values)
     pol = _policies(docs)["inbox-egress"]
     assert _selects(pol, _pod_labels(docs, "inbox")) and not _selects(pol, _pod_labels(docs, "operator"))
     operator = _policies(docs)["operator-egress"]["spec"]["egress"]
     egress = pol["spec"]["egress"]
-    assert egress == operator[:3]  # DNS, the API server, the store: the same rules as the operator's
+    assert egress[:3] == operator[:3]  # DNS, the API server, the store: the same rules as the operator's
     assert {p["port"] for p in egress[0]["ports"]} == {53}
+    assert egress[3:] == [dex]  # no sidecar: no OIDC issuer rule (the front proxy does the OIDC)
     # with the auth proxy sidecar: its OIDC issuer too (public internet, or the CIDRs given); extra rules last
-    extra = ["--set", "networkPolicy.inbox.extraEgress[0].to[0].namespaceSelector.matchLabels.name=dex",
-             "--set", "networkPolicy.inbox.extraEgress[0].ports[0].port=5556"]
-    _, docs = template(helm, *PROXY, *SIDECAR, *values, *extra)
+    sidecar = [*SIDECAR, "--set", "inbox.proxy.frontProxy.trusted=false"]
+    _, docs = template(helm, *values, *sidecar)
     egress = _policies(docs)["inbox-egress"]["spec"]["egress"]
     assert egress[3]["ports"] == [{"protocol": "TCP", "port": 443}] and egress[3]["to"][0]["ipBlock"]["cidr"] == "0.0.0.0/0"
-    assert egress[4] == {"to": [{"namespaceSelector": {"matchLabels": {"name": "dex"}}}], "ports": [{"port": 5556}]}
-    _, docs = template(helm, *PROXY, *SIDECAR, *values, "--set", "networkPolicy.inbox.oidcIssuer.cidrs={10.60.0.5/32}")
+    assert "169.254.0.0/16" in egress[3]["to"][0]["ipBlock"]["except"] and egress[4:] == [dex]
+    _, docs = template(helm, *values, *sidecar, "--set", "networkPolicy.inbox.oidcIssuer.cidrs={10.60.0.5/32}")
     assert _policies(docs)["inbox-egress"]["spec"]["egress"][3]["to"] == [{"ipBlock": {"cidr": "10.60.0.5/32"}}]
     _, docs = template(helm)  # no inbox: no inbox policy
     assert "inbox-egress" not in _policies(docs)
