@@ -220,6 +220,26 @@ def test_a_forbidden_scope_is_not_watched_again_and_sends_nothing():
     assert out.empty() and api.calls == [("list", "secret-ns")]
 
 
+def test_a_refusal_inside_the_watch_stream_ends_it_too_and_a_410_asks_for_one_resync():
+    import queue
+
+    out: queue.Queue = queue.Queue(maxsize=10)
+    api = WatchApi(events=[{"type": "ERROR", "object": {"kind": "Status", "code": 403, "message": "forbidden"}}])
+    t = _run_watch(Inbox(api, Settings()), "a", out, threading.Event())
+    assert not t.is_alive() and out.empty() and api.calls == [("list", "a"), ("watch", "a")]
+
+    class Expired(WatchApi):  # the first watch is too old (410), the second is refused (403)
+        def watch_runs(self, user, scope, rv, timeout):
+            self._call("watch", scope)
+            code = 410 if len(self.calls) == 2 else 403
+            yield {"type": "ERROR", "object": {"kind": "Status", "code": code}}
+
+    api = Expired()
+    t = _run_watch(Inbox(api, Settings()), "a", out, threading.Event())
+    assert not t.is_alive() and api.calls == [("list", "a"), ("watch", "a"), ("list", "a"), ("watch", "a")]
+    assert out.get_nowait() == {"type": "RESYNC", "key": ""} and out.empty()
+
+
 def test_a_full_queue_never_blocks_the_watch_and_stop_ends_it():
     import queue
 

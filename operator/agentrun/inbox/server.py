@@ -239,10 +239,13 @@ class Inbox:
                     obj = ev.get("object") or {}
                     meta = obj.get("metadata") or {}
                     if ev.get("type") == "ERROR":
-                        if obj.get("code") == 410:
+                        code = obj.get("code")
+                        if code == 410:
                             rv = None
                             _offer(out, {"type": "RESYNC", "key": ""})  # events may have been missed
-                        break
+                            break
+                        raise ApiError(int(code) if isinstance(code, int) else 500, json.dumps(obj)[:4000],
+                                       "watch agentruns")
                     rv = meta.get("resourceVersion") or rv
                     if ev.get("type") != "BOOKMARK":
                         _offer(out, {"type": ev.get("type"), "key": f"{meta.get('namespace')}/{meta.get('name')}"})
