@@ -315,3 +315,29 @@ def test_behind_an_auth_proxy_the_forwarded_user_decides(inbox, browser):
     page = anon.new_page()
     assert page.goto(f"{url}/").status == 401
     anon.close()
+
+
+def test_behind_an_auth_proxy_a_forged_system_masters_group_is_refused(inbox):
+    """Proxy mode: a pod that reaches the inbox and sends X-Forwarded-Groups: system:masters would
+    be cluster-admin through the inbox's impersonation (its ServiceAccount may impersonate any
+    group); the inbox refuses system: users and groups from headers before any API request."""
+    import httpx
+
+    e = inbox.env
+    url = inbox.spawn("proxy")
+    st = waiting_run(e, "inbox-forged")
+    forged = {"X-Forwarded-User": "mallory", "X-Forwarded-Groups": "system:masters"}
+    r = httpx.get(f"{url}/fragment", headers=forged)
+    assert r.status_code == 403 and "system:masters" in r.text and "inbox-forged" not in r.text, r.text
+    fields = {"namespace": e.ns, "name": "inbox-forged", "callId": st["approval"]["callId"],
+              "sha256": st["approval"]["argumentsSha256"], "decision": "approve", "reason": "forged"}
+    r = httpx.post(f"{url}/decide", headers={**forged, "Accept": "application/json"}, data=fields)
+    assert r.status_code == 403 and "system:" in r.json()["message"], r.text
+    r = httpx.get(f"{url}/fragment", headers={**forged, "X-Forwarded-User": "system:admin", "X-Forwarded-Groups": ""})
+    assert r.status_code == 403 and "system:admin" in r.text
+    # the same person without the system: group is signed in (as herself, who may see nothing here)
+    r = httpx.get(f"{url}/fragment", headers={"X-Forwarded-User": "mallory"})
+    assert r.status_code == 200 and "inbox-forged" not in r.text
+    assert "refused: the auth proxy's headers name the group system:masters" in inbox.log.read_text()
+    assert ANN_APPROVED not in annotations(e, "inbox-forged")
+    assert e.status("inbox-forged")["phase"] == "AwaitingApproval"

@@ -4,7 +4,9 @@ TokenReviews in token mode), the session key from a Secret, and values refused b
 from __future__ import annotations
 
 import pytest
-from helm_support import template
+from helm_support import ROOT, template
+
+NP_VALUES = ROOT / "tests" / "helm" / "networkpolicy-values.yaml"
 
 ON = ["--set", "inbox.enabled=true"]
 
@@ -144,6 +146,120 @@ def test_notifications_env_of_the_operator(helm, tmp_path):
 ])
 def test_invalid_notification_values_are_refused(helm, flags, expect):
     proc, _ = template(helm, *flags, check=False)
+    assert proc.returncode != 0
+    for text in expect:
+        assert text in proc.stderr, proc.stderr
+
+
+# --- proxy mode's trust (docs/inbox.md "Trust") and the NetworkPolicies of the operator and the inbox ---
+
+PROXY = [*ON, "--set", "inbox.auth=proxy"]
+FRONT = [*PROXY, "--set", "inbox.proxy.frontProxy.trusted=true",
+         "--set", "inbox.proxy.frontProxy.namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=auth",
+         "--set", "inbox.proxy.frontProxy.podSelector.matchLabels.app=oauth2-proxy"]
+SIDECAR = ["--set", "inbox.proxy.sidecar.name=oauth2-proxy", "--set", "inbox.proxy.sidecar.image=oauth2-proxy:v7"]
+
+
+def _policies(docs):
+    return {d["metadata"]["name"].removeprefix("agentrun-operator-"): d for d in docs if d["kind"] == "NetworkPolicy"}
+
+
+def _pod_labels(docs, component):
+    dep = next(d for d in docs if d["kind"] == "Deployment"
+               and d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == component)
+    return dep["spec"]["template"]["metadata"]["labels"]
+
+
+def _selects(policy, labels):
+    sel = policy["spec"]["podSelector"]
+    assert set(sel) == {"matchLabels"}, sel
+    return all(labels.get(k) == v for k, v in sel["matchLabels"].items())
+
+
+def test_proxy_mode_without_a_sidecar_is_refused_unless_a_front_proxy_is_acknowledged(helm):
+    proc, _ = template(helm, *PROXY, check=False)
+    assert proc.returncode != 0
+    assert "inbox.proxy.frontProxy.trusted" in proc.stderr and "inbox.proxy.sidecar" in proc.stderr, proc.stderr
+    proc, _ = template(helm, *PROXY, "--set", "inbox.proxy.frontProxy.trusted=true", check=False)
+    assert proc.returncode != 0 and "inbox.proxy.frontProxy.podSelector" in proc.stderr, proc.stderr
+
+
+def test_a_trusted_front_proxy_is_the_only_peer_let_in(helm):
+    for flags in (FRONT, [*FRONT, "--set", "networkPolicy.enabled=false"]):  # rendered either way
+        _, docs = template(helm, *flags)
+        pol = _policies(docs)["inbox-ingress"]
+        assert pol["spec"]["policyTypes"] == ["Ingress"]
+        assert _selects(pol, _pod_labels(docs, "inbox")) and not _selects(pol, _pod_labels(docs, "operator"))
+        assert pol["spec"]["ingress"] == [{
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "auth"}},
+                      "podSelector": {"matchLabels": {"app": "oauth2-proxy"}}}],
+            "ports": [{"protocol": "TCP", "port": 8080}]}]
+        assert _env(_one(docs, "Deployment"))["AGENTRUN_INBOX_LISTEN"] == "0.0.0.0"
+    # a sidecar or token mode: no ingress policy (loopback only; a token is needed)
+    for flags in ([*PROXY, *SIDECAR], ON):
+        _, docs = template(helm, *flags)
+        assert "inbox-ingress" not in _policies(docs)
+
+
+def test_proxy_mode_may_not_impersonate_service_accounts_and_system_masters_is_refused(helm):
+    _, docs = template(helm, *PROXY, *SIDECAR)
+    assert [r["resources"] for r in _one(docs, "ClusterRole")["rules"]] == [["users"], ["groups"]]
+    for key in ("groups", "users"):
+        proc, _ = template(helm, *ON, "--set", f"inbox.impersonate.{key}={{finance,system:masters}}", check=False)
+        assert proc.returncode != 0 and "system:masters" in proc.stderr, proc.stderr
+    _, docs = template(helm, *ON, "--set", "inbox.impersonate.groups={finance,system:authenticated}")
+    assert _one(docs, "ClusterRole")["rules"][1]["resourceNames"] == ["finance", "system:authenticated"]
+
+
+def test_the_operator_policy_selects_only_the_operator_and_lets_the_webhook_out(helm):
+    hooks = ["--set", "notifications.enabled=true", "--set", "notifications.webhook.secretName=hooks"]
+    store = ["--set", "networkPolicy.store.cidrs={10.40.0.0/24}", "--set", "networkPolicy.store.ports={9000}"]
+    _, docs = template(helm, *ON, *hooks, *store)
+    pol = _policies(docs)["operator-egress"]
+    assert _selects(pol, _pod_labels(docs, "operator")) and not _selects(pol, _pod_labels(docs, "inbox"))
+    webhook = pol["spec"]["egress"][-1]
+    assert webhook["ports"] == [{"protocol": "TCP", "port": 443}]
+    assert webhook["to"][0]["ipBlock"]["cidr"] == "0.0.0.0/0" and "169.254.0.0/16" in webhook["to"][0]["ipBlock"]["except"]
+    _, docs = template(helm, *hooks, *store, "--set", "networkPolicy.webhook.cidrs={10.50.0.0/16}",
+                       "--set", "networkPolicy.webhook.ports={8443}")
+    assert _policies(docs)["operator-egress"]["spec"]["egress"][-1] == {
+        "to": [{"ipBlock": {"cidr": "10.50.0.0/16"}}], "ports": [{"protocol": "TCP", "port": 8443}]}
+    _, docs = template(helm, *store)  # notifications off: DNS, API server, store only
+    assert len(_policies(docs)["operator-egress"]["spec"]["egress"]) == 3
+
+
+def test_the_inbox_has_its_own_egress_policy(helm):
+    values = ["-f", str(NP_VALUES)]  # the inbox behind a front proxy, an extra egress rule (dex)
+    dex = {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "dex"}}}],
+           "ports": [{"protocol": "TCP", "port": 5556}]}
+    _, docs = template(helm, *values)
+    pol = _policies(docs)["inbox-egress"]
+    assert _selects(pol, _pod_labels(docs, "inbox")) and not _selects(pol, _pod_labels(docs, "operator"))
+    operator = _policies(docs)["operator-egress"]["spec"]["egress"]
+    egress = pol["spec"]["egress"]
+    assert egress[:3] == operator[:3]  # DNS, the API server, the store: the same rules as the operator's
+    assert {p["port"] for p in egress[0]["ports"]} == {53}
+    assert egress[3:] == [dex]  # no sidecar: no OIDC issuer rule (the front proxy does the OIDC)
+    # with the auth proxy sidecar: its OIDC issuer too (public internet, or the CIDRs given); extra rules last
+    sidecar = [*SIDECAR, "--set", "inbox.proxy.frontProxy.trusted=false"]
+    _, docs = template(helm, *values, *sidecar)
+    egress = _policies(docs)["inbox-egress"]["spec"]["egress"]
+    assert egress[3]["ports"] == [{"protocol": "TCP", "port": 443}] and egress[3]["to"][0]["ipBlock"]["cidr"] == "0.0.0.0/0"
+    assert "169.254.0.0/16" in egress[3]["to"][0]["ipBlock"]["except"] and egress[4:] == [dex]
+    _, docs = template(helm, *values, *sidecar, "--set", "networkPolicy.inbox.oidcIssuer.cidrs={10.60.0.5/32}")
+    assert _policies(docs)["inbox-egress"]["spec"]["egress"][3]["to"] == [{"ipBlock": {"cidr": "10.60.0.5/32"}}]
+    _, docs = template(helm)  # no inbox: no inbox policy
+    assert "inbox-egress" not in _policies(docs)
+
+
+@pytest.mark.parametrize("flags, expect", [
+    (["--set", "inbox.proxy.frontProxy.trust=true"], ["/inbox/proxy/frontProxy", "'trust' not allowed"]),
+    (["--set", "inbox.proxy.frontProxy.podSelector.app=x"], ["/inbox/proxy/frontProxy/podSelector", "'app' not allowed"]),
+    (["--set", "networkPolicy.webhook.cidrs={hooks.slack.com}"], ["/networkPolicy/webhook/cidrs/0"]),
+    (["--set", "networkPolicy.inbox.oidcIssuer.ports={0}"], ["/networkPolicy/inbox/oidcIssuer/ports/0"]),
+])
+def test_invalid_proxy_and_policy_values_are_refused(helm, flags, expect):
+    proc, _ = template(helm, *ON, *flags, check=False)
     assert proc.returncode != 0
     for text in expect:
         assert text in proc.stderr, proc.stderr

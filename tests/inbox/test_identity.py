@@ -80,3 +80,22 @@ def test_a_huge_groups_header_is_refused_after_the_first_groups_beyond_the_limit
     with pytest.raises(identity.IdentityError, match="groups"):
         identity.proxy_user(h, "X-Forwarded-User", "X-Forwarded-Groups")
     assert len(seen) == 1 + identity.MAX_GROUPS  # the name, then the groups up to the limit
+
+
+_NAMES = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E, blacklist_characters=","), max_size=20)
+
+
+@given(st.one_of(_NAMES, _NAMES.map(lambda s: "system:" + s)),
+       st.lists(st.one_of(_NAMES, _NAMES.map(lambda s: "system:" + s), _NAMES.map(lambda s: " system:" + s)), max_size=6))
+def test_no_system_identity_ever_comes_from_proxy_headers(name, groups):
+    h = {"x-forwarded-user": name, "x-forwarded-groups": ",".join(groups)}
+    try:
+        user = identity.proxy_user(h, "X-Forwarded-User", "X-Forwarded-Groups")
+    except identity.ReservedIdentity as e:
+        assert e.value.startswith("system:") and "system:" in str(e)
+        return
+    except identity.IdentityError:
+        return
+    assert user is None or (not user.name.startswith("system:") and not any(g.startswith("system:") for g in user.groups))
+    if user is None:
+        assert not name.strip()

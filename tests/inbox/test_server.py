@@ -114,3 +114,188 @@ def test_where_the_inbox_looks_for_runs():
     assert Inbox(ScopedApi(["a", "b"]), Settings()).scopes(alice) == (["a", "b"], [])
     scopes, notices = Inbox(ScopedApi(None), Settings()).scopes(alice)
     assert scopes == [] and "inbox.namespaces" in notices[0]
+
+
+# --- proxy mode: system: identities are never taken from headers (docs/inbox.md "Trust") ---
+
+@pytest.fixture(scope="module")
+def proxy_url():
+    srv = make_server(Inbox(NoApi(), Settings(auth="proxy", key=KEY, secure_cookies=False)), "127.0.0.1", 0)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.mark.parametrize("headers, what", [
+    ({"X-Forwarded-User": "mallory", "X-Forwarded-Groups": "finance,system:masters"}, "group system:masters"),
+    ({"X-Forwarded-User": "mallory", "X-Forwarded-Groups": "ops, system:nodes"}, "group system:nodes"),
+    ({"X-Forwarded-User": "system:serviceaccount:kube-system:clusterrole-aggregation-controller"},
+     "user system:serviceaccount:kube-system:clusterrole-aggregation-controller"),
+    ({"X-Forwarded-User": "system:admin"}, "user system:admin"),
+])
+def test_system_users_and_groups_from_proxy_headers_are_refused_before_the_api_server(proxy_url, headers, what, caplog):
+    caplog.set_level("WARNING", logger="agentrun.inbox")
+    for path in ("/", "/fragment", "/events"):
+        r = httpx.get(f"{proxy_url}{path}", headers=headers)
+        assert r.status_code == 403, (path, r.status_code, r.text)
+        assert what in r.text and "system:" in r.text and "set-cookie" not in r.headers
+    r = httpx.post(f"{proxy_url}/decide", headers={**headers, "Accept": "application/json"},
+                   data={"namespace": "a", "name": "b", "decision": "approve"})
+    assert r.status_code == 403 and what in r.json()["message"]
+    assert any(what in m and "refused" in m for m in caplog.messages), caplog.messages
+
+
+def test_a_refused_proxy_identity_is_bounded_in_the_answer_and_the_log(proxy_url, caplog):
+    caplog.set_level("WARNING", logger="agentrun.inbox")
+    r = httpx.get(f"{proxy_url}/fragment", headers={"X-Forwarded-User": "u", "X-Forwarded-Groups": "system:" + "x" * 240})
+    assert r.status_code == 403 and "x" * 100 not in r.text
+    assert all("x" * 100 not in m for m in caplog.messages)
+
+
+def test_a_repeated_identity_header_is_refused(proxy_url):
+    # a proxy that appends its header after the client's: which one is the proxy's cannot be told
+    r = httpx.get(f"{proxy_url}/fragment", headers=[("X-Forwarded-User", "mallory"), ("X-Forwarded-User", "carol")])
+    assert r.status_code == 400 and "more than once" in r.text
+    r = httpx.get(f"{proxy_url}/fragment", headers=[("X-Forwarded-User", "carol"), ("X-Forwarded-Groups", "a"),
+                                                   ("X-Forwarded-Groups", "b")])
+    assert r.status_code == 400 and "X-Forwarded-Groups" in r.text
+
+
+# --- the watches behind /events: bounded, never stuck ---
+
+class WatchApi:
+    """A narrow stand-in of kube.Kube for the watch logic: ``lists`` answers list_runs per scope
+    (an ApiError to raise, or items), ``events`` are yielded by watch_runs."""
+
+    def __init__(self, namespaces=(), forbidden=(), events=(), on_event=None):
+        self.namespaces, self.forbidden, self.events, self.on_event = list(namespaces), set(forbidden), events, on_event
+        self.calls: list[tuple[str, object]] = []
+        self._lock = threading.Lock()
+
+    def _call(self, what, scope):
+        with self._lock:
+            self.calls.append((what, scope))
+
+    def request(self, method, path, user, **kw):
+        from agentrun.inbox.kube import ApiError
+
+        raise ApiError(403, '{"message": "forbidden"}', "list agentruns")
+
+    def list_namespaces(self, user):
+        return self.namespaces
+
+    def list_runs(self, user, scope):
+        from agentrun.inbox.kube import ApiError
+
+        self._call("list", scope)
+        if scope in self.forbidden:
+            raise ApiError(403, '{"message": "forbidden"}', f"list agentruns in {scope}")
+        return {"metadata": {"resourceVersion": "1"}, "items": []}
+
+    def watch_runs(self, user, scope, rv, timeout):
+        self._call("watch", scope)
+        for i, ev in enumerate(self.events):
+            if self.on_event:
+                self.on_event(i)
+            yield ev
+
+
+def _run_watch(app, scope, out, stop):
+    t = threading.Thread(target=app.watch, args=(User("alice"), scope, out, stop), daemon=True)
+    t.start()
+    t.join(30)  # a bound, not a measurement: the watch must have returned by itself
+    return t
+
+
+def test_a_forbidden_scope_is_not_watched_again_and_sends_nothing():
+    import queue
+
+    api = WatchApi(forbidden={"secret-ns"})
+    out: queue.Queue = queue.Queue(maxsize=10)
+    stop = threading.Event()
+    t = _run_watch(Inbox(api, Settings()), "secret-ns", out, stop)
+    assert not t.is_alive(), "the watch of a forbidden namespace kept retrying"
+    assert out.empty() and api.calls == [("list", "secret-ns")]
+
+
+def test_a_refusal_inside_the_watch_stream_ends_it_too_and_a_410_asks_for_one_resync():
+    import queue
+
+    out: queue.Queue = queue.Queue(maxsize=10)
+    api = WatchApi(events=[{"type": "ERROR", "object": {"kind": "Status", "code": 403, "message": "forbidden"}}])
+    t = _run_watch(Inbox(api, Settings()), "a", out, threading.Event())
+    assert not t.is_alive() and out.empty() and api.calls == [("list", "a"), ("watch", "a")]
+
+    class Expired(WatchApi):  # the first watch is too old (410), the second is refused (403)
+        def watch_runs(self, user, scope, rv, timeout):
+            self._call("watch", scope)
+            code = 410 if len(self.calls) == 2 else 403
+            yield {"type": "ERROR", "object": {"kind": "Status", "code": code}}
+
+    api = Expired()
+    t = _run_watch(Inbox(api, Settings()), "a", out, threading.Event())
+    assert not t.is_alive() and api.calls == [("list", "a"), ("watch", "a"), ("list", "a"), ("watch", "a")]
+    assert out.get_nowait() == {"type": "RESYNC", "key": ""} and out.empty()
+
+
+def test_a_full_queue_never_blocks_the_watch_and_stop_ends_it():
+    import queue
+
+    stop = threading.Event()
+    ev = {"type": "MODIFIED", "object": {"metadata": {"namespace": "a", "name": "r", "resourceVersion": "2"}}}
+    api = WatchApi(events=[ev] * 50, on_event=lambda i: stop.set() if i == 40 else None)
+    out: queue.Queue = queue.Queue(maxsize=3)  # nobody reads it: the stream's consumer is gone
+    t = _run_watch(Inbox(api, Settings()), "a", out, stop)
+    assert not t.is_alive(), "the watch hung on a full queue"
+    assert out.qsize() == 3
+
+
+def test_watches_only_where_the_page_could_list_runs():
+    alice = User("alice")
+    api = WatchApi(namespaces=["a", "b", "c", "d"], forbidden={"b", "d"})
+    app = Inbox(api, Settings())
+    assert app.watch_scopes(alice) == ["a", "b", "c", "d"]  # nothing known yet
+    app.runs(alice)  # the page load: b and d refuse the list
+    assert app.watch_scopes(alice) == ["a", "c"]
+    assert app.watch_scopes(User("bob")) == ["a", "b", "c", "d"]  # per person
+
+
+def test_a_stream_over_too_many_namespaces_polls_instead_of_starting_a_watch_each():
+    api = WatchApi(namespaces=[f"ns-{i}" for i in range(300)])
+    app = Inbox(api, Settings(key=KEY, secure_cookies=False, max_watches_per_stream=20, poll_seconds=1))
+    srv = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        _, cookies = session_cookie()
+        with httpx.stream("GET", f"http://127.0.0.1:{srv.server_address[1]}/events", cookies=cookies,
+                          timeout=30) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            while "POLL" not in next(lines):  # a change arrives without any watch
+                pass
+        assert not [t for t in threading.enumerate() if t.name.startswith("inbox-watch-")]
+        assert not [c for c in api.calls if c[0] == "watch"]
+        assert app.watches._value == app.settings.max_watches  # every permit back
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_watch_permits_are_shared_by_all_streams_and_returned():
+    api = WatchApi(namespaces=["a", "b", "c"])
+    app = Inbox(api, Settings(key=KEY, secure_cookies=False, max_watches=2, poll_seconds=1, watch_seconds=1))
+    srv = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        _, cookies = session_cookie()
+        with httpx.stream("GET", f"http://127.0.0.1:{srv.server_address[1]}/events", cookies=cookies,
+                          timeout=30) as r:
+            lines = r.iter_lines()
+            while "POLL" not in next(lines):  # 3 scopes > 2 permits in all: polls, holds none
+                pass
+        assert app.watches._value == 2
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -99,6 +99,12 @@ def inbox_command(listen: str, port: int, port_file: str | None, auth: str, user
         "serving the approval inbox on %s://%s:%s (auth %s, %s, secure cookies %s)", scheme, listen, bound, auth,
         "namespaces " + ",".join(settings.namespaces) if settings.namespaces else "every namespace the person sees",
         secure)
+    if auth == "proxy" and not _loopback(listen):
+        logging.getLogger("agentrun.inbox").warning(
+            "proxy mode on %s: the inbox believes the %s/%s headers of whatever reaches this port, so only the "
+            "auth proxy may reach it (a sidecar on 127.0.0.1, or an ingress NetworkPolicy: docs/inbox.md, "
+            "\"Trust in proxy mode\"); system: users and groups are refused whatever it sends", listen,
+            user_header[:64], (groups_header or "-")[:64])
     try:
         srv.serve_forever()
     except KeyboardInterrupt:

@@ -27,8 +27,23 @@ MAX_GROUP_CHARS = 256
 MAX_COOKIE_CHARS = 3800  # browsers keep cookies up to 4096 bytes
 
 
+RESERVED_PREFIX = "system:"
+
+
 class IdentityError(ValueError):
     """A name or group that cannot be sent as an Impersonate-* header, or a bad session."""
+
+
+class ReservedIdentity(IdentityError):
+    """An auth proxy's header named a ``system:`` user or group (``system:masters``,
+    ``system:serviceaccount:...``, ``system:nodes`` ...). Those are Kubernetes' own identities:
+    no person signs in through an OIDC proxy as one, and the inbox's ServiceAccount may
+    impersonate any group, so taking one from a header would hand out that group's power."""
+
+    def __init__(self, what: str, value: str) -> None:
+        self.what, self.value = what, value
+        super().__init__(f"the auth proxy sent the {what} {value!r}: users and groups beginning with "
+                         f"{RESERVED_PREFIX!r} are Kubernetes' own and are never accepted from proxy headers")
 
 
 def _printable(value: str, limit: int, what: str) -> str:
@@ -56,12 +71,20 @@ def checked_user(name: str, groups: list[str] | tuple[str, ...]) -> User:
 
 def proxy_user(headers: dict[str, str], user_header: str, groups_header: str | None) -> User | None:
     """The person an auth proxy (oauth2-proxy ``--pass-user-headers``: X-Forwarded-User,
-    X-Forwarded-Groups comma-separated) put in front of the request, or None without the header."""
+    X-Forwarded-Groups comma-separated) put in front of the request, or None without the header.
+    Raises ReservedIdentity for a ``system:`` user or group, IdentityError for anything else that
+    cannot be impersonated."""
     name = headers.get(user_header.lower())
     if not name:
         return None
     groups = (headers.get(groups_header.lower()) or "").split(",") if groups_header else []
-    return checked_user(name, groups)
+    user = checked_user(name, groups)  # bounded first: the refusal below quotes a checked value
+    if user.name.startswith(RESERVED_PREFIX):
+        raise ReservedIdentity("user", user.name)
+    for g in user.groups:
+        if g.startswith(RESERVED_PREFIX):
+            raise ReservedIdentity("group", g)
+    return user
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from agentrun.api.approval import MAX_CALL_ID_CHARS, MAX_REASON_CHARS, SHA256_HEX_CHARS
 from agentrun.api.crdgen import PLURAL
+from agentrun.api.text import one_line
 from agentrun.cli.approvals import AWAITING, binding, decision_patch, queue_rows, refusal
 from agentrun.inbox import assets, identity, view
 from agentrun.inbox.kube import RUNS, ApiError, Kube, User
@@ -40,6 +41,7 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _NS = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SHA = re.compile(f"^[0-9a-f]{{{SHA256_HEX_CHARS}}}$")
 _CALL = re.compile(f"^[A-Za-z0-9_.:-]{{1,{MAX_CALL_ID_CHARS}}}$")
+LISTABLE_TTL = 600.0  # how long the namespaces a page load could list narrow that person's watches
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
@@ -65,6 +67,10 @@ class Settings:
     laps: int = 3
     sse_seconds: int = 300  # an event stream is closed after this long; the browser reconnects
     watch_seconds: int = 50
+    max_streams: int = 200  # open /events streams, all people together
+    max_watches: int = 1000  # API watches (one thread each), all streams together
+    max_watches_per_stream: int = 20  # more scopes than this: the stream polls instead of watching
+    poll_seconds: int = 30  # a polling stream's "change" interval
 
 
 class Inbox:
@@ -74,8 +80,10 @@ class Inbox:
         self.kube, self.settings = kube, settings
         self.reader = reader or LapReader()
         self._can: dict[tuple[str, tuple[str, ...], str], tuple[float, bool]] = {}
+        self._listable: dict[tuple[str, tuple[str, ...]], tuple[float, frozenset[str]]] = {}
         self._lock = threading.Lock()
-        self.streams = threading.BoundedSemaphore(200)
+        self.streams = threading.BoundedSemaphore(settings.max_streams)
+        self.watches = threading.BoundedSemaphore(settings.max_watches)
 
     # --- what the person may see and do (always as them) -----------------------------------
 
@@ -101,6 +109,7 @@ class Inbox:
     def runs(self, user: User) -> tuple[list[dict[str, Any]], list[str]]:
         scopes, notices = self.scopes(user)
         items: list[dict[str, Any]] = []
+        listable: list[str] = []
         for ns in scopes:
             try:
                 items += self.kube.list_runs(user, ns).get("items") or []
@@ -110,6 +119,10 @@ class Inbox:
                         notices.append(f"You may not list AgentRuns in namespace {ns}.")
                     continue
                 raise
+            if ns is not None:
+                listable.append(ns)
+        if not self.settings.namespaces and scopes != [None]:
+            self._remember_listable(user, listable)
         return items, notices
 
     def can_approve(self, user: User, namespace: str) -> bool:
@@ -186,9 +199,35 @@ class Inbox:
 
     # --- the watch behind /events ----------------------------------------------------------
 
+    def watch_scopes(self, user: User) -> list[str | None] | None:
+        """Where to watch for ``user``'s live updates, or None when there are more than
+        ``max_watches_per_stream`` (the stream then polls). Namespaces found by listing namespaces
+        are narrowed to those where the person's last page load could list AgentRuns."""
+        scopes, _ = self.scopes(user)
+        if not self.settings.namespaces and scopes != [None]:
+            with self._lock:
+                seen = self._listable.get((user.name, user.groups))
+            if seen is not None and time.monotonic() - seen[0] < LISTABLE_TTL:
+                scopes = [ns for ns in scopes if ns in seen[1]]
+        return scopes if len(scopes) <= self.settings.max_watches_per_stream else None
+
+    def _remember_listable(self, user: User, namespaces: list[str]) -> None:
+        with self._lock:
+            if len(self._listable) > 10000:
+                self._listable.clear()
+            self._listable[(user.name, user.groups)] = (time.monotonic(), frozenset(namespaces))
+
     def watch(self, user: User, scope: str | None, out: queue.Queue[dict[str, Any]], stop: threading.Event) -> None:
-        """Put one ``{"type", "key"}`` per watch event on ``out`` until ``stop``; re-lists on 410."""
+        """Put one ``{"type", "key"}`` per watch event on ``out`` until ``stop``; re-lists on 410.
+
+        Never blocks on ``out``: when it is full the event is dropped (the page re-lists everything
+        on any change, so the queued ones already cover it) and ``stop`` is checked on every event.
+        A 403 ends the watch of that scope for good, silently (the person may not list AgentRuns
+        there: nothing changed that the page should re-list for); other errors are retried with a
+        growing pause, without an event."""
         rv = None
+        pause = 2.0
+        where = scope or "all namespaces"
         while not stop.is_set():
             try:
                 if rv is None:
@@ -196,23 +235,42 @@ class Inbox:
                 for ev in self.kube.watch_runs(user, scope, rv, self.settings.watch_seconds):
                     if stop.is_set():
                         return
+                    pause = 2.0
                     obj = ev.get("object") or {}
                     meta = obj.get("metadata") or {}
                     if ev.get("type") == "ERROR":
-                        rv = None if obj.get("code") == 410 else rv
-                        break
+                        code = obj.get("code")
+                        if code == 410:
+                            rv = None
+                            _offer(out, {"type": "RESYNC", "key": ""})  # events may have been missed
+                            break
+                        raise ApiError(int(code) if isinstance(code, int) else 500, json.dumps(obj)[:4000],
+                                       "watch agentruns")
                     rv = meta.get("resourceVersion") or rv
                     if ev.get("type") != "BOOKMARK":
-                        out.put({"type": ev.get("type"), "key": f"{meta.get('namespace')}/{meta.get('name')}"})
+                        _offer(out, {"type": ev.get("type"), "key": f"{meta.get('namespace')}/{meta.get('name')}"})
             except ApiError as e:
                 if e.status == 410:
                     rv = None
+                    _offer(out, {"type": "RESYNC", "key": ""})
                     continue
-                out.put({"type": "ERROR", "key": "", "status": e.status})
-                stop.wait(5)
+                if e.status == 403:
+                    log.info("watch of %s for %s: forbidden; not watched", where, user.name[:64])
+                    return
+                log.warning("watch of %s for %s: HTTP %s; again in %.0f s", where, user.name[:64], e.status, pause)
+                stop.wait(pause)
+                pause = min(pause * 2, 60.0)
             except Exception as e:  # network: try again shortly
-                log.warning("watch of %s for %s: %s", scope or "all namespaces", user.name[:64], type(e).__name__)
-                stop.wait(2)
+                log.warning("watch of %s for %s: %s", where, user.name[:64], type(e).__name__)
+                stop.wait(pause)
+                pause = min(pause * 2, 60.0)
+
+
+def _offer(out: queue.Queue[dict[str, Any]], item: dict[str, Any]) -> None:
+    try:
+        out.put_nowait(item)
+    except queue.Full:
+        pass
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -278,30 +336,51 @@ class Handler(BaseHTTPRequestHandler):
 
     # --- who is asking ----------------------------------------------------------------------
 
-    def _session(self) -> tuple[identity.Session | None, dict[str, str]]:
-        """The session (and Set-Cookie headers to send with the answer, in proxy mode)."""
+    def _session(self) -> tuple[identity.Session | None, dict[str, str], tuple[int, str] | None]:
+        """The session, Set-Cookie headers to send with the answer (proxy mode), and a refusal
+        (HTTP status, message) when the proxy's headers name someone the inbox will not act as."""
         s = self.app.settings
         now = time.time()
         cookie = identity.parse_cookies(self.headers.get("Cookie")).get(identity.COOKIE)
         session = identity.decode_session(cookie, s.key, now)
         if s.auth != "proxy":
-            return session, {}
+            return session, {}, None
+        for name in (s.user_header, s.groups_header):
+            # a client's own header next to the proxy's (a proxy that appends instead of replacing):
+            # which one is the proxy's cannot be told, so neither is taken
+            if name and len(self.headers.get_all(name) or []) > 1:
+                log.warning("refused: the request carries %s more than once", name[:64])
+                return None, {}, (400, f"The request carries the header {name} more than once: the auth proxy in "
+                                       "front of the inbox must replace it, not append to it.")
         try:
             user = identity.proxy_user(self._headers_lower(), s.user_header, s.groups_header)
-        except identity.IdentityError:
-            return None, {}
+        except identity.ReservedIdentity as e:
+            log.warning("refused: the auth proxy's headers name the %s %s (system: identities are never taken "
+                        "from proxy headers)", e.what, one_line(e.value, 80))
+            return None, {}, (403, f"Refused: the auth proxy sent the {e.what} {one_line(e.value, 80)}. Users and "
+                                   "groups beginning with system: belong to Kubernetes itself and are never accepted "
+                                   "from proxy headers.")
+        except identity.IdentityError as e:
+            log.warning("refused: the auth proxy's headers cannot be impersonated: %s", one_line(str(e), 200))
+            return None, {}, (400, f"The auth proxy's headers cannot be used: {e}")
         if user is None:
-            return None, {}
+            return None, {}, None
         if session is not None and session.user == user:
-            return session, {}
+            return session, {}, None
         session = identity.new_session(user, now, s.session_ttl)
         value = identity.encode_session(session, s.key)
-        return session, {"Set-Cookie": identity.cookie_header(value, s.session_ttl, s.secure_cookies)}
+        return session, {"Set-Cookie": identity.cookie_header(value, s.session_ttl, s.secure_cookies)}, None
 
     def _signed_in(self) -> tuple[identity.Session | None, dict[str, str]]:
-        session, headers = self._session()
+        session, headers, refused = self._session()
         self._user = session.user if session else None
-        if session is None:
+        if refused is not None:
+            status, message = refused
+            if self._wants_json() or self.path.startswith(("/fragment", "/events", "/decide")):
+                self._json(status, {"message": message})
+            else:
+                self._send(status, view.message_html("Not signed in", message))
+        elif session is None:
             if self.app.settings.auth == "proxy":
                 self._send(401, view.message_html("Not signed in", "The auth proxy in front of the inbox sent no "
                                                   "user: the inbox is reachable only through it."))
@@ -411,12 +490,26 @@ class Handler(BaseHTTPRequestHandler):
 
     def _events(self, user: User) -> None:
         """Server-sent events: ``change`` on each watch event of the person's agentruns, a comment
-        every 15 s, closed after ``sse_seconds`` (the browser reconnects and the page refreshes)."""
-        if not self.app.streams.acquire(blocking=False):
+        every 15 s, closed after ``sse_seconds`` (the browser reconnects and the page refreshes).
+        At most ``max_watches_per_stream`` watches (one thread each) per stream and ``max_watches``
+        in all; beyond either, the stream sends a ``change`` every ``poll_seconds`` instead."""
+        app = self.app
+        if not app.streams.acquire(blocking=False):
             return self._json(503, {"message": "too many live connections"})
         stop = threading.Event()
+        held = 0
         try:
-            scopes, _ = self.app.scopes(user)
+            scopes = app.watch_scopes(user)
+            if scopes is not None:
+                while held < len(scopes) and app.watches.acquire(blocking=False):
+                    held += 1
+                if held < len(scopes):
+                    for _ in range(held):
+                        app.watches.release()
+                    held = 0
+                    log.warning("live updates for %s: %d watches would exceed %d in all; polling",
+                                user.name[:64], len(scopes), app.settings.max_watches)
+                    scopes = None
             self.send_response(200)
             for k, v in SECURITY_HEADERS.items():
                 self.send_header(k, v)
@@ -427,17 +520,25 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._log(200)
             out: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=1000)
-            for scope in scopes:
-                threading.Thread(target=self.app.watch, args=(user, scope, out, stop), daemon=True,
+            for scope in scopes or []:
+                threading.Thread(target=self._watch_then_release, args=(user, scope, out, stop), daemon=True,
                                  name=f"inbox-watch-{scope or 'all'}").start()
+                held -= 1  # the thread releases its own
             self.wfile.write(b"retry: 2000\n\n")
             self.wfile.flush()
-            end = time.monotonic() + self.app.settings.sse_seconds
+            end = time.monotonic() + app.settings.sse_seconds
+            wait = 15 if scopes is not None else min(15, app.settings.poll_seconds)
+            next_poll = time.monotonic() + app.settings.poll_seconds
             while time.monotonic() < end:
                 try:
-                    ev = out.get(timeout=15)
+                    ev = out.get(timeout=wait)
                 except queue.Empty:
-                    self.wfile.write(b": keep-alive\n\n")
+                    if scopes is None and time.monotonic() >= next_poll:
+                        next_poll = time.monotonic() + app.settings.poll_seconds
+                        ev = {"type": "POLL", "key": ""}
+                        self.wfile.write(f"event: change\ndata: {json.dumps(ev)}\n\n".encode())
+                    else:
+                        self.wfile.write(b": keep-alive\n\n")
                 else:
                     self.wfile.write(f"event: change\ndata: {json.dumps(ev)}\n\n".encode())
                 self.wfile.flush()
@@ -445,7 +546,16 @@ class Handler(BaseHTTPRequestHandler):
             pass
         finally:
             stop.set()
-            self.app.streams.release()
+            for _ in range(held):
+                app.watches.release()
+            app.streams.release()
+
+    def _watch_then_release(self, user: User, scope: str | None, out: queue.Queue[dict[str, Any]],
+                            stop: threading.Event) -> None:
+        try:
+            self.app.watch(user, scope, out, stop)
+        finally:
+            self.app.watches.release()
 
 
 def make_server(app: Inbox, host: str, port: int) -> ThreadingHTTPServer:

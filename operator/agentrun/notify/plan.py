@@ -1,14 +1,23 @@
-"""What to announce about approvals, and how the messages look: pure functions of AgentRun dicts."""
+"""What to announce about approvals, and how the messages look: pure functions of AgentRun dicts.
+
+Everything in a message that a run's author or the model chose (the arguments above all, but also
+the tool, the owner and the run's name) is text, never markup: control characters (ESC, newlines,
+the bidirectional overrides) are escaped as in status and logs (``agentrun.api.text``), then
+Slack's ``& < >`` (so ``<!channel>`` or ``<https://evil|Open the approval inbox>`` cannot ping
+anyone nor show a link) and Teams' Markdown (so ``[text](url)`` is not a link) are escaped for
+the format at hand. Only the inbox link (from the chart's values) is markup.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from agentrun.api.text import escape_controls, one_line
 from agentrun.api.types import parse_time
-from agentrun.checkpoint.trace import one_line
 
 Kind = Literal["requested", "deadline-near"]
 Format = Literal["generic", "slack", "teams"]
@@ -59,6 +68,24 @@ def summary(arguments: str | None) -> str:
     return one_line(json.dumps(doc, ensure_ascii=False), SUMMARY_CHARS)
 
 
+_SLACK = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+# Markdown of Adaptive Cards (TextBlock, Fact.value): emphasis, links, code, and list markers at
+# the start of the text; a backslash makes any of them text.
+_MD = re.compile(r"[\\`*_~\[\]()<>#|!{}]")
+_MD_LIST = re.compile(r"^(\s*)(?:([-+])|(\d+)\.)(?=\s|$)")
+
+
+def slack_text(text: str) -> str:
+    """``text`` as literal Slack mrkdwn: controls escaped, then ``& < >`` (Slack's only escapes)."""
+    return re.sub("[&<>]", lambda m: _SLACK[m.group()], escape_controls(text)[0])
+
+
+def teams_text(text: str) -> str:
+    """``text`` as literal Adaptive Card Markdown: controls escaped, Markdown punctuation backslashed."""
+    flat = _MD.sub(lambda m: "\\" + m.group(), escape_controls(text)[0])
+    return _MD_LIST.sub(lambda m: m.group(1) + ("\\" + m.group(2) if m.group(2) else m.group(3) + "\\."), flat)
+
+
 def announcements(run: dict[str, Any], now: datetime, settings: Settings) -> list[Notice]:
     """The messages due for ``run`` now, in order, none already delivered for its pending call."""
     st = run.get("status") or {}
@@ -101,11 +128,11 @@ def _title(n: Notice) -> str:
 
 
 def body(n: Notice, fmt: Format) -> dict[str, Any]:
-    """The JSON body of one message in ``fmt``."""
+    """The JSON body of one message in ``fmt``: every value escaped for it (the module's docstring)."""
     facts = [("Owner", n.owner), ("Run", f"{n.namespace}/{n.name}"), ("Tool", n.tool),
              ("Arguments", n.summary or "-"), ("Deadline", n.deadline or "-"), ("On timeout", n.on_timeout)]
     if fmt == "slack":
-        text = f"*{_title(n)}*\n" + "\n".join(f"*{k}:* {v}" for k, v in facts)
+        text = f"*{slack_text(_title(n))}*\n" + "\n".join(f"*{k}:* {slack_text(v)}" for k, v in facts)
         if n.link:
             text += f"\n<{n.link}|Open the approval inbox>"
         return {"text": text}
@@ -117,14 +144,14 @@ def body(n: Notice, fmt: Format) -> dict[str, Any]:
                 "content": {
                     "$schema": "http://adaptivecards.io/schemas/adaptive-card.json", "type": "AdaptiveCard",
                     "version": "1.4",
-                    "body": [{"type": "TextBlock", "text": _title(n), "weight": "Bolder", "wrap": True},
-                             {"type": "FactSet", "facts": [{"title": k, "value": v} for k, v in facts]}],
+                    "body": [{"type": "TextBlock", "text": teams_text(_title(n)), "weight": "Bolder", "wrap": True},
+                             {"type": "FactSet", "facts": [{"title": k, "value": teams_text(v)} for k, v in facts]}],
                     "actions": ([{"type": "Action.OpenUrl", "title": "Open the approval inbox", "url": n.link}]
                                 if n.link else []),
                 },
             }],
         }
-    return {"kind": n.kind, "title": _title(n), "namespace": n.namespace, "name": n.name, "uid": n.uid,
-            "callId": n.call_id, "owner": n.owner, "tool": n.tool, "lap": n.lap, "arguments": n.summary,
-            "deadline": n.deadline, "onTimeout": n.on_timeout, "inbox": n.link or None,
-            "idempotencyKey": n.idempotency_key}
+    return {"kind": n.kind, "title": one_line(_title(n), 1000), "namespace": n.namespace, "name": n.name,
+            "uid": n.uid, "callId": n.call_id, "owner": one_line(n.owner, 1000), "tool": one_line(n.tool, 1000),
+            "lap": n.lap, "arguments": n.summary, "deadline": n.deadline, "onTimeout": n.on_timeout,
+            "inbox": n.link or None, "idempotencyKey": n.idempotency_key}
