@@ -52,7 +52,6 @@ def all_rules(docs):
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
 def test_rbac_least_privilege(helm, values):
     _, docs = template(helm, "-f", str(values), *MONITORING_APIS)
-    namespaced = bool((yaml.safe_load(values.read_text()) or {}).get("watchNamespaces"))
     rules = all_rules(docs)
     assert rules
     granted = set()
