@@ -186,8 +186,8 @@ def test_run_checkpointed_by_the_previous_release_finishes_under_this_release(en
     for key in [*laps_before, *journal3]:
         data, _ = before[key]
         assert data[:1] == b"{" and doc_of(data)["schemaVersion"] == 2, (key, data[:80])
-    old_status = env.status(NAME)
-    assert old_status["lap"] == 2 and old_status["checkpoint"]["schemaVersion"] == 2, old_status
+    wait_for("the previous release's status at lap 2 (schema 2)", lambda: (s := env.status(NAME)).get("lap") == 2
+             and s["checkpoint"]["schemaVersion"] == 2 and s.get("activeJob"), timeout=60)
 
     # the previous release stops while lap 3 is in flight: operator SIGKILLed, lap pod deleted
     env.kill_operator()
