@@ -2,12 +2,12 @@
 finishes under this release's code, with no side effect repeated and its idempotency keys unchanged.
 
 The previous release is a commit of this repository (``PREVIOUS_RELEASE``, the last one writing
-checkpoint schema 2). Its ``operator/agentrun`` package is taken from git history (``git archive``)
-into a temp dir and run with ``PYTHONPATH`` pointing at it, in this environment (same
-dependencies): the old ``agentrun operator`` as a subprocess, and old lap pods, because the old
-operator's lap command (``AGENTRUN_LAP_COMMAND``, what the process kubelet runs for a lap pod) is
-``env PYTHONPATH=<old code> python -m agentrun.cli.main lap``. A repository without that commit
-(a shallow clone) fails the test, naming the fix; it never skips.
+checkpoint schema 2). Its ``operator/agentrun`` package, committed as a ``git archive`` of that
+commit (``tests/fixtures/previous-release``; checked file by file against the history where the
+clone has it), is extracted into a temp dir and run with ``PYTHONPATH`` pointing at it, in this
+environment (same dependencies): the old ``agentrun operator`` as a subprocess, and old lap pods,
+because the old operator's lap command (``AGENTRUN_LAP_COMMAND``, what the process kubelet runs for
+a lap pod) is ``env PYTHONPATH=<old code> python -m agentrun.cli.main lap``.
 
 The story, on the real local control plane with the session's S3 server:
 
@@ -61,21 +61,30 @@ NAME = "upgrade"
 GZIP_MAGIC = b"\x1f\x8b"
 
 
+#: The same ``operator/agentrun`` tree as a committed archive (``git archive --format=tar
+#: PREVIOUS_RELEASE operator/agentrun | xz -9``), so that a clone without that history (a shallow
+#: one) still runs the test; where the history is there, the archive is checked against it.
+PREVIOUS_RELEASE_ARCHIVE = ROOT / "tests" / "fixtures" / "previous-release" / "agentrun-4bcd136.tar.xz"
+
+
+def _tree(tar: tarfile.TarFile) -> dict[str, bytes]:
+    return {m.name: (tar.extractfile(m) or io.BytesIO()).read() for m in tar.getmembers() if m.isfile()}
+
+
 def previous_release_code(dest: Path) -> Path:
     """``operator/agentrun`` of PREVIOUS_RELEASE extracted under ``dest``; returns the directory to
-    put on PYTHONPATH. Fails the test (never skips) if the commit is not in the repository."""
-    if shutil.which("git") is None:
-        pytest.fail("git is needed to take the previous release's code from the repository's history")
-    found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{PREVIOUS_RELEASE}^{{commit}}"],
-                           capture_output=True, text=True)
-    if found.returncode != 0:
-        pytest.fail(f"the previous release's commit {PREVIOUS_RELEASE} is not in the repository at {ROOT} "
-                    f"({found.stderr.strip() or 'git cat-file failed'}); this test needs the full history "
-                    "(a shallow clone: run `git fetch --unshallow`)")
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", PREVIOUS_RELEASE, "operator/agentrun"],
-                             capture_output=True, check=True)
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+    put on PYTHONPATH. The committed archive is used; when the repository has the commit, every
+    file of the archive must equal the commit's (a drifted fixture fails the test)."""
+    with tarfile.open(PREVIOUS_RELEASE_ARCHIVE, "r:xz") as tar:
+        committed = _tree(tar)
         tar.extractall(dest, filter="data")
+    if shutil.which("git") is not None and subprocess.run(
+            ["git", "-C", str(ROOT), "cat-file", "-e", f"{PREVIOUS_RELEASE}^{{commit}}"],
+            capture_output=True).returncode == 0:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", PREVIOUS_RELEASE,
+                                  "operator/agentrun"], capture_output=True, check=True)
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            assert _tree(tar) == committed, f"{PREVIOUS_RELEASE_ARCHIVE} is not {PREVIOUS_RELEASE}'s operator/agentrun"
     return dest / "operator"
 
 
