@@ -83,6 +83,9 @@ QUOTA = {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 4
     api_error(403, "Forbidden", QUOTA),
     api_error(500, "Internal Server Error", {"kind": "Status", "code": 500, "message": "etcdserver: timeout"}),
     api_error(429, "Too Many Requests", None),
+    api_error(403, "Forbidden", {"kind": "Status", "code": 403, "reason": "Forbidden",
+                                 "message": 'jobs.batch "run-l1-a1" is forbidden: status unknown for quota: jobs, '
+                                            "resources: count/jobs.batch"}),
 ])
 def test_a_job_create_refused_for_a_quota_or_a_busy_api_server_is_retried_with_one_event(error):
     """A ResourceQuota on count/jobs.batch (403 "exceeded quota"), 5xx or 429 pass: the run is not
@@ -97,8 +100,8 @@ def test_a_job_create_refused_for_a_quota_or_a_busy_api_server_is_retried_with_o
     assert kube.status_patches() == []  # nothing of the decision after the Job: no Failed, no Running
     events = kube.events()
     assert [(e["type"], e["reason"]) for e in events] == [("Warning", "JobRefused")]
-    if error.status == 403:
-        assert "exceeded quota: jobs" in events[0]["message"] and "count/jobs.batch" in events[0]["message"]
+    if error.status == 403:  # the API server's words: the quota and the resource
+        assert "quota: jobs" in events[0]["message"] and "count/jobs.batch" in events[0]["message"]
     ex.succeeded(KEY)  # the Job was created at last: a later refusal is a new streak with its Event
     o, decision = create_job()
     with pytest.raises(RetryWithBackoff):

@@ -52,7 +52,9 @@ def job_refusal(status: int, body: str | bytes | None, reason: str | None) -> tu
     text = status_refusal(status, body) if status not in (409,) else None
     if text is None or text == f"HTTP {status}":
         text = d.shown(f"HTTP {status} {reason or ''}".strip(), 600)[1:-1]
-    transient = status == 429 or status >= 500 or (status == 403 and "exceeded quota" in text)
+    # the ResourceQuota admission's refusals: over the quota, or its usage not computed yet (a new quota)
+    quota = status == 403 and ("exceeded quota" in text or "status unknown for quota" in text)
+    transient = status == 429 or status >= 500 or quota
     return transient, text
 
 
