@@ -284,7 +284,7 @@ class Executor:
             except ApiException as exc:
                 if exc.status == 409:
                     alog.info("lap Job %s exists already: adopted", a.name)
-                elif exc.status in (400, 403, 422, 429) or exc.status >= 500:
+                elif exc.status in (400, 403, 422, 429) or (exc.status or 0) >= 500:
                     transient, why = job_refusal(exc.status, exc.body, exc.reason)
                     if transient:  # a quota, the API server busy: retry with the run's backoff, one Event
                         await self._deferred(body, key, JOB_DEFERRED, "JobRefused",
