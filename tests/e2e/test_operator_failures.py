@@ -319,3 +319,29 @@ def test_two_operators_only_the_lease_holder_acts_and_the_standby_takes_over(env
     assert "acquired by op-b" in b_log and "created lap Job" in b_log
     for order in ("ha1", "ha2"):
         assert len([c for c in env.calls("/note") if c["arguments"].get("order") == order]) == 1, order
+
+
+# ------------------------------------------------------------------------------------ job quota
+
+
+def test_a_job_quota_defers_the_lap_with_one_event_and_the_run_goes_on_once_it_is_lifted(env):
+    """A ResourceQuota on count/jobs.batch refuses the lap Job (403 "exceeded quota", or "status
+    unknown for quota" before the quota controller counted): the run is not failed; ONE Warning
+    JobRefused Event quotes the API server; the create is retried with the run's backoff, and the
+    run proceeds once the quota is gone."""
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-jobs", "namespace": env.ns},
+             "spec": {"hard": {"count/jobs.batch": "0"}}}
+    env.apply(quota)
+    try:
+        env.apply(env.run_doc("quota", [_note("quota1"), {"content": "done"}]))
+        _wait("a JobRefused Event", lambda: [e for e in env.events("quota") if e["reason"] == "JobRefused"])
+        _stays("not Failed, no Job", lambda: env.status("quota").get("phase") != "Failed" and not env.jobs("quota"),
+               10)
+        refused = [e for e in env.events("quota") if e["reason"] == "JobRefused"]
+        assert len(refused) == 1 and refused[0]["type"] == "Warning", refused
+        assert "quota: no-jobs" in refused[0]["message"] and "count/jobs.batch" in refused[0]["message"], refused
+    finally:
+        env.kubectl("delete", "resourcequota", "no-jobs", "-n", env.ns, check=False)
+    st = env.wait_phase("quota", "Succeeded", "Failed", timeout=240)
+    assert st["phase"] == "Succeeded", st
+    assert len([e for e in env.events("quota") if e["reason"] == "JobRefused"]) == 1

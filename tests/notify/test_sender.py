@@ -186,3 +186,38 @@ def test_a_woken_notifier_scans_before_its_interval(receiver):
         assert [b["kind"] for b in got] == ["requested"] and n.scans >= 2  # long before the hour's interval
     finally:
         n.stop()
+
+
+def test_the_retries_and_unrecorded_deliveries_of_messages_no_longer_due_are_forgotten(receiver):
+    """_retry (a failing delivery) and _sent (delivered, record failing) are kept only for messages
+    still due: once the approval is decided (or the run deleted) they are dropped at the next scan."""
+    url, answers, got = receiver
+    answers += [500]
+    api = Api(waiting())
+    n = Notifier(api=api, url=url, settings=plan.Settings(deadline_near_seconds=60), clock=lambda: 0.0)
+    n.scan(NOW)  # 500: the message waits in _retry
+    assert len(n._retry) == 1
+    api.run["status"]["approval"]["state"] = "Approved"  # decided meanwhile: nothing is due
+    n.scan(NOW)
+    assert n._retry == {} and n._sent == {}
+
+    api2 = Api(waiting())
+    api2.fail_patches = 1
+    n2 = Notifier(api=api2, url=url, settings=plan.Settings(deadline_near_seconds=60))
+    n2.scan(NOW)  # delivered, the record failed: kept in _sent
+    assert len(n2._sent) == 1
+    api2.run["status"]["phase"] = "Running"
+    n2.scan(NOW)
+    assert n2._sent == {}
+
+
+def test_check_env_names_the_variable_of_a_bad_setting():
+    from agentrun.notify.sender import check_env
+
+    check_env({})  # no webhook: nothing to check
+    check_env({"AGENTRUN_NOTIFY_WEBHOOK_URL": "https://hooks.example/x"})
+    with pytest.raises(ValueError, match="AGENTRUN_NOTIFY_WEBHOOK_URL") as err:
+        check_env({"AGENTRUN_NOTIFY_WEBHOOK_URL": "hooks.example/secret-token"})
+    assert "secret-token" not in str(err.value)
+    with pytest.raises(ValueError, match="AGENTRUN_NOTIFY_INTERVAL_SECONDS"):
+        check_env({"AGENTRUN_NOTIFY_WEBHOOK_URL": "https://h/x", "AGENTRUN_NOTIFY_INTERVAL_SECONDS": "0"})

@@ -323,6 +323,7 @@ class Informer:
         self.kube, self.kind, self.namespace, self.selector = kube, kind, namespace, selector
         self.field_selector, self.scope = field_selector, (namespace if scope is None else scope)
         self._listed = False
+        self.last_error: str | None = None  # the last list/watch error (status and reason)
         self.cache, self.loop, self.optional = cache, loop, optional
         self.synced = asyncio.Event()
         self._stop = threading.Event()
@@ -398,8 +399,10 @@ class Informer:
                     self._stop.wait(REFUSED_RETRY)
                     continue
                 failures += 1
-                log.warning("watch of %s in %s failed: %s %s", self.kind, self.namespace or "all namespaces",
-                            exc.status, exc.reason)
+                self.last_error = f"{exc.status} {exc.reason}"  # the controller's "not synced" warning names it
+                (log.warning if failures % 60 == 1 else log.debug)(  # rate-limited: the first, then ~every 5 min
+                    "watch of %s in %s failed: %s %s", self.kind, self.namespace or "all namespaces",
+                    exc.status, exc.reason)
                 self._stop.wait(min(WATCH_RETRY_MAX, 0.5 * 2 ** min(failures, 6)))
             except Exception as exc:  # noqa: BLE001 - connection dropped: watch again from rv
                 failures += 1

@@ -19,8 +19,10 @@ def operator_command(namespaces: tuple[str, ...], metrics_port: int | None, log_
     """Run the AgentRun operator until SIGTERM. Configuration: AGENTRUN_* environment variables
     (see agentrun.controller.config). Only the holder of the Lease acts; other replicas wait."""
     import dataclasses
+    import time
 
     from agentrun import metrics
+    from agentrun.notify.sender import check_env as check_notify_env
 
     from . import handlers
     from .config import OperatorConfig
@@ -28,6 +30,7 @@ def operator_command(namespaces: tuple[str, ...], metrics_port: int | None, log_
 
     try:
         cfg = OperatorConfig.from_env()
+        check_notify_env()  # a bad notifier setting stops here (exit 2), not in Kopf's startup retries
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     overrides: dict[str, Any] = {}
@@ -41,9 +44,13 @@ def operator_command(namespaces: tuple[str, ...], metrics_port: int | None, log_
     setup_logging(cfg.log_format, logging.DEBUG if verbose else logging.INFO)
     controller = handlers.Controller(cfg)
     if cfg.metrics_port:
-        metrics.set_health_check("healthz", lambda: controller.elector is None
-                                 or (__import__("time").monotonic() - controller.elector.last_tick) < 3 * cfg.lease_duration_seconds + 30)
-        metrics.set_health_check("readyz", lambda: controller.ready)
+        def live() -> bool:  # the Lease loop ticks (it starts once the watch cache has synced)
+            return controller.elector is None or not controller.synced \
+                or (time.monotonic() - controller.elector.last_tick) < 3 * cfg.lease_duration_seconds + 30
+
+        metrics.set_health_check("healthz", live)
+        # ready: started, the watch cache listed everything (else it never campaigns), the Lease loop ticks
+        metrics.set_health_check("readyz", lambda: controller.ready and controller.synced and live())
         metrics.start_server(cfg.metrics_port)
     logging.getLogger("agentrun.controller").info(
         "starting agentrun operator %s (pid %d), namespaces=%s", cfg.identity, os.getpid(),

@@ -66,10 +66,12 @@ class OperatorConfig:
     """AGENTRUN_LEASE_DURATION: seconds a standby waits after the leader's last renewal."""
     resync_seconds: float = 300.0
     """AGENTRUN_RESYNC_SECONDS: every run is reconciled at least this often (a safety net: the watch
-    cache and the requeues of time-based steps do the work; a short period only adds reconciles)."""
+    cache and the requeues of time-based steps do the work; a short period only adds reconciles).
+    The resync looks every half period and queues the runs not reconciled for half a period."""
     store_retry_seconds: float = 10.0
-    """AGENTRUN_STORE_RETRY_SECONDS: requeue delay when the checkpoint store is unavailable (the
-    retention-Delete cleanup of a deleted run's checkpoints; the lap read, when decide takes it)."""
+    """AGENTRUN_STORE_RETRY_SECONDS: requeue delay when the checkpoint store is unavailable for the
+    lap read (when decide takes it). The retention-Delete cleanup of a deleted run's checkpoints is
+    retried with the run's exponential backoff instead (0.5 s doubling up to 5 min, one Event)."""
     pod_config_grace_seconds: float = 30.0
     """AGENTRUN_POD_CONFIG_GRACE_SECONDS: how long a lap pod may wait on a configuration error
     (CreateContainerConfigError: a missing Secret or key) before the run's condition and a Warning

@@ -32,8 +32,30 @@ from .logs import run_logger
 log = logging.getLogger("agentrun.controller")
 
 
-class StatusRefused(Exception):
+class RetryWithBackoff(Exception):
+    """The reconcile cannot go on now (a write refused, the store away): the run is retried with
+    its rate-limited backoff, quietly (the Event, if any, was posted once)."""
+
+
+class StatusRefused(RetryWithBackoff):
     """The API server refused a status write for good: the reconcile failed (backoff, one Event)."""
+
+
+#: Streak markers kept in ``Executor._refusals`` (a refused status write keeps its message there).
+JOB_DEFERRED, DELETE_DEFERRED = "\0JobRefused", "\0CheckpointDeleteFailed"
+
+
+def job_refusal(status: int, body: str | bytes | None, reason: str | None) -> tuple[bool, str]:
+    """Whether a refused Job create is worth retrying (a ResourceQuota exceeded, the API server
+    throttling or failing: 429, 5xx), and what the API server said (bounded, naming the field or
+    the quota). Anything else (422 Invalid, an admission policy's denial) refuses the Job itself."""
+    text = status_refusal(status, body) if status not in (409,) else None
+    if text is None or text == f"HTTP {status}":
+        text = d.shown(f"HTTP {status} {reason or ''}".strip(), 600)[1:-1]
+    # the ResourceQuota admission's refusals: over the quota, or its usage not computed yet (a new quota)
+    quota = status == 403 and ("exceeded quota" in text or "status unknown for quota" in text)
+    transient = status == 429 or status >= 500 or quota
+    return transient, text
 
 
 def status_refusal(status: int, body: str | bytes | None) -> str | None:
@@ -262,9 +284,14 @@ class Executor:
             except ApiException as exc:
                 if exc.status == 409:
                     alog.info("lap Job %s exists already: adopted", a.name)
-                elif exc.status in (400, 403, 422):
+                elif exc.status in (400, 403, 422, 429) or (exc.status or 0) >= 500:
+                    transient, why = job_refusal(exc.status, exc.body, exc.reason)
+                    if transient:  # a quota, the API server busy: retry with the run's backoff, one Event
+                        await self._deferred(body, key, JOB_DEFERRED, "JobRefused",
+                                             f"the lap Job {a.name} was refused by the API server "
+                                             f"(retrying with backoff): {why}")
                     status = failed_status(o, status, "JobRefused",
-                                           f"the lap Job was refused by the API server: {exc.reason}")
+                                           f"the lap Job was refused by the API server: {why}")
                     decision.actions.append(d.Event("Warning", "JobRefused", status.message or ""))
                 else:
                     raise
@@ -309,10 +336,9 @@ class Executor:
                 assert spec is not None
                 n = await asyncio.to_thread(self.store(spec, where(o)).delete_run, run)
                 rlog.info("retention Delete: deleted %d checkpoint objects", n)
-            except Exception as exc:
-                rlog.warning("retention Delete: cannot delete checkpoints yet: %s", exc)
-                await self.event(body, "Warning", "CheckpointDeleteFailed", f"cannot delete checkpoints yet: {exc}")
-                return Outcome(requeue=self.config.store_retry_seconds, wrote=out.wrote)
+            except Exception as exc:  # the store away: one Event per failure streak, the run's backoff
+                await self._deferred(body, key, DELETE_DEFERRED, "CheckpointDeleteFailed",
+                                     f"cannot delete checkpoints yet: {d.shown(str(exc), 600)[1:-1]}")
         fins = list(body["metadata"].get("finalizers") or [])
         for a in decision.actions:
             if isinstance(a, (d.AddFinalizer, d.RemoveFinalizer)):
@@ -365,6 +391,19 @@ class Executor:
         else:
             rlog.debug("status update refused again: %s", message)
         raise StatusRefused(message)
+
+    async def _deferred(self, body: dict[str, Any], key: Key, streak: str, reason: str, message: str) -> NoReturn:
+        """A write that must wait (a quota, the API server or the store away): nothing after it is
+        done this pass, ONE Warning Event (and log line) per failure streak (until the run's next
+        successful reconcile), and the worker retries with the run's exponential backoff."""
+        rlog = run_logger(*key)
+        if self._refusals.get(key) != streak:
+            self._refusals[key] = streak
+            rlog.warning("%s: %s", reason, message)
+            await self.event(body, "Warning", reason, message)
+        else:
+            rlog.debug("%s again: %s", reason, message)
+        raise RetryWithBackoff(message)
 
     async def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         from kubernetes.client.exceptions import ApiException

@@ -75,7 +75,10 @@ async def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -
     controller = getattr(memo, "controller", None)
     if controller is None:
         controller = memo.controller = Controller(OperatorConfig.from_env())
-    await controller.start()
+    try:
+        await controller.start()
+    except ValueError as exc:  # a bad setting (the notifier's): retrying the startup cannot fix it
+        raise kopf.PermanentError(str(exc)) from None
 
 
 @kopf.on.cleanup()

@@ -36,7 +36,7 @@ from agentrun.notify.sender import from_env as notify_from_env
 from . import decide as d
 from .cache import Cache, Informer, Key, rv_int
 from .config import OperatorConfig
-from .execute import Executor, StatusRefused
+from .execute import Executor, RetryWithBackoff
 from .jobs import LABEL_RUN_UID
 from .kube import JOBS, PODS, RUNS, Kube, instrument, new_api_client, path
 from .lease import LeaseElector
@@ -56,6 +56,8 @@ WORKERS = 32
 MAX_PASSES = 4
 #: How long the notifier thread waits for the event loop (a snapshot of the cache, a status write).
 NOTIFIER_LOOP_TIMEOUT = 60.0
+#: How often a replica whose watch cache has not synced says which lists fail.
+UNSYNCED_WARNING_SECONDS = 30.0
 
 
 def namespace_matcher(patterns: tuple[str, ...] | list[str]) -> Any:
@@ -104,6 +106,10 @@ class Controller:
     # ---------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
+        if self.ready:  # Kopf retries a failed startup handler: never start twice
+            return
+        # what a failed earlier try appended (none started: informers start after the notifier)
+        self.informers.clear()
         cfg = self.config
         watch_ns: list[str | None] = list(cfg.namespaces) if exact_namespaces(cfg.namespaces) else [None]
         # Reconciles block in threads on API-server and S3 calls: size the pool for that I/O.
@@ -140,13 +146,41 @@ class Controller:
                                         cfg.lease_duration_seconds, on_acquire=self.resync,
                                         on_lose=metrics.clear_runs)
         self._tasks.append(asyncio.create_task(self._wait_synced()))
-        self._tasks.append(asyncio.create_task(self.elector.run()))
+        self._tasks.append(asyncio.create_task(self._elect()))
         self._tasks.append(asyncio.create_task(self._resync_loop()))
         self._tasks += [asyncio.create_task(self._worker()) for _ in range(WORKERS)]
         self.ready = True
 
+    async def _elect(self) -> None:
+        """Campaign for the Lease only once the watch cache has listed everything: a replica whose
+        informer cannot list (RBAC without ``watch``) never holds it, so a standby can act."""
+        await self._synced.wait()
+        assert self.elector is not None
+        await self.elector.run()
+
+    @property
+    def synced(self) -> bool:
+        """Every informer has listed once (read by /readyz, from another thread)."""
+        return self._synced.is_set()
+
     async def _wait_synced(self) -> None:
-        await asyncio.gather(*(inf.synced.wait() for inf in self.informers))
+        for i, inf in enumerate(self.informers):
+            metrics.informer_synced(_resource_of(inf), inf.synced.is_set(), i)
+        pending = [inf for inf in self.informers if not inf.synced.is_set()]
+        while pending:
+            _, rest = await asyncio.wait([asyncio.ensure_future(inf.synced.wait()) for inf in pending],
+                                         timeout=UNSYNCED_WARNING_SECONDS)
+            for fut in rest:
+                fut.cancel()
+            pending = [inf for inf in pending if not inf.synced.is_set()]
+            for i, inf in enumerate(self.informers):
+                metrics.informer_synced(_resource_of(inf), inf.synced.is_set(), i)
+            if pending:
+                log.warning("watch cache not synced: cannot list %s; this replica does not campaign for the "
+                            "Lease and /readyz fails until it does (check the operator's RBAC: list and watch)",
+                            ", ".join(f"{_resource_of(inf)} in {inf.namespace or 'all namespaces'}"
+                                      + (f" ({inf.last_error})" if getattr(inf, "last_error", None) else "")
+                                      for inf in pending))
         log.info("watch cache synced: %d runs, %d Jobs, %d pods", len(self.cache.runs), len(self.cache.jobs),
                  len(self.cache.pods))
         self._synced.set()
@@ -170,7 +204,7 @@ class Controller:
 
     async def _resync_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.config.resync_seconds)
+            await asyncio.sleep(self.config.resync_seconds / 2)
             try:
                 await self.resync(full=False)
             except Exception as exc:  # noqa: BLE001
@@ -178,10 +212,11 @@ class Controller:
 
     async def resync(self, full: bool = True) -> None:
         """Queue every cached run (on becoming leader), or periodically (``full=False``) every run not
-        reconciled within the resync period. No request: the cache."""
+        reconciled within half the resync period: looked at every half period, no run waits longer
+        than the period, and a run reconciled in the last half period is not queued. No request."""
         if not self.is_leader:
             return
-        horizon = time.monotonic() - self.config.resync_seconds
+        horizon = time.monotonic() - self.config.resync_seconds / 2
         for key in list(self.cache.runs):
             if full or self._reconciled_at.get(key, float("-inf")) < horizon:
                 self.cache.enqueue(key, "resync")
@@ -267,7 +302,7 @@ class Controller:
             if delay is not None:
                 result = "requeue"
                 self.queue.add_after(key, delay)
-        except StatusRefused:  # one Event was posted; retry with the run's backoff, quietly
+        except RetryWithBackoff:  # a refused write, a deferred one (one Event), no convergence: backoff
             result = "error"
             self.queue.add_rate_limited(key)
         except Exception as exc:  # never crash: log, count, retry later (per-run backoff)
@@ -308,7 +343,9 @@ class Controller:
             requeue = out.requeue
             if not out.wrote:
                 return requeue
-        return 0.0  # still writing after MAX_PASSES: queue it again
+        # still writing after MAX_PASSES: a decision that does not converge; retry with the run's backoff
+        run_logger(*key).warning("reconcile still writing after %d passes: retrying with backoff", MAX_PASSES)
+        raise RetryWithBackoff(f"no convergence after {MAX_PASSES} passes")
 
     async def _read_missing(self, body: dict[str, Any]) -> None:
         """The rare reads the cache cannot answer: the recorded Job missing from it (deleted, or the
@@ -349,6 +386,11 @@ class Controller:
             self._pod_reads.clear()
         if len(self._job_reads) > 4096:
             self._job_reads.clear()
+
+
+def _resource_of(inf: Informer) -> str:
+    """The plural resource an informer lists (the ``resource`` label of its metric)."""
+    return inf.path.rsplit("/", 1)[-1]
 
 
 def _status_of(body: dict[str, Any]) -> AgentRunStatus | None:

@@ -11,6 +11,7 @@ The controller calls these module-level functions; they act on one process-wide
     metrics.lap_retried(namespace, name, reason)
     metrics.reconcile_finished(result, duration_seconds) # result: success|error|requeue
     metrics.kube_request(verb, resource, code)           # every API server request (metrics/kube.py)
+    metrics.informer_synced(resource, synced, informer)  # the watch cache listed (metrics/kube.py)
     metrics.start_server(port, addr="0.0.0.0")           # /metrics, /healthz, /readyz
 
 None of them raises on odd input: a metrics problem never breaks a reconcile.
@@ -35,7 +36,7 @@ from .core import (
     RunView,
     normalize_label,
 )
-from .kube import KubeRequestMetrics
+from .kube import InformerMetrics, KubeRequestMetrics
 from .server import HealthCheck, serve
 from .workqueue import WorkQueueMetrics
 
@@ -53,6 +54,7 @@ __all__ = [
     "WorkQueueMetrics",
     "clear_runs",
     "forget_run",
+    "informer_synced",
     "kube_request",
     "lap_finished",
     "lap_retried",
@@ -69,6 +71,7 @@ disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client 
 DEFAULT = OperatorMetrics()
 REGISTRY = DEFAULT.registry
 KUBE = KubeRequestMetrics(REGISTRY)
+INFORMERS = InformerMetrics(REGISTRY)
 WORKQUEUE = WorkQueueMetrics(REGISTRY)
 _checks: dict[str, HealthCheck] = {}
 
@@ -109,6 +112,11 @@ def reconcile_finished(result: str, duration_seconds: float) -> None:
 def kube_request(verb: str, resource: str, code: int | str) -> None:
     """The operator made one request to the API server (``code``: HTTP status or ``<error>``)."""
     KUBE.observe(verb, resource, code)
+
+
+def informer_synced(resource: str, synced: bool, informer: int = 0) -> None:
+    """Whether the watch of ``resource`` (its plural; ``informer``: which of its watches) has listed."""
+    INFORMERS.set(resource, synced, informer)
 
 
 def set_health_check(kind: str, check: HealthCheck) -> None:

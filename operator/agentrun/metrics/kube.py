@@ -11,7 +11,7 @@ else is counted as ``other``.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 VERBS: tuple[str, ...] = ("get", "list", "watch", "create", "update", "patch", "delete")
 #: The resources the operator touches; any other is counted as ``other``.
@@ -40,4 +40,31 @@ class KubeRequestMetrics:
             resource = resource if resource in RESOURCES else "other"
             self.requests.labels(verb, resource, str(code)).inc()
         except Exception:  # noqa: BLE001 - a metrics problem never breaks a request
+            pass
+
+
+class InformerMetrics:
+    """``agentrun_informer_synced{resource}``: 1 once every watch of ``resource`` listed, 0 while one
+    has not (a list refused or failing). The replica campaigns for the Lease and is ready only when
+    every resource is 1."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.synced = Gauge(
+            "agentrun_informer_synced",
+            "1 when the operator's watch cache has listed this resource (in every watched namespace), 0 while "
+            "a list fails (e.g. RBAC without list/watch). Until all are 1 the replica is not ready and does not "
+            "campaign for the Lease.",
+            ["resource"], registry=registry,
+        )
+        self._state: dict[str, dict[int, bool]] = {}
+
+    def set(self, resource: str, synced: bool, informer: int = 0) -> None:
+        """Record one informer of ``resource`` (``informer``: which one, when a resource is watched in
+        several namespaces). Never raises."""
+        try:
+            resource = resource if resource in RESOURCES else "other"
+            state = self._state.setdefault(resource, {})
+            state[informer] = synced
+            self.synced.labels(resource).set(1.0 if all(state.values()) else 0.0)
+        except Exception:  # noqa: BLE001 - a metrics problem never breaks the controller
             pass

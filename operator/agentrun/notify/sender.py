@@ -120,9 +120,11 @@ class Notifier:
     def scan(self, now: datetime | None = None) -> None:
         """Look at the runs once; deliver and record what is due (respecting each message's backoff)."""
         now = now or datetime.now(UTC)
+        due: set[str] = set()
         for run in self._runs():
             for notice in plan.announcements(run, now, self.settings):
                 key = notice.idempotency_key
+                due.add(key)
                 if key not in self._sent:
                     r = self._retry.get(key)
                     if r is not None and self._now() < r.next_at:
@@ -130,6 +132,11 @@ class Notifier:
                     if not self._deliver(notice):
                         continue
                 self._record(run, notice)
+        # forget the messages no longer due (approved, timed out, run deleted): memory stays bounded
+        for key in [k for k in self._retry if k not in due]:
+            del self._retry[key]
+        for key in [k for k in self._sent if k not in due]:
+            del self._sent[key]
         self.scans += 1
 
     def _deliver(self, notice: plan.Notice) -> bool:
@@ -208,3 +215,11 @@ def from_env(api: Any, env: dict[str, str] | None = None, active: Callable[[], b
         interval=num("AGENTRUN_NOTIFY_INTERVAL_SECONDS", 10), backoff=num("AGENTRUN_NOTIFY_BACKOFF_SECONDS", 1),
         active=active, runs=runs, patch_status=patch_status,
     )
+
+
+def check_env(env: dict[str, str] | None = None) -> None:
+    """Raise ValueError naming the variable when the notifier's environment (see :func:`from_env`)
+    is wrong: the operator checks it before it starts, so a bad value exits at once."""
+    notifier = from_env(None, env)
+    if notifier is not None:
+        notifier._http.close()
