@@ -120,7 +120,21 @@ def test_config_from_env():
     assert cfg.default_requests == {"cpu": "50m"} and cfg.s3_path_style and cfg.identity == "me"
 
 
+@pytest.mark.parametrize("env,on", [
+    ({}, True),
+    ({"AGENTRUN_TENANCY_RECHECK": "false"}, False),
+    ({"AGENTRUN_TENANCY_RECHECK": "true"}, True),
+    # the deprecated number of older charts: only an on/off switch, and only when the switch is unset
+    ({"AGENTRUN_TENANCY_RECHECK_SECONDS": "-1"}, False),
+    ({"AGENTRUN_TENANCY_RECHECK_SECONDS": "10"}, True),
+    ({"AGENTRUN_TENANCY_RECHECK_SECONDS": "-1", "AGENTRUN_TENANCY_RECHECK": "true"}, True),
+])
+def test_the_tenancy_recheck_is_a_switch_and_the_old_period_still_turns_it_off(env, on):
+    assert OperatorConfig.from_env(env).tenancy_recheck is on
+
+
 @pytest.mark.parametrize("var,value", [("AGENTRUN_METRICS_PORT", "x"), ("AGENTRUN_LAP_REQUESTS", "[1]"),
+                                       ("AGENTRUN_TENANCY_RECHECK", "sometimes"),
                                        ("AGENTRUN_S3_PATH_STYLE", "maybe"), ("AGENTRUN_LOG_FORMAT", "xml")])
 def test_config_errors_name_the_variable(var, value):
     with pytest.raises(ValueError, match=var):

@@ -54,7 +54,7 @@ def test_default_install_renders_the_generated_policy_a_default_policy_and_its_b
     assert {(plural, v) for _, plural in KINDS.values() for v in ("list", "watch")} <= granted
     (dep,) = [d for d in docs if d["kind"] == "Deployment" and "inbox" not in d["metadata"]["name"]]
     env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["AGENTRUN_TENANCY_RECHECK_SECONDS"] == "10"
+    assert env["AGENTRUN_TENANCY_RECHECK"] == "true" and "AGENTRUN_TENANCY_RECHECK_SECONDS" not in env
 
 
 def test_what_the_default_policy_allows():

@@ -76,10 +76,11 @@ class OperatorConfig:
     """AGENTRUN_POD_CONFIG_GRACE_SECONDS: how long a lap pod may wait on a configuration error
     (CreateContainerConfigError: a missing Secret or key) before the run's condition and a Warning
     Event say so. The run keeps waiting: the pod starts once the Secret exists."""
-    tenancy_recheck_seconds: float = 10.0
-    """AGENTRUN_TENANCY_RECHECK_SECONDS: negative: no re-check of a run's AgentRunPolicies before
-    each lap. Otherwise the re-check watches the policies (a change is seen with its watch event,
-    docs/security.md) and the value itself is no longer used (deprecated; it was a re-read period)."""
+    tenancy_recheck: bool = True
+    """AGENTRUN_TENANCY_RECHECK (true/false): re-check a run's AgentRunPolicies before each lap, from
+    watches of the policies, their bindings and the namespaces (docs/security.md). The deprecated
+    AGENTRUN_TENANCY_RECHECK_SECONDS (a re-read period once) is honoured only when this is unset,
+    and only as an on/off switch: negative turns the re-check off, any other number leaves it on."""
     identity: str = ""
     """AGENTRUN_IDENTITY (or POD_NAME): this replica's name in the Lease (default host-pid)."""
 
@@ -144,7 +145,8 @@ class OperatorConfig:
         parse("AGENTRUN_RESYNC_SECONDS", float, "resync_seconds")
         parse("AGENTRUN_STORE_RETRY_SECONDS", float, "store_retry_seconds")
         parse("AGENTRUN_POD_CONFIG_GRACE_SECONDS", float, "pod_config_grace_seconds")
-        parse("AGENTRUN_TENANCY_RECHECK_SECONDS", float, "tenancy_recheck_seconds")
+        parse("AGENTRUN_TENANCY_RECHECK_SECONDS", lambda v: float(v) >= 0, "tenancy_recheck")  # deprecated
+        parse("AGENTRUN_TENANCY_RECHECK", lambda v: _bool(v, True), "tenancy_recheck")
         parse("POD_NAME", str, "identity")
         parse("AGENTRUN_IDENTITY", str, "identity")
         if not kw.get("identity"):

@@ -117,13 +117,13 @@ class Controller:
             ThreadPoolExecutor(max_workers=RECONCILE_THREADS, thread_name_prefix="reconcile"))
         # One API client, one connection pool for every call of this process (the watches hold one
         # connection each).
-        tenancy_watches = 2 + len(watch_ns) if cfg.tenancy_recheck_seconds >= 0 else 0
+        tenancy_watches = 2 + len(watch_ns) if cfg.tenancy_recheck else 0
         api_client = new_api_client(RECONCILE_THREADS + 3 * len(watch_ns) + tenancy_watches + 2)
         instrument(api_client, metrics.kube_request)
         self.kube = Kube(api_client)
         self.executor = Executor(cfg, self.kube, self.cache)
         loop = self._loop = asyncio.get_running_loop()
-        if cfg.tenancy_recheck_seconds >= 0:  # its value is no longer a period: the policies are watched
+        if cfg.tenancy_recheck:
             self.policies = PolicyStore(on_change=self._policies_changed)
             for kind, resource in TENANCY_KINDS.items():
                 # namespaces: with exact watched namespaces, each by name (the chart's role names them)
