@@ -74,6 +74,8 @@ class Bench:
         self.dir = workdir
         self.profile = profile
         self.lap_nice: int | None = None  # --lap-nice
+        self.lap_cpus: str | None = None  # --lap-cpus: the lap processes pinned to these CPUs (taskset -c)
+        self.operator_cpus: str | None = None  # --operator-cpus: the operator pinned to these
         self.cluster = start_cluster(workdir / "kube")
         self.s3 = start_s3(workdir / "s3")
         from kubernetes import client, config
@@ -116,12 +118,15 @@ class Bench:
             env["AGENTRUN_LAP_COMMAND"] = json.dumps(lap_command)
         if self.lap_nice is not None:  # the lap pods at a lower CPU priority: a stand-in for other nodes
             env["AGENTRUN_LAP_COMMAND"] = json.dumps(["nice", "-n", str(self.lap_nice), *json.loads(env["AGENTRUN_LAP_COMMAND"])])
+        if self.lap_cpus is not None:  # the lap pods pinned away from the operator: the other stand-in
+            env["AGENTRUN_LAP_COMMAND"] = json.dumps(["taskset", "-c", self.lap_cpus, *json.loads(env["AGENTRUN_LAP_COMMAND"])])
         if os.environ.get("BENCH_OPERATOR_PYTHONPATH"):  # e.g. an export of an older commit, for before/after
             # the shim counts the kubernetes client's requests of an operator without its own counter
             env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bench" / "kube_request_shim"),
                                                  os.environ["BENCH_OPERATOR_PYTHONPATH"]])
         fh = open(log, "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "agentrun.cli.main", "operator"], env=env, stdout=fh,
+        pin = ["taskset", "-c", self.operator_cpus] if self.operator_cpus is not None else []
+        proc = subprocess.Popen([*pin, sys.executable, "-m", "agentrun.cli.main", "operator"], env=env, stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         return proc, port
 
@@ -510,6 +515,10 @@ def main() -> None:
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--lap-nice", type=int, default=None,
                     help="overhead: run the lap processes under `nice -n N` (on a real cluster they run on other nodes)")
+    ap.add_argument("--lap-cpus", default=None,
+                    help="overhead: pin the lap processes to these CPUs (taskset -c LIST), away from the operator")
+    ap.add_argument("--operator-cpus", default=None,
+                    help="pin the operator to these CPUs (taskset -c LIST); with --lap-cpus on the others")
     ap.add_argument("--profile", help="py-spy the operator during the highest overhead level; folded stacks here")
     args = ap.parse_args()
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
@@ -521,6 +530,8 @@ def main() -> None:
     bench = Bench(workdir, args.profile)
     bench.lap_nice = args.lap_nice
     out["lap_nice"] = args.lap_nice
+    bench.lap_cpus, bench.operator_cpus = args.lap_cpus, args.operator_cpus
+    out["lap_cpus"], out["operator_cpus"] = args.lap_cpus, args.operator_cpus
 
     def save() -> None:  # after each part, so a later failure keeps what was measured
         if args.json:
