@@ -33,9 +33,13 @@ GETs (botocore) and the decoding (sha256, gunzip, JSON, unpacking, validation, f
 LangGraph ``add_messages``' ``get_state`` at N laps. ``--s3 versitygw`` uses the Go S3 server of the
 store's tests (e2e/versitygw_server.py) instead of moto. ``render --resume`` adds these runs:
 
-    nice -n 10 python bench/bench_vs_langgraph.py resume --laps 500 --json /tmp/r-moto.json
-    nice -n 10 python bench/bench_vs_langgraph.py resume --laps 500 --s3 versitygw --json /tmp/r-vgw.json
-    python bench/bench_vs_langgraph.py render M0 M1 --resume /tmp/r-moto.json /tmp/r-vgw.json
+    nice -n 10 python bench/bench_vs_langgraph.py resume --laps 500 --json bench/results-checkpoints-raw-resume-moto.json
+    nice -n 10 python bench/bench_vs_langgraph.py resume --laps 500 --s3 versitygw \\
+        --json bench/results-checkpoints-raw-resume-versitygw.json
+    python bench/bench_vs_langgraph.py render bench/results-checkpoints-raw-530B.json \\
+        bench/results-checkpoints-raw-2kB.json --resume bench/results-checkpoints-raw-resume-*.json
+
+(the matrix runs of results-checkpoints.json are the two ``results-checkpoints-raw-{530B,2kB}.json``).
 """
 
 from __future__ import annotations
