@@ -25,6 +25,21 @@ laps only (quadratic: ~1.7 GB at 2,000). Then ``render`` merges the per-size JSO
     nice -n 10 python bench/bench_vs_langgraph.py matrix --laps 2000 --tool-result-padding 0 --json /tmp/m0.json
     nice -n 10 python bench/bench_vs_langgraph.py matrix --laps 2000 --tool-result-padding 1500 --json /tmp/m1.json
     python bench/bench_vs_langgraph.py render /tmp/m0.json /tmp/m1.json
+
+Resume mode: the worst resume (lap N-1, a snapshot and K-1 = 9 lap records, read in parallel) and
+the resume at lap N (the snapshot only) of an N-lap run, interleaved, with the client's CPU time,
+the S3 server's CPU time (from /proc) per resume, one GET alone, and the client CPU split into the
+GETs (botocore) and the decoding (sha256, gunzip, JSON, unpacking, validation, fold); beside
+LangGraph ``add_messages``' ``get_state`` at N laps. ``--s3 versitygw`` uses the Go S3 server of the
+store's tests (e2e/versitygw_server.py) instead of moto. ``render --resume`` adds these runs:
+
+    nice -n 10 python bench/bench_vs_langgraph.py resume --laps 500 --json bench/results-checkpoints-raw-resume-moto.json
+    nice -n 10 python bench/bench_vs_langgraph.py resume --laps 500 --s3 versitygw \\
+        --json bench/results-checkpoints-raw-resume-versitygw.json
+    python bench/bench_vs_langgraph.py render bench/results-checkpoints-raw-530B.json \\
+        bench/results-checkpoints-raw-2kB.json --resume bench/results-checkpoints-raw-resume-*.json
+
+(the matrix runs of results-checkpoints.json are the two ``results-checkpoints-raw-{530B,2kB}.json``).
 """
 
 from __future__ import annotations
@@ -37,17 +52,27 @@ import os
 import re
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+from http.server import ThreadingHTTPServer
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # e2e/ (versitygw)
 
 from bench_lap_run import RUN, BenchWorld, ToolHandler, lap_env, spec_doc  # noqa: E402
 from benchlib import fmt_bytes, fmt_ms, markdown_table, ratio, summary, verdict  # noqa: E402
 
+from agentrun.checkpoint import store as checkpoint_store  # noqa: E402
+from agentrun.checkpoint.codec import unpack_lap  # noqa: E402
+from agentrun.checkpoint.fold import fold  # noqa: E402
+from agentrun.checkpoint.migrations import migrate, schema_version_of  # noqa: E402
+from agentrun.checkpoint.schema import LapRecord, RunState  # noqa: E402
 from agentrun.lap.config import parse_env  # noqa: E402
 from agentrun.lap.logs import LapLogger  # noqa: E402
 from agentrun.lap.runner import execute_lap  # noqa: E402
@@ -203,24 +228,30 @@ def message_bytes(m: Any) -> int:
     return len(m.model_dump_json(by_alias=True, exclude_none=True))
 
 
+def run_laps(world: Any, laps: int, max_tokens: int) -> tuple[list[float], list[float]]:
+    """The scripted run of ``laps`` laps through ``execute_lap``: each lap's wall and CPU time."""
+    spec_json = json.dumps(spec_doc(world.tool_url, laps, max_tokens))
+    sink = io.StringIO()
+    lap_seconds, lap_cpu_seconds = [], []
+    for lap in range(1, laps + 1):
+        env = lap_env(world.base, spec_json, lap)
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = execute_lap(parse_env(env), world.store, env, LapLogger({"lap": lap}, stream=sink))
+        lap_seconds.append(time.perf_counter() - t0)
+        lap_cpu_seconds.append(time.process_time() - c0)
+        if result.code != 0:
+            raise SystemExit(f"lap {lap} exited {result.code}: {result.message}")
+        sink.seek(0)
+        sink.truncate()
+    return lap_seconds, lap_cpu_seconds
+
+
 def run_agentrun_matrix(laps: int, max_tokens: int, extra: int) -> tuple[dict[str, Any], list[list[Any]], list[Any]]:
     """The scripted run through ``execute_lap`` (schema 3, K=10), with each lap's wall time."""
     world = BenchWorld("bench-vs", padded_handler(extra) if extra else ToolHandler)
     try:
-        base, store = world.base, world.store
-        spec_json = json.dumps(spec_doc(world.tool_url, laps, max_tokens))
-        sink = io.StringIO()
-        lap_seconds, lap_cpu_seconds = [], []
-        for lap in range(1, laps + 1):
-            env = lap_env(base, spec_json, lap)
-            t0, c0 = time.perf_counter(), time.process_time()
-            result = execute_lap(parse_env(env), store, env, LapLogger({"lap": lap}, stream=sink))
-            lap_seconds.append(time.perf_counter() - t0)
-            lap_cpu_seconds.append(time.process_time() - c0)
-            if result.code != 0:
-                raise SystemExit(f"lap {lap} exited {result.code}: {result.message}")
-            sink.seek(0)
-            sink.truncate()
+        store = world.store
+        lap_seconds, lap_cpu_seconds = run_laps(world, laps, max_tokens)
         per_lap = [0] * (laps + 1)
         objects_per_lap = [0] * (laps + 1)
         kinds: dict[str, int] = {}
@@ -324,13 +355,189 @@ def matrix(args: argparse.Namespace) -> None:
         json.dump(out, f)
 
 
+# ------------------------------------------------------------------------------------------------
+# resume mode: the worst resume (K-1 laps after a snapshot), where its time goes
+# ------------------------------------------------------------------------------------------------
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc; clock ticks, 10 ms on most kernels)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class VersityWorld:
+    """``BenchWorld`` with versitygw (Go, e2e/versitygw_server.py, posix backend in a temp dir) as
+    the S3 server instead of moto."""
+
+    def __init__(self, bucket: str, handler: type[Any]) -> None:
+        from e2e.versitygw_server import start_versitygw
+
+        self.tmp = tempfile.TemporaryDirectory(prefix="bench-versitygw-")
+        self.server, endpoint = start_versitygw(Path(self.tmp.name), os.environ["AWS_ACCESS_KEY_ID"],
+                                                os.environ["AWS_SECRET_ACCESS_KEY"])
+        self.tools = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=self.tools.serve_forever, daemon=True).start()
+        self.tool_url = f"http://127.0.0.1:{self.tools.server_address[1]}"
+        self.base = {"AGENTRUN_CHECKPOINT_URI": f"s3://{bucket}/runs", "AGENTRUN_S3_ENDPOINT": endpoint,
+                     "AGENTRUN_S3_REGION": "us-east-1", "AGENTRUN_S3_PATH_STYLE": "true",
+                     "AGENTRUN_LOG_FORMAT": "json"}
+        self.store = checkpoint_store.CheckpointStore(checkpoint_store.StoreConfig.from_env(self.base, snapshot_every=10))
+        self.store.client.create_bucket(Bucket=bucket)
+
+    def close(self) -> None:
+        from e2e.versitygw_server import stop
+
+        self.tools.shutdown()
+        stop(self.server)
+        self.tmp.cleanup()
+
+
+def decode_objects(store: Any, objects: list[tuple[str, bytes, str]]) -> RunState:
+    """What ``load_state`` does with the bytes of a snapshot and the lap records after it, without
+    the GETs: sha256, gunzip and JSON, migration, unpacking, validation, the hash chain and fold
+    (the store's own functions, in its order)."""
+    state: RunState | None = None
+    for key, data, sha in objects:
+        checkpoint_store.verify_sha256(data, sha, key)
+        raw = checkpoint_store.decode_document(data, key)
+        version = schema_version_of(raw, key)
+        doc = migrate(raw, key)
+        if state is None:
+            state = checkpoint_store.parse_model(RunState, doc, key)
+            continue
+        record = checkpoint_store.parse_model(LapRecord, unpack_lap(doc, key, in_place=True), key)
+        store._check_link(RUN, state, record, version)
+        state = fold(state, record, sha, len(data))
+    assert state is not None
+    return state
+
+
+def run_resume(laps: int, max_tokens: int, extra: int, s3: str, repeat: int) -> dict[str, Any]:
+    """The scripted run to ``laps``, then the resume figures (see the module docstring)."""
+    handler = padded_handler(extra) if extra else ToolHandler
+    world: Any = VersityWorld("bench-vs", handler) if s3 == "versitygw" else BenchWorld("bench-vs", handler)
+    server_pid = world.server.pid if s3 == "versitygw" else world.moto.pid
+    try:
+        store = world.store
+        run_laps(world, laps, max_tokens)
+        points = [laps - 1, laps]
+        for p in points:  # warm: the validators are built and the reader pool started once
+            store.load_state(RUN, through_lap=p)
+        walls: dict[int, list[float]] = {p: [] for p in points}
+        cpus: dict[int, list[float]] = {p: [] for p in points}
+        server: dict[int, float] = dict.fromkeys(points, 0.0)
+        objects: dict[int, int] = {}
+        for _ in range(repeat):  # interleaved, so both points see the same load
+            for p in points:
+                s0, c0, t0 = process_cpu_seconds(server_pid), time.process_time(), time.perf_counter()
+                loaded = store.load_state(RUN, through_lap=p)
+                walls[p].append(time.perf_counter() - t0)
+                cpus[p].append(time.process_time() - c0)
+                server[p] += process_cpu_seconds(server_pid) - s0
+                objects[p] = loaded.objects_read
+        bucket = store.config.bucket
+        get_seconds, get_cpu, get_server = [], 0.0, 0.0
+        key = store.lap_key(RUN, laps - 1)
+        for _ in range(repeat):
+            s0, c0, t0 = process_cpu_seconds(server_pid), time.process_time(), time.perf_counter()
+            store.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            get_seconds.append(time.perf_counter() - t0)
+            get_cpu += time.process_time() - c0
+            get_server += process_cpu_seconds(server_pid) - s0
+        # the worst resume's client CPU, split: its GETs one after the other, then the decoding
+        snap = laps - 1 - (laps - 1) % 10
+        keys = [store.snapshot_key(RUN, snap)] + [store.lap_key(RUN, n) for n in range(snap + 1, laps)]
+        gets_cpu, decode_cpu = [], []
+        want = store.load_state(RUN, through_lap=laps - 1).state
+        for _ in range(repeat):
+            c0 = time.process_time()
+            fetched = []
+            for k in keys:
+                resp = store.client.get_object(Bucket=bucket, Key=k)
+                fetched.append((k, resp["Body"].read(), resp["Metadata"]["sha256"]))
+            c1 = time.process_time()
+            state = decode_objects(store, fetched)
+            decode_cpu.append(time.process_time() - c1)
+            gets_cpu.append(c1 - c0)
+            assert state.messages == want.messages and state.lap == want.lap
+        records = [store.get_lap(RUN, lap)[0] for lap in range(1, laps + 1)]
+    finally:
+        world.close()
+    lap0 = [m for m in records[0].messages if m.lap == 0]
+    messages = [[m for m in r.messages if m.lap == r.lap] for r in records]
+    lg_laps = min(laps, ADD_MESSAGES_MAX_LAPS)
+    with tempfile.TemporaryDirectory(prefix="bench-langgraph-") as tmp:
+        lg = run_langgraph_matrix(messages, lap0, os.path.join(tmp, "c.sqlite"), "add_messages", None, lg_laps)
+    return {
+        "laps": laps, "s3": s3, "snapshot_every": 10, "repeat": repeat,
+        "message_bytes_per_lap": [sum(message_bytes(m) for m in ms) for ms in messages],
+        "points": {str(p): {"seconds": walls[p], "cpu_seconds": cpus[p], "server_cpu_seconds_mean": server[p] / repeat,
+                            "objects_read": objects[p]} for p in points},
+        "s3_get_seconds": get_seconds, "s3_get_cpu_seconds_mean": get_cpu / repeat,
+        "s3_get_server_cpu_seconds_mean": get_server / repeat,
+        "worst_split": {"lap": laps - 1, "objects": len(keys), "gets_cpu_seconds": gets_cpu,
+                        "decode_cpu_seconds": decode_cpu},
+        "langgraph": {"channel": "add_messages", "laps": lg_laps, "get_state_seconds": lg["resume_seconds"]},
+    }
+
+
+def resume(args: argparse.Namespace) -> None:
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    load_at_start = os.getloadavg()
+    out = run_resume(args.laps, args.max_tokens, args.tool_result_padding, args.s3, args.repeat)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    out.update({"tool_result_padding": args.tool_result_padding, "started": started, "commit": commit,
+                "load_at_start": load_at_start, "load_at_end": os.getloadavg(), "cpus": os.cpu_count(),
+                "langgraph_version": version("langgraph"), "sqlite_version": version("langgraph-checkpoint-sqlite")})
+    with open(args.json, "w") as f:
+        json.dump(out, f)
+    print("\n".join(resume_lines(out)[1]))
+
+
+def resume_lines(r: dict[str, Any]) -> tuple[list[tuple[str, str, str, bool]], list[str]]:
+    """The check and the text of one resume run (for ``render --resume``)."""
+    n = r["laps"]
+    size = statistics.median(r["message_bytes_per_lap"])
+    worst, last = r["points"][str(n - 1)], r["points"][str(n)]
+    p50 = summary(worst["seconds"])["p50"]
+    get_p50 = summary(r["s3_get_seconds"])["p50"]
+    lg_p50 = summary(r["langgraph"]["get_state_seconds"])["p50"]
+    split = r["worst_split"]
+    where = f"{r['s3']}, {size:.0f} B/lap"
+    check = (f"resume p50 at lap {n - 1} (a snapshot and {worst['objects_read'] - 1} lap records), {where}",
+             f"≤ LangGraph add_messages (lap {r['langgraph']['laps']}) + one S3 GET",
+             f"{fmt_ms(p50)} vs {fmt_ms(lg_p50)} + {fmt_ms(get_p50)}", p50 <= lg_p50 + get_p50)
+    text = (
+        f"Resume ({where}; `bench_vs_langgraph.py resume --laps {n}` at {r['started']}, commit {r['commit'][:12]}, "
+        f"load {r['load_at_start'][0]:.1f} before, {r['load_at_end'][0]:.1f} after, {r['cpus']} CPUs, "
+        f"{r['repeat']} interleaved resumes per lap): "
+        f"at lap {n - 1} ({worst['objects_read']} objects, read in parallel) p50 {fmt_ms(p50)}, the client's CPU "
+        f"p50 {fmt_ms(summary(worst['cpu_seconds'])['p50'])} and the S3 server's CPU "
+        f"{fmt_ms(worst['server_cpu_seconds_mean'])} per resume (mean); at lap {n} ({last['objects_read']} object) "
+        f"p50 {fmt_ms(summary(last['seconds'])['p50'])}, client CPU {fmt_ms(summary(last['cpu_seconds'])['p50'])}; "
+        f"one GET alone p50 {fmt_ms(get_p50)} (client CPU {fmt_ms(r['s3_get_cpu_seconds_mean'])}, server CPU "
+        f"{fmt_ms(r['s3_get_server_cpu_seconds_mean'])}, means). The client CPU of the {split['objects']} objects, "
+        f"split (p50): their GETs (botocore) {fmt_ms(summary(split['gets_cpu_seconds'])['p50'])}, decoding them "
+        f"(sha256, gunzip, JSON, unpacking, validation, hash chain, fold) "
+        f"{fmt_ms(summary(split['decode_cpu_seconds'])['p50'])}. LangGraph {r['langgraph']['channel']} get_state at "
+        f"lap {r['langgraph']['laps']} p50 {fmt_ms(lg_p50)}."
+    )
+    return [check], [text]
+
+
 def cumulative(per_lap: list[int], n: int, base: int = 0) -> int:
     return base + sum(per_lap[:n])
 
 
-def render(paths: list[str], out_json: str, plot_bytes: str, plot_time: str, out_md: str) -> None:
-    """Merge the matrix runs; write the JSON figures, the two plots and the Markdown section."""
+def render(paths: list[str], out_json: str, plot_bytes: str, plot_time: str, out_md: str,
+           resume_paths: list[str] | None = None) -> None:
+    """Merge the matrix runs (and the resume runs); write the JSON figures, the two plots and the
+    Markdown section."""
     runs = [json.load(open(p)) for p in paths]
+    resumes = [json.load(open(p)) for p in resume_paths or []]
     rows, checks, figures = [], [], {"runs": []}
     for run in runs:
         a = run["agentrun"]
@@ -404,6 +611,26 @@ def render(paths: list[str], out_json: str, plot_bytes: str, plot_time: str, out
         checks.append((f"lap wall time, laps {n_max - 99}-{n_max} vs 1-100, {size:.0f} B/lap (shared, loaded box)",
                        "flat (≤ 1.25x)", f"{fmt_ms(last)} vs {fmt_ms(first)}", last <= 1.25 * first))
         figures["runs"].append(fig)
+    resume_text = []
+    for r in resumes:
+        more, text = resume_lines(r)
+        checks += more
+        resume_text += text
+        worst = r["points"][str(r["laps"] - 1)]
+        figures.setdefault("resume_runs", []).append({
+            "s3": r["s3"], "laps": r["laps"], "started": r["started"], "commit": r["commit"],
+            "load_at_start": r["load_at_start"], "load_at_end": r["load_at_end"],
+            "message_bytes_per_lap_median": statistics.median(r["message_bytes_per_lap"]),
+            "worst": {"lap": r["laps"] - 1, "objects_read": worst["objects_read"],
+                      "p50_seconds": summary(worst["seconds"])["p50"],
+                      "cpu_p50_seconds": summary(worst["cpu_seconds"])["p50"],
+                      "server_cpu_seconds_mean": worst["server_cpu_seconds_mean"],
+                      "gets_cpu_p50_seconds": summary(r["worst_split"]["gets_cpu_seconds"])["p50"],
+                      "decode_cpu_p50_seconds": summary(r["worst_split"]["decode_cpu_seconds"])["p50"]},
+            "snapshot_only_p50_seconds": summary(r["points"][str(r["laps"])]["seconds"])["p50"],
+            "s3_get_p50_seconds": summary(r["s3_get_seconds"])["p50"],
+            "langgraph_get_state_p50_seconds": summary(r["langgraph"]["get_state_seconds"])["p50"],
+        })
     figures["checks"] = [{"figure": c[0], "target": c[1], "measured": c[2], "met": c[3]} for c in checks]
     figures["langgraph_version"] = runs[0]["langgraph_version"]
     figures["sqlite_version"] = runs[0]["sqlite_version"]
@@ -437,6 +664,8 @@ def render(paths: list[str], out_json: str, plot_bytes: str, plot_time: str, out
                 f"{k} {fmt_ms(v)}" for k, v in fig["lap_cpu_seconds_mean"].items() if v is not None)
                if "lap_cpu_seconds_mean" in fig else "") + "."
         )
+    for text in resume_text:
+        md += ["", text]
     with open(out_md, "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))
@@ -504,7 +733,7 @@ def _plots(runs: list[dict[str, Any]], plot_bytes: str, plot_time: str) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] in ("matrix", "render"):
+    if len(sys.argv) > 1 and sys.argv[1] in ("matrix", "render", "resume"):
         cmd = sys.argv.pop(1)
         ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
         if cmd == "matrix":
@@ -513,6 +742,14 @@ def main() -> None:
             ap.add_argument("--tool-result-padding", type=int, default=0)
             ap.add_argument("--json", required=True)
             matrix(ap.parse_args())
+        elif cmd == "resume":
+            ap.add_argument("--laps", type=int, default=500)
+            ap.add_argument("--max-tokens", type=int, default=4000)
+            ap.add_argument("--tool-result-padding", type=int, default=0)
+            ap.add_argument("--s3", choices=("moto", "versitygw"), default="moto")
+            ap.add_argument("--repeat", type=int, default=50)
+            ap.add_argument("--json", required=True)
+            resume(ap.parse_args())
         else:
             here = os.path.dirname(os.path.abspath(__file__))
             ap.add_argument("runs", nargs="+")
@@ -520,8 +757,9 @@ def main() -> None:
             ap.add_argument("--plot", default=os.path.join(here, "results-checkpoints-v3.png"))
             ap.add_argument("--plot-time", default=os.path.join(here, "results-lap-time.png"))
             ap.add_argument("--md", default=os.path.join(here, "results-checkpoints.md"))
+            ap.add_argument("--resume", nargs="*", default=[], help="runs of the resume mode to add")
             a = ap.parse_args()
-            render(a.runs, a.json, a.plot, a.plot_time, a.md)
+            render(a.runs, a.json, a.plot, a.plot_time, a.md, a.resume)
         return
     legacy_main()
 

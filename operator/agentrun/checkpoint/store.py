@@ -21,10 +21,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -87,6 +89,36 @@ CONFLICT_RETRIES = 4
 CONFLICT_BACKOFF_SECONDS = 0.1
 _RESUME_READERS = 10
 """Parallel GETs of a resume at a known lap (the snapshot and up to K-1 lap records)."""
+
+_readers_lock = threading.Lock()
+_readers: ThreadPoolExecutor | None = None
+
+
+def _reader_pool() -> ThreadPoolExecutor:
+    """The process's pool of resume readers (at most ``_RESUME_READERS`` threads, shared by every
+    store), started on first use and kept: a pool per ``load_state`` started up to ten threads per
+    resume, each start a round trip through the scheduler (milliseconds on a loaded box). Its
+    workers only read and decode one object each and never wait on the pool, so concurrent
+    resumes queue behind each other instead of deadlocking. Idle workers end at interpreter exit
+    (``concurrent.futures`` joins them); a forked child starts its own pool (``_forget_readers``)."""
+    global _readers
+    pool = _readers
+    if pool is None:
+        with _readers_lock:
+            if _readers is None:
+                _readers = ThreadPoolExecutor(max_workers=_RESUME_READERS, thread_name_prefix="agentrun-s3-read")
+            pool = _readers
+    return pool
+
+
+def _forget_readers() -> None:
+    """After ``fork``: the parent's reader threads do not exist in the child, so neither does its pool."""
+    global _readers, _readers_lock
+    _readers, _readers_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_readers)
 
 
 # --------------------------------------------------------------------------------------------
@@ -442,7 +474,7 @@ class CheckpointStore:
         version = schema_version_of(raw, key)
         doc = migrate(raw, key)
         if doc.get("kind") == "LapRecord":
-            doc = unpack_lap(doc, key)
+            doc = unpack_lap(doc, key, in_place=True)  # doc is ours: parsed from these bytes just now
         return doc, StoredObject(key, sha, len(data), resp.get("LastModified") or _now()), version
 
     def _read_optional(self, key: str) -> tuple[dict[str, Any], StoredObject, int] | None:
@@ -663,10 +695,14 @@ class CheckpointStore:
         laps = list(range(lap + 1, through + 1))
         if not laps:
             return self._fold_expected(run, lap, through, lambda: self.get_snapshot(run, lap), [])
-        with ThreadPoolExecutor(max_workers=min(_RESUME_READERS, len(laps) + 1)) as pool:
-            snap_future = pool.submit(self.get_snapshot, run, lap)
-            futures = [pool.submit(self._get_lap, run, n) for n in laps]
-            return self._fold_expected(run, lap, through, snap_future.result, [f.result for f in futures])
+        pool = _reader_pool()
+        futures: list[Future[Any]] = [pool.submit(self.get_snapshot, run, lap)]
+        try:
+            futures += [pool.submit(self._get_lap, run, n) for n in laps]
+            return self._fold_expected(run, lap, through, futures[0].result, [f.result for f in futures[1:]])
+        finally:
+            for f in futures:  # when the fold stopped early: the reads not started are not needed
+                f.cancel()
 
     def _fold_expected(
         self, run: RunRef, lap: int, through: int, snapshot: Callable[[], tuple[RunState, StoredObject]],
