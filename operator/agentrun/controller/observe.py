@@ -175,6 +175,20 @@ def needs_pod_read(job: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
     return pod_exit(pods) == (None, None)
 
 
+def pod_check_due(job: dict[str, Any], now: datetime, grace: float) -> float | None:
+    """Seconds until the pods of an active Job should be read for a configuration error (0: now),
+    None when they need not be: the Job finished, or its pod is ready. Pods are not watched: a pod
+    that cannot start (a missing Secret: CreateContainerConfigError) shows as a Job that stays
+    active and not ready; it is looked at once the Job is ``grace`` seconds old (a lap that starts
+    within the grace costs no read)."""
+    if job_state(job)[0] != "active" or (job.get("status") or {}).get("ready"):
+        return None
+    created = parse_time((job.get("metadata") or {}).get("creationTimestamp"))
+    if created is None:
+        return 0.0
+    return max(0.0, grace - (now - created).total_seconds())
+
+
 def parse_run(body: dict[str, Any]) -> tuple[AgentRunSpec | None, str | None, AgentRunStatus]:
     """The run's spec (or why it cannot be used) and status (an unreadable one starts empty)."""
     meta = body.get("metadata") or {}

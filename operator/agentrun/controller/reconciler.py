@@ -1,13 +1,20 @@
 """The reconciler: watch cache -> work queue -> (observe, decide, execute) per run, only on the
 holder of the Lease.
 
-Level-based: a reconcile reads the run, its Jobs and their pods from the watch cache (no request),
-asks :func:`decide.decide` what to do, and executes it. When the execution wrote the run or created
+Level-based: a reconcile reads the run and its Jobs from the watch cache (no request), asks
+:func:`decide.decide` what to do, and executes it. When the execution wrote the run or created
 a Job, the new state is already in the cache (write-through) and ``decide`` is asked again in the
 same reconcile, until nothing is written (at most :data:`MAX_PASSES`): the events of those writes
 are skipped by the cache. Backoffs and deadlines come back as delayed adds; errors and refused
 status writes as rate-limited adds (per-run exponential backoff). A periodic resync re-queues every
 cached run as a safety net. An operator restart resumes every run from its status.
+
+Pods are not watched; a reconcile reads the pods of its current Job in two cases only: the Job
+failed (its exit code and termination message name the cause), or the Job is still active and not
+ready ``pod_config_grace_seconds`` after its creation (a pod stuck on its configuration: a missing
+Secret). For the latter a timer per Job queues the run when the grace is over (no reconcile when
+the lap starts within it), then again with a doubling delay while the Job stays not ready; the Job
+becoming ready queues the run too (the cache watches that Job's readiness from then on).
 
 Two more parts read watches, not the API: the tenancy re-check (``tenancy.PolicyStore``, fed by
 informers of namespaces, admission bindings and AgentRunPolicies; a change queues the live runs it
@@ -41,7 +48,7 @@ from .jobs import LABEL_RUN_UID
 from .kube import JOBS, PODS, RUNS, Kube, instrument, new_api_client, path
 from .lease import LeaseElector
 from .logs import run_logger
-from .observe import current_jobs, job_state, needs_pod_read, observe
+from .observe import current_jobs, job_state, needs_pod_read, observe, pod_check_due
 from .queue import WorkQueue
 from .tenancy import KINDS as TENANCY_KINDS
 from .tenancy import NAMESPACES, PolicyStore
@@ -56,6 +63,9 @@ WORKERS = 32
 MAX_PASSES = 4
 #: How long the notifier thread waits for the event loop (a snapshot of the cache, a status write).
 NOTIFIER_LOOP_TIMEOUT = 60.0
+#: Longest wait between two pod reads of an active Job that stays not ready past the grace (the
+#: delay doubles from the grace; at least :data:`POD_CHECK_MIN_SECONDS`).
+POD_CHECK_MAX_SECONDS, POD_CHECK_MIN_SECONDS = 300.0, 1.0
 
 
 def namespace_matcher(patterns: tuple[str, ...] | list[str]) -> Any:
@@ -96,6 +106,8 @@ class Controller:
         self._synced = asyncio.Event()
         self._pod_reads: dict[Key, int | None] = {}  # Job -> its version whose pods were read
         self._job_reads: dict[Key, int | None] = {}  # Job -> run version for which it was looked up
+        self._pod_timers: dict[Key, asyncio.TimerHandle] = {}  # Job -> its pending pod check
+        self._pod_checks: dict[Key, int] = {}  # Job -> pod checks scheduled past its grace (the backoff)
         self._reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
         self.policies: PolicyStore | None = None  # the tenancy re-check's watched policies (None: off)
         self.notifier: Any = None  # approval notifications (agentrun.notify), when configured
@@ -131,7 +143,7 @@ class Controller:
         if self.notifier is not None:
             self.notifier.start()
         for ns in watch_ns:
-            for kind, selector in (("runs", None), ("jobs", LABEL_RUN_UID), ("pods", LABEL_RUN_UID)):
+            for kind, selector in (("runs", None), ("jobs", LABEL_RUN_UID)):  # pods: read on demand
                 self.informers.append(Informer(self.kube, kind, ns, selector, self.cache, loop))
         for inf in self.informers:
             inf.start()
@@ -152,9 +164,12 @@ class Controller:
         self._synced.set()
 
     async def stop(self) -> None:
-        log.info("watch cache: reconciles queued by cause %s; events skipped %d", self.cache.causes,
-                 self.cache.skipped)
+        log.info("watch cache: reconciles queued by cause %s; watch events by kind %s, skipped %d",
+                 self.cache.causes, self.cache.events, self.cache.skipped)
         self.queue.shut_down()
+        for timer in self._pod_timers.values():
+            timer.cancel()
+        self._pod_timers.clear()
         for inf in self.informers:
             inf.stop()
         for t in self._tasks:
@@ -280,6 +295,13 @@ class Controller:
 
     async def reconcile(self, key: Key) -> float | None:
         """One reconcile of one run from the cache. Returns the requeue delay, if any."""
+        pods_read: set[Key] = set()  # Jobs whose pods this reconcile read (once each)
+        try:
+            return await self._reconcile(key, pods_read)
+        finally:
+            self._schedule_pod_check(key, pods_read)
+
+    async def _reconcile(self, key: Key, pods_read: set[Key]) -> float | None:
         assert self.executor is not None
         requeue: float | None = None
         for _ in range(MAX_PASSES):
@@ -288,7 +310,7 @@ class Controller:
                 return None
             meta = body["metadata"]
             ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
-            await self._read_missing(body)
+            await self._read_missing(body, pods_read)
             o = observe(body, self.cache.jobs_of(ns, uid), lambda job: self.cache.pods_of(ns, job),
                         self.config, datetime.now(UTC))
             if self.policies is not None and o.spec is not None and not o.deleting \
@@ -310,11 +332,13 @@ class Controller:
                 return requeue
         return 0.0  # still writing after MAX_PASSES: queue it again
 
-    async def _read_missing(self, body: dict[str, Any]) -> None:
+    async def _read_missing(self, body: dict[str, Any], pods_read: set[Key] | None = None) -> None:
         """The rare reads the cache cannot answer: the recorded Job missing from it (deleted, or the
-        watch lags behind), and the pods of a finished current Job whose exit the cache has not
-        seen. Each is read once per version, then the cache (and the watch) answer."""
+        watch lags behind), the pods of a failed current Job whose exit the cache has not seen (once
+        per version of the Job), and the pods of an active current Job not ready after the grace
+        (:func:`observe.pod_check_due`; once per reconcile, in ``pods_read``)."""
         assert self.kube is not None
+        pods_read = set() if pods_read is None else pods_read
         meta = body["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         status = _status_of(body)
@@ -336,19 +360,65 @@ class Controller:
                 job = self.cache.jobs.get(jkey)
                 if job is None:
                     continue
-            if job_state(job)[0] == "active" or not needs_pod_read(job, self.cache.pods_of(ns, jname)):
+            if job_state(job)[0] == "active":
+                if jkey not in pods_read \
+                        and pod_check_due(job, datetime.now(UTC), self.config.pod_config_grace_seconds) == 0:
+                    pods_read.add(jkey)
+                    await self._read_pods(ns, jname)
+                    self.cache.pod_checked.add(jkey)  # its readiness now queues the run
+                continue
+            if not needs_pod_read(job, self.cache.pods_of(ns, jname)):
                 continue
             if self._pod_reads.get(jkey) == rv_int(job):
                 continue
             self._pod_reads[jkey] = rv_int(job)
-            doc = await asyncio.to_thread(self.kube.request, "GET", path(PODS, ns),
-                                          query={"labelSelector": f"job-name={jname}"})
-            for item in (doc or {}).get("items") or []:
-                self.cache.put("pods", item)
+            pods_read.add(jkey)
+            await self._read_pods(ns, jname)
         if len(self._pod_reads) > 4096:
             self._pod_reads.clear()
         if len(self._job_reads) > 4096:
             self._job_reads.clear()
+
+    async def _read_pods(self, ns: str, job: str) -> None:
+        assert self.kube is not None
+        doc = await asyncio.to_thread(self.kube.request, "GET", path(PODS, ns),
+                                      query={"labelSelector": f"job-name={job}"})
+        self.cache.put_pods(ns, job, list((doc or {}).get("items") or []))
+
+    def _schedule_pod_check(self, key: Key, pods_read: set[Key]) -> None:
+        """After a reconcile: when the run's active Job is not ready, a timer queues the run when its
+        grace is over, or (past it: its pods were read) after a delay doubling while it stays so."""
+        body = self.cache.run(key)
+        if body is None or self._loop is None:
+            return
+        active = ((body.get("status") or {}).get("activeJob") or {}).get("name")
+        if not isinstance(active, str):
+            return
+        jkey = (key[0], active)
+        job = self.cache.jobs.get(jkey)
+        grace = self.config.pod_config_grace_seconds
+        due = None if job is None else pod_check_due(job, datetime.now(UTC), grace)
+        if due is None:
+            self._pod_checks.pop(jkey, None)
+            return
+        if jkey in self._pod_timers:
+            return
+        if due > 0:
+            delay = due + POD_CHECK_MIN_SECONDS  # past the grace by then, also for the pod (created after its Job)
+        else:
+            n = self._pod_checks.get(jkey, 0)
+            if len(self._pod_checks) > 4096:
+                self._pod_checks.clear()
+            self._pod_checks[jkey] = n + 1
+            delay = min(POD_CHECK_MAX_SECONDS, max(grace, POD_CHECK_MIN_SECONDS) * 2 ** min(n, 16))
+        self._pod_timers[jkey] = self._loop.call_later(delay, self._pod_check, key, jkey)
+
+    def _pod_check(self, key: Key, jkey: Key) -> None:
+        """A pod check is due: queue the run if its Job is still active and not ready."""
+        self._pod_timers.pop(jkey, None)
+        job = self.cache.jobs.get(jkey)
+        if job is not None and pod_check_due(job, datetime.now(UTC), self.config.pod_config_grace_seconds) is not None:
+            self.cache.enqueue(key, "pod check")
 
 
 def _status_of(body: dict[str, Any]) -> AgentRunStatus | None:
