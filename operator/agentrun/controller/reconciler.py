@@ -48,7 +48,7 @@ from .jobs import LABEL_RUN_UID
 from .kube import JOBS, PODS, RUNS, Kube, instrument, new_api_client, path
 from .lease import LeaseElector
 from .logs import run_logger
-from .observe import current_jobs, job_state, needs_pod_read, observe, pod_check_due
+from .observe import SpecMemo, current_jobs, job_state, needs_pod_read, observe, parse_run, pod_check_due
 from .queue import WorkQueue
 from .tenancy import KINDS as TENANCY_KINDS
 from .tenancy import NAMESPACES, PolicyStore
@@ -109,6 +109,7 @@ class Controller:
         self._pod_timers: dict[Key, asyncio.TimerHandle] = {}  # Job -> its pending pod check
         self._pod_checks: dict[Key, int] = {}  # Job -> pod checks scheduled past its grace (the backoff)
         self._reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
+        self._specs = SpecMemo()  # each run's parsed spec, while its JSON is unchanged
         self.policies: PolicyStore | None = None  # the tenancy re-check's watched policies (None: off)
         self.notifier: Any = None  # approval notifications (agentrun.notify), when configured
         self.ready = False
@@ -250,6 +251,7 @@ class Controller:
         """The run is gone: drop its queue state, refusals and metrics."""
         self.queue.discard(key)
         self._reconciled_at.pop(key, None)
+        self._specs.forget(key)
         if self.executor is not None:
             self.executor.forget(key)
         metrics.forget_run(*key)
@@ -310,9 +312,10 @@ class Controller:
                 return None
             meta = body["metadata"]
             ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
-            await self._read_missing(body, pods_read)
+            parsed = parse_run(body, self._specs)
+            await self._read_missing(body, pods_read, parsed[2])
             o = observe(body, self.cache.jobs_of(ns, uid), lambda job: self.cache.pods_of(ns, job),
-                        self.config, datetime.now(UTC))
+                        self.config, datetime.now(UTC), parsed)
             if self.policies is not None and o.spec is not None and not o.deleting \
                     and o.status.phase not in TERMINAL_PHASES:
                 check = await self._tenancy_check(ns, body.get("spec") or {})
@@ -332,7 +335,8 @@ class Controller:
                 return requeue
         return 0.0  # still writing after MAX_PASSES: queue it again
 
-    async def _read_missing(self, body: dict[str, Any], pods_read: set[Key] | None = None) -> None:
+    async def _read_missing(self, body: dict[str, Any], pods_read: set[Key] | None = None,
+                            status: AgentRunStatus | None = None) -> None:
         """The rare reads the cache cannot answer: the recorded Job missing from it (deleted, or the
         watch lags behind), the pods of a failed current Job whose exit the cache has not seen (once
         per version of the Job), and the pods of an active current Job not ready after the grace
@@ -341,7 +345,7 @@ class Controller:
         pods_read = set() if pods_read is None else pods_read
         meta = body["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        status = _status_of(body)
+        status = _status_of(body) if status is None else status
         if status is None:
             return
         for jname in current_jobs(name, uid, status):
