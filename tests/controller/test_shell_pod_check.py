@@ -114,51 +114,87 @@ def test_a_lap_that_starts_within_the_grace_costs_no_pod_read_only_a_timer():
     async def main() -> tuple[float | None, float]:
         c._loop = asyncio.get_running_loop()
         requeue = await c.reconcile(KEY)
-        timer = c._pod_timers[("ns", JOB)]
-        left = timer.when() - c._loop.time()
-        # the pod starts before the timer fires: the Job is ready, the check queues nothing
+        check = c._pod_checks[("ns", JOB)]
+        assert isinstance(check.pending, asyncio.TimerHandle)
+        left = check.pending.when() - c._loop.time()
+        check.pending.cancel()
+        # the pod starts before the timer fires: the Job is ready, the check reads nothing and ends
         c.cache.event("jobs", "MODIFIED", job_doc(2, ready=1, rv=21))
         c.queue.shut_down()
-        before = dict(c.cache.causes)
-        timer.cancel()
-        c._pod_check(KEY, ("ns", JOB))
-        assert c.cache.causes == before
+        await c._check_pods(("ns", JOB))
+        assert ("ns", JOB) not in c._pod_checks
         return requeue, left
 
     requeue, left = asyncio.run(main())
     assert pod_reads(kube) == 0 and kube.requests == [], kube.requests
-    assert requeue is None
+    assert requeue is None and c.cache.causes == {"run changed": 1, "job added": 1}  # nothing more queued
     assert GRACE - 4 < left <= GRACE  # the grace from the Job's creation (2-3 s ago), and a second for its pod
 
 
 def test_a_pod_stuck_on_a_missing_secret_is_found_without_a_pod_watch():
     run = run_doc()
     c, kube = controller(run, job_doc(40), [stuck_pod(39)])
+    jkey = ("ns", JOB)
 
-    async def main() -> tuple[float | None, float, float]:
+    async def main() -> tuple[float | None, list[float]]:
         loop = c._loop = asyncio.get_running_loop()
-        # the grace timer of an earlier reconcile fires: the Job is still active and not ready
-        c._pod_check(KEY, ("ns", JOB))
-        assert c.queue.depth == 1 and c.cache.causes.get("pod check") == 1
+        delays = []
+        # the run is reconciled (an operator restart) while its Job is past the grace, not ready
+        await c.reconcile(KEY)
+        assert pod_reads(kube) == 0 and c._pod_checks[jkey].pending is not None
+        c._pod_checks[jkey].pending.cancel()  # type: ignore[union-attr]
+        # the check (due now) reads the pods: a configuration problem, the run is queued
+        await c._check_pods(jkey)
+        assert pod_reads(kube) == 1 and c.queue.depth == 1 and c.cache.causes.get("pod config") == 1
         requeue = await c.reconcile(KEY)
-        timer = c._pod_timers[("ns", JOB)]
-        first = timer.when() - loop.time()
-        timer.cancel()
-        del c._pod_timers[("ns", JOB)]
-        await c.reconcile(KEY)  # decide's requeue: the pods are read again, the next check is later
-        second = c._pod_timers[("ns", JOB)].when() - loop.time()
-        c._pod_timers[("ns", JOB)].cancel()
+        for _ in range(2):  # the problem stays: the checks go on, every 15 s, and queue nothing more
+            timer = c._pod_checks[jkey].pending
+            assert isinstance(timer, asyncio.TimerHandle)
+            delays.append(timer.when() - loop.time())
+            timer.cancel()
+            await c._check_pods(jkey)
+        assert c.cache.causes.get("pod config") == 1
+        # the Secret is created: the pod starts, the Job is ready; its readiness queues the run
+        c.cache.event("jobs", "MODIFIED", job_doc(40, ready=1, rv=21))
+        assert c.cache.causes.get("job state") == 1
+        c._pod_checks[jkey].pending.cancel()  # type: ignore[union-attr]
+        await c._check_pods(jkey)  # and the checks end
+        assert jkey not in c._pod_checks
         c.queue.shut_down()
-        return requeue, first, second
+        return requeue, delays
 
-    requeue, first, second = asyncio.run(main())
-    assert pod_reads(kube) == 2
+    requeue, delays = asyncio.run(main())
+    assert pod_reads(kube) == 3
     status = kube.run["status"]
     progressing = {cd["type"]: cd for cd in status["conditions"]}["Progressing"]
     assert status["phase"] == "Pending" and progressing["reason"] == "SecretMissing", status
     assert "Secret 'model-key' does not exist" in progressing["message"]
     assert [p for m, p in kube.requests if m == "POST"] == ["/api/v1/namespaces/ns/events"]  # one Warning
     assert requeue == 15.0  # decide's retry while the pod waits
-    assert GRACE - 1 < first <= GRACE and 2 * GRACE - 1 < second <= 2 * GRACE <= POD_CHECK_MAX_SECONDS
-    # its readiness now queues the run (the Secret created: the pod starts)
-    assert ("ns", JOB) in c.cache.pod_checked
+    assert all(14 < dl <= 15 for dl in delays), delays
+
+
+def test_a_pod_that_is_slow_to_start_is_read_with_a_doubling_delay_and_queues_nothing():
+    run = run_doc()
+    slow = stuck_pod(39)
+    slow["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ContainerCreating"}}
+    c, kube = controller(run, job_doc(40), [slow])
+    jkey = ("ns", JOB)
+
+    async def main() -> list[float]:
+        loop = c._loop = asyncio.get_running_loop()
+        c._schedule_pod_check(KEY)
+        delays = []
+        for _ in range(6):
+            c._pod_checks[jkey].pending.cancel()  # type: ignore[union-attr]
+            await c._check_pods(jkey)
+            timer = c._pod_checks[jkey].pending
+            assert isinstance(timer, asyncio.TimerHandle)
+            delays.append(round(timer.when() - loop.time()))
+        timer.cancel()
+        c.queue.shut_down()
+        return delays
+
+    delays = asyncio.run(main())
+    assert pod_reads(kube) == 6 and c.cache.causes == {"run changed": 1, "job added": 1}
+    assert delays == [30, 60, 120, 240, POD_CHECK_MAX_SECONDS, POD_CHECK_MAX_SECONDS]

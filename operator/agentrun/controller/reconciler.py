@@ -9,12 +9,14 @@ are skipped by the cache. Backoffs and deadlines come back as delayed adds; erro
 status writes as rate-limited adds (per-run exponential backoff). A periodic resync re-queues every
 cached run as a safety net. An operator restart resumes every run from its status.
 
-Pods are not watched; a reconcile reads the pods of its current Job in two cases only: the Job
-failed (its exit code and termination message name the cause), or the Job is still active and not
-ready ``pod_config_grace_seconds`` after its creation (a pod stuck on its configuration: a missing
-Secret). For the latter a timer per Job queues the run when the grace is over (no reconcile when
-the lap starts within it), then again with a doubling delay while the Job stays not ready; the Job
-becoming ready queues the run too (the cache watches that Job's readiness from then on).
+Pods are not watched. A reconcile reads the pods of a failed current Job (its exit code and
+termination message name the cause). A pod stuck on its configuration (a missing Secret) shows as a
+Job that stays active and not ready: a timer per active Job (:class:`PodCheck`) reads its pods once
+``pod_config_grace_seconds`` have passed since its creation and the Job is still not ready, then
+again after a delay doubling from the grace while it stays so (every grace, at most 15 s, while a
+configuration problem shows), and queues the run only when what the pods show changed. A lap that
+starts within the grace costs no read and no reconcile; the Job becoming ready queues the run (the
+cache watches that Job's readiness once its pods were read).
 
 Two more parts read watches, not the API: the tenancy re-check (``tenancy.PolicyStore``, fed by
 informers of namespaces, admission bindings and AgentRunPolicies; a change queues the live runs it
@@ -48,7 +50,16 @@ from .jobs import LABEL_RUN_UID
 from .kube import JOBS, PODS, RUNS, Kube, instrument, new_api_client, path
 from .lease import LeaseElector
 from .logs import run_logger
-from .observe import SpecMemo, current_jobs, job_state, needs_pod_read, observe, parse_run, pod_check_due
+from .observe import (
+    SpecMemo,
+    current_jobs,
+    job_state,
+    needs_pod_read,
+    observe,
+    parse_run,
+    pod_check_due,
+    pod_waiting,
+)
 from .queue import WorkQueue
 from .tenancy import KINDS as TENANCY_KINDS
 from .tenancy import NAMESPACES, PolicyStore
@@ -64,8 +75,19 @@ MAX_PASSES = 4
 #: How long the notifier thread waits for the event loop (a snapshot of the cache, a status write).
 NOTIFIER_LOOP_TIMEOUT = 60.0
 #: Longest wait between two pod reads of an active Job that stays not ready past the grace (the
-#: delay doubles from the grace; at least :data:`POD_CHECK_MIN_SECONDS`).
-POD_CHECK_MAX_SECONDS, POD_CHECK_MIN_SECONDS = 300.0, 1.0
+#: delay doubles from the grace; at least :data:`POD_CHECK_MIN_SECONDS`), and the longest while its
+#: pod shows a configuration problem (to follow the kubelet's message: another Secret or key).
+POD_CHECK_MAX_SECONDS, POD_CHECK_MIN_SECONDS, POD_PROBLEM_CHECK_SECONDS = 300.0, 1.0, 15.0
+
+
+@dataclass
+class PodCheck:
+    """The pod checks of one active Job that is not ready (see the module docstring)."""
+
+    run: Key
+    reads: int = 0  # reads that showed no configuration problem (the backoff)
+    problem: tuple[str | None, str | None] | None = None  # (waiting reason, message) last shown
+    pending: asyncio.TimerHandle | asyncio.Task[None] | None = None
 
 
 def namespace_matcher(patterns: tuple[str, ...] | list[str]) -> Any:
@@ -106,8 +128,7 @@ class Controller:
         self._synced = asyncio.Event()
         self._pod_reads: dict[Key, int | None] = {}  # Job -> its version whose pods were read
         self._job_reads: dict[Key, int | None] = {}  # Job -> run version for which it was looked up
-        self._pod_timers: dict[Key, asyncio.TimerHandle] = {}  # Job -> its pending pod check
-        self._pod_checks: dict[Key, int] = {}  # Job -> pod checks scheduled past its grace (the backoff)
+        self._pod_checks: dict[Key, PodCheck] = {}  # active Job not ready -> its pod checks
         self._reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
         self._specs = SpecMemo()  # each run's parsed spec, while its JSON is unchanged
         self.policies: PolicyStore | None = None  # the tenancy re-check's watched policies (None: off)
@@ -168,9 +189,10 @@ class Controller:
         log.info("watch cache: reconciles queued by cause %s; watch events by kind %s, skipped %d",
                  self.cache.causes, self.cache.events, self.cache.skipped)
         self.queue.shut_down()
-        for timer in self._pod_timers.values():
-            timer.cancel()
-        self._pod_timers.clear()
+        for check in self._pod_checks.values():
+            if check.pending is not None:
+                check.pending.cancel()
+        self._pod_checks.clear()
         for inf in self.informers:
             inf.stop()
         for t in self._tasks:
@@ -297,13 +319,12 @@ class Controller:
 
     async def reconcile(self, key: Key) -> float | None:
         """One reconcile of one run from the cache. Returns the requeue delay, if any."""
-        pods_read: set[Key] = set()  # Jobs whose pods this reconcile read (once each)
         try:
-            return await self._reconcile(key, pods_read)
+            return await self._reconcile(key)
         finally:
-            self._schedule_pod_check(key, pods_read)
+            self._schedule_pod_check(key)
 
-    async def _reconcile(self, key: Key, pods_read: set[Key]) -> float | None:
+    async def _reconcile(self, key: Key) -> float | None:
         assert self.executor is not None
         requeue: float | None = None
         for _ in range(MAX_PASSES):
@@ -313,7 +334,7 @@ class Controller:
             meta = body["metadata"]
             ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
             parsed = parse_run(body, self._specs)
-            await self._read_missing(body, pods_read, parsed[2])
+            await self._read_missing(body, parsed[2])
             o = observe(body, self.cache.jobs_of(ns, uid), lambda job: self.cache.pods_of(ns, job),
                         self.config, datetime.now(UTC), parsed)
             if self.policies is not None and o.spec is not None and not o.deleting \
@@ -335,14 +356,12 @@ class Controller:
                 return requeue
         return 0.0  # still writing after MAX_PASSES: queue it again
 
-    async def _read_missing(self, body: dict[str, Any], pods_read: set[Key] | None = None,
-                            status: AgentRunStatus | None = None) -> None:
+    async def _read_missing(self, body: dict[str, Any], status: AgentRunStatus | None = None) -> None:
         """The rare reads the cache cannot answer: the recorded Job missing from it (deleted, or the
-        watch lags behind), the pods of a failed current Job whose exit the cache has not seen (once
-        per version of the Job), and the pods of an active current Job not ready after the grace
-        (:func:`observe.pod_check_due`; once per reconcile, in ``pods_read``)."""
+        watch lags behind), and the pods of a failed current Job whose exit the cache has not seen.
+        Each is read once per version, then the cache (and the watch) answer. (The pods of an active
+        Job: :meth:`_check_pods`.)"""
         assert self.kube is not None
-        pods_read = set() if pods_read is None else pods_read
         meta = body["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         status = _status_of(body) if status is None else status
@@ -364,19 +383,11 @@ class Controller:
                 job = self.cache.jobs.get(jkey)
                 if job is None:
                     continue
-            if job_state(job)[0] == "active":
-                if jkey not in pods_read \
-                        and pod_check_due(job, datetime.now(UTC), self.config.pod_config_grace_seconds) == 0:
-                    pods_read.add(jkey)
-                    await self._read_pods(ns, jname)
-                    self.cache.pod_checked.add(jkey)  # its readiness now queues the run
-                continue
-            if not needs_pod_read(job, self.cache.pods_of(ns, jname)):
+            if job_state(job)[0] == "active" or not needs_pod_read(job, self.cache.pods_of(ns, jname)):
                 continue
             if self._pod_reads.get(jkey) == rv_int(job):
                 continue
             self._pod_reads[jkey] = rv_int(job)
-            pods_read.add(jkey)
             await self._read_pods(ns, jname)
         if len(self._pod_reads) > 4096:
             self._pod_reads.clear()
@@ -389,9 +400,9 @@ class Controller:
                                       query={"labelSelector": f"job-name={job}"})
         self.cache.put_pods(ns, job, list((doc or {}).get("items") or []))
 
-    def _schedule_pod_check(self, key: Key, pods_read: set[Key]) -> None:
-        """After a reconcile: when the run's active Job is not ready, a timer queues the run when its
-        grace is over, or (past it: its pods were read) after a delay doubling while it stays so."""
+    def _schedule_pod_check(self, key: Key) -> None:
+        """After a reconcile: when the run's active Job is not ready, start its pod checks (unless
+        they run already): the first when its grace is over (now, when it is over already)."""
         body = self.cache.run(key)
         if body is None or self._loop is None:
             return
@@ -400,29 +411,55 @@ class Controller:
             return
         jkey = (key[0], active)
         job = self.cache.jobs.get(jkey)
-        grace = self.config.pod_config_grace_seconds
-        due = None if job is None else pod_check_due(job, datetime.now(UTC), grace)
-        if due is None:
-            self._pod_checks.pop(jkey, None)
+        due = None if job is None else pod_check_due(job, datetime.now(UTC), self.config.pod_config_grace_seconds)
+        if due is None or jkey in self._pod_checks:
             return
-        if jkey in self._pod_timers:
+        check = self._pod_checks[jkey] = PodCheck(run=key)
+        # past the grace by then, also for the pod (created after its Job)
+        check.pending = self._loop.call_later(due + POD_CHECK_MIN_SECONDS if due > 0 else 0.0, self._pod_check_due, jkey)
+
+    def _pod_check_due(self, jkey: Key) -> None:
+        check = self._pod_checks.get(jkey)
+        if check is not None:
+            check.pending = asyncio.ensure_future(self._check_pods(jkey))
+
+    async def _check_pods(self, jkey: Key) -> None:
+        """One pod check of an active Job: while it is still active and not ready past its grace,
+        read its pods; queue its run when their configuration problem appeared, changed or went;
+        the next check after the backoff. The checks end when the Job is ready, finished or gone."""
+        check = self._pod_checks.get(jkey)
+        if check is None or self._loop is None:
+            return
+        grace = self.config.pod_config_grace_seconds
+        job = self.cache.jobs.get(jkey)
+        due = None if job is None or not self.is_leader else pod_check_due(job, datetime.now(UTC), grace)
+        if due is None:
+            del self._pod_checks[jkey]
             return
         if due > 0:
-            delay = due + POD_CHECK_MIN_SECONDS  # past the grace by then, also for the pod (created after its Job)
+            check.pending = self._loop.call_later(due + POD_CHECK_MIN_SECONDS, self._pod_check_due, jkey)
+            return
+        problem = check.problem
+        try:
+            await self._read_pods(*jkey)
+        except Exception as exc:  # noqa: BLE001 - the next check tries again
+            log.info("cannot read the pods of Job %s/%s: %s", jkey[0], jkey[1], exc)
         else:
-            n = self._pod_checks.get(jkey, 0)
-            if len(self._pod_checks) > 4096:
-                self._pod_checks.clear()
-            self._pod_checks[jkey] = n + 1
-            delay = min(POD_CHECK_MAX_SECONDS, max(grace, POD_CHECK_MIN_SECONDS) * 2 ** min(n, 16))
-        self._pod_timers[jkey] = self._loop.call_later(delay, self._pod_check, key, jkey)
-
-    def _pod_check(self, key: Key, jkey: Key) -> None:
-        """A pod check is due: queue the run if its Job is still active and not ready."""
-        self._pod_timers.pop(jkey, None)
-        job = self.cache.jobs.get(jkey)
-        if job is not None and pod_check_due(job, datetime.now(UTC), self.config.pod_config_grace_seconds) is not None:
-            self.cache.enqueue(key, "pod check")
+            self.cache.pod_checked.add(jkey)  # its readiness now queues the run
+            reason, message, _ = pod_waiting(self.cache.pods_of(*jkey))
+            problem = (reason, message) if d.pod_config_problem(reason, message) else None
+            if problem != check.problem:
+                check.problem = problem
+                self.cache.enqueue(check.run, "pod config")
+        if self._pod_checks.get(jkey) is not check:
+            return  # stopped meanwhile
+        if problem is not None:
+            delay = max(POD_CHECK_MIN_SECONDS, min(grace, POD_PROBLEM_CHECK_SECONDS))
+            check.reads = 0
+        else:
+            delay = min(POD_CHECK_MAX_SECONDS, max(grace, POD_CHECK_MIN_SECONDS) * 2 ** min(check.reads, 16))
+            check.reads += 1
+        check.pending = self._loop.call_later(delay, self._pod_check_due, jkey)
 
 
 def _status_of(body: dict[str, Any]) -> AgentRunStatus | None:
