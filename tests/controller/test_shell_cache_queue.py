@@ -5,6 +5,7 @@ and the request counter's labels. No cluster, no sleeps."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -594,3 +595,33 @@ def test_an_optional_informer_that_listed_keeps_its_state_when_a_later_watch_is_
     store = asyncio.run(main())
     assert kube.queries == [("list", None), ("watch", "5"), ("watch", "5")]
     assert store.refusals == {} and list(store.policies) == ["p"]
+
+
+def test_the_cache_keeps_of_a_job_what_observe_reads():
+    """slim_job: a Job as the API server returns it (pod template, managedFields) is kept as its
+    read metadata, status and container environment; observe sees the same Job from it."""
+    import copy
+
+    from controller_world import UID as RUN_UID
+    from controller_world import make_spec
+
+    from agentrun.controller.cache import slim_job
+    from agentrun.controller.config import OperatorConfig
+    from agentrun.controller.jobs import RunIdentity, build_job
+    from agentrun.controller.observe import observed_job
+
+    cfg = OperatorConfig(checkpoint_uri="s3://bucket/prefix", s3_endpoint="http://127.0.0.1:9000")
+    job = build_job(RunIdentity("ns", "run", RUN_UID), make_spec(), 2, 1, "v7", cfg)
+    job["metadata"].update(namespace="ns", uid="j1", resourceVersion="41", creationTimestamp="2030-01-01T00:00:00Z",
+                           managedFields=[{"manager": "kube-controller-manager", "fieldsV1": {"f:status": {}}}])
+    job["status"] = {"active": 1, "ready": 1, "startTime": "2030-01-01T00:00:01Z"}
+    full = copy.deepcopy(job)
+    slim = slim_job(job)
+    assert job == full  # the original is not changed
+    assert "managedFields" not in slim["metadata"] and len(json.dumps(slim)) < 0.6 * len(json.dumps(full))
+    assert observed_job(slim, []) == observed_job(full, []) is not None
+    assert observed_job(slim, []).store is not None  # type: ignore[union-attr]
+    c = Cache(on_change=lambda k: None)
+    c.put("jobs", full)
+    assert c.jobs[("ns", job["metadata"]["name"])] == slim
+    assert [j["metadata"]["name"] for j in c.jobs_of("ns", RUN_UID)] == [job["metadata"]["name"]]

@@ -100,6 +100,29 @@ def strip(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+#: What of a Job's metadata the controller reads (observe, the cache's index, resourceVersions).
+JOB_METADATA = ("name", "namespace", "uid", "resourceVersion", "generation", "labels", "annotations",
+                "creationTimestamp", "deletionTimestamp")
+
+
+def slim_job(job: dict[str, Any]) -> dict[str, Any]:
+    """A lap Job as the cache keeps it: its metadata that is read, its status, and the environment
+    of its container (the store it was given, :func:`jobs.store_of_env`); not the rest of its pod
+    template (most of its bytes)."""
+    meta = job.get("metadata") or {}
+    out: dict[str, Any] = {"metadata": {k: meta[k] for k in JOB_METADATA if k in meta}}
+    if "status" in job:
+        out["status"] = job["status"]
+    containers = ((((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers")) or []
+    if containers and isinstance(containers[0], dict) and "env" in containers[0]:
+        out["spec"] = {"template": {"spec": {"containers": [{"env": containers[0]["env"]}]}}}
+    return out
+
+
+#: What each kind of the cache keeps of an object (its own writes' responses and watch events alike).
+TRANSFORMS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"jobs": slim_job}
+
+
 class Cache:
     """The in-memory state, mutated only on the event loop."""
 
@@ -209,7 +232,7 @@ class Cache:
         return {"runs": self.runs, "jobs": self.jobs, "pods": self.pods}[kind]
 
     def _apply(self, kind: str, type_: str, obj: dict[str, Any], *, notify: bool, relist: bool = False) -> None:
-        strip(obj)
+        obj = TRANSFORMS.get(kind, strip)(obj)
         key = key_of(obj)
         store = self._store(kind)
         old = store.get(key)
@@ -343,6 +366,8 @@ class Informer:
         self._inbox: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
         self._scheduled = False  # a _drain is scheduled on the loop and has not taken the inbox yet
         self.path = path(resource or RESOURCES[kind], namespace)
+        #: Applied in this thread to every object before it reaches the loop (client-go's transform).
+        self.transform = TRANSFORMS.get(kind, strip) if resource is None else strip
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"informer-{self.kind}-{self.namespace or 'all'}",
@@ -394,7 +419,7 @@ class Informer:
             try:
                 if rv is None:
                     items, rv = self._list()
-                    self._deliver(self.cache.replace, self.kind, self.scope, [strip(o) for o in items])
+                    self._deliver(self.cache.replace, self.kind, self.scope, [self.transform(o) for o in items])
                     self._listed = True
                     self._deliver(self.synced.set)
                 query = {"labelSelector": self.selector, "fieldSelector": self.field_selector, "resourceVersion": rv,
@@ -410,7 +435,7 @@ class Informer:
                     if new_rv:
                         rv = new_rv
                     if type_ in ("ADDED", "MODIFIED", "DELETED"):
-                        self._deliver(self.cache.event, self.kind, type_, strip(obj))
+                        self._deliver(self.cache.event, self.kind, type_, self.transform(obj))
                     if self._stop.is_set():
                         return
                 failures = 0
