@@ -78,6 +78,8 @@ NOTIFIER_LOOP_TIMEOUT = 60.0
 #: delay doubles from the grace; at least :data:`POD_CHECK_MIN_SECONDS`), and the longest while its
 #: pod shows a configuration problem (to follow the kubelet's message: another Secret or key).
 POD_CHECK_MAX_SECONDS, POD_CHECK_MIN_SECONDS, POD_PROBLEM_CHECK_SECONDS = 300.0, 1.0, 15.0
+#: How often the keys dropped while not acting are looked at (queued again once this replica acts).
+NOT_LEADER_RECHECK_SECONDS = 1.0
 
 
 @dataclass
@@ -131,6 +133,7 @@ class Controller:
         self._pod_checks: dict[Key, PodCheck] = {}  # active Job not ready -> its pod checks
         self._reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
         self._specs = SpecMemo()  # each run's parsed spec, while its JSON is unchanged
+        self._not_leader: set[Key] = set()  # keys taken from the queue while not acting (see process)
         self.policies: PolicyStore | None = None  # the tenancy re-check's watched policies (None: off)
         self.notifier: Any = None  # approval notifications (agentrun.notify), when configured
         self.ready = False
@@ -176,6 +179,7 @@ class Controller:
         self._tasks.append(asyncio.create_task(self._wait_synced()))
         self._tasks.append(asyncio.create_task(self.elector.run()))
         self._tasks.append(asyncio.create_task(self._resync_loop()))
+        self._tasks.append(asyncio.create_task(self._not_leader_loop()))
         self._tasks += [asyncio.create_task(self._worker()) for _ in range(WORKERS)]
         self.ready = True
 
@@ -213,6 +217,18 @@ class Controller:
                 await self.resync(full=False)
             except Exception as exc:  # noqa: BLE001
                 log.warning("resync failed: %s", exc)
+
+    async def _not_leader_loop(self) -> None:
+        while True:
+            await asyncio.sleep(NOT_LEADER_RECHECK_SECONDS)
+            self.requeue_not_leader()
+
+    def requeue_not_leader(self) -> None:
+        """Queue again the keys dropped while this replica did not act, once it acts."""
+        if self._not_leader and self.is_leader:
+            keys, self._not_leader = self._not_leader, set()
+            for key in sorted(keys):
+                self.cache.enqueue(key, "leader again")
 
     async def resync(self, full: bool = True) -> None:
         """Queue every cached run (on becoming leader), or periodically (``full=False``) every run not
@@ -294,6 +310,10 @@ class Controller:
     async def process(self, key: Key) -> None:
         """One reconcile of ``key`` with its bookkeeping: requeue, backoff, metrics."""
         if not self.is_leader:  # a standby does nothing, and counts no reconcile
+            # but remembers it: a leader whose renewal came late (is_leader expired for a moment,
+            # with no new acquire and so no resync) reconciles it once it acts again
+            if len(self._not_leader) < 100_000:
+                self._not_leader.add(key)
             return
         started = time.monotonic()
         self._reconciled_at[key] = started
