@@ -5,6 +5,7 @@ and the request counter's labels. No cluster, no sleeps."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -236,41 +237,43 @@ def test_a_job_enqueues_its_run_only_when_its_state_changes(cache):
     assert changed == [("ns", "r")] * 2 and c.jobs_of("ns", UID) == []
 
 
-def test_pods_enqueue_only_on_a_configuration_problem_or_an_exit_after_the_job_finished(cache):
+def test_pods_are_not_watched_the_ones_read_replace_the_jobs_and_go_with_it(cache):
+    """Pods come only from the reconciler's reads (Cache.put_pods): a read replaces the Job's
+    cached pods (one gone since is dropped), enqueues nothing, and the Job's deletion drops them."""
     c, changed, _ = cache
     c.event("runs", "ADDED", run_obj(1))
     c.event("jobs", "ADDED", job_obj(10))
     changed.clear()
-    c.event("pods", "ADDED", pod_obj(20, waiting=("ContainerCreating", "")))
-    c.event("pods", "MODIFIED", pod_obj(21))  # running
-    c.event("pods", "MODIFIED", pod_obj(22, exit_code=0))  # exited before the Job is Complete: the Job event follows
-    assert changed == []
+    first, second = pod_obj(20, waiting=("ContainerCreating", "")), pod_obj(21)
+    second["metadata"]["name"] = "r-job-q"
+    c.put_pods("ns", "r-job", [first, second])
+    assert [p["metadata"]["name"] for p in c.pods_of("ns", "r-job")] == ["r-job-p", "r-job-q"]
+    c.put_pods("ns", "r-job", [pod_obj(22, exit_code=75)])  # r-job-q was deleted meanwhile
     assert [p["metadata"]["resourceVersion"] for p in c.pods_of("ns", "r-job")] == ["22"]
-    c.event("jobs", "ADDED", job_obj(40, "r-job3", active=0, conditions=[{"type": "Failed", "status": "True"}]))
-    changed.clear()
-    c.event("pods", "ADDED", pod_obj(41, job="r-job3"))
-    c.event("pods", "MODIFIED", pod_obj(42, job="r-job3", exit_code=75))  # the exit after the Job's failure
-    assert changed == [("ns", "r")]
-    # the exit of a Job that succeeded, seen after the Job: nothing to learn from it, no reconcile
-    c.event("jobs", "ADDED", job_obj(50, "r-job4", active=0, conditions=[{"type": "Complete", "status": "True"}]))
-    changed.clear()
-    c.event("pods", "ADDED", pod_obj(51, job="r-job4"))
-    c.event("pods", "MODIFIED", pod_obj(52, job="r-job4", exit_code=0))
-    assert changed == []
+    assert changed == [] and c.events == {"runs": 1, "jobs": 1}
+    c.put_pods("ns", "other-job", [pod_obj(23, job="other-job")])
+    c.event("jobs", "DELETED", job_obj(11))
+    assert c.pods_of("ns", "r-job") == [] and set(c.pods) == {("ns", "other-job-p")}
+    assert changed == [("ns", "r")]  # the Job's deletion
 
 
-def test_a_configuration_problem_of_a_pod_enqueues_its_run(cache):
+def test_a_job_whose_pods_were_checked_enqueues_its_run_when_it_becomes_ready(cache):
+    """Readiness is a state change only for a Job the reconciler saw not starting (its pods read
+    while not ready): a missing Secret created, the pod starts, the run says so at once."""
     c, changed, _ = cache
     c.event("runs", "ADDED", run_obj(1))
-    c.event("jobs", "ADDED", job_obj(10))
+    c.event("jobs", "ADDED", job_obj(10, ready=0))
+    c.event("jobs", "ADDED", job_obj(20, "r-job2", ready=0))
     changed.clear()
-    c.event("pods", "ADDED", pod_obj(20, waiting=("ContainerCreating", "")))
-    c.event("pods", "MODIFIED", pod_obj(21, waiting=("CreateContainerConfigError", 'secret "s3" not found')))
+    c.pod_checked.add(("ns", "r-job"))
+    c.event("jobs", "MODIFIED", job_obj(21, "r-job2", ready=1))  # not checked: its pod being ready is noise
+    assert changed == []
+    c.event("jobs", "MODIFIED", job_obj(11, ready=0))  # checked, still not ready
+    assert changed == []
+    c.event("jobs", "MODIFIED", job_obj(12, ready=1))
     assert changed == [("ns", "r")]
-    c.event("pods", "MODIFIED", pod_obj(22, waiting=("CreateContainerConfigError", 'secret "s3" not found')))
-    assert changed == [("ns", "r")]  # unchanged problem: no new reconcile
-    c.event("pods", "MODIFIED", pod_obj(23))  # the Secret appeared: running
-    assert changed == [("ns", "r")] * 2
+    c.event("jobs", "DELETED", job_obj(13, ready=1))
+    assert ("ns", "r-job") not in c.pod_checked
 
 
 def test_a_relist_reconciles_every_run_and_reports_the_ones_deleted_meanwhile(cache):
@@ -592,3 +595,33 @@ def test_an_optional_informer_that_listed_keeps_its_state_when_a_later_watch_is_
     store = asyncio.run(main())
     assert kube.queries == [("list", None), ("watch", "5"), ("watch", "5")]
     assert store.refusals == {} and list(store.policies) == ["p"]
+
+
+def test_the_cache_keeps_of_a_job_what_observe_reads():
+    """slim_job: a Job as the API server returns it (pod template, managedFields) is kept as its
+    read metadata, status and container environment; observe sees the same Job from it."""
+    import copy
+
+    from controller_world import UID as RUN_UID
+    from controller_world import make_spec
+
+    from agentrun.controller.cache import slim_job
+    from agentrun.controller.config import OperatorConfig
+    from agentrun.controller.jobs import RunIdentity, build_job
+    from agentrun.controller.observe import observed_job
+
+    cfg = OperatorConfig(checkpoint_uri="s3://bucket/prefix", s3_endpoint="http://127.0.0.1:9000")
+    job = build_job(RunIdentity("ns", "run", RUN_UID), make_spec(), 2, 1, "v7", cfg)
+    job["metadata"].update(namespace="ns", uid="j1", resourceVersion="41", creationTimestamp="2030-01-01T00:00:00Z",
+                           managedFields=[{"manager": "kube-controller-manager", "fieldsV1": {"f:status": {}}}])
+    job["status"] = {"active": 1, "ready": 1, "startTime": "2030-01-01T00:00:01Z"}
+    full = copy.deepcopy(job)
+    slim = slim_job(job)
+    assert job == full  # the original is not changed
+    assert "managedFields" not in slim["metadata"] and len(json.dumps(slim)) < 0.6 * len(json.dumps(full))
+    assert observed_job(slim, []) == observed_job(full, []) is not None
+    assert observed_job(slim, []).store is not None  # type: ignore[union-attr]
+    c = Cache(on_change=lambda k: None)
+    c.put("jobs", full)
+    assert c.jobs[("ns", job["metadata"]["name"])] == slim
+    assert [j["metadata"]["name"] for j in c.jobs_of("ns", RUN_UID)] == [job["metadata"]["name"]]

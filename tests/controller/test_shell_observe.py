@@ -66,3 +66,24 @@ def test_an_invalid_spec_is_observed_with_its_error():
     body["spec"] = {"task": 5}
     o = observe(body, [], lambda name: [], OperatorConfig(), datetime(2026, 1, 1, tzinfo=UTC))
     assert o.spec is None and o.spec_error and "spec." in o.spec_error
+
+
+def test_a_runs_spec_is_parsed_once_while_its_json_is_unchanged():
+    """SpecMemo: a status write returns a new body with an equal spec: the parsed spec is reused;
+    a changed spec (or an invalid one) is parsed again; forget() drops it."""
+    from agentrun.controller.observe import SpecMemo, parse_run
+
+    memo = SpecMemo()
+    first = parse_run(run_body(), memo)
+    again = parse_run(run_body(phase="Running"), memo)  # a new dict, an equal spec
+    assert again[0] is first[0] and again[2].phase == "Running"
+    changed = run_body()
+    changed["spec"]["task"] = "another task"
+    third = parse_run(changed, memo)
+    assert third[0] is not first[0] and third[0].task == "another task"
+    broken = run_body()
+    broken["spec"]["agent"] = {"version": 3}
+    spec, error, _ = parse_run(broken, memo)
+    assert spec is None and error and error.startswith("spec.agent")
+    memo.forget(("ns", "r"))
+    assert parse_run(run_body(), memo)[0] is not first[0]

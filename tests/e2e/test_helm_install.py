@@ -311,7 +311,7 @@ EXPECTED_RUN_NS = {
     "agentruns.agentrun.dev []": {"list", "watch", "patch", "delete"},
     "agentruns.agentrun.dev/status []": {"patch", "operate"},  # operate: docs/security.md
     "jobs.batch []": {"create", "list", "watch", "delete"},
-    "pods []": {"list", "watch"},
+    "pods []": {"list"},
     "events []": {"create"},
 }
 EXPECTED_RELEASE_NS = {

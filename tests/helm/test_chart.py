@@ -68,8 +68,7 @@ def test_rbac_least_privilege(helm, values):
         ("agentruns/status", "patch"),
         ("agentruns/status", "operate"),  # how the admission policy agentrun-status-owner knows the operator
         *{("jobs", v) for v in ("create", "list", "watch", "delete")},
-        ("pods", "list"),
-        ("pods", "watch"),  # the controller's watch cache (controller/cache.py)
+        ("pods", "list"),  # read on demand (controller/reconciler.py), not watched
         # no CRD list/watch: Kopf's scanning is disabled in every mode (rbac.crdWatch, deprecated, is off)
         *{("leases", v) for v in ("create", "get", "update", "patch")},
     }

@@ -1,9 +1,17 @@
-"""The controller's watch cache: AgentRuns, their lap Jobs and the Jobs' pods, in memory.
+"""The controller's watch cache: AgentRuns and their lap Jobs, in memory, and the few pods the
+reconciler read.
 
-Each kind is listed once and then watched (:class:`Informer`, a thread per kind and namespace,
+Runs and Jobs are listed once and then watched (:class:`Informer`, a thread per kind and namespace,
 raw JSON through :class:`~agentrun.controller.kube.Kube`); a watch that expires (410 Gone) lists
 again. Every change is applied on the event loop (:class:`Cache`), which is where reconciles read,
-so a reconcile sees one consistent state and makes no read request of its own.
+so a reconcile sees one consistent state and makes no read request of its own. The informer thread
+hands its events to the loop in batches (one wake-up of the loop for all the events that arrived
+while it was busy), and drops ``metadata.managedFields`` (never read) before they get there.
+
+Pods are not watched (a lap pod's watch events were most of the operator's CPU per lap, and a
+reconcile needs a pod only in two rare cases): the reconciler reads the pods of one Job on demand
+(:meth:`Cache.put_pods`) -- a failed Job's, for its exit, and an active Job's that is not ready
+after ``pod_config_grace_seconds``, for a configuration error -- and they are dropped with their Job.
 
 What enqueues a run (``on_change``):
 
@@ -12,8 +20,8 @@ What enqueues a run (``on_change``):
   carry no newer version and are skipped;
 - one of its Jobs appeared, disappeared, or changed *state* (active/succeeded/failed and its
   reason), not on every status update of the Job;
-- a pod of its current Job started or stopped waiting on a configuration error (a missing
-  Secret), or terminated after the cache had already seen its Job finish.
+- a Job whose pods the reconciler read because it was not ready (:attr:`Cache.pod_checked`)
+  became ready or not ready (a missing Secret created: the lap starts).
 
 ``resourceVersion``s are compared as the integers the API server hands out (etcd revisions); an
 event older than the cached object is stale and ignored.
@@ -27,7 +35,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .decide import pod_config_problem
 from .jobs import LABEL_RUN_UID
 from .kube import JOBS, PODS, RUNS, Kube, path
 from .observe import job_state
@@ -71,31 +78,49 @@ def key_of(obj: dict[str, Any]) -> Key:
     return meta.get("namespace") or "", meta.get("name") or ""
 
 
-def job_signature(job: dict[str, Any] | None) -> tuple[Any, ...] | None:
-    """What of a Job a reconcile reacts to: its state (active, succeeded, failed and why). Its pod
-    starting, becoming ready or waiting on its configuration is the pods' business."""
+def job_ready(job: dict[str, Any]) -> bool:
+    """A pod of the Job is ready (``status.ready``: its container started)."""
+    return bool((job.get("status") or {}).get("ready"))
+
+
+def job_signature(job: dict[str, Any] | None, ready: bool = False) -> tuple[Any, ...] | None:
+    """What of a Job a reconcile reacts to: its state (active, succeeded, failed and why), and with
+    ``ready`` whether its pod is ready (for a Job whose pod was seen not starting). Not every status
+    update of the Job (its pod created, started, ready)."""
     if job is None:
         return None
-    return job_state(job)
+    return (*job_state(job), job_ready(job)) if ready else job_state(job)
 
 
-def pod_terminated(pod: dict[str, Any]) -> bool:
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        if (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated"):
-            return True
-    return bool((pod.get("status") or {}).get("reason"))
+def strip(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` without what no reconcile reads (``metadata.managedFields``: memory and copies)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
 
 
-def pod_signature(pod: dict[str, Any] | None) -> tuple[Any, ...] | None:
-    """What of a pod a reconcile reacts to: a configuration problem it waits on, and termination."""
-    if pod is None:
-        return None
-    problem = None
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        waiting = (cs.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") and pod_config_problem(waiting.get("reason"), waiting.get("message")):
-            problem = (waiting.get("reason"), waiting.get("message"))
-    return problem, pod_terminated(pod)
+#: What of a Job's metadata the controller reads (observe, the cache's index, resourceVersions).
+JOB_METADATA = ("name", "namespace", "uid", "resourceVersion", "generation", "labels", "annotations",
+                "creationTimestamp", "deletionTimestamp")
+
+
+def slim_job(job: dict[str, Any]) -> dict[str, Any]:
+    """A lap Job as the cache keeps it: its metadata that is read, its status, and the environment
+    of its container (the store it was given, :func:`jobs.store_of_env`); not the rest of its pod
+    template (most of its bytes)."""
+    meta = job.get("metadata") or {}
+    out: dict[str, Any] = {"metadata": {k: meta[k] for k in JOB_METADATA if k in meta}}
+    if "status" in job:
+        out["status"] = job["status"]
+    containers = ((((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers")) or []
+    if containers and isinstance(containers[0], dict) and "env" in containers[0]:
+        out["spec"] = {"template": {"spec": {"containers": [{"env": containers[0]["env"]}]}}}
+    return out
+
+
+#: What each kind of the cache keeps of an object (its own writes' responses and watch events alike).
+TRANSFORMS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"jobs": slim_job}
 
 
 class Cache:
@@ -114,8 +139,11 @@ class Cache:
         self._run_by_uid: dict[str, Key] = {}
         self._jobs_by_uid: dict[str, set[Key]] = {}
         self._pods_by_job: dict[Key, set[Key]] = {}
-        self.skipped = 0  # events that changed nothing a reconcile reads (own writes, stale, pod noise)
+        #: Jobs whose pods the reconciler read while the Job was not ready: their readiness enqueues.
+        self.pod_checked: set[Key] = set()
+        self.skipped = 0  # events that changed nothing a reconcile reads (own writes, stale, Job noise)
         self.causes: dict[str, int] = {}  # enqueues by cause (logged when the controller stops)
+        self.events: dict[str, int] = {}  # watch events applied, by kind (logged when the controller stops)
         self._writing: dict[tuple[str, Key], int] = {}  # own writes in flight, per object
         self._deferred: dict[tuple[str, Key], list[tuple[dict[str, Any], dict[str, Any] | None, bool]]] = {}
 
@@ -133,6 +161,20 @@ class Cache:
 
     def pods_of(self, namespace: str, job: str) -> list[dict[str, Any]]:
         return [self.pods[k] for k in sorted(self._pods_by_job.get((namespace, job), ())) if k in self.pods]
+
+    def put_pods(self, namespace: str, job: str, items: list[dict[str, Any]]) -> None:
+        """The pods of ``job`` as just read from the API server (they are not watched): the cached
+        ones not listed are gone."""
+        listed = {key_of(strip(o)) for o in items}
+        for key in [k for k in self._pods_by_job.get((namespace, job), ()) if k not in listed]:
+            self._drop_pod(key)
+        for obj in items:
+            self._apply("pods", "MODIFIED", obj, notify=False)
+
+    def _drop_pod(self, key: Key) -> None:
+        old = self.pods.pop(key, None)
+        if old is not None:
+            self._unindex("pods", key, old)
 
     def awaiting_runs(self) -> list[dict[str, Any]]:
         """The runs waiting on an approval, by key. The dicts are the cached ones: a change
@@ -173,6 +215,7 @@ class Cache:
     # ------------------------------------------------------------------ informer callbacks
 
     def event(self, kind: str, type_: str, obj: dict[str, Any]) -> None:
+        self.events[kind] = self.events.get(kind, 0) + 1
         self._apply(kind, type_, obj, notify=True)
 
     def replace(self, kind: str, namespace: str | None, items: list[dict[str, Any]]) -> None:
@@ -189,7 +232,7 @@ class Cache:
         return {"runs": self.runs, "jobs": self.jobs, "pods": self.pods}[kind]
 
     def _apply(self, kind: str, type_: str, obj: dict[str, Any], *, notify: bool, relist: bool = False) -> None:
-        (obj.get("metadata") or {}).pop("managedFields", None)  # never read: memory only
+        obj = TRANSFORMS.get(kind, strip)(obj)
         key = key_of(obj)
         store = self._store(kind)
         old = store.get(key)
@@ -253,6 +296,9 @@ class Cache:
                 keys.discard(key)
                 if not keys:
                     del self._jobs_by_uid[uid or ""]
+            self.pod_checked.discard(key)
+            for pod in list(self._pods_by_job.get(key, ())):  # pods are not watched: they go with their Job
+                self._drop_pod(pod)
         else:
             job = (meta.get("labels") or {}).get("job-name")
             keys = self._pods_by_job.get((key[0], job or ""))
@@ -273,24 +319,13 @@ class Cache:
         if owner is None:
             return
         if kind == "jobs":
-            if old is None or job_signature(obj) != job_signature(old):
+            ready = key in self.pod_checked
+            if old is None or job_signature(obj, ready) != job_signature(old, ready):
                 self.enqueue(owner, "job added" if old is None else "job state")
             else:
                 self.skipped += 1
             return
-        # pods
-        before, after = pod_signature(old) or (None, False), pod_signature(obj) or (None, False)
-        if before[0] != after[0]:  # a configuration problem appeared, changed or went
-            self.enqueue(owner, "pod config")
-            return
-        if after[1] and not before[1]:
-            job = self.jobs.get((key[0], ((obj.get("metadata") or {}).get("labels") or {}).get("job-name", "")))
-            if job is not None and job_state(job)[0] == "failed":
-                # the Job was seen failed first: the exit code and termination message name the cause
-                # (a Job that succeeded needs nothing of its pod)
-                self.enqueue(owner, "pod exit after job")
-                return
-        self.skipped += 1
+        self.skipped += 1  # pods: only the reconciler's own reads, which enqueue nothing
 
     def _notify_deleted(self, kind: str, key: Key, old: dict[str, Any]) -> None:
         if kind == "runs":
@@ -328,7 +363,12 @@ class Informer:
         self.synced = asyncio.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._inbox: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+        self._scheduled = False  # a _drain is scheduled on the loop and has not taken the inbox yet
         self.path = path(resource or RESOURCES[kind], namespace)
+        #: Applied in this thread to every object before it reaches the loop (client-go's transform).
+        self.transform = TRANSFORMS.get(kind, strip) if resource is None else strip
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"informer-{self.kind}-{self.namespace or 'all'}",
@@ -352,12 +392,24 @@ class Informer:
                 return items, doc["metadata"]["resourceVersion"]
 
     def _deliver(self, fn: Callable[..., None], *args: Any) -> None:
-        def call() -> None:
+        """Hand ``fn(*args)`` to the loop, in order. The loop is woken once per batch: the calls
+        that arrive while one is already scheduled join it."""
+        with self._lock:
+            self._inbox.append((fn, args))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch, self._inbox = self._inbox, []
+            self._scheduled = False
+        for fn, args in batch:
             try:
                 fn(*args)
             except Exception:  # noqa: BLE001 - a bad object never stops the informer
                 log.exception("watch cache: cannot apply a %s event", self.kind)
-        self.loop.call_soon_threadsafe(call)
 
     def _run(self) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -368,9 +420,9 @@ class Informer:
             try:
                 if rv is None:
                     items, rv = self._list()
-                    self._deliver(self.cache.replace, self.kind, self.scope, items)
+                    self._deliver(self.cache.replace, self.kind, self.scope, [self.transform(o) for o in items])
                     self._listed = True
-                    self.loop.call_soon_threadsafe(self.synced.set)
+                    self._deliver(self.synced.set)
                 query = {"labelSelector": self.selector, "fieldSelector": self.field_selector, "resourceVersion": rv,
                          "allowWatchBookmarks": "true", "timeoutSeconds": WATCH_SECONDS}
                 for ev in self.kube.stream(self.path, query, timeout=(10.0, WATCH_READ_TIMEOUT)):
@@ -384,7 +436,7 @@ class Informer:
                     if new_rv:
                         rv = new_rv
                     if type_ in ("ADDED", "MODIFIED", "DELETED"):
-                        self._deliver(self.cache.event, self.kind, type_, obj)
+                        self._deliver(self.cache.event, self.kind, type_, self.transform(obj))
                     if self._stop.is_set():
                         return
                 failures = 0
@@ -395,7 +447,7 @@ class Informer:
                 if self.optional and not self._listed and exc.status in (403, 404):
                     rv = None
                     self._deliver(self.cache.refused, self.kind, exc.status)
-                    self.loop.call_soon_threadsafe(self.synced.set)
+                    self._deliver(self.synced.set)
                     self._stop.wait(REFUSED_RETRY)
                     continue
                 failures += 1

@@ -299,9 +299,10 @@ class Executor:
                 status = failed_status(o, status, "InvalidConfiguration", str(exc))
                 decision.actions.append(d.Event("Warning", "InvalidConfiguration", str(exc)))
         if status is not None:
+            wire = status.model_dump(by_alias=True, exclude_none=True, mode="json")
             patch = [
                 {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-                {"op": "add", "path": "/status", "value": status.model_dump(by_alias=True, exclude_none=True, mode="json")},
+                {"op": "add", "path": "/status", "value": wire},
             ]
             try:
                 stored = await self.write("runs", key, "PATCH", path(RUNS, ns, name, "status"), body=patch,
@@ -322,7 +323,7 @@ class Executor:
                 await self._status_refused(
                     body, key, f"the API server did not store {missing}: the AgentRun CRD is older than the "
                     "operator; apply the CRD of this release")
-            metrics.observe_run(ns, name, body.get("spec") or {}, status.model_dump(by_alias=True, exclude_none=True, mode="json"))
+            metrics.observe_run(ns, name, body.get("spec") or {}, wire)
             if status.phase != o.status.phase:
                 rlog.info("phase %s -> %s: %s", o.status.phase, status.phase, status.message)
         for a in decision.of(d.RemoveAnnotations):

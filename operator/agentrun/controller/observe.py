@@ -175,14 +175,61 @@ def needs_pod_read(job: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
     return pod_exit(pods) == (None, None)
 
 
-def parse_run(body: dict[str, Any]) -> tuple[AgentRunSpec | None, str | None, AgentRunStatus]:
+def pod_check_due(job: dict[str, Any], now: datetime, grace: float) -> float | None:
+    """Seconds until the pods of an active Job should be read for a configuration error (0: now),
+    None when they need not be: the Job finished, or its pod is ready. Pods are not watched: a pod
+    that cannot start (a missing Secret: CreateContainerConfigError) shows as a Job that stays
+    active and not ready; it is looked at once the Job is ``grace`` seconds old (a lap that starts
+    within the grace costs no read)."""
+    if job_state(job)[0] != "active" or (job.get("status") or {}).get("ready"):
+        return None
+    created = parse_time((job.get("metadata") or {}).get("creationTimestamp"))
+    if created is None:
+        return 0.0
+    return max(0.0, grace - (now - created).total_seconds())
+
+
+Parsed = tuple[AgentRunSpec | None, str | None, AgentRunStatus]
+
+
+class SpecMemo:
+    """The last parsed spec of each run (by namespace and name), reused while its JSON is equal (a spec changes rarely, a
+    reconcile parses it once or twice per lap; comparing the dicts costs a few microseconds, the
+    parse a few hundred). The parsed specs are shared: nothing changes a parsed spec."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit = limit
+        self._memo: dict[tuple[str, str], tuple[Any, AgentRunSpec | None, str | None]] = {}
+
+    def parse(self, key: tuple[str, str], raw: Any) -> tuple[AgentRunSpec | None, str | None]:
+        hit = self._memo.get(key)
+        if hit is not None and (hit[0] is raw or hit[0] == raw):
+            return hit[1], hit[2]
+        spec, spec_error = parse_spec(raw)
+        if len(self._memo) >= self.limit:
+            self._memo.clear()
+        self._memo[key] = (raw, spec, spec_error)
+        return spec, spec_error
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._memo.pop(key, None)
+
+
+def parse_spec(raw: Any) -> tuple[AgentRunSpec | None, str | None]:
+    """The run's spec, or why it cannot be used."""
+    try:
+        return AgentRunSpec.model_validate(raw or {}), None
+    except pydantic.ValidationError as exc:
+        return None, spec_error_text(exc)
+
+
+def parse_run(body: dict[str, Any], specs: SpecMemo | None = None) -> Parsed:
     """The run's spec (or why it cannot be used) and status (an unreadable one starts empty)."""
     meta = body.get("metadata") or {}
-    spec, spec_error = None, None
-    try:
-        spec = AgentRunSpec.model_validate(body.get("spec") or {})
-    except pydantic.ValidationError as exc:
-        spec_error = spec_error_text(exc)
+    if specs is not None:
+        spec, spec_error = specs.parse((str(meta.get("namespace")), str(meta.get("name"))), body.get("spec"))
+    else:
+        spec, spec_error = parse_spec(body.get("spec"))
     try:
         status = AgentRunStatus.model_validate(body.get("status") or {})
     except pydantic.ValidationError as exc:
@@ -193,12 +240,13 @@ def parse_run(body: dict[str, Any]) -> tuple[AgentRunSpec | None, str | None, Ag
 
 
 def observe(body: dict[str, Any], jobs: list[dict[str, Any]], pods_of: Callable[[str], list[dict[str, Any]]],
-            config: OperatorConfig, now: datetime) -> d.Observed:
+            config: OperatorConfig, now: datetime, parsed: Parsed | None = None) -> d.Observed:
     """The run as ``decide`` sees it: ``body`` is the cached AgentRun, ``jobs`` its lap Jobs,
-    ``pods_of(job name)`` the cached pods of a Job."""
+    ``pods_of(job name)`` the cached pods of a Job; ``parsed``: ``parse_run(body)`` when the caller
+    has it already."""
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-    spec, spec_error, status = parse_run(body)
+    spec, spec_error, status = parsed if parsed is not None else parse_run(body)
     current = current_jobs(name, uid, status)
     observed_jobs = []
     for job in jobs:

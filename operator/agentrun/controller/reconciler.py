@@ -1,13 +1,22 @@
 """The reconciler: watch cache -> work queue -> (observe, decide, execute) per run, only on the
 holder of the Lease.
 
-Level-based: a reconcile reads the run, its Jobs and their pods from the watch cache (no request),
-asks :func:`decide.decide` what to do, and executes it. When the execution wrote the run or created
+Level-based: a reconcile reads the run and its Jobs from the watch cache (no request), asks
+:func:`decide.decide` what to do, and executes it. When the execution wrote the run or created
 a Job, the new state is already in the cache (write-through) and ``decide`` is asked again in the
 same reconcile, until nothing is written (at most :data:`MAX_PASSES`): the events of those writes
 are skipped by the cache. Backoffs and deadlines come back as delayed adds; errors and refused
 status writes as rate-limited adds (per-run exponential backoff). A periodic resync re-queues every
 cached run as a safety net. An operator restart resumes every run from its status.
+
+Pods are not watched. A reconcile reads the pods of a failed current Job (its exit code and
+termination message name the cause). A pod stuck on its configuration (a missing Secret) shows as a
+Job that stays active and not ready: a timer per active Job (:class:`PodCheck`) reads its pods once
+``pod_config_grace_seconds`` have passed since its creation and the Job is still not ready, then
+again after a delay doubling from the grace while it stays so (every grace, at most 15 s, while a
+configuration problem shows), and queues the run only when what the pods show changed. A lap that
+starts within the grace costs no read and no reconcile; the Job becoming ready queues the run (the
+cache watches that Job's readiness once its pods were read).
 
 Two more parts read watches, not the API: the tenancy re-check (``tenancy.PolicyStore``, fed by
 informers of namespaces, admission bindings and AgentRunPolicies; a change queues the live runs it
@@ -41,7 +50,16 @@ from .jobs import LABEL_RUN_UID
 from .kube import JOBS, PODS, RUNS, Kube, instrument, new_api_client, path
 from .lease import LeaseElector
 from .logs import run_logger
-from .observe import current_jobs, job_state, needs_pod_read, observe
+from .observe import (
+    SpecMemo,
+    current_jobs,
+    job_state,
+    needs_pod_read,
+    observe,
+    parse_run,
+    pod_check_due,
+    pod_waiting,
+)
 from .queue import WorkQueue
 from .tenancy import KINDS as TENANCY_KINDS
 from .tenancy import NAMESPACES, PolicyStore
@@ -58,6 +76,22 @@ MAX_PASSES = 4
 NOTIFIER_LOOP_TIMEOUT = 60.0
 #: How often a replica whose watch cache has not synced says which lists fail.
 UNSYNCED_WARNING_SECONDS = 30.0
+#: Longest wait between two pod reads of an active Job that stays not ready past the grace (the
+#: delay doubles from the grace; at least :data:`POD_CHECK_MIN_SECONDS`), and the longest while its
+#: pod shows a configuration problem (to follow the kubelet's message: another Secret or key).
+POD_CHECK_MAX_SECONDS, POD_CHECK_MIN_SECONDS, POD_PROBLEM_CHECK_SECONDS = 300.0, 1.0, 15.0
+#: How often the keys dropped while not acting are looked at (queued again once this replica acts).
+NOT_LEADER_RECHECK_SECONDS = 1.0
+
+
+@dataclass
+class PodCheck:
+    """The pod checks of one active Job that is not ready (see the module docstring)."""
+
+    run: Key
+    reads: int = 0  # reads that showed no configuration problem (the backoff)
+    problem: tuple[str | None, str | None] | None = None  # (waiting reason, message) last shown
+    pending: asyncio.TimerHandle | asyncio.Task[None] | None = None
 
 
 def namespace_matcher(patterns: tuple[str, ...] | list[str]) -> Any:
@@ -98,7 +132,10 @@ class Controller:
         self._synced = asyncio.Event()
         self._pod_reads: dict[Key, int | None] = {}  # Job -> its version whose pods were read
         self._job_reads: dict[Key, int | None] = {}  # Job -> run version for which it was looked up
+        self._pod_checks: dict[Key, PodCheck] = {}  # active Job not ready -> its pod checks
         self._reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
+        self._specs = SpecMemo()  # each run's parsed spec, while its JSON is unchanged
+        self._not_leader: set[Key] = set()  # keys taken from the queue while not acting (see process)
         self.policies: PolicyStore | None = None  # the tenancy re-check's watched policies (None: off)
         self.notifier: Any = None  # approval notifications (agentrun.notify), when configured
         self.ready = False
@@ -137,7 +174,7 @@ class Controller:
         if self.notifier is not None:
             self.notifier.start()
         for ns in watch_ns:
-            for kind, selector in (("runs", None), ("jobs", LABEL_RUN_UID), ("pods", LABEL_RUN_UID)):
+            for kind, selector in (("runs", None), ("jobs", LABEL_RUN_UID)):  # pods: read on demand
                 self.informers.append(Informer(self.kube, kind, ns, selector, self.cache, loop))
         for inf in self.informers:
             inf.start()
@@ -148,6 +185,7 @@ class Controller:
         self._tasks.append(asyncio.create_task(self._wait_synced()))
         self._tasks.append(asyncio.create_task(self._elect()))
         self._tasks.append(asyncio.create_task(self._resync_loop()))
+        self._tasks.append(asyncio.create_task(self._not_leader_loop()))
         self._tasks += [asyncio.create_task(self._worker()) for _ in range(WORKERS)]
         self.ready = True
 
@@ -186,9 +224,13 @@ class Controller:
         self._synced.set()
 
     async def stop(self) -> None:
-        log.info("watch cache: reconciles queued by cause %s; events skipped %d", self.cache.causes,
-                 self.cache.skipped)
+        log.info("watch cache: reconciles queued by cause %s; watch events by kind %s, skipped %d",
+                 self.cache.causes, self.cache.events, self.cache.skipped)
         self.queue.shut_down()
+        for check in self._pod_checks.values():
+            if check.pending is not None:
+                check.pending.cancel()
+        self._pod_checks.clear()
         for inf in self.informers:
             inf.stop()
         for t in self._tasks:
@@ -209,6 +251,18 @@ class Controller:
                 await self.resync(full=False)
             except Exception as exc:  # noqa: BLE001
                 log.warning("resync failed: %s", exc)
+
+    async def _not_leader_loop(self) -> None:
+        while True:
+            await asyncio.sleep(NOT_LEADER_RECHECK_SECONDS)
+            self.requeue_not_leader()
+
+    def requeue_not_leader(self) -> None:
+        """Queue again the keys dropped while this replica did not act, once it acts."""
+        if self._not_leader and self.is_leader:
+            keys, self._not_leader = self._not_leader, set()
+            for key in sorted(keys):
+                self.cache.enqueue(key, "leader again")
 
     async def resync(self, full: bool = True) -> None:
         """Queue every cached run (on becoming leader), or periodically (``full=False``) every run not
@@ -270,6 +324,7 @@ class Controller:
         """The run is gone: drop its queue state, refusals and metrics."""
         self.queue.discard(key)
         self._reconciled_at.pop(key, None)
+        self._specs.forget(key)
         if self.executor is not None:
             self.executor.forget(key)
         metrics.forget_run(*key)
@@ -290,6 +345,10 @@ class Controller:
     async def process(self, key: Key) -> None:
         """One reconcile of ``key`` with its bookkeeping: requeue, backoff, metrics."""
         if not self.is_leader:  # a standby does nothing, and counts no reconcile
+            # but remembers it: a leader whose renewal came late (is_leader expired for a moment,
+            # with no new acquire and so no resync) reconciles it once it acts again
+            if len(self._not_leader) < 100_000:
+                self._not_leader.add(key)
             return
         started = time.monotonic()
         self._reconciled_at[key] = started
@@ -315,6 +374,12 @@ class Controller:
 
     async def reconcile(self, key: Key) -> float | None:
         """One reconcile of one run from the cache. Returns the requeue delay, if any."""
+        try:
+            return await self._reconcile(key)
+        finally:
+            self._schedule_pod_check(key)
+
+    async def _reconcile(self, key: Key) -> float | None:
         assert self.executor is not None
         requeue: float | None = None
         for _ in range(MAX_PASSES):
@@ -323,9 +388,10 @@ class Controller:
                 return None
             meta = body["metadata"]
             ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
-            await self._read_missing(body)
+            parsed = parse_run(body, self._specs)
+            await self._read_missing(body, parsed[2])
             o = observe(body, self.cache.jobs_of(ns, uid), lambda job: self.cache.pods_of(ns, job),
-                        self.config, datetime.now(UTC))
+                        self.config, datetime.now(UTC), parsed)
             if self.policies is not None and o.spec is not None and not o.deleting \
                     and o.status.phase not in TERMINAL_PHASES:
                 check = await self._tenancy_check(ns, body.get("spec") or {})
@@ -347,14 +413,15 @@ class Controller:
         run_logger(*key).warning("reconcile still writing after %d passes: retrying with backoff", MAX_PASSES)
         raise RetryWithBackoff(f"no convergence after {MAX_PASSES} passes")
 
-    async def _read_missing(self, body: dict[str, Any]) -> None:
+    async def _read_missing(self, body: dict[str, Any], status: AgentRunStatus | None = None) -> None:
         """The rare reads the cache cannot answer: the recorded Job missing from it (deleted, or the
-        watch lags behind), and the pods of a finished current Job whose exit the cache has not
-        seen. Each is read once per version, then the cache (and the watch) answer."""
+        watch lags behind), and the pods of a failed current Job whose exit the cache has not seen.
+        Each is read once per version, then the cache (and the watch) answer. (The pods of an active
+        Job: :meth:`_check_pods`.)"""
         assert self.kube is not None
         meta = body["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        status = _status_of(body)
+        status = _status_of(body) if status is None else status
         if status is None:
             return
         for jname in current_jobs(name, uid, status):
@@ -378,14 +445,78 @@ class Controller:
             if self._pod_reads.get(jkey) == rv_int(job):
                 continue
             self._pod_reads[jkey] = rv_int(job)
-            doc = await asyncio.to_thread(self.kube.request, "GET", path(PODS, ns),
-                                          query={"labelSelector": f"job-name={jname}"})
-            for item in (doc or {}).get("items") or []:
-                self.cache.put("pods", item)
+            await self._read_pods(ns, jname)
         if len(self._pod_reads) > 4096:
             self._pod_reads.clear()
         if len(self._job_reads) > 4096:
             self._job_reads.clear()
+
+    async def _read_pods(self, ns: str, job: str) -> None:
+        assert self.kube is not None
+        doc = await asyncio.to_thread(self.kube.request, "GET", path(PODS, ns),
+                                      query={"labelSelector": f"job-name={job}"})
+        self.cache.put_pods(ns, job, list((doc or {}).get("items") or []))
+
+    def _schedule_pod_check(self, key: Key) -> None:
+        """After a reconcile: when the run's active Job is not ready, start its pod checks (unless
+        they run already): the first when its grace is over (now, when it is over already)."""
+        body = self.cache.run(key)
+        if body is None or self._loop is None:
+            return
+        active = ((body.get("status") or {}).get("activeJob") or {}).get("name")
+        if not isinstance(active, str):
+            return
+        jkey = (key[0], active)
+        job = self.cache.jobs.get(jkey)
+        due = None if job is None else pod_check_due(job, datetime.now(UTC), self.config.pod_config_grace_seconds)
+        if due is None or jkey in self._pod_checks:
+            return
+        check = self._pod_checks[jkey] = PodCheck(run=key)
+        # past the grace by then, also for the pod (created after its Job)
+        check.pending = self._loop.call_later(due + POD_CHECK_MIN_SECONDS if due > 0 else 0.0, self._pod_check_due, jkey)
+
+    def _pod_check_due(self, jkey: Key) -> None:
+        check = self._pod_checks.get(jkey)
+        if check is not None:
+            check.pending = asyncio.ensure_future(self._check_pods(jkey))
+
+    async def _check_pods(self, jkey: Key) -> None:
+        """One pod check of an active Job: while it is still active and not ready past its grace,
+        read its pods; queue its run when their configuration problem appeared, changed or went;
+        the next check after the backoff. The checks end when the Job is ready, finished or gone."""
+        check = self._pod_checks.get(jkey)
+        if check is None or self._loop is None:
+            return
+        grace = self.config.pod_config_grace_seconds
+        job = self.cache.jobs.get(jkey)
+        due = None if job is None or not self.is_leader else pod_check_due(job, datetime.now(UTC), grace)
+        if due is None:
+            del self._pod_checks[jkey]
+            return
+        if due > 0:
+            check.pending = self._loop.call_later(due + POD_CHECK_MIN_SECONDS, self._pod_check_due, jkey)
+            return
+        problem = check.problem
+        try:
+            await self._read_pods(*jkey)
+        except Exception as exc:  # noqa: BLE001 - the next check tries again
+            log.info("cannot read the pods of Job %s/%s: %s", jkey[0], jkey[1], exc)
+        else:
+            self.cache.pod_checked.add(jkey)  # its readiness now queues the run
+            reason, message, _ = pod_waiting(self.cache.pods_of(*jkey))
+            problem = (reason, message) if d.pod_config_problem(reason, message) else None
+            if problem != check.problem:
+                check.problem = problem
+                self.cache.enqueue(check.run, "pod config")
+        if self._pod_checks.get(jkey) is not check:
+            return  # stopped meanwhile
+        if problem is not None:
+            delay = max(POD_CHECK_MIN_SECONDS, min(grace, POD_PROBLEM_CHECK_SECONDS))
+            check.reads = 0
+        else:
+            delay = min(POD_CHECK_MAX_SECONDS, max(grace, POD_CHECK_MIN_SECONDS) * 2 ** min(check.reads, 16))
+            check.reads += 1
+        check.pending = self._loop.call_later(delay, self._pod_check_due, jkey)
 
 
 def _resource_of(inf: Informer) -> str:

@@ -7,8 +7,13 @@ spec reads ``c.spec`` (never None) instead of asserting.
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Literal
+import copy
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from enum import Enum
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel
 
 from agentrun.api.reasons import ConditionType, Reason
 from agentrun.api.spec import AgentRunSpec
@@ -23,6 +28,32 @@ MAX_MESSAGE_CHARS = 4096
 MAX_CONDITION_MESSAGE_CHARS = 1024
 MAX_EVENT_MESSAGE_CHARS = 1024
 EventType = Literal["Normal", "Warning"]
+M = TypeVar("M", bound=BaseModel)
+_IMMUTABLE = (str, int, float, bool, type(None), datetime, date, time, timedelta, Decimal, Enum)
+
+
+def _copied(value: Any) -> Any:
+    if isinstance(value, _IMMUTABLE):
+        return value
+    if isinstance(value, BaseModel):
+        return copy_model(value)
+    if type(value) is list:
+        return [_copied(v) for v in value]
+    if type(value) is dict:
+        return {k: _copied(v) for k, v in value.items()}
+    return copy.deepcopy(value)
+
+
+def copy_model(model: M) -> M:
+    """A deep copy of a pydantic model tree, as ``model_copy(deep=True)`` makes, without
+    ``copy.deepcopy``'s generic machinery (its memo and ``__reduce__`` per value were most of a
+    decision's CPU): models, lists and dicts are copied, immutable leaves shared."""
+    new = model.model_copy()  # shallow: a new __dict__, fields set, extras, private attributes
+    fields = new.__dict__
+    for k, v in fields.items():
+        if not isinstance(v, _IMMUTABLE):
+            fields[k] = _copied(v)
+    return new
 
 
 def condition(st: AgentRunStatus, ctype: str) -> Condition | None:
@@ -90,7 +121,7 @@ class StatusWriter:
 
     def __init__(self, o: Observed) -> None:
         self.o = o
-        self.st = o.status.model_copy(deep=True)
+        self.st = copy_model(o.status)
         self.actions: list[Action] = []
 
     def act(self, a: Action) -> None:
@@ -126,7 +157,7 @@ class StatusWriter:
             for cond in st.conditions:  # decided against this generation, whether or not they changed
                 if cond.type in CONDITION_TYPES:
                     cond.observed_generation = self.o.generation
-        if st.model_dump() != self.o.status.model_dump():
+        if st != self.o.status:  # field by field, as model_dump() would compare them
             self.actions.append(PatchStatus(st))
         return Decision(self.actions)
 
@@ -145,7 +176,7 @@ def failed_status(o: Observed, status: AgentRunStatus | None, reason: str, messa
     (the Job refused by the API server, an invalid configuration)."""
     w = StatusWriter(o)
     if status is not None:
-        w.st = status.model_copy(deep=True)
+        w.st = copy_model(status)
     w.phase("Failed", reason, message)
     w.st.observed_generation = o.generation
     return w.st
