@@ -233,3 +233,12 @@ def test_a_body_over_the_bound_is_left_to_botocore(s3_bucket: Any) -> None:
                                      max_bytes=stored.size)
     got = exact.get(stored.key) if exact is not None else None
     assert isinstance(got, s3get.Got) and len(got.body) == stored.size
+
+
+@pytest.mark.parametrize("value", ["Tue, 01 Dec 2026 18:13:17 GMT", "Mon, 07 Jan 2030 00:00:59 GMT",
+                                   "Tue, 01 Dec 2026 18:13:17 +0100", "2026-12-01T18:13:17Z", "1764612797"])
+def test_last_modified_is_parsed_as_botocore_parses_it(value: str) -> None:
+    from botocore.utils import parse_timestamp
+
+    ours, theirs = s3get._timestamp(value), parse_timestamp(value)
+    assert ours == theirs and ours.utcoffset() == theirs.utcoffset()

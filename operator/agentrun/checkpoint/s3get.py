@@ -204,7 +204,20 @@ def _error_code(body: bytes) -> str | None:
 
 
 def _timestamp(value: str) -> datetime:
+    """``Last-Modified`` as botocore's ``parse_timestamp`` gives it (UTC, ``tzutc()``): an RFC 7231
+    date (what S3 sends) by the standard library's parser, ~40 times cheaper than dateutil's, and
+    anything else by botocore's own parser."""
+    from email.utils import parsedate_to_datetime
+
+    from dateutil.tz import tzutc
+
+    try:
+        parsed = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        parsed = None
+    if parsed is not None and parsed.tzinfo is not None and not parsed.utcoffset():
+        return parsed.replace(tzinfo=tzutc())
     from botocore.utils import parse_timestamp
 
-    parsed: datetime = parse_timestamp(value)
-    return parsed
+    slow: datetime = parse_timestamp(value)
+    return slow
