@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import threading
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -107,6 +108,7 @@ class LeanGet:
                       "ca_certs": os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True)}
         self._pool = urllib3.PoolManager(num_pools=2, maxsize=max_connections, block=False, retries=False, **kwargs)
         self._lock = threading.Lock()
+        self._observers: tuple[Callable[[str], None], ...] = ()
         self.fallbacks = 0
         """GETs answered ``None`` (left to botocore) since the start: for tests and benchmarks."""
 
@@ -131,6 +133,12 @@ class LeanGet:
                    connect_timeout=float(config.connect_timeout), read_timeout=float(config.read_timeout),
                    max_bytes=max_bytes, max_connections=int(config.max_pool_connections or 10))
 
+    def observe(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(url)`` before each GET this sends (as botocore's ``before-send`` event
+        for its own): tests and benchmarks count the store's reads with both."""
+        with self._lock:
+            self._observers = (*self._observers, callback)
+
     def url(self, key: str) -> str:
         return path_style_url(self._endpoint, self._bucket, key)
 
@@ -149,6 +157,8 @@ class LeanGet:
             self._fallback()
             return None
         request = AWSRequest(method="GET", url=self.url(key), data=b"")
+        for observer in self._observers:
+            observer(request.url)
         S3SigV4Auth(frozen, "s3", self._region).add_auth(request)
         try:
             return self._send(request, key)
