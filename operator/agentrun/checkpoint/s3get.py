@@ -10,8 +10,8 @@ with the client's connect/read timeouts and no retries.
 
 It only answers what it can answer exactly like botocore would (``LeanGet.get``):
 
-- 200: the body's bytes as stored (no content decoding, as botocore), its user metadata (lower-case
-  names without ``x-amz-meta-``), ``Last-Modified`` parsed by botocore's parser, its length;
+- 200: the body's bytes as stored (no content decoding, as botocore), its user metadata (names
+  without ``x-amz-meta-``, as botocore's ``Metadata``), ``Last-Modified`` as botocore parses it, its length;
 - 404 whose error code is ``NoSuchKey``: ``NOT_FOUND`` (the store raises ``CheckpointNotFound``);
 - anything else (403, 404 NoSuchBucket, 3xx, 5xx, throttling, connection errors, timeouts, a body
   over ``max_bytes``, no credentials, an error not expected): ``None``, and the caller makes the
@@ -129,9 +129,11 @@ class LeanGet:
         config = getattr(meta, "config", None)
         if not region or config is None:
             return None
-        return cls(client, endpoint_url, bucket, region,
-                   connect_timeout=float(config.connect_timeout), read_timeout=float(config.read_timeout),
-                   max_bytes=max_bytes, max_connections=int(config.max_pool_connections or 10))
+        connect, read = getattr(config, "connect_timeout", None), getattr(config, "read_timeout", None)
+        if not isinstance(connect, int | float) or not isinstance(read, int | float):
+            return None  # no timeouts to copy (botocore's are always numbers): botocore's GETs
+        return cls(client, endpoint_url, bucket, region, connect_timeout=float(connect), read_timeout=float(read),
+                   max_bytes=max_bytes, max_connections=int(getattr(config, "max_pool_connections", None) or 10))
 
     def observe(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(url)`` before each GET this sends (as botocore's ``before-send`` event
@@ -151,16 +153,16 @@ class LeanGet:
         from botocore.auth import S3SigV4Auth
         from botocore.awsrequest import AWSRequest
 
-        credentials = _credentials_of(self._client)
-        frozen = credentials.get_frozen_credentials() if credentials is not None else None
-        if frozen is None or not frozen.access_key or not frozen.secret_key:
-            self._fallback()
-            return None
-        request = AWSRequest(method="GET", url=self.url(key), data=b"")
-        for observer in self._observers:
-            observer(request.url)
-        S3SigV4Auth(frozen, "s3", self._region).add_auth(request)
-        try:
+        try:  # a credential refresh that fails, too, is left to botocore (its error, its message)
+            credentials = _credentials_of(self._client)
+            frozen = credentials.get_frozen_credentials() if credentials is not None else None
+            if frozen is None or not frozen.access_key or not frozen.secret_key:
+                self._fallback()
+                return None
+            request = AWSRequest(method="GET", url=self.url(key), data=b"")
+            S3SigV4Auth(frozen, "s3", self._region).add_auth(request)
+            for observer in self._observers:
+                observer(request.url)
             return self._send(request, key)
         except Exception:  # noqa: BLE001 - any failure of the lean path: botocore makes the request
             self._fallback()
@@ -194,7 +196,8 @@ class LeanGet:
                 self._fallback()
                 return None
             headers = resp.headers
-            metadata = {name[len(META_PREFIX):].lower(): value for name, value in headers.items()
+            # as botocore's header map: the name after the prefix as sent, repeated headers joined
+            metadata = {name[len(META_PREFIX):]: headers[name] for name in headers.keys()
                         if name.lower().startswith(META_PREFIX)}
             last_modified = headers.get("Last-Modified")
             return Got(body, metadata, _timestamp(last_modified) if last_modified else None, len(body))
