@@ -242,3 +242,14 @@ def test_last_modified_is_parsed_as_botocore_parses_it(value: str) -> None:
 
     ours, theirs = s3get._timestamp(value), parse_timestamp(value)
     assert ours == theirs and ours.utcoffset() == theirs.utcoffset()
+
+
+def test_a_key_that_needs_percent_encoding_is_read(s3_bucket: Any, s3_client: Any) -> None:
+    """The lean GET sends the key as botocore encodes it: the server finds the object botocore wrote."""
+    store = make_store(s3_bucket)
+    assert store.lean_get is not None
+    body = canonical_json({"kind": "Other"})
+    key = store.run_prefix(RUN) + "attempts/odd key+é~=,;@(1).json"
+    s3_client.put_object(Bucket=s3_bucket.name, Key=key, Body=body, Metadata={"sha256": sha256_hex(body)})
+    got = store.lean_get.get(key)
+    assert isinstance(got, s3get.Got) and got.body == body and store.lean_get.fallbacks == 0

@@ -106,7 +106,8 @@ class LeanGet:
 
             kwargs = {"cert_reqs": "CERT_REQUIRED",
                       "ca_certs": os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True)}
-        self._pool = urllib3.PoolManager(num_pools=2, maxsize=max_connections, block=False, retries=False, **kwargs)
+        manager = urllib3.PoolManager(num_pools=1, maxsize=max_connections, block=False, retries=False, **kwargs)
+        self._pool = manager.connection_from_url(endpoint_url)  # one host: its pool, without a lookup per GET
         self._lock = threading.Lock()
         self._observers: tuple[Callable[[str], None], ...] = ()
         self.fallbacks = 0
@@ -169,9 +170,9 @@ class LeanGet:
             return None
 
     def _send(self, request: Any, key: str) -> Got | str | None:
-        resp = self._pool.request(
-            "GET", request.url, headers=dict(request.headers.items()), timeout=self._timeout,
-            preload_content=False, decode_content=False, redirect=False, retries=False,
+        resp = self._pool.urlopen(
+            "GET", urlsplit(request.url).path, headers=dict(request.headers.items()), timeout=self._timeout,
+            preload_content=False, decode_content=False, redirect=False, retries=False, assert_same_host=False,
         )
         complete = False  # the body was read to its end: the connection can serve the next GET
         try:
