@@ -145,6 +145,8 @@ def run_bench(store: CheckpointStore, n: int, k: int, payload: int) -> int:
     snap_bytes = {lap: store._head(store.snapshot_key(RUN, lap)).size for lap in range(k, n + 1, k)}  # type: ignore[union-attr]
     gets: list[str] = []
     store.client.meta.events.register("before-send.s3.GetObject", lambda request, **_: gets.append(request.url))
+    if store.lean_get is not None:  # the store's lean GETs (checkpoint/s3get.py)
+        store.lean_get.observe(gets.append)
 
     def timed_load(through: int | None) -> tuple[int, int, float, Any]:
         times = []

@@ -29,7 +29,7 @@ laps only (quadratic: ~1.7 GB at 2,000). Then ``render`` merges the per-size JSO
 Resume mode: the worst resume (lap N-1, a snapshot and K-1 = 9 lap records, read in parallel) and
 the resume at lap N (the snapshot only) of an N-lap run, interleaved, with the client's CPU time,
 the S3 server's CPU time (from /proc) per resume, one GET alone, and the client CPU split into the
-GETs (botocore) and the decoding (sha256, gunzip, JSON, unpacking, validation, fold); beside
+store's GETs (the lean GET of checkpoint/s3get.py, or botocore's with AGENTRUN_S3_LEAN_GET=false) and the decoding (sha256, gunzip, JSON, unpacking, validation, fold); beside
 LangGraph ``add_messages``' ``get_state`` at N laps. ``--s3 versitygw`` uses the Go S3 server of the
 store's tests (e2e/versitygw_server.py) instead of moto. ``render --resume`` adds these runs:
 
@@ -68,6 +68,7 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from bench_lap_run import RUN, BenchWorld, ToolHandler, lap_env, spec_doc  # noqa: E402
 from benchlib import fmt_bytes, fmt_ms, markdown_table, ratio, summary, verdict  # noqa: E402
 
+from agentrun.checkpoint import s3get  # noqa: E402
 from agentrun.checkpoint import store as checkpoint_store  # noqa: E402
 from agentrun.checkpoint.codec import unpack_lap  # noqa: E402
 from agentrun.checkpoint.fold import fold  # noqa: E402
@@ -438,11 +439,20 @@ def run_resume(laps: int, max_tokens: int, extra: int, s3: str, repeat: int) -> 
                 server[p] += process_cpu_seconds(server_pid) - s0
                 objects[p] = loaded.objects_read
         bucket = store.config.bucket
+        lean_get = store.lean_get  # the store's GETs: the lean one (checkpoint/s3get.py) when on, else botocore's
+
+        def fetch(key: str) -> tuple[bytes, str]:
+            got = lean_get.get(key) if lean_get is not None else None
+            if isinstance(got, s3get.Got):
+                return got.body, got.metadata["sha256"]
+            resp = store.client.get_object(Bucket=bucket, Key=key)
+            return resp["Body"].read(), resp["Metadata"]["sha256"]
+
         get_seconds, get_cpu, get_server = [], 0.0, 0.0
         key = store.lap_key(RUN, laps - 1)
         for _ in range(repeat):
             s0, c0, t0 = process_cpu_seconds(server_pid), time.process_time(), time.perf_counter()
-            store.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            fetch(key)
             get_seconds.append(time.perf_counter() - t0)
             get_cpu += time.process_time() - c0
             get_server += process_cpu_seconds(server_pid) - s0
@@ -455,8 +465,7 @@ def run_resume(laps: int, max_tokens: int, extra: int, s3: str, repeat: int) -> 
             c0 = time.process_time()
             fetched = []
             for k in keys:
-                resp = store.client.get_object(Bucket=bucket, Key=k)
-                fetched.append((k, resp["Body"].read(), resp["Metadata"]["sha256"]))
+                fetched.append((k, *fetch(k)))
             c1 = time.process_time()
             state = decode_objects(store, fetched)
             decode_cpu.append(time.process_time() - c1)
@@ -479,6 +488,8 @@ def run_resume(laps: int, max_tokens: int, extra: int, s3: str, repeat: int) -> 
         "s3_get_server_cpu_seconds_mean": get_server / repeat,
         "worst_split": {"lap": laps - 1, "objects": len(keys), "gets_cpu_seconds": gets_cpu,
                         "decode_cpu_seconds": decode_cpu},
+        "s3_get_path": "lean" if lean_get is not None else "botocore",
+        "lean_get_fallbacks": lean_get.fallbacks if lean_get is not None else None,
         "langgraph": {"channel": "add_messages", "laps": lg_laps, "get_state_seconds": lg["resume_seconds"]},
     }
 
@@ -520,7 +531,7 @@ def resume_lines(r: dict[str, Any]) -> tuple[list[tuple[str, str, str, bool]], l
         f"p50 {fmt_ms(summary(last['seconds'])['p50'])}, client CPU {fmt_ms(summary(last['cpu_seconds'])['p50'])}; "
         f"one GET alone p50 {fmt_ms(get_p50)} (client CPU {fmt_ms(r['s3_get_cpu_seconds_mean'])}, server CPU "
         f"{fmt_ms(r['s3_get_server_cpu_seconds_mean'])}, means). The client CPU of the {split['objects']} objects, "
-        f"split (p50): their GETs (botocore) {fmt_ms(summary(split['gets_cpu_seconds'])['p50'])}, decoding them "
+        f"split (p50): their GETs ({r.get('s3_get_path', 'botocore')}) {fmt_ms(summary(split['gets_cpu_seconds'])['p50'])}, decoding them "
         f"(sha256, gunzip, JSON, unpacking, validation, hash chain, fold) "
         f"{fmt_ms(summary(split['decode_cpu_seconds'])['p50'])}. LangGraph {r['langgraph']['channel']} get_state at "
         f"lap {r['langgraph']['laps']} p50 {fmt_ms(lg_p50)}."

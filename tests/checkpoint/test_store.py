@@ -59,11 +59,14 @@ def all_keys(client: Any, bucket: str) -> dict[str, str]:
 
 
 class GetCounter:
-    """Counts the GetObject requests a boto3 client sends (botocore ``before-send`` hook)."""
+    """Counts the GetObject requests a store sends: botocore's (its ``before-send`` hook) and the
+    lean GET's (``LeanGet.observe``)."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, store: CheckpointStore) -> None:
         self.keys: list[str] = []
-        client.meta.events.register("before-send.s3.GetObject", self._on_send)
+        store.client.meta.events.register("before-send.s3.GetObject", self._on_send)
+        if store.lean_get is not None:
+            store.lean_get.observe(self.keys.append)
 
     def _on_send(self, request: Any, **_: Any) -> None:
         self.keys.append(request.url)
@@ -265,7 +268,7 @@ def test_load_state_reads_at_most_k_plus_one_objects(s3_bucket: Any, k: int) -> 
         record = make_record(lap, prev)
         prev = store.put_lap(record).sha256
         pairs.append((record, prev))
-    counter = GetCounter(store.client)
+    counter = GetCounter(store)
     for through in range(0, 26):
         counter.keys.clear()
         result = store.load_state(RUN, through_lap=through)
@@ -366,7 +369,7 @@ def test_a_corrupt_newest_snapshot_falls_back_to_the_previous_one(
     snap12, snap8 = store.snapshot_key(RUN, 12), store.snapshot_key(RUN, 8)
     tampered = corrupt(s3_client, s3_bucket.name, snap12, how)
     before = all_keys(s3_client, s3_bucket.name)
-    counter = GetCounter(store.client)
+    counter = GetCounter(store)
     with caplog.at_level("WARNING", logger="agentrun.checkpoint.store"):
         result = store.load_state(RUN)
     assert result.state == intact.state

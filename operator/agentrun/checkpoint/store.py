@@ -37,8 +37,10 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from agentrun.api import contract
 from agentrun.api.contract import Env
 from agentrun.api.types import redact_url
+from agentrun.checkpoint import s3get
 from agentrun.checkpoint.codec import (
     ENCODING_GZIP,
+    MAX_DECODED_BYTES,
     canonical_json,  # noqa: F401  (re-exported: tests and tools build stored bytes with it)
     encode_object,
     inflate,
@@ -342,6 +344,10 @@ class CheckpointStore:
     def __init__(self, config: StoreConfig, client: Any = None) -> None:
         self.config = config
         self.client = client if client is not None else make_client(config)
+        self.lean_get = s3get.LeanGet.for_client(
+            self.client, config.endpoint_url, config.bucket, config.path_style, MAX_DECODED_BYTES)
+        """GETs signed by botocore's signer over one urllib3 pool (``checkpoint/s3get.py``): with an
+        endpoint URL and path-style addressing, unless ``AGENTRUN_S3_LEAN_GET=false``; None: botocore's."""
 
     # ---- keys ------------------------------------------------------------------------------
 
@@ -468,7 +474,14 @@ class CheckpointStore:
             resp = self.client.get_object(Bucket=self.config.bucket, Key=key)
             return resp["Body"].read(), resp
 
-        data, resp = self._call("GetObject", key, get)
+        resp: dict[str, Any]
+        lean = self.lean_get.get(key) if self.lean_get is not None else None
+        if lean == s3get.NOT_FOUND:
+            raise CheckpointNotFound(key)  # 404 NoSuchKey: as _client_error says it
+        if isinstance(lean, s3get.Got):
+            data, resp = lean.body, {"Metadata": lean.metadata, "LastModified": lean.last_modified}
+        else:  # no lean path, or an answer it leaves to botocore (retries, the error translation)
+            data, resp = self._call("GetObject", key, get)
         sha = verify_sha256(data, resp.get("Metadata", {}).get("sha256"), key)
         raw = decode_document(data, key)
         version = schema_version_of(raw, key)
