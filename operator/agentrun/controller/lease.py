@@ -132,6 +132,12 @@ class LeaseElector:
     def is_leader(self) -> bool:
         return self._leader and self.clock.monotonic() - self._renewed_at < 0.8 * self.duration
 
+    @property
+    def holds(self) -> bool:
+        """True while this replica took the Lease and has not seen it lost, even when a late renewal
+        has made :attr:`is_leader` false for a moment."""
+        return self._leader
+
     def _api(self) -> Any:
         if self._api_factory is not None:
             return self._api_factory()

@@ -270,6 +270,8 @@ class Controller:
         than the period, and a run reconciled in the last half period is not queued. No request."""
         if not self.is_leader:
             return
+        if full:
+            self._not_leader.clear()  # every run is queued below
         horizon = time.monotonic() - self.config.resync_seconds / 2
         for key in list(self.cache.runs):
             if full or self._reconciled_at.get(key, float("-inf")) < horizon:
@@ -347,7 +349,8 @@ class Controller:
         if not self.is_leader:  # a standby does nothing, and counts no reconcile
             # but remembers it: a leader whose renewal came late (is_leader expired for a moment,
             # with no new acquire and so no resync) reconciles it once it acts again
-            if len(self._not_leader) < 100_000:
+            # (a replica that never led does not: taking the Lease queues every run)
+            if self.elector is not None and self.elector.holds and len(self._not_leader) < 100_000:
                 self._not_leader.add(key)
             return
         started = time.monotonic()
@@ -502,9 +505,13 @@ class Controller:
         except Exception as exc:  # noqa: BLE001 - the next check tries again
             log.info("cannot read the pods of Job %s/%s: %s", jkey[0], jkey[1], exc)
         else:
-            self.cache.pod_checked.add(jkey)  # its readiness now queues the run
             reason, message, _ = pod_waiting(self.cache.pods_of(*jkey))
             problem = (reason, message) if d.pod_config_problem(reason, message) else None
+            if problem is not None:
+                # the run shows it: the Job's readiness must queue the run to clear it. A pod that is
+                # only slow to start shows nothing, and its readiness queues nothing (200 runs on
+                # 2 cores: most lap pods are slower than the grace, and each such lap cost a reconcile)
+                self.cache.pod_checked.add(jkey)
             if problem != check.problem:
                 check.problem = problem
                 self.cache.enqueue(check.run, "pod config")
