@@ -45,6 +45,7 @@ from typing import Any
 
 import boto3
 import pytest
+from e2e.cluster import _alive  # the harness's own liveness check (a zombie is dead)
 from e2e_support import ToolGate, wait_for
 from test_operator_e2e import ROOT, Env, _diagnostics_on_failure, _gated, _one_job_per_attempt  # noqa: F401
 
@@ -138,16 +139,6 @@ class UpgradeEnv(Env):
 def doc_of(data: bytes) -> dict[str, Any]:
     """The JSON document of a stored object: gzip (schema 3) or plain JSON (schemas 1-2)."""
     return json.loads(gzip.decompress(data) if data[:2] == GZIP_MAGIC else data)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @pytest.fixture(scope="module")
