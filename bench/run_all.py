@@ -367,9 +367,9 @@ def render(res: dict[str, Any], analysis: str | None = None) -> str:
     if lg:
         a, t = lg["agentrun"], lg["langgraph"]
         md.append("\n## 2. Checkpoint cost over a 500-lap run, beside LangGraph\n")
-        md.append("**Superseded for checkpoint schema 3** (issue 16): the figures of this section are from the run "
-                  "named in its record, before schema 3. Schema 3 beside LangGraph `add_messages` and `DeltaChannel` "
-                  "(snapshot frequency 10/50/100) at 50/500/2,000 laps is in "
+        md.append("This section compares with LangGraph's default `add_messages` channel only, at 500 laps. Checkpoint "
+                  "schema 3 beside LangGraph `add_messages` and `DeltaChannel` (snapshot frequency 10/50/100) at "
+                  "50/500/2,000 laps, and the resume measurements, are in "
                   "[results-checkpoints.md](results-checkpoints.md), rendered from results-checkpoints.json by "
                   "`python bench/bench_vs_langgraph.py render` (bytes against laps for all of them, log y: "
                   "[results-checkpoints-v3.png](results-checkpoints-v3.png); lap runner time per lap: "
