@@ -140,3 +140,20 @@ def test_an_unreadable_policy_refuses_its_runs_naming_the_policy_and_field_inste
     assert (s.check("a", SPEC) or pytest.fail("not enforced")).ok  # other namespaces keep their policy
     s.event("policies", "MODIFIED", policy("strict", 9, ["*"]))  # fixed: checked again
     assert (s.check("b", SPEC) or pytest.fail("not enforced")).ok
+
+
+def test_a_refused_namespace_watched_by_name_concerns_only_its_own_runs(store):
+    """With exact watched namespaces each is watched by name (RBAC by resourceNames). One refused
+    name and another one listed shared a single "namespaces" refusal: the listed one's relist
+    cleared it, the refused one's retry set it again, and the re-check flipped between enforced and
+    not for every namespace (review finding 19)."""
+    s, _ = store
+    s.refused("namespaces", 403, "a")
+    assert s.not_enforced("a") and s.check("a", SPEC) is None
+    assert not s.not_enforced("b") and s.check("b", SPEC) is not None  # b's policies are known
+    s.replace("namespaces", "b", [ns_obj("b", 9, team="strict")])  # b's relist does not clear a's refusal
+    assert s.not_enforced("a") and not s.not_enforced("b")
+    s.replace("namespaces", "a", [ns_obj("a", 10)])  # a listed at last
+    assert not s.not_enforced("a") and s.refusals == {}
+    s.refused("bindings", 403)  # a cluster-wide kind: nothing is enforced
+    assert s.not_enforced("a") and s.not_enforced("b")

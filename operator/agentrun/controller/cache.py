@@ -348,7 +348,7 @@ class Informer:
     the list and watch (``metadata.name=X``: one object, which RBAC can grant by ``resourceNames``),
     and ``scope`` is then what a relist replaces (passed to ``replace`` instead of the namespace). An
     ``optional`` informer whose first list is refused (403, or 404: not served) tells the sink
-    (``refused(kind, status)``), counts as synced and lists again every :data:`REFUSED_RETRY`
+    (``refused(kind, status, scope)``), counts as synced and lists again every :data:`REFUSED_RETRY`
     seconds; once it has listed, a refusal is an error like any other (retried with backoff, the
     sink keeps what it was told last)."""
 
@@ -446,7 +446,7 @@ class Informer:
                     continue
                 if self.optional and not self._listed and exc.status in (403, 404):
                     rv = None
-                    self._deliver(self.cache.refused, self.kind, exc.status)
+                    self._deliver(self.cache.refused, self.kind, exc.status, self.scope)
                     self._deliver(self.synced.set)
                     self._stop.wait(REFUSED_RETRY)
                     continue

@@ -316,7 +316,7 @@ class Controller:
         """The re-check's verdict from the watched policies; the run's namespace is read once when
         its watch event has not arrived yet (a namespace created just before the run)."""
         assert self.policies is not None and self.kube is not None
-        if not self.policies.knows(ns) and not self.policies.refusals:
+        if not self.policies.knows(ns) and not self.policies.not_enforced(ns):
             doc = await asyncio.to_thread(self.kube.request, "GET", path(NAMESPACES, None, ns))
             if isinstance(doc, dict):
                 self.policies.put_namespace(doc)

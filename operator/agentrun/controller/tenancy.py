@@ -122,7 +122,8 @@ class PolicyStore:
         self.bindings: dict[str, dict[str, Any]] = {}
         self.policies: dict[str, dict[str, Any]] = {}
         self._parsed: dict[str, AgentRunPolicySpec | PolicyUnreadable] = {}
-        self.refusals: dict[str, int] = {}  # kind -> HTTP status of its refused list/watch (no RBAC)
+        # kind (or "kind/name" for an object watched by name) -> HTTP status of its refused list/watch
+        self.refusals: dict[str, int] = {}
         self.changes = 0  # changes that applied (for logs and tests)
 
     # ---------------------------------------------------------------- informer sink
@@ -130,20 +131,27 @@ class PolicyStore:
     def _store(self, kind: str) -> dict[str, dict[str, Any]]:
         return {"namespaces": self.namespaces, "bindings": self.bindings, "policies": self.policies}[kind]
 
-    def refused(self, kind: str, status: int) -> None:
-        """The API server refused to list or watch ``kind`` (403: no RBAC; 404: not served). Until
-        a list succeeds, every check answers None (not enforced): a partial view could pick a
-        wrong policy."""
-        if kind not in self.refusals:
-            log.warning("tenancy re-check not enforced: the operator may not list and watch %s (HTTP %s); "
-                        "see the chart's tenancy.operatorRecheck", KINDS[kind][1], status)
-        self.refusals[kind] = status
+    def refused(self, kind: str, status: int, scope: str | None = None) -> None:
+        """The API server refused to list or watch ``kind`` (403: no RBAC; 404: not served), or the
+        one object ``scope`` of it watched by name. Until a list succeeds, the checks it concerns
+        answer None (not enforced): a partial view could pick a wrong policy. A refused namespace
+        watched by name concerns the runs of that namespace only."""
+        key = kind if scope is None else f"{kind}/{scope}"
+        if key not in self.refusals:
+            log.warning("tenancy re-check not enforced%s: the operator may not list and watch %s%s (HTTP %s); "
+                        "see the chart's tenancy.operatorRecheck", "" if scope is None else f" in {scope}",
+                        KINDS[kind][1], "" if scope is None else f" {scope}", status)
+        self.refusals[key] = status
+
+    def not_enforced(self, namespace: str) -> bool:
+        """True when a refused list or watch leaves the policies of ``namespace`` unknown."""
+        return any("/" not in key or key == f"namespaces/{namespace}" for key in self.refusals)
 
     def replace(self, kind: str, scope: str | None, items: list[dict[str, Any]]) -> None:
         """A (re)list of ``kind``: of every object (``scope`` None), or of the one named ``scope``
         (a namespace watched by name)."""
-        if self.refusals.pop(kind, None) is not None:
-            log.info("tenancy re-check: %s listed again", KINDS[kind][1])
+        if self.refusals.pop(kind if scope is None else f"{kind}/{scope}", None) is not None:
+            log.info("tenancy re-check: %s%s listed again", KINDS[kind][1], "" if scope is None else f" {scope}")
         store = self._store(kind)
         listed = {_name(o) for o in items}
         for name in [n for n in store if n not in listed and (scope is None or n == scope)]:
@@ -215,7 +223,7 @@ class PolicyStore:
         """The policies that apply to ``namespace`` (None for a name no policy has, a
         :class:`PolicyUnreadable` for one whose spec cannot be read: both refuse); None when a
         watch is refused."""
-        if self.refusals:
+        if self.not_enforced(namespace):
             return None
         ns = self.namespaces.get(namespace)
         labels = ns["metadata"]["labels"] if ns is not None else {}
