@@ -19,6 +19,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, cast
 
+import pydantic
+
 from agentrun.api.tenancy import (
     GROUP,
     PLURAL,
@@ -31,8 +33,10 @@ from agentrun.api.tenancy import (
     check_all,
     resolve_refs,
 )
+from agentrun.api.text import one_line
 
 from .cache import is_newer, rv_int
+from .observe import spec_error_text
 
 log = logging.getLogger("agentrun.controller")
 
@@ -88,19 +92,10 @@ def recheck(api: Any, namespace: str, spec: dict[str, Any]) -> PolicyCheck | Non
 
 
 def unreadable_text(exc: ValueError, limit: int = 500) -> str:
-    """Why a policy's spec cannot be read: pydantic's first errors with their field paths, bounded
-    (the values are the platform team's own, but a policy is user-written text all the same)."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        parts = []
-        for err in errors()[:3]:
-            loc = ".".join(str(x) for x in err.get("loc") or ())
-            parts.append(f"spec.{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
-        text = "; ".join(parts)
-    else:
-        text = str(exc)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """Why a policy's spec cannot be read: pydantic's first errors with their field paths (as a
+    run's spec errors are named), one line, bounded (a policy is user-written text all the same)."""
+    text = spec_error_text(exc) if isinstance(exc, pydantic.ValidationError) else str(exc)
+    return one_line(" ".join(text.split()), limit)
 
 
 def _name(obj: dict[str, Any]) -> str:
