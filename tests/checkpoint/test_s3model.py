@@ -2,12 +2,18 @@
 installed botocore (a subset of its S3 model with each kept shape as botocore has it; the rest of
 what an S3 client loads as botocore has it, endpoints listing S3 only), covering every S3 operation
 the code calls, used only with the botocore version it was made from; and a client made with it
-resolves endpoints as botocore's standard client does and keeps the standard credential chain."""
+resolves endpoints as botocore's standard client does and keeps the standard credential chain.
+
+The mechanism is checked on a copy made here from whatever botocore is installed (``made``), so the
+tests hold with any botocore pip resolved; the committed copy is checked against the botocore the
+image pins (``tools/image/requirements.txt``), and against the installed one when that is the same
+version."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +24,32 @@ from agentrun.checkpoint import s3model
 from agentrun.checkpoint.store import StoreConfig, make_client
 
 OPERATOR = Path(s3model.__file__).resolve().parents[1]
+ROOT = OPERATOR.parents[1]
 REGENERATE = "regenerate it: python -m agentrun.checkpoint.s3model"
 
 
-def _committed() -> tuple[dict[str, Any], dict[str, Any]]:
-    manifest = json.loads(s3model.MANIFEST.read_text())
-    return manifest, json.loads(s3model.model_file(manifest["apiVersion"]).read_text())
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> s3model.Copy:
+    """A copy made now from the installed botocore."""
+    copy = s3model.Copy(tmp_path_factory.mktemp("s3model") / "botocore_data")
+    s3model.write(copy)
+    return copy
+
+
+@pytest.fixture
+def in_use(made: s3model.Copy, monkeypatch: pytest.MonkeyPatch) -> Iterator[s3model.Copy]:
+    """``made`` as the copy the store's client reads."""
+    monkeypatch.setattr(s3model, "COPY", made)
+    yield made
+
+
+def _read(copy: s3model.Copy) -> tuple[dict[str, Any], dict[str, Any]]:
+    manifest = json.loads(copy.manifest.read_text())
+    return manifest, json.loads(copy.model_file(manifest["apiVersion"]).read_text())
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _docless(value: Any) -> Any:
@@ -34,21 +60,50 @@ def _docless(value: Any) -> Any:
     return value
 
 
-def test_the_committed_copy_is_made_from_the_installed_botocore() -> None:
-    manifest, model = _committed()
-    assert manifest["botocore"] == botocore.__version__, f"the trimmed S3 model is from another botocore; {REGENERATE}"
-    api_version, installed = s3model.installed_model()
-    assert manifest["apiVersion"] == api_version, REGENERATE
+def _pinned(package: str) -> str:
+    for line in (ROOT / "tools/image/requirements.txt").read_text().splitlines():
+        name, _, version = line.split("#")[0].strip().partition("==")
+        if name.lower() == package:
+            return version
+    raise AssertionError(f"{package} is not pinned in tools/image/requirements.txt")
+
+
+def test_the_committed_copy_is_made_from_the_botocore_the_image_pins() -> None:
+    manifest, _ = _read(s3model.COPY)
+    assert manifest["botocore"] == _pinned("botocore"), f"the image pins another botocore; {REGENERATE}"
     assert manifest["operations"] == sorted(s3model.OPERATIONS), REGENERATE
-    assert model == s3model.trim(installed, s3model.OPERATIONS), REGENERATE
+
+
+def test_the_committed_copy_is_what_the_installed_botocore_makes_or_is_not_used(made: s3model.Copy) -> None:
+    """With the pinned botocore installed, the committed copy is byte for byte a copy made now (and
+    is used); with another botocore, it is not used: the store's client has S3's full model."""
+    manifest, _ = _read(s3model.COPY)
+    client = make_client(StoreConfig(uri="s3://b-1/p", endpoint_url="http://127.0.0.1:9", region="us-east-1"))
+    operations = set(client.meta.service_model.operation_names)
+    if manifest["botocore"] == botocore.__version__:
+        assert s3model.usable()
+        assert _files(s3model.COPY.root) == _files(made.root), REGENERATE
+        assert operations == set(s3model.OPERATIONS)
+    else:
+        assert not s3model.usable()
+        assert operations > set(s3model.OPERATIONS) and len(operations) > 50
+
+
+def test_a_copy_holds_the_installed_model_trimmed_and_the_client_data(made: s3model.Copy) -> None:
+    manifest, model = _read(made)
+    assert manifest["botocore"] == botocore.__version__
+    api_version, installed = s3model.installed_model()
+    assert manifest["apiVersion"] == api_version
+    assert manifest["operations"] == sorted(s3model.OPERATIONS)
+    assert model == s3model.trim(installed, s3model.OPERATIONS)
     for name, data in s3model.client_data().items():
-        assert json.loads((s3model.CLIENT_DIR / f"{name}.json").read_text()) == data, (name, REGENERATE)
-    files = {p.relative_to(s3model.CLIENT_DIR).as_posix() for p in s3model.CLIENT_DIR.rglob("*.json")}
+        assert json.loads((made.client_dir / f"{name}.json").read_text()) == data, name
+    files = {p.relative_to(made.client_dir).as_posix() for p in made.client_dir.rglob("*.json")}
     assert files == {f"{name}.json" for name in s3model.client_data()}
 
 
-def test_each_kept_operation_and_shape_is_botocores_own_and_every_reference_is_kept() -> None:
-    _, model = _committed()
+def test_each_kept_operation_and_shape_is_botocores_own_and_every_reference_is_kept(made: s3model.Copy) -> None:
+    _, model = _read(made)
     _, installed = s3model.installed_model()
     assert set(model["operations"]) == set(s3model.OPERATIONS)
     assert {k: v for k, v in model.items() if k not in ("operations", "shapes")} == {
@@ -69,14 +124,15 @@ def test_trim_refuses_an_operation_the_model_does_not_have() -> None:
         s3model.trim(installed, ["GetObject", "NoSuchOperation"])
 
 
-def test_the_copy_is_used_only_with_the_botocore_version_it_was_made_from() -> None:
-    assert s3model.usable(botocore.__version__)
-    assert not s3model.usable("0.0.1")
-    assert s3model.usable()
+def test_a_copy_is_used_only_with_the_botocore_version_it_was_made_from(made: s3model.Copy) -> None:
+    assert s3model.usable(botocore.__version__, copy=made)
+    assert s3model.usable(copy=made)
+    assert not s3model.usable("0.0.1", copy=made)
+    assert not s3model.usable(copy=s3model.Copy(made.root.parent / "missing"))
 
 
-def test_the_endpoints_copy_keeps_every_partition_and_only_s3() -> None:
-    endpoints = json.loads((s3model.CLIENT_DIR / "endpoints.json").read_text())
+def test_the_endpoints_copy_keeps_every_partition_and_only_s3(made: s3model.Copy) -> None:
+    endpoints = json.loads((made.client_dir / "endpoints.json").read_text())
     installed = s3model.client_data()["endpoints"]
     assert [p["partition"] for p in endpoints["partitions"]] == [p["partition"] for p in installed["partitions"]]
     for mine, theirs in zip(endpoints["partitions"], installed["partitions"]):
@@ -118,6 +174,7 @@ def op_method(op: str) -> str:
 @pytest.mark.parametrize("variant", [None, "AWS_USE_DUALSTACK_ENDPOINT", "AWS_USE_FIPS_ENDPOINT"])
 def test_requests_go_where_the_standard_client_sends_them(
     endpoint: str | None, region: str | None, path_style: bool, variant: str | None, monkeypatch: pytest.MonkeyPatch,
+    in_use: s3model.Copy,
 ) -> None:
     from botocore.config import Config
     from botocore.session import Session
@@ -144,7 +201,7 @@ def test_requests_go_where_the_standard_client_sends_them(
         assert _request(mine, op, **params) == _request(standard, op, **params), (op, params)
 
 
-def test_the_store_client_has_the_trimmed_model_and_every_operation_the_code_calls() -> None:
+def test_the_store_client_has_the_trimmed_model_and_every_operation_the_code_calls(in_use: s3model.Copy) -> None:
     """Scans the sources that use an S3 client (the store, the probe, gc: every module naming
     ``store.client`` or calling an object operation on a client) for its calls
     (``client.put_object(``, ``get_paginator("...")``): an operation added there must be added to
@@ -166,7 +223,7 @@ def test_the_store_client_has_the_trimmed_model_and_every_operation_the_code_cal
 
 
 def test_web_identity_credentials_come_from_sts_through_a_standard_session(
-    moto_s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    moto_s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_use: s3model.Copy,
 ) -> None:
     """The store's client with an endpoint URL (its session's data knows only S3) and no keys in the
     environment: the web identity provider of the standard chain (IRSA) calls STS (moto's, through

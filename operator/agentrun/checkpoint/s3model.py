@@ -27,13 +27,17 @@ data by ``python -m agentrun.checkpoint.s3model`` into ``botocore_data/``:
 
 The copy is used only with the botocore version it was made from (``agentrun-s3-model.json``); with
 any other version the session is a standard one, as ``boto3.client("s3")`` uses, until it is made
-again (``tests/checkpoint/test_s3model.py`` fails until then).
+again. The committed copy is made from the botocore the image pins (``tools/image/requirements.txt``;
+``tests/checkpoint/test_s3model.py`` fails when the two differ); an environment that resolved another
+botocore (a plain ``pip install``) gets the standard data, and the tests check the mechanism on a
+copy made from whatever botocore is installed.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,38 +50,64 @@ OPERATIONS = (
     # the tests, benchmarks and `make dev` create their buckets with the store's client
     "CreateBucket",
 )  # fmt: skip
-DATA_DIR = Path(__file__).with_name("botocore_data")
-MODEL_DIR = DATA_DIR / "model"
-CLIENT_DIR = DATA_DIR / "client"
-MANIFEST = DATA_DIR / "agentrun-s3-model.json"
-"""``{"botocore": <version the copy was made from>, "apiVersion": ..., "operations": [...]}``."""
+
+
+@dataclass(frozen=True)
+class Copy:
+    """Where a trimmed copy lives: ``root/model``, ``root/client`` and its manifest."""
+
+    root: Path
+
+    @property
+    def model_dir(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def client_dir(self) -> Path:
+        return self.root / "client"
+
+    @property
+    def manifest(self) -> Path:
+        """``{"botocore": <version the copy was made from>, "apiVersion": ..., "operations": [...]}``."""
+        return self.root / "agentrun-s3-model.json"
+
+    def model_file(self, api_version: str) -> Path:
+        return self.model_dir / SERVICE / api_version / "service-2.json"
+
+
+COPY = Copy(Path(__file__).with_name("botocore_data"))
+"""The copy shipped in the package (and the image)."""
 SERVICE = "s3"
 CLIENT_DATA = ("endpoints", "partitions", "sdk-default-configuration", "_retry")
 SERVICE_DATA = ("service-2.sdk-extras", "endpoint-rule-set-1", "paginators-1", "paginators-1.sdk-extras")
 
 
-def usable(botocore_version: str | None = None) -> bool:
-    """Whether the copy was made from ``botocore_version`` (default: the installed botocore's)."""
+def usable(botocore_version: str | None = None, copy: Copy | None = None) -> bool:
+    """Whether the copy (default: ``COPY``) was made from ``botocore_version`` (default: the
+    installed botocore's)."""
+    copy = copy or COPY
     if botocore_version is None:
         import botocore
 
         botocore_version = botocore.__version__
     try:
-        manifest = json.loads(MANIFEST.read_text(encoding="utf-8"))
+        manifest = json.loads(copy.manifest.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return bool(manifest.get("botocore") == botocore_version)
 
 
-def session(endpoint_url: str | None, region: str | None) -> Any:
-    """The botocore session to make the store's S3 client from (see above)."""
+def session(endpoint_url: str | None, region: str | None, copy: Copy | None = None) -> Any:
+    """The botocore session to make the store's S3 client from (see above), with the copy
+    ``copy`` (default: ``COPY``)."""
     import os
 
     from botocore.loaders import Loader, create_loader
     from botocore.session import Session
 
+    copy = copy or COPY
     standard = Session()
-    if not usable():
+    if not usable(copy=copy):
         return standard
     data_path = standard.get_config_variable("data_path")
     if endpoint_url and not data_path:
@@ -86,12 +116,12 @@ def session(endpoint_url: str | None, region: str | None) -> Any:
 
         s3 = Session()
         s3.register_component("data_loader", Loader(
-            extra_search_paths=[str(MODEL_DIR), str(CLIENT_DIR)], include_default_search_paths=False))
+            extra_search_paths=[str(copy.model_dir), str(copy.client_dir)], include_default_search_paths=False))
         region_name = region or standard.get_config_variable("region")  # as Session.create_client
         s3.register_component("credential_provider", create_credential_resolver(standard, region_name=region_name))
         s3.register_component("token_provider", create_token_resolver(standard))
         return s3
-    paths = [data_path, str(MODEL_DIR)]
+    paths = [data_path, str(copy.model_dir)]
     standard.register_component("data_loader", create_loader(os.pathsep.join(p for p in paths if p)))
     return standard
 
@@ -136,10 +166,6 @@ def installed_model() -> tuple[str, dict[str, Any]]:
     return api_version, loader.load_data(f"{SERVICE}/{api_version}/service-2")
 
 
-def model_file(api_version: str) -> Path:
-    return MODEL_DIR / SERVICE / api_version / "service-2.json"
-
-
 def client_data() -> dict[str, Any]:
     """``client/``'s files (path under it without ``.json`` -> data) from the installed botocore."""
     from botocore.loaders import Loader
@@ -155,24 +181,25 @@ def client_data() -> dict[str, Any]:
     return files
 
 
-def write() -> Path:
-    """Make the copy from the installed botocore (replacing the one there was)."""
+def write(copy: Copy | None = None) -> Path:
+    """Make the copy (default: ``COPY``) from the installed botocore (replacing the one there was)."""
     import shutil
 
     import botocore
 
+    copy = copy or COPY
     api_version, model = installed_model()
-    shutil.rmtree(DATA_DIR, ignore_errors=True)
-    path = model_file(api_version)
+    shutil.rmtree(copy.root, ignore_errors=True)
+    path = copy.model_file(api_version)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(trim(model, OPERATIONS), separators=(",", ":")) + "\n", encoding="utf-8")
     for name, data in client_data().items():
-        target = CLIENT_DIR / f"{name}.json"
+        target = copy.client_dir / f"{name}.json"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(data, separators=(",", ":")) + "\n", encoding="utf-8")
-    MANIFEST.write_text(json.dumps({"botocore": botocore.__version__, "apiVersion": api_version,
-                                    "operations": sorted(OPERATIONS)}, indent=2) + "\n", encoding="utf-8")
-    return DATA_DIR
+    copy.manifest.write_text(json.dumps({"botocore": botocore.__version__, "apiVersion": api_version,
+                                         "operations": sorted(OPERATIONS)}, indent=2) + "\n", encoding="utf-8")
+    return copy.root
 
 
 if __name__ == "__main__":
