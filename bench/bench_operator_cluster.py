@@ -31,6 +31,11 @@ the process kubelet of e2e/cluster.py), the local S3 server, and the operator as
     python bench/bench_operator_cluster.py all ...      # both on one cluster
 
 The cluster lives in ``--dir`` (default a temp dir) and is stopped at the end.
+
+``--s3 versitygw`` serves the checkpoints from versitygw (e2e/versitygw_server.py, built and cached
+like the tests' second S3) instead of moto's server: moto's werkzeug server answers HTTP/1.0-style,
+closing every connection, so each S3 request of the operator and the laps pays a new TCP
+connection (S3 and S3-compatible servers keep them open), and its own CPU competes on the box.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -60,24 +66,53 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_lap_run import ToolHandler, free_port  # noqa: E402
 from benchlib import proc_cpu_seconds, proc_status_kb, summary  # noqa: E402
-from e2e.cluster import operator_env, start_cluster, start_s3  # noqa: E402
+from e2e.cluster import S3Server, operator_env, start_cluster, start_s3  # noqa: E402
 
 GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
 #: The operator's count of its own API requests (operator/agentrun/metrics/kube.py), per label set too.
 KUBE_REQUESTS = "agentrun_kube_requests_total"
 KEEP = (KUBE_REQUESTS, "agentrun_reconcile_total")
 TERMINAL = ("Succeeded", "Failed", "BudgetExceeded")
+#: How long the operator's idle CPU is measured before the runs of an overhead level.
+IDLE_SECONDS = 15.0
+
+
+@dataclass
+class VersityS3(S3Server):
+    """versitygw with the bucket made, in the shape of e2e.cluster's S3Server."""
+
+    proc: Any = None
+
+    def stop(self) -> None:
+        from e2e.versitygw_server import stop
+
+        stop(self.proc)
+
+
+def start_versitygw_s3(d: Path) -> VersityS3:
+    import boto3
+    from botocore.config import Config
+    from e2e.versitygw_server import start_versitygw
+
+    s3 = VersityS3(dir=d, endpoint_url="")
+    d.mkdir(parents=True, exist_ok=True)
+    s3.proc, s3.endpoint_url = start_versitygw(d, s3.access_key, s3.secret_key, region=s3.region)
+    boto3.client("s3", endpoint_url=s3.endpoint_url, aws_access_key_id=s3.access_key,
+                 aws_secret_access_key=s3.secret_key, region_name=s3.region,
+                 config=Config(s3={"addressing_style": "path"})).create_bucket(Bucket=s3.bucket)
+    return s3
 
 
 class Bench:
-    def __init__(self, workdir: Path, profile: str | None = None) -> None:
+    def __init__(self, workdir: Path, profile: str | None = None, s3: str = "moto") -> None:
         self.dir = workdir
         self.profile = profile
         self.lap_nice: int | None = None  # --lap-nice
         self.lap_cpus: str | None = None  # --lap-cpus: the lap processes pinned to these CPUs (taskset -c)
         self.operator_cpus: str | None = None  # --operator-cpus: the operator pinned to these
         self.cluster = start_cluster(workdir / "kube")
-        self.s3 = start_s3(workdir / "s3")
+        self.s3_server = s3
+        self.s3: S3Server = start_versitygw_s3(workdir / "s3") if s3 == "versitygw" else start_s3(workdir / "s3")
         from kubernetes import client, config
 
         config.load_kube_config(self.cluster.kubeconfig)
@@ -228,6 +263,10 @@ class Bench:
         try:
             self.wait_serving(proc, port, log)  # before counting its CPU
             time.sleep(2)
+            # its CPU while idle (the Lease held, no run): the part of "CPU per lap" that is not the laps'
+            idle0, idle_t0 = proc_cpu_seconds(proc.pid), time.monotonic()
+            time.sleep(IDLE_SECONDS)
+            idle_cpu_per_second = ((proc_cpu_seconds(proc.pid) or 0) - (idle0 or 0)) / (time.monotonic() - idle_t0)
             cpu0, m0, a0 = proc_cpu_seconds(proc.pid), self.metrics(port, KEEP), self.apiserver_requests()
             spy = None
             if profile and self.profile and shutil.which("py-spy"):
@@ -308,6 +347,7 @@ class Bench:
             "retried_jobs": retried, "wall_seconds": wall, "load_after": os.getloadavg(),
             "gap_job_complete_to_next_job": gaps_job, "gap_pod_succeeded_to_next_job": gaps_pod,
             "operator_cpu_seconds": (cpu1 or 0) - (cpu0 or 0),
+            "operator_idle_cpu_per_second": idle_cpu_per_second,
             "operator_cpu_per_lap": ((cpu1 or 0) - (cpu0 or 0)) / max(1, laps_done),
             "reconciles": rc_n, "reconcile_seconds_sum": rc_sum,
             "operator_rss_kb": proc_status_kb(proc.pid) if proc.poll() is None else None,
@@ -520,6 +560,8 @@ def main() -> None:
     ap.add_argument("--operator-cpus", default=None,
                     help="pin the operator to these CPUs (taskset -c LIST); with --lap-cpus on the others")
     ap.add_argument("--profile", help="py-spy the operator during the highest overhead level; folded stacks here")
+    ap.add_argument("--s3", choices=("moto", "versitygw"), default="moto",
+                    help="the S3 server of the checkpoints (see the module docstring)")
     args = ap.parse_args()
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
@@ -527,7 +569,8 @@ def main() -> None:
     tmp = None if args.dir else tempfile.mkdtemp(prefix="agentrun-bench-")
     workdir = Path(args.dir or tmp).resolve()
     out: dict[str, Any] = {"load_before": os.getloadavg(), "cpus": os.cpu_count()}
-    bench = Bench(workdir, args.profile)
+    bench = Bench(workdir, args.profile, args.s3)
+    out["s3_server"] = args.s3
     bench.lap_nice = args.lap_nice
     out["lap_nice"] = args.lap_nice
     bench.lap_cpus, bench.operator_cpus = args.lap_cpus, args.operator_cpus
@@ -573,7 +616,8 @@ def main() -> None:
                 print(f"overhead, {r} concurrent runs x {laps} laps: "
                       + (f"Job Complete -> next Job p50 {gs['p50'] * 1000:.0f} ms p99 {gs['p99'] * 1000:.0f} ms (n={gs['n']}); " if gs else "")
                       + (f"pod Succeeded -> next Job p50 {ps['p50'] * 1000:.0f} ms p99 {ps['p99'] * 1000:.0f} ms; " if ps else "")
-                      + f"operator CPU {res['operator_cpu_per_lap'] * 1000:.1f} ms/lap; "
+                      + f"operator CPU {res['operator_cpu_per_lap'] * 1000:.1f} ms/lap "
+                        f"(idle {res['operator_idle_cpu_per_second'] * 1000:.1f} ms/s before the runs); "
                         f"reconciles/lap {res['reconciles_per_lap']:.2f}; API requests/lap {res['kube_requests_per_lap']:.2f}; "
                         f"load {os.getloadavg()[0]:.1f}; failed runs {len(res['failed_runs'])}, "
                         f"retried Jobs {res['retried_jobs']}; the operator's counts against the API "

@@ -338,7 +338,8 @@ def render(res: dict[str, Any], analysis: str | None = None) -> str:
             "The column *pod done -> next Job* adds the Job controller's own delay (pod `Succeeded` -> Job "
             "`Complete`), which is Kubernetes', not the operator's. Operator CPU is its utime+stime from /proc "
             "over the whole benchmark, divided by the laps run; the lap processes compete with it for the "
-            "2 CPUs.\n")
+            "2 CPUs. *Idle CPU*: the operator's CPU per second during 15 s before the runs (the Lease held, "
+            "no run), where measured.\n")
         rows = []
         for lv in ov:
             g, p = lv["gap_job_complete_to_next_job"], lv["gap_pod_succeeded_to_next_job"]
@@ -347,15 +348,18 @@ def render(res: dict[str, Any], analysis: str | None = None) -> str:
             rows.append([lv["runs"], lv["laps_per_run"], gs["n"] if gs else 0,
                          fmt_ms(gs["p50"]) if gs else "-", fmt_ms(gs["p99"]) if gs else "-",
                          fmt_ms(ps["p50"]) if ps else "-", fmt_ms(ps["p99"]) if ps else "-",
-                         f"{lv['operator_cpu_per_lap'] * 1000:.0f} ms",
-                         f"{lv['reconciles'] / max(1, lv['laps_total']):.1f}",
+                         f"{lv['operator_cpu_per_lap'] * 1000:.1f} ms",
+                         f"{lv['operator_idle_cpu_per_second'] * 1000:.1f} ms/s"
+                         if lv.get("operator_idle_cpu_per_second") is not None else "-",
+                         f"{lv['reconciles'] / max(1, lv['laps_total']):.2f}",
+                         f"{lv['kube_requests_per_lap']:.2f}" if lv.get("kube_requests_per_lap") is not None else "-",
                          f"{lv['reconcile_seconds_sum'] / max(1, lv['reconciles']) * 1000:.0f} ms",
                          f"{lv['wall_seconds']:.0f} s", len(lv["failed_runs"]), lv["retried_jobs"],
                          " / ".join(f"{x:.1f}" for x in lv["load_after"][:1])])
         md.append(markdown_table(
             ["runs", "laps/run", "gaps n", "Job done -> next Job p50", "p99", "pod done -> next Job p50", "p99",
-             "operator CPU/lap", "reconciles/lap", "mean reconcile (wall)", "wall", "failed runs", "retried Jobs",
-             "load after"], rows))
+             "operator CPU/lap", "idle CPU", "reconciles/lap", "API requests/lap", "mean reconcile (wall)", "wall",
+             "failed runs", "retried Jobs", "load after"], rows))
         md.append("\n![overhead CDF](results-overhead.png)\n")
         if cl.get("profile_top"):
             # frames of the operator's own code and the libraries it calls (threading/asyncio/click

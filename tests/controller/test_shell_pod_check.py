@@ -17,7 +17,7 @@ from agentrun.controller.config import OperatorConfig
 from agentrun.controller.execute import Executor
 from agentrun.controller.jobs import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID, job_name
 from agentrun.controller.observe import pod_check_due
-from agentrun.controller.reconciler import POD_CHECK_MAX_SECONDS, Controller
+from agentrun.controller.reconciler import POD_CHECK_GRID_SECONDS, POD_CHECK_MAX_SECONDS, Controller
 
 KEY = ("ns", "run")
 JOB = job_name("run", UID, 1, 1)
@@ -60,13 +60,16 @@ class Kube:
     def __init__(self, run: dict[str, Any], pods: list[dict[str, Any]]) -> None:
         self.run, self.pods = run, pods
         self.requests: list[tuple[str, str]] = []
+        self.selectors: list[str] = []
         self.rv = 100
 
     def request(self, method: str, path_: str, **kw: Any) -> Any:
         self.requests.append((method, path_))
         if method == "GET" and path_ == "/api/v1/namespaces/ns/pods":
-            assert kw["query"] == {"labelSelector": f"job-name={JOB}"}
-            return {"items": [dict(p) for p in self.pods]}
+            sel = kw["query"]["labelSelector"]
+            jobs = sel.split("(", 1)[1].rstrip(")").split(",") if " in (" in sel else [sel.removeprefix("job-name=")]
+            self.selectors.append(sel)
+            return {"items": [dict(p) for p in self.pods if p["metadata"]["labels"]["job-name"] in jobs]}
         if method == "PATCH" and path_.endswith("/agentruns/run/status"):
             self.rv += 1
             status = next(op["value"] for op in kw["body"] if op["path"] == "/status")
@@ -171,7 +174,7 @@ def test_a_pod_stuck_on_a_missing_secret_is_found_without_a_pod_watch():
     assert "Secret 'model-key' does not exist" in progressing["message"]
     assert [p for m, p in kube.requests if m == "POST"] == ["/api/v1/namespaces/ns/events"]  # one Warning
     assert requeue == 15.0  # decide's retry while the pod waits
-    assert all(14 < dl <= 15 for dl in delays), delays
+    assert all(15 <= dl <= 15 + POD_CHECK_GRID_SECONDS for dl in delays), delays  # 15 s, on the grid
 
 
 def test_a_pod_that_is_slow_to_start_is_read_with_a_doubling_delay_and_queues_nothing():
@@ -190,7 +193,8 @@ def test_a_pod_that_is_slow_to_start_is_read_with_a_doubling_delay_and_queues_no
             await c._check_pods(jkey)
             timer = c._pod_checks[jkey].pending
             assert isinstance(timer, asyncio.TimerHandle)
-            delays.append(round(timer.when() - loop.time()))
+            delays.append(timer.when() - loop.time())
+            assert timer.when() % POD_CHECK_GRID_SECONDS == 0  # on the grid, to meet the others' reads
         timer.cancel()
         # the pod starts at last: it showed nothing, so the Job's readiness queues nothing (200 runs
         # on 2 cores: most lap pods are slower than the grace; each such lap cost one more reconcile)
@@ -200,7 +204,8 @@ def test_a_pod_that_is_slow_to_start_is_read_with_a_doubling_delay_and_queues_no
 
     delays = asyncio.run(main())
     assert pod_reads(kube) == 6 and c.cache.causes == {"run changed": 1, "job added": 1}
-    assert delays == [30, 60, 120, 240, POD_CHECK_MAX_SECONDS, POD_CHECK_MAX_SECONDS]
+    expected = [30, 60, 120, 240, POD_CHECK_MAX_SECONDS, POD_CHECK_MAX_SECONDS]
+    assert all(e <= d <= e + POD_CHECK_GRID_SECONDS for e, d in zip(expected, delays, strict=True)), delays
 
 
 def test_a_key_taken_while_the_lease_renewal_was_late_is_reconciled_once_the_replica_acts_again():
@@ -250,3 +255,33 @@ def test_a_replica_that_never_led_remembers_nothing_taking_the_lease_queues_ever
 
     asyncio.run(main())
 
+
+
+def test_pod_checks_due_together_read_their_pods_in_one_request():
+    """200 runs on 2 cores: most lap pods are not ready after the grace and their checks come due in
+    the same second; their reads go out as one LIST with a set-based selector, not one per Job."""
+    from agentrun.controller.reconciler import PodCheck
+
+    run = run_doc()
+    other = job_name("run", UID, 1, 2)
+    other_pod = stuck_pod(39)
+    other_pod["metadata"] = {**other_pod["metadata"], "name": f"{other}-x", "labels": {LABEL_RUN_UID: UID,
+                                                                                          "job-name": other}}
+    c, kube = controller(run, job_doc(40), [stuck_pod(39), other_pod])
+    second = job_doc(40)
+    second["metadata"] = {**second["metadata"], "name": other}
+    c.cache.event("jobs", "ADDED", second)
+
+    async def main() -> None:
+        c._loop = asyncio.get_running_loop()
+        for jkey in (("ns", JOB), ("ns", other)):
+            c._pod_checks[jkey] = PodCheck(run=KEY)
+        await asyncio.gather(c._check_pods(("ns", JOB)), c._check_pods(("ns", other)))
+        for check in c._pod_checks.values():
+            check.pending.cancel()  # type: ignore[union-attr]
+        c.queue.shut_down()
+
+    asyncio.run(main())
+    assert kube.selectors == [f"job-name in ({','.join(sorted([JOB, other]))})"]
+    assert [p["metadata"]["name"] for p in c.cache.pods_of("ns", JOB)] == [f"{JOB}-x"]
+    assert [p["metadata"]["name"] for p in c.cache.pods_of("ns", other)] == [f"{other}-x"]

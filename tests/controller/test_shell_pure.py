@@ -176,55 +176,47 @@ class ViewClock:
 
 
 class FakeLeaseAPI:
-    """An in-memory coordination/v1 Lease endpoint with resourceVersion conflicts (what the
-    elector uses of the kubernetes client). ``down`` makes every call fail like an unreachable API."""
+    """An in-memory coordination/v1 Lease endpoint with resourceVersion conflicts (the elector's
+    ``LeaseAPI``). ``down`` makes every call fail like an unreachable API; ``calls`` counts them."""
 
     def __init__(self) -> None:
         self.spec: dict | None = None
         self.rv = 0
         self.down = False
         self.writes: list[tuple[str, str]] = []  # (holder, kind)
+        self.calls: list[str] = []
 
-    def _check(self) -> None:
+    def _check(self, verb: str) -> None:
+        self.calls.append(verb)
         if self.down:
             raise ConnectionError("apiserver unavailable")
 
-    def read_namespaced_lease(self, name, ns, **kw):
-        from types import SimpleNamespace
+    def _doc(self) -> dict:
+        return {"metadata": {"name": "l", "namespace": "ns", "resourceVersion": str(self.rv)}, "spec": dict(self.spec)}
 
-        from kubernetes.client.rest import ApiException
+    def read(self, name, ns, timeout):
+        self._check("get")
+        return None if self.spec is None else self._doc()
 
-        self._check()
-        if self.spec is None:
-            raise ApiException(status=404)
-        snake = {"holder_identity": self.spec.get("holderIdentity"), "renew_time": self.spec.get("renewTime"),
-                 "acquire_time": self.spec.get("acquireTime"),
-                 "lease_duration_seconds": self.spec.get("leaseDurationSeconds"),
-                 "lease_transitions": self.spec.get("leaseTransitions")}
-        return SimpleNamespace(spec=SimpleNamespace(to_dict=lambda: dict(snake), holder_identity=snake["holder_identity"]),
-                               metadata=SimpleNamespace(resource_version=str(self.rv)))
-
-    def create_namespaced_lease(self, ns, body, **kw):
-        from kubernetes.client.rest import ApiException
-
-        self._check()
+    def create(self, ns, body, timeout):
+        self._check("create")
         if self.spec is not None:
-            raise ApiException(status=409)
+            return None
         self.spec, self.rv = dict(body["spec"]), self.rv + 1
         self.writes.append((self.spec["holderIdentity"], "create"))
+        return self._doc()
 
-    def replace_namespaced_lease(self, name, ns, body, **kw):
-        from kubernetes.client.rest import ApiException
-
-        self._check()
+    def replace(self, name, ns, body, timeout):
+        self._check("update")
         if body["metadata"].get("resourceVersion") != str(self.rv):
-            raise ApiException(status=409)
+            return None
         before = (self.spec or {}).get("holderIdentity")
         self.spec, self.rv = dict(body["spec"]), self.rv + 1
         self.writes.append((self.spec["holderIdentity"], "renew" if before == self.spec["holderIdentity"] else "take"))
+        return self._doc()
 
-    def patch_namespaced_lease(self, name, ns, body, **kw):
-        self._check()
+    def patch(self, name, ns, body, timeout):
+        self._check("patch")
         self.spec, self.rv = {**self.spec, **body["spec"]}, self.rv + 1
 
 
@@ -391,6 +383,32 @@ def test_a_slow_on_acquire_does_not_hold_up_the_renewals():
     _drive(vt, [e], 10.0)
     assert len(started) == 1  # once: it is still running
     assert sum(1 for _, k in api.writes if k == "renew") >= 9 and e.is_leader
+
+
+def test_a_holder_renews_with_one_update_and_reads_only_after_a_conflict():
+    """client-go's fast path: the holder updates the Lease it wrote last without reading it first;
+    when someone else wrote the Lease meanwhile (a conflict), it reads it and decides again: here
+    the other replica took it, so this one stops acting."""
+    vt, api = VirtualTime(), FakeLeaseAPI()
+    e = _elector("me", api, ViewClock(vt))
+    _drive(vt, [e], 10.0)
+    assert api.calls[:2] == ["get", "create"]
+    renewals = api.calls[2:]
+    assert len(renewals) >= 9 and set(renewals) == {"update"}, api.calls  # one request per renewal
+    assert e.is_leader and api.spec["holderIdentity"] == "me"
+
+    api.calls.clear()
+    api.spec, api.rv = {**api.spec, "holderIdentity": "other", "renewTime": "x"}, api.rv + 1  # taken over
+
+    def other_renews(t: float) -> None:
+        api.spec = {**api.spec, "renewTime": f"t{t}"}
+        api.rv += 1
+
+    _drive(vt, [e], 20.0, other_renews)
+    assert api.calls[:2] == ["update", "get"], api.calls  # the conflict, then the read
+    assert set(api.calls[2:]) == {"get"}  # a standby only reads
+    assert not e.is_leader and api.spec["holderIdentity"] == "other"
+    assert ("me", "take") not in api.writes
 
 
 def test_status_refusal_tells_a_validation_error_from_a_conflict():

@@ -27,6 +27,7 @@ RUNS = (f"/apis/{GROUP}/{VERSION}", PLURAL)
 JOBS = ("/apis/batch/v1", "jobs")
 PODS = ("/api/v1", "pods")
 EVENTS = ("/api/v1", "events")
+LEASES = ("/apis/coordination.k8s.io/v1", "leases")
 
 
 def path(kind: tuple[str, str], namespace: str | None = None, name: str | None = None,

@@ -11,6 +11,11 @@ A holder that could not renew for ``0.8 * duration`` (on its own clock, counted 
 its last successful renewal) stops acting before anyone else may take over. Updates use the
 Lease's resourceVersion, so two standbys cannot both take it.
 
+Requests: a holder renews with one update of the Lease it wrote last (client-go's fast path: no
+read first); only when that update conflicts (someone else wrote the Lease) does it read the Lease
+and decide again. A standby reads once per period. Raw JSON over the operator's one pooled
+connection (:class:`KubeLeaseAPI`), no model classes.
+
 The time source is injectable (``Clock``): ``wall()`` for the timestamps written into the Lease
 (informational only), ``monotonic()`` for every expiry decision, and ``sleep()`` for the renewal
 period. Unit tests drive the elector with a fake clock (no sleeps); the chaos suite runs a replica
@@ -108,11 +113,71 @@ def _micro(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+class LeaseAPI(Protocol):
+    """The coordination.k8s.io/v1 Lease calls of the elector, on plain JSON documents. Errors other
+    than the ones named raise (the API unreachable, 5xx, 403)."""
+
+    def read(self, name: str, namespace: str, timeout: float) -> dict[str, Any] | None:
+        """The Lease, or None when there is none (404)."""
+
+    def create(self, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        """The Lease created, or None when one exists already (409)."""
+
+    def replace(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        """The Lease written, or None when its resourceVersion is not ``body``'s any more (409)."""
+
+    def patch(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> None: ...
+
+
+class KubeLeaseAPI:
+    """:class:`LeaseAPI` on the operator's raw-JSON client."""
+
+    def __init__(self, kube: Any) -> None:
+        self.kube = kube
+
+    def _path(self, namespace: str, name: str | None = None) -> str:
+        from .kube import LEASES, path
+
+        return path(LEASES, namespace, name)
+
+    def _call(self, method: str, path_: str, absent: int, **kw: Any) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            doc = self.kube.request(method, path_, **kw)
+        except ApiException as exc:
+            if exc.status == absent:
+                return None
+            raise
+        return doc if isinstance(doc, dict) else None
+
+    def read(self, name: str, namespace: str, timeout: float) -> dict[str, Any] | None:
+        return self._call("GET", self._path(namespace, name), 404, timeout=timeout)
+
+    def create(self, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        return self._call("POST", self._path(namespace), 409, body=body, timeout=timeout)
+
+    def replace(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        return self._call("PUT", self._path(namespace, name), 409, body=body, timeout=timeout)
+
+    def patch(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> None:
+        self.kube.request("PATCH", self._path(namespace, name), body=body, timeout=timeout,
+                          content_type="application/merge-patch+json")
+
+
+def _default_api() -> LeaseAPI:
+    from kubernetes import client
+
+    from .kube import Kube
+
+    return KubeLeaseAPI(Kube(client.ApiClient.get_default()))
+
+
 class LeaseElector:
     def __init__(self, name: str, namespace: str, identity: str, duration: float,
                  on_acquire: Callable[[], Awaitable[None]] | None = None,
                  on_lose: Callable[[], None] | None = None, *, clock: Clock | None = None,
-                 api: Callable[[], Any] | None = None) -> None:
+                 api: Callable[[], LeaseAPI] | None = None) -> None:
         self.name, self.namespace, self.identity, self.duration = name, namespace, identity, duration
         self.on_acquire = on_acquire
         self.on_lose = on_lose  # e.g. drop per-run metrics, so a standby never exports stale runs
@@ -127,6 +192,7 @@ class LeaseElector:
         self._acquire_pending = False  # on_acquire failed: run it again while we hold the Lease
         self._acquire_task: asyncio.Task[None] | None = None
         self._observed: Observation | None = None
+        self._written: dict[str, Any] | None = None  # the Lease as our last write left it (the fast path)
 
     @property
     def is_leader(self) -> bool:
@@ -138,77 +204,63 @@ class LeaseElector:
         has made :attr:`is_leader` false for a moment."""
         return self._leader
 
-    def _api(self) -> Any:
-        if self._api_factory is not None:
-            return self._api_factory()
-        from kubernetes import client
+    def _api(self) -> LeaseAPI:
+        return self._api_factory() if self._api_factory is not None else _default_api()
 
-        return client.CoordinationV1Api()
+    def _body(self, spec: dict[str, Any], resource_version: str | None) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if resource_version is not None:
+            metadata["resourceVersion"] = resource_version
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
+
+    def _wrote(self, lease: dict[str, Any] | None, started: float) -> bool:
+        self._written = lease if lease and self._leader_spec(lease) else None
+        self._renewed_at = started
+        return True
+
+    def _leader_spec(self, lease: dict[str, Any]) -> bool:
+        return bool((lease.get("spec") or {}).get("holderIdentity") == self.identity
+                    and (lease.get("metadata") or {}).get("resourceVersion"))
 
     def _try(self) -> bool:
         """One acquire/renew round; True if this replica holds the Lease afterwards."""
-        from kubernetes.client.exceptions import ApiException
-
         started = self.clock.monotonic()
         api = self._api()
         # bounded: a hung call must not hold the renewal loop past the Lease's life
         timeout = max(1.0, self.duration / 2)
-        try:
-            lease = api.read_namespaced_lease(self.name, self.namespace, _request_timeout=timeout)
-            raw = lease.spec.to_dict() if lease.spec else {}
-            spec = {
-                "holderIdentity": raw.get("holder_identity"),
-                "renewTime": raw.get("renew_time"),
-                "acquireTime": raw.get("acquire_time"),
-                "leaseDurationSeconds": raw.get("lease_duration_seconds"),
-                "leaseTransitions": raw.get("lease_transitions"),
-            }
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            lease, spec = None, None
-        now = self.clock.monotonic()
-        self._observed = observe(self._observed, spec, now, lease.metadata.resource_version if lease else None)
-        action = lease_action(spec, self.identity, self._observed.at, now, self.duration)
-        if action == "wait":
-            self.holder = (spec or {}).get("holderIdentity")
-            return False
         stamp = _micro(self.clock.wall())
-        body_spec: dict[str, Any] = {
+        ours: dict[str, Any] = {
             "holderIdentity": self.identity,
             "leaseDurationSeconds": int(max(1, round(self.duration))),
             "renewTime": stamp,
         }
-        if action == "create":
-            body_spec.update(acquireTime=stamp, leaseTransitions=0)
-            body: dict[str, Any] = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                                    "metadata": {"name": self.name, "namespace": self.namespace}, "spec": body_spec}
-            try:
-                api.create_namespaced_lease(self.namespace, body, _request_timeout=timeout)
-            except ApiException as exc:
-                if exc.status == 409:
-                    return False
-                raise
-            self._renewed_at = started
-            return True
+        written = self._written
+        if self._leader and written is not None:
+            # the fast path (client-go's): update the Lease as we last wrote it; a conflict means
+            # someone else wrote it since, and the read below decides
+            self._written = None
+            body = self._body({**(written.get("spec") or {}), **ours}, written["metadata"]["resourceVersion"])
+            renewed = api.replace(self.name, self.namespace, body, timeout)
+            if renewed is not None:
+                return self._wrote(renewed, started)
+        lease = api.read(self.name, self.namespace, timeout)
+        spec = None if lease is None else {k: (lease.get("spec") or {}).get(k) for k in RECORD_FIELDS}
+        version = None if lease is None else (lease.get("metadata") or {}).get("resourceVersion")
+        now = self.clock.monotonic()
+        self._observed = observe(self._observed, spec, now, version)
+        action = lease_action(spec, self.identity, self._observed.at, now, self.duration)
+        if action == "wait":
+            self.holder = (spec or {}).get("holderIdentity")
+            return False
+        if action == "create" or lease is None:
+            created = api.create(self.namespace, self._body({**ours, "acquireTime": stamp, "leaseTransitions": 0},
+                                                            None), timeout)
+            return created is not None and self._wrote(created, started)
         if action == "take":
-            body_spec.update(acquireTime=stamp, leaseTransitions=int((spec or {}).get("leaseTransitions") or 0) + 1)
-        kept = {k: spec.get(k) for k in ("acquireTime", "leaseTransitions")} if spec else {}
-        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace,
-                             "resourceVersion": lease.metadata.resource_version},
-                "spec": {**{k: v for k, v in kept.items() if v is not None}, **body_spec}}
-        for k in ("acquireTime", "renewTime"):
-            if isinstance(body["spec"].get(k), datetime):
-                body["spec"][k] = _micro(body["spec"][k])
-        try:
-            api.replace_namespaced_lease(self.name, self.namespace, body, _request_timeout=timeout)
-        except ApiException as exc:
-            if exc.status == 409:  # someone else won
-                return False
-            raise
-        self._renewed_at = started
-        return True
+            ours.update(acquireTime=stamp, leaseTransitions=int((spec or {}).get("leaseTransitions") or 0) + 1)
+        kept = {k: v for k, v in (spec or {}).items() if k in ("acquireTime", "leaseTransitions") and v is not None}
+        replaced = api.replace(self.name, self.namespace, self._body({**kept, **ours}, version), timeout)
+        return replaced is not None and self._wrote(replaced, started)
 
     async def _on_acquire(self) -> None:
         # a failing callback (the API went away right after the renewal) is run again at the next
@@ -268,16 +320,16 @@ class LeaseElector:
         """Give the Lease up on a clean shutdown so a standby takes over at once."""
         if not self._leader:
             return
-        from kubernetes.client.exceptions import ApiException
 
         def _release() -> None:
             api = self._api()
             try:
-                lease = api.read_namespaced_lease(self.name, self.namespace)
-                if lease.spec and lease.spec.holder_identity == self.identity:
-                    api.patch_namespaced_lease(self.name, self.namespace, {"spec": {"holderIdentity": None}})
-            except ApiException:
-                pass
+                lease = api.read(self.name, self.namespace, 5.0)
+                if lease is not None and (lease.get("spec") or {}).get("holderIdentity") == self.identity:
+                    api.patch(self.name, self.namespace, {"spec": {"holderIdentity": None}}, 5.0)
+            except Exception as exc:  # noqa: BLE001 - best effort: a standby takes over after the duration
+                log.info("lease %s/%s: not released: %s", self.namespace, self.name, exc)
 
+        self._written = None
         self._leader = False
         await asyncio.to_thread(_release)

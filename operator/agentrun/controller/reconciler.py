@@ -14,7 +14,9 @@ termination message name the cause). A pod stuck on its configuration (a missing
 Job that stays active and not ready: a timer per active Job (:class:`PodCheck`) reads its pods once
 ``pod_config_grace_seconds`` have passed since its creation and the Job is still not ready, then
 again after a delay doubling from the grace while it stays so (every grace, at most 15 s, while a
-configuration problem shows), and queues the run only when what the pods show changed. A lap that
+configuration problem shows), and queues the run only when what the pods show changed. The checks
+come due on a one-second grid and the reads due together go out as one LIST per namespace
+(``podreads.PodReads``). A lap that
 starts within the grace costs no read and no reconcile; the Job becoming ready queues the run (the
 cache watches that Job's readiness once its pods were read).
 
@@ -31,7 +33,9 @@ import asyncio
 import dataclasses
 import fnmatch
 import logging
+import math
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,7 +52,7 @@ from .config import OperatorConfig
 from .execute import Executor, RetryWithBackoff
 from .jobs import LABEL_RUN_UID
 from .kube import JOBS, PODS, RUNS, Kube, instrument, new_api_client, path
-from .lease import LeaseElector
+from .lease import KubeLeaseAPI, LeaseElector
 from .logs import run_logger
 from .observe import (
     SpecMemo,
@@ -60,6 +64,7 @@ from .observe import (
     pod_check_due,
     pod_waiting,
 )
+from .podreads import PodReads
 from .queue import WorkQueue
 from .tenancy import KINDS as TENANCY_KINDS
 from .tenancy import NAMESPACES, PolicyStore
@@ -80,6 +85,9 @@ UNSYNCED_WARNING_SECONDS = 30.0
 #: delay doubles from the grace; at least :data:`POD_CHECK_MIN_SECONDS`), and the longest while its
 #: pod shows a configuration problem (to follow the kubelet's message: another Secret or key).
 POD_CHECK_MAX_SECONDS, POD_CHECK_MIN_SECONDS, POD_PROBLEM_CHECK_SECONDS = 300.0, 1.0, 15.0
+#: Pod checks come due on this grid of the loop's clock, and the reads asked for within
+#: :data:`POD_READ_WINDOW_SECONDS` of each other go out as one LIST per namespace (``podreads``).
+POD_CHECK_GRID_SECONDS, POD_READ_WINDOW_SECONDS = 1.0, 0.2
 #: How often the keys dropped while not acting are looked at (queued again once this replica acts).
 NOT_LEADER_RECHECK_SECONDS = 1.0
 
@@ -133,6 +141,7 @@ class Controller:
         self._pod_reads: dict[Key, int | None] = {}  # Job -> its version whose pods were read
         self._job_reads: dict[Key, int | None] = {}  # Job -> run version for which it was looked up
         self._pod_checks: dict[Key, PodCheck] = {}  # active Job not ready -> its pod checks
+        self.pod_reads = PodReads(self._list_pods, POD_READ_WINDOW_SECONDS)  # the checks' reads, batched
         self._reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
         self._specs = SpecMemo()  # each run's parsed spec, while its JSON is unchanged
         self._not_leader: set[Key] = set()  # keys taken from the queue while not acting (see process)
@@ -179,9 +188,10 @@ class Controller:
         for inf in self.informers:
             inf.start()
         if self.elector is None:
+            lease_api = KubeLeaseAPI(self.kube)
             self.elector = LeaseElector(cfg.lease_name, cfg.lease_namespace, cfg.identity,
                                         cfg.lease_duration_seconds, on_acquire=self.resync,
-                                        on_lose=metrics.clear_runs)
+                                        on_lose=metrics.clear_runs, api=lambda: lease_api)
         self._tasks.append(asyncio.create_task(self._wait_synced()))
         self._tasks.append(asyncio.create_task(self._elect()))
         self._tasks.append(asyncio.create_task(self._resync_loop()))
@@ -455,10 +465,20 @@ class Controller:
             self._job_reads.clear()
 
     async def _read_pods(self, ns: str, job: str) -> None:
+        self.cache.put_pods(ns, job, await self._list_pods(ns, f"job-name={job}"))
+
+    async def _list_pods(self, ns: str, selector: str) -> list[dict[str, Any]]:
         assert self.kube is not None
-        doc = await asyncio.to_thread(self.kube.request, "GET", path(PODS, ns),
-                                      query={"labelSelector": f"job-name={job}"})
-        self.cache.put_pods(ns, job, list((doc or {}).get("items") or []))
+        doc = await asyncio.to_thread(self.kube.request, "GET", path(PODS, ns), query={"labelSelector": selector})
+        return list((doc or {}).get("items") or [])
+
+    def _call_on_grid(self, delay: float, callback: Callable[[Key], None], jkey: Key) -> asyncio.TimerHandle:
+        """``callback(jkey)`` at the first whole multiple of :data:`POD_CHECK_GRID_SECONDS` of the
+        loop's clock at least ``delay`` from now: the checks due in the same second meet in one
+        batch of :attr:`pod_reads`."""
+        assert self._loop is not None
+        at = math.ceil((self._loop.time() + delay) / POD_CHECK_GRID_SECONDS) * POD_CHECK_GRID_SECONDS
+        return self._loop.call_at(at, callback, jkey)
 
     def _schedule_pod_check(self, key: Key) -> None:
         """After a reconcile: when the run's active Job is not ready, start its pod checks (unless
@@ -476,7 +496,7 @@ class Controller:
             return
         check = self._pod_checks[jkey] = PodCheck(run=key)
         # past the grace by then, also for the pod (created after its Job)
-        check.pending = self._loop.call_later(due + POD_CHECK_MIN_SECONDS if due > 0 else 0.0, self._pod_check_due, jkey)
+        check.pending = self._call_on_grid(due + POD_CHECK_MIN_SECONDS if due > 0 else 0.0, self._pod_check_due, jkey)
 
     def _pod_check_due(self, jkey: Key) -> None:
         check = self._pod_checks.get(jkey)
@@ -497,11 +517,11 @@ class Controller:
             del self._pod_checks[jkey]
             return
         if due > 0:
-            check.pending = self._loop.call_later(due + POD_CHECK_MIN_SECONDS, self._pod_check_due, jkey)
+            check.pending = self._call_on_grid(due + POD_CHECK_MIN_SECONDS, self._pod_check_due, jkey)
             return
         problem = check.problem
         try:
-            await self._read_pods(*jkey)
+            self.cache.put_pods(*jkey, await self.pod_reads.read(*jkey))
         except Exception as exc:  # noqa: BLE001 - the next check tries again
             log.info("cannot read the pods of Job %s/%s: %s", jkey[0], jkey[1], exc)
         else:
@@ -523,7 +543,7 @@ class Controller:
         else:
             delay = min(POD_CHECK_MAX_SECONDS, max(grace, POD_CHECK_MIN_SECONDS) * 2 ** min(check.reads, 16))
             check.reads += 1
-        check.pending = self._loop.call_later(delay, self._pod_check_due, jkey)
+        check.pending = self._call_on_grid(delay, self._pod_check_due, jkey)
 
 
 def _resource_of(inf: Informer) -> str:
