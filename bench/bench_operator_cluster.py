@@ -271,7 +271,8 @@ class Bench:
             spy = None
             if profile and self.profile and shutil.which("py-spy"):
                 # on-CPU samples of the operator (all threads) while the runs go
-                spy = subprocess.Popen(["py-spy", "record", "-p", str(proc.pid), "-r", "50", "-f", "raw",
+                spy = subprocess.Popen(["py-spy", "record", "-p", str(proc.pid), "-r", os.environ.get("BENCH_PYSPY_RATE", "50"), "-f", "raw",
+                                        *(["--gil"] if os.environ.get("BENCH_PYSPY_GIL") == "1" else []),
                                         "-o", self.profile, "--nonblocking"],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             script = [{"content": f"step {i}", "toolCalls": [{"name": "note", "arguments": {"i": i}}]}

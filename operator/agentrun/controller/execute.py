@@ -25,7 +25,7 @@ from agentrun.checkpoint.schema import RunRef
 from . import decide as d
 from .cache import Cache, Key
 from .config import OperatorConfig
-from .jobs import RunIdentity, build_job, effective_endpoint
+from .jobs import RunIdentity, build_job, effective_endpoint, spec_json
 from .kube import EVENTS, GROUP, JOBS, RUNS, VERSION, Kube, path
 from .logs import run_logger
 
@@ -43,6 +43,8 @@ class StatusRefused(RetryWithBackoff):
 
 #: Streak markers kept in ``Executor._refusals`` (a refused status write keeps its message there).
 JOB_DEFERRED, DELETE_DEFERRED = "\0JobRefused", "\0CheckpointDeleteFailed"
+#: Runs whose lap spec JSON is kept (``Executor.spec_text``); past it the memo starts again.
+SPEC_TEXTS_LIMIT = 100_000
 
 
 def job_refusal(status: int, body: str | bytes | None, reason: str | None) -> tuple[bool, str]:
@@ -155,11 +157,13 @@ class Executor:
     def __init__(self, config: OperatorConfig, kube: Kube, cache: Cache) -> None:
         self.config, self.kube, self.cache = config, kube, cache
         self._stores: dict[tuple[Any, ...], Any] = {}
+        self._spec_texts: dict[Key, tuple[AgentRunSpec, str]] = {}  # run -> (its parsed spec, spec_json of it)
         self._refusals: dict[Key, str] = {}
         """The last refused status write per run (its message): ONE Warning Event per refusal."""
 
     def forget(self, key: Key) -> None:
         self._refusals.pop(key, None)
+        self._spec_texts.pop(key, None)
 
     def succeeded(self, key: Key) -> None:
         self._refusals.pop(key, None)
@@ -179,6 +183,34 @@ class Executor:
         return stored
 
     # ---------------------------------------------------------------- store reads
+
+    def spec_text(self, key: Key, spec: AgentRunSpec) -> str:
+        """``jobs.spec_json(spec)``, made again only when the run's parsed spec is another object
+        (the controller's SpecMemo shares one parsed spec while the run's spec JSON is unchanged):
+        dumping the spec was a twentieth of a lap's CPU."""
+        hit = self._spec_texts.get(key)
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+        text = spec_json(spec)
+        if len(self._spec_texts) >= SPEC_TEXTS_LIMIT:
+            self._spec_texts.clear()
+        self._spec_texts[key] = (spec, text)
+        return text
+
+    def warm(self) -> None:
+        """Load, at start-up and in a thread, what the first checkpoint read loads (botocore, an S3
+        client of the configured store, the record models): ~0.1 s of CPU the first lap after a
+        restart would otherwise wait for. Best effort: a failure here is the first read's to report."""
+        try:
+            from agentrun.checkpoint.schema import LapRecord
+            from agentrun.checkpoint.store import StoreConfig, make_client
+
+            LapRecord.model_rebuild()
+            if self.config.checkpoint_uri:
+                make_client(StoreConfig(uri=self.config.checkpoint_uri, endpoint_url=self.config.s3_endpoint,
+                                        region=self.config.s3_region, path_style=self.config.s3_path_style))
+        except Exception as exc:  # noqa: BLE001
+            log.debug("warm-up of the checkpoint client skipped: %s", exc)
 
     def store(self, spec: AgentRunSpec, loc: StoreLocation) -> Any:
         """The checkpoint store at the run's pinned location (status.store)."""
@@ -277,7 +309,7 @@ class Executor:
             assert spec is not None
             try:
                 job = build_job(RunIdentity(ns, name, o.uid), spec, a.lap, a.attempt, a.agent_version, self.config,
-                                approval=a.approval, store=a.store)
+                                approval=a.approval, store=a.store, spec_text=self.spec_text(key, spec))
                 await self.write("jobs", (ns, a.name), "POST", path(JOBS, ns), body=job)
                 out.wrote = True
                 alog.info("created lap Job %s (agent %s)", a.name, a.agent_version)

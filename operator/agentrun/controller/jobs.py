@@ -152,9 +152,11 @@ def build_env(
     config: OperatorConfig,
     approval: ApprovalEnv | None = None,
     store: StoreLocation | None = None,
+    spec_text: str | None = None,
 ) -> list[dict[str, Any]]:
     """The lap container's environment, per docs/contracts.md. ``store``: the run's pinned store
-    (status.store); without it, the store a new run would resolve to."""
+    (status.store); without it, the store a new run would resolve to. ``spec_text``:
+    :func:`spec_json` of ``spec``, when the caller has it already."""
     ck = spec.checkpoint
     store = store or resolve_store(spec, config)
     uri = store.uri
@@ -172,7 +174,7 @@ def build_env(
         _value_env(Env.S3_REGION, region),
         _value_env(Env.S3_PATH_STYLE, "true" if path_style else "false"),
         _value_env(Env.AGENT_VERSION, agent_version),
-        _value_env(Env.SPEC, json.dumps(spec.to_api(), sort_keys=True, separators=(",", ":"))),
+        _value_env(Env.SPEC, spec_text if spec_text is not None else spec_json(spec)),
         _value_env(Env.LOG_FORMAT, config.log_format),
     ]
     secret = ck.credentials_secret_name or config.credentials_secret
@@ -197,6 +199,11 @@ def build_env(
     return env
 
 
+def spec_json(spec: AgentRunSpec) -> str:
+    """The spec as the lap reads it (``AGENTRUN_SPEC``): canonical JSON of its API form."""
+    return json.dumps(spec.to_api(), sort_keys=True, separators=(",", ":"))
+
+
 def build_job(
     run: RunIdentity,
     spec: AgentRunSpec,
@@ -207,8 +214,9 @@ def build_job(
     approval: ApprovalEnv | None = None,
     image: str | None = None,
     store: StoreLocation | None = None,
+    spec_text: str | None = None,
 ) -> dict[str, Any]:
-    """The batch/v1 Job of one lap attempt."""
+    """The batch/v1 Job of one lap attempt (``spec_text``: as :func:`build_env`)."""
     name = job_name(run.name, run.uid, lap, attempt)
     labels = {
         LABEL_RUN: label_value(run.name),
@@ -231,7 +239,7 @@ def build_job(
         "image": image or spec.agent.image or config.lap_image,
         "imagePullPolicy": "IfNotPresent",
         "command": list(config.lap_command),
-        "env": build_env(run, spec, lap, attempt, agent_version, config, approval, store),
+        "env": build_env(run, spec, lap, attempt, agent_version, config, approval, store, spec_text),
         "resources": resources,
         # the runner writes a failure's cause there; the log tail when it could not (a crash)
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,

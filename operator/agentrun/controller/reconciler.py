@@ -169,6 +169,7 @@ class Controller:
         self.kube = Kube(api_client)
         self.executor = Executor(cfg, self.kube, self.cache)
         loop = self._loop = asyncio.get_running_loop()
+        self._tasks.append(asyncio.ensure_future(loop.run_in_executor(None, self.executor.warm)))
         if cfg.tenancy_recheck:
             self.policies = PolicyStore(on_change=self._policies_changed)
             for kind, resource in TENANCY_KINDS.items():

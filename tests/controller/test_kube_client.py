@@ -1,0 +1,74 @@
+"""The raw-JSON client's request preparation (``agentrun.controller.kube.Kube``): the URL and the
+headers come from the kubernetes client's own ``param_serialize`` (default headers, credentials,
+token refresh), made again every ``HEADERS_REUSE_SECONDS`` and at once after a 401."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentrun.controller import kube as kube_mod
+from agentrun.controller.kube import Kube
+
+
+class Resp:
+    def __init__(self, status: int, data: bytes = b"{}") -> None:
+        self.status, self.reason, self.data = status, "x", data
+
+    def read(self) -> bytes:
+        return self.data
+
+
+class ApiClient:
+    """``param_serialize`` hands out a new token each time (as a refreshed credential would)."""
+
+    def __init__(self) -> None:
+        self.made = 0
+        self.sent: list[tuple[str, str, dict[str, str], Any]] = []
+        self.status = 200
+
+    def param_serialize(self, method: str, resource_path: str, header_params: dict[str, str],
+                        auth_settings: list[str]) -> tuple[Any, ...]:
+        assert auth_settings == ["BearerToken"]
+        self.made += 1
+        headers = {**header_params, "User-Agent": "agentrun-test", "authorization": f"Bearer t{self.made}"}
+        return method, "https://api.example:6443" + resource_path, headers, None, None
+
+    def call_api(self, method: str, url: str, header_params: dict[str, str], body: Any,
+                 _request_timeout: Any) -> Resp:
+        self.sent.append((method, url, header_params, body))
+        return Resp(self.status)
+
+
+def test_requests_carry_the_clients_url_and_headers_made_once_per_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr(kube_mod.time, "monotonic", lambda: now[0])
+    api = ApiClient()
+    k = Kube(api)
+    k.request("GET", "/api/v1/namespaces/ns/pods", query={"labelSelector": "job-name=j", "x": None})
+    k.request("PATCH", "/apis/g/v1/namespaces/ns/things/a/status", body=[{"op": "add"}],
+              content_type="application/json-patch+json")
+    assert api.made == 1
+    (m1, u1, h1, b1), (m2, u2, h2, b2) = api.sent
+    assert (m1, u1, b1) == ("GET", "https://api.example:6443/api/v1/namespaces/ns/pods?labelSelector=job-name%3Dj", None)
+    assert h1 == {"User-Agent": "agentrun-test", "authorization": "Bearer t1", "Accept": "application/json"}
+    assert (m2, u2, b2) == ("PATCH", "https://api.example:6443/apis/g/v1/namespaces/ns/things/a/status", [{"op": "add"}])
+    assert h2["Content-Type"] == "application/json-patch+json" and h2["authorization"] == "Bearer t1"
+    now[0] += kube_mod.HEADERS_REUSE_SECONDS  # the period is over: the client makes them again
+    k.request("GET", "/api/v1/namespaces/ns/pods")
+    assert api.made == 2 and api.sent[-1][2]["authorization"] == "Bearer t2"
+
+
+def test_a_401_makes_the_credentials_again_on_the_next_request() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    api = ApiClient()
+    k = Kube(api)
+    api.status = 401
+    with pytest.raises(ApiException) as exc:
+        k.request("GET", "/api/v1/namespaces/ns/pods")
+    assert exc.value.status == 401
+    api.status = 200
+    k.request("GET", "/api/v1/namespaces/ns/pods")
+    assert api.made == 2 and api.sent[-1][2]["authorization"] == "Bearer t2"
