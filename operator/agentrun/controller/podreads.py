@@ -2,7 +2,7 @@
 
 Pods are not watched (``reconciler``): the pod checks of active Jobs that stay not ready read their
 pods on timers. With many runs those timers come due together (the reconciler puts them on a
-whole-second grid), and each read was one request. :class:`PodReads` sends the reads asked for
+5-second grid), and each read was one request. :class:`PodReads` sends the reads asked for
 within ``window`` seconds in one namespace as one request with a set-based label selector
 (``job-name in (a,b,...)``, at most ``max_jobs`` names), then hands each caller its Job's pods.
 """

@@ -15,7 +15,7 @@ Job that stays active and not ready: a timer per active Job (:class:`PodCheck`) 
 ``pod_config_grace_seconds`` have passed since its creation and the Job is still not ready, then
 again after a delay doubling from the grace while it stays so (every grace, at most 15 s, while a
 configuration problem shows), and queues the run only when what the pods show changed. The checks
-come due on a one-second grid and the reads due together go out as one LIST per namespace
+come due on a 5-second grid (after a grace of 30 s by default) and the reads due together go out as one LIST per namespace
 (``podreads.PodReads``). A lap that
 starts within the grace costs no read and no reconcile; the Job becoming ready queues the run (the
 cache watches that Job's readiness once its pods were read).
@@ -87,7 +87,7 @@ UNSYNCED_WARNING_SECONDS = 30.0
 POD_CHECK_MAX_SECONDS, POD_CHECK_MIN_SECONDS, POD_PROBLEM_CHECK_SECONDS = 300.0, 1.0, 15.0
 #: Pod checks come due on this grid of the loop's clock, and the reads asked for within
 #: :data:`POD_READ_WINDOW_SECONDS` of each other go out as one LIST per namespace (``podreads``).
-POD_CHECK_GRID_SECONDS, POD_READ_WINDOW_SECONDS = 1.0, 0.2
+POD_CHECK_GRID_SECONDS, POD_READ_WINDOW_SECONDS = 5.0, 0.2
 #: How often the keys dropped while not acting are looked at (queued again once this replica acts).
 NOT_LEADER_RECHECK_SECONDS = 1.0
 
