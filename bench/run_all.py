@@ -364,9 +364,12 @@ def render(res: dict[str, Any], analysis: str | None = None) -> str:
         if cl.get("profile_top"):
             # frames of the operator's own code and the libraries it calls (threading/asyncio/click
             # frames are on every stack and say nothing)
-            md.append(f"\nWhere the operator's CPU goes at {top['runs']} runs (py-spy, on-CPU samples of every thread "
-                      "of the operator during the run, inclusive share, from the folded stacks; the top frames are "
-                      "kept in results.json):\n")
+            md.append(f"\nWhere the operator's threads are at {top['runs']} runs (py-spy's default sampling of every "
+                      "thread of the operator during the run, inclusive share, from the folded stacks; the top "
+                      "frames are kept in results.json). **Not a CPU profile**: py-spy counts a thread blocked in "
+                      "an SSL read as active (its samples add up to several times the CPU the operator used), so "
+                      "the socket frames are mostly waiting for the API server and S3; `BENCH_PYSPY_GIL=1` samples "
+                      "only the thread holding the GIL, closer to CPU (bench/analysis.md):\n")
             md.append(markdown_table(["share", "frame"], [[f"{pct:.1f} %", f"`{k}`"] for pct, k in cl["profile_top"]]))
     if lg:
         a, t = lg["agentrun"], lg["langgraph"]
