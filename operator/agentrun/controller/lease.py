@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from .kube import LEASES, Kube, path
+
 log = logging.getLogger("agentrun.lease")
 
 RECORD_FIELDS = ("holderIdentity", "renewTime", "acquireTime", "leaseDurationSeconds", "leaseTransitions")
@@ -136,8 +138,6 @@ class KubeLeaseAPI:
         self.kube = kube
 
     def _path(self, namespace: str, name: str | None = None) -> str:
-        from .kube import LEASES, path
-
         return path(LEASES, namespace, name)
 
     def _call(self, method: str, path_: str, absent: int, **kw: Any) -> dict[str, Any] | None:
@@ -167,8 +167,6 @@ class KubeLeaseAPI:
 
 def _default_api() -> LeaseAPI:
     from kubernetes import client
-
-    from .kube import Kube
 
     return KubeLeaseAPI(Kube(client.ApiClient.get_default()))
 

@@ -15,10 +15,9 @@ Job that stays active and not ready: a timer per active Job (:class:`PodCheck`) 
 ``pod_config_grace_seconds`` have passed since its creation and the Job is still not ready, then
 again after a delay doubling from the grace while it stays so (every grace, at most 15 s, while a
 configuration problem shows), and queues the run only when what the pods show changed. The checks
-come due on a 5-second grid (after a grace of 30 s by default) and the reads due together go out as one LIST per namespace
-(``podreads.PodReads``). A lap that
-starts within the grace costs no read and no reconcile; the Job becoming ready queues the run (the
-cache watches that Job's readiness once its pods were read).
+come due on a 5-second grid and the reads due together go out as one LIST per namespace
+(``podreads.PodReads``). A lap that starts within the grace costs no read and no reconcile; the Job
+becoming ready queues the run (the cache watches that Job's readiness once its pods were read).
 
 Two more parts read watches, not the API: the tenancy re-check (``tenancy.PolicyStore``, fed by
 informers of namespaces, admission bindings and AgentRunPolicies; a change queues the live runs it
@@ -65,6 +64,7 @@ from .observe import (
     pod_waiting,
 )
 from .podreads import PodReads
+from .podreads import selector as pod_selector
 from .queue import WorkQueue
 from .tenancy import KINDS as TENANCY_KINDS
 from .tenancy import NAMESPACES, PolicyStore
@@ -466,7 +466,7 @@ class Controller:
             self._job_reads.clear()
 
     async def _read_pods(self, ns: str, job: str) -> None:
-        self.cache.put_pods(ns, job, await self._list_pods(ns, f"job-name={job}"))
+        self.cache.put_pods(ns, job, await self._list_pods(ns, pod_selector([job])))
 
     async def _list_pods(self, ns: str, selector: str) -> list[dict[str, Any]]:
         assert self.kube is not None
@@ -475,7 +475,7 @@ class Controller:
 
     def _call_on_grid(self, delay: float, callback: Callable[[Key], None], jkey: Key) -> asyncio.TimerHandle:
         """``callback(jkey)`` at the first whole multiple of :data:`POD_CHECK_GRID_SECONDS` of the
-        loop's clock at least ``delay`` from now: the checks due in the same second meet in one
+        loop's clock at least ``delay`` from now: the checks due within one grid step meet in one
         batch of :attr:`pod_reads`."""
         assert self._loop is not None
         at = math.ceil((self._loop.time() + delay) / POD_CHECK_GRID_SECONDS) * POD_CHECK_GRID_SECONDS
