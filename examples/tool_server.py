@@ -99,6 +99,11 @@ class Recorder:
             tot["badRequests"] = self.bad_requests
             return {"keys": keys, "withoutKey": dict(self.without_key), "totals": tot}
 
+    def admit(self, key: str | None, args: Any) -> None:
+        """Called for every request while it is listed in flight, before its answer is decided. The
+        server's own recorder does nothing here; a test's recorder may hold a request (the chaos
+        suite keeps a lap in flight this way until its fault has landed)."""
+
     def calls_view(self) -> list[dict[str, Any]]:
         with self.lock:
             return [{**c, "repeatsRefused": self.keys.get(c.get("idempotencyKey") or "", {}).get("replays", 0)}
@@ -160,6 +165,7 @@ def make_handler(record: str | None, recorder: Recorder = RECORDER) -> type[Base
             with rec.lock:
                 rec.inflight.append(entry)
             try:
+                rec.admit(key, args)
                 if isinstance(args, dict) and isinstance(args.get("sleepSeconds"), (int, float)):
                     time.sleep(min(float(args["sleepSeconds"]), 60.0))  # a slow tool, for kill-mid-lap tests
             finally:

@@ -354,7 +354,9 @@ def check_faults_landed(ev: Evidence) -> list[str]:
     kinds = Counter(f.kind for f in ev.faults)
     for f in ev.faults:
         if f.fired_at is None:
-            out.append(f"fault {f.kind}@{f.at:.0%} never fired")
+            out.append(f"fault {f.kind}@{f.at:.0%} never fired" + (f": {f.note}" if f.note else "")
+                       + (f" (its victim call {f.target} never reached the tool server)" if f.target and not f.note
+                          else ""))
         elif not f.landed:
             out.append(f"fault {f.kind}@{f.at:.0%} fired but did not land: {f.note}")
     if kinds[POD_DELETE] + kinds[POD_SIGKILL] + kinds[KUBELET_RESTART]:

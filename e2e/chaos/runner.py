@@ -44,7 +44,7 @@ class ScenarioFailed(AssertionError):
 
 def run_doc(world: World, plan: RunPlan) -> dict:
     tools = [
-        {"name": "note", "http": {"url": f"{world.tool_url}/note", "timeout": "20s"}},
+        {"name": "note", "http": {"url": f"{world.tool_url}/note", "timeout": "60s"}},
         {"name": "refund", "requiresApproval": True, "http": {"url": f"{world.tool_url}/refund", "timeout": "20s"}},
     ]
     return {
@@ -78,6 +78,8 @@ class ScenarioRun:
         self.watcher: Watcher | None = None
         self.burst_done = False
         self.key_runs: dict[str, str] = {}  # expected idempotency key -> run uid (for in-flight victims)
+        self.mapped_uids: set[str] = set()  # runs whose keys are in key_runs
+        self.cli_failures: dict[str, str] = {}  # run -> the last error of `agentrun approvals approve`
         self.hit_pods: set[str] = set()
 
     # ------------------------------------------------------------------ helpers
@@ -111,13 +113,12 @@ class ScenarioRun:
         rec = self.world.tools.recorder
         with rec.lock:
             keys = [e.get("idempotencyKey") for e in rec.inflight]
-        if not self.key_runs:
-            for name, r in self.runs.items():
-                plan = self.plans.get(name)
-                if plan:
-                    md = r["metadata"]
-                    for k in invariants.expected_calls(plan, md["namespace"], md["uid"]):
-                        self.key_runs[k] = md["uid"]
+        for name, r in self.runs.items():  # every run seen so far (runs are created over a few seconds)
+            plan, md = self.plans.get(name), r["metadata"]
+            if plan and md["uid"] not in self.mapped_uids:
+                self.mapped_uids.add(md["uid"])
+                for k in invariants.expected_calls(plan, md["namespace"], md["uid"]):
+                    self.key_runs[k] = md["uid"]
         return {self.key_runs[k] for k in keys if k in self.key_runs}
 
     def fire(self, f: Fault) -> bool:
@@ -252,6 +253,67 @@ class ScenarioRun:
         say(f"{self.scn.name}: {f.note} (progress {self.progress():.0%})")
         return True
 
+    def fire_held(self, f: Fault) -> bool:
+        """Fire a fault that has a victim call (schedule.assign_targets) once the tool server holds
+        that call: on the pod of the call's run, whose lap process is alive and waiting for the
+        answer. The call is released when the fault has landed (a graceful delete: once the lap's
+        process is gone), and is then executed, as a tool finishes a call it had begun; the retried
+        attempt sends the same key and is answered from the record."""
+        w = self.world
+        rec = w.tools.recorder
+        assert f.target is not None
+        if f.target not in rec.held():
+            if rec.let_go.get(f.target) == "timed out":
+                f.note = (f"its call {f.target} was held {rec.max_seconds:.0f}s at the tool server but no live lap "
+                          "process of its run was found")
+            return False
+        run = self.runs.get(f.target.split("/")[0])
+        if run is None:
+            return False
+        uid = run["metadata"]["uid"]
+        try:
+            pods = [p for p in w.list_pods(self.ns) if (p.metadata.labels or {}).get("agentrun.dev/run-uid") == uid
+                    and not p.metadata.deletion_timestamp and p.metadata.uid not in self.hit_pods]
+        except Exception:  # noqa: BLE001  (the apiserver may be restarting: the call stays held)
+            return False
+        live = [(p, pid) for p in pods if (pid := w.pod_pid(self.ns, p))]
+        if not live:
+            return False  # its process is not registered yet: the next poll
+        pod, pid = live[0]
+        self.hit_pods.add(pod.metadata.uid)
+        el = time.time() - self.t0
+        f.fired_at, f.mid_call = el, True
+        f.note = f"{f.kind} {pod.metadata.name} at {el:.0f}s, its call {f.target} held at the tool server"
+
+        def hit() -> None:
+            try:
+                if f.kind == POD_SIGKILL:
+                    os.killpg(pid, signal.SIGKILL)
+                    f.landed = True
+                elif f.kind == POD_DELETE:
+                    end = time.time() + 90  # the apiserver may be restarting (another fault): retry
+                    while True:
+                        r = w.kubectl("delete", "pod", pod.metadata.name, "-n", self.ns, "--wait=false",
+                                      f"--grace-period={int(f.pick * 3)}", check=False)
+                        f.landed = r.returncode == 0
+                        if f.landed or time.time() > end:
+                            break
+                        time.sleep(1)
+                    if not f.landed:
+                        f.note += f" (delete failed: {r.stderr.strip()[:100]})"
+                    gone = time.time() + 60  # hold the call through the grace period, as a slow tool would
+                    while w.pod_pid(self.ns, pod) and time.time() < gone:
+                        time.sleep(0.2)
+                else:  # KUBELET_RESTART: the held lap is running while the kubelet is away
+                    alive = w.restart_kubelet(self.ns, f.down_seconds)
+                    f.landed = alive > 0
+                    f.note += f"; kubelet SIGKILLed, restarted {f.down_seconds}s later ({alive} lap process(es) ran)"
+            finally:
+                rec.release(f.target)
+        self.background(f.kind, hit)
+        say(f"{self.scn.name}: {f.note} (progress {self.progress():.0%})")
+        return True
+
     def _rearm(self, f: Fault, tries: int = 10) -> None:
         """A pod fault whose lap ended between the pick and the kill did not land: fire it again,
         without the delay, on another running lap (at most ``tries`` times, while laps remain), so
@@ -278,14 +340,21 @@ class ScenarioRun:
         self.decided.add(name)
         if plan.approval == "approve-cli":
             def cli() -> None:
-                for _ in range(5):
+                # one try per poll: a failure (the apiserver restarting, for as long as it takes) hands
+                # the run back to the poll loop, which asks again while the run still waits; a CLI
+                # that keeps failing leaves the run waiting, and the stall check reports it with
+                # the CLI's last error (seed 363823: five tries 2 s apart all fell inside a restart)
+                try:
                     r = subprocess.run([sys.executable, "-m", "agentrun.cli.main", "approvals", "approve", name,
                                         "-n", self.ns, "--reason", "chaos"], env=w.cluster.env(),
                                        capture_output=True, text=True, timeout=120)
-                    if r.returncode == 0:
-                        return
+                    ok, why = r.returncode == 0, r.stderr.strip()[-300:]
+                except subprocess.TimeoutExpired:
+                    ok, why = False, "timed out after 120 s"
+                if not ok:
+                    self.cli_failures[name] = why
                     time.sleep(2)
-                raise RuntimeError(f"agentrun approvals approve {name} failed: {r.stderr.strip()}")
+                    self.decided.discard(name)
             self.background(f"approve-cli {name}", cli)
             return
         value = "false" if plan.approval == "reject" else "true"
@@ -312,7 +381,8 @@ class ScenarioRun:
             f"{sum(1 for p in scn.runs if p.approval)} approvals, faults: "
             f"{', '.join(f'{f.kind}@{f.at:.0%}' for f in sorted(scn.faults, key=lambda f: f.at))}")
         w.new_namespace(self.ns)
-        w.new_tool_record()
+        held = [f for f in scn.faults if f.target]  # fired when their call is held (fire_held)
+        w.new_tool_record(holds={f.target for f in held if f.target})
         self.refused0 = w.proxy.refused
         self.watcher = Watcher(w, self.ns)
         self.watcher.start()
@@ -323,7 +393,7 @@ class ScenarioRun:
                 self.wait_holder(ident)  # the skewed standby must meet a Lease that is renewed
         self.t0 = time.time()
         self.create_runs()
-        pending = sorted((f for f in scn.faults if f.at != AT_BURST), key=lambda f: f.at) \
+        pending = sorted((f for f in scn.faults if f.at != AT_BURST and not f.target), key=lambda f: f.at) \
             + [f for f in scn.faults if f.at == AT_BURST]
         deadline = self.t0 + scn.timeout
         last_print = 0.0
@@ -351,6 +421,8 @@ class ScenarioRun:
             elif prog < 1.0 and now - last_progress[1] > STALL_SECONDS:
                 self.errors.append(f"stalled: no lap checkpointed for {STALL_SECONDS:.0f}s (progress {prog:.0%})")
                 break
+            for f in [f for f in held if self.fire_held(f)]:
+                held.remove(f)
             while pending and 0 <= pending[0].at <= prog:
                 if not self.fire(pending[0]):
                     break
@@ -385,6 +457,7 @@ class ScenarioRun:
                 break
             time.sleep(1)
         elapsed = time.time() - self.t0
+        w.tools.recorder.release_all()  # a fault whose call never came (or the scenario timed out)
         for t in self.threads:
             t.join(60)
         say(f"{scn.name}: all runs ended after {elapsed:.0f}s; checking invariants")
@@ -473,6 +546,7 @@ class ScenarioRun:
         out += [f"violation: {v}" for v in violations]
         out.append("--- faults ---")
         out += [f"{f.kind} at {f.at:.0%}: {f.note or 'not fired'}" for f in self.scn.faults]
+        out += [f"`agentrun approvals approve {n}` last failed with: {why}" for n, why in sorted(self.cli_failures.items())]
         out.append("--- runs (name phase lap retries message) ---")
         bad = {v.split(":")[0] for v in violations}
         for name, r in sorted(self.runs.items()):

@@ -25,6 +25,8 @@ ETCD_RESTART = "etcd-restart"  # stop etcd (SIGTERM), start it again with the sa
 KUBELET_RESTART = "kubelet-restart"  # SIGKILL the process kubelet while pods run, start it again
 LEADER_KILL = "leader-kill"  # SIGKILL the replica holding the Lease (2 replicas), right after an approval burst
 AT_BURST = -1.0  # Fault.at for a fault that fires right after the scenario's approval burst
+#: Faults that need a running lap: each is given one scripted call as its victim (assign_targets).
+LAP_FAULTS = (POD_DELETE, POD_SIGKILL, KUBELET_RESTART)
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Fault:
     note: str = ""
     landed: bool = False  # set by the runner when the fault hit something (see invariants.check_faults_landed)
     mid_call: bool = False  # a pod fault that hit a lap with a tool call in flight
+    target: str | None = None  # LAP_FAULTS: the `order` of the scripted call held in flight for it
 
 
 @dataclass
@@ -102,6 +105,36 @@ def make_runs(rng: random.Random, prefix: str, n: int, laps: tuple[int, int], n_
             decision = rng.choices(["approve", "approve-cli", "reject"], weights=[6, 2, 2])[0]
         plans.append(RunPlan(name=name, steps=steps, approval=decision))
     return plans
+
+
+def assign_targets(scn: Scenario) -> Scenario:
+    """Give each fault that needs a running lap (LAP_FAULTS) its victim from the plan: one scripted
+    side-effecting ``note`` call, named by its ``order`` argument. The tool server holds that call's
+    first request in flight until the fault has landed (holds.HoldingRecorder), so the fault finds
+    its lap running, mid-call, on any box. The run is ``pick`` of the way through the runs and the
+    lap ``at`` of the way through that run's call laps; a lap is the victim of one fault at most
+    (the next run is tried when a run's call laps are taken). A pure function of the plan: the
+    seed's other draws are unchanged. A fault left without a victim (no call lap left) keeps
+    ``target=None`` and fires the old way, at its progress point on any running lap."""
+    taken: set[tuple[str, int]] = set()
+    runs = scn.runs
+    for f in scn.faults:
+        if f.kind not in LAP_FAULTS or not runs:
+            continue
+        first = int(f.pick * len(runs)) % len(runs)
+        for i in range(len(runs)):
+            p = runs[(first + i) % len(runs)]
+            call_laps = [s for s, st in enumerate(p.steps)
+                         if any(c["name"] == "note" for c in st.get("toolCalls") or [])]
+            free = [s for s in call_laps if (p.name, s) not in taken]
+            if not free:
+                continue
+            want = call_laps[min(len(call_laps) - 1, int(f.at * len(call_laps)))]
+            lap = min(free, key=lambda s: (abs(s - want), s))
+            taken.add((p.name, lap))
+            f.target = next(c["arguments"]["order"] for c in p.steps[lap]["toolCalls"] if c["name"] == "note")
+            break
+    return scn
 
 
 def _pod_faults(rng: random.Random, n: int, lo: float, hi: float) -> list[Fault]:
@@ -198,11 +231,15 @@ def build_soak(seed: int, runs: int, laps: int, minutes: float) -> list[Scenario
             # fixed 900 s cut it short); a hang is caught sooner by the runner's stall check
             scn = Scenario(name=f"soak{w:03d}", runs=plans, faults=faults, create_over=5,
                            timeout=max(900.0, 300.0 + SOAK_SECONDS_PER_LAP * sum(p.laps for p in plans)))
-        out.append(scn)
+        out.append(assign_targets(scn))
     return out
 
 
 def build(schedule: str, seed: int) -> list[Scenario]:
+    return [assign_targets(s) for s in _build(schedule, seed)]
+
+
+def _build(schedule: str, seed: int) -> list[Scenario]:
     if schedule not in ("ci", "full", "smoke", "new"):
         raise ValueError(f"unknown schedule {schedule!r} (ci, full, smoke or new)")
 

@@ -21,6 +21,7 @@ import boto3
 from kubernetes import client, config
 
 from e2e.chaos import rawstore
+from e2e.chaos.holds import HoldingRecorder
 from e2e.chaos.invariants import JobFacts, LeaseWrite, StatusWrite, Tick
 from e2e.chaos.proxy import CuttableProxy
 from e2e.cluster import Cluster, leftover_processes, operator_env, restart_etcd, start_restartable_cluster, start_s3
@@ -207,9 +208,11 @@ class World:
     def tool_record(self) -> dict:
         return self.tools.recorder.record()
 
-    def new_tool_record(self) -> None:
-        """A fresh record for the next scenario (the previous scenario's runs are gone)."""
-        self.tools.recorder = tool_server.Recorder()
+    def new_tool_record(self, holds: set[str] | frozenset[str] = frozenset()) -> None:
+        """A fresh record for the next scenario (the previous scenario's runs are gone); the first
+        request of each call named in ``holds`` (its ``order`` argument) is held in flight until
+        released (holds.HoldingRecorder)."""
+        self.tools.recorder = HoldingRecorder(holds)
 
     def raw_laps(self, run: dict) -> list[rawstore.RawLap]:
         """The run's lap objects, raw, from the S3 server itself (not the proxy, not CheckpointStore)."""

@@ -3,6 +3,7 @@ fault kinds are scheduled, and every soak wave carries faults."""
 
 from __future__ import annotations
 
+import pytest
 from e2e.chaos import schedule as sch
 
 
@@ -52,3 +53,37 @@ def test_soak_waves_stay_recoverable():
         for w in sch.build_soak(seed, 10, 4, 60):
             outages = [f for f in w.faults if f.kind == sch.S3_OUTAGE]
             assert len(outages) <= 1 and all(f.down_seconds <= 20 for f in outages)
+
+
+def _orders(plan) -> dict[str, int]:
+    """order -> lap (1-based) of every scripted `note` call of a run."""
+    return {c["arguments"]["order"]: s + 1 for s, st in enumerate(plan.steps)
+            for c in st.get("toolCalls") or [] if c["name"] == "note"}
+
+
+@pytest.mark.parametrize("seed", [1, 7, 363823])
+def test_every_fault_that_needs_a_running_lap_has_its_own_victim_call(seed):
+    """Pod deletes/SIGKILLs and kubelet restarts are given a scripted call each, held at the tool
+    server until the fault lands (so it never races a short lap): a `note` call of a lap that is not
+    the run's last, one fault per lap, the same for the same seed."""
+    scns = sch.build("full", seed) + sch.build("ci", seed) + sch.build_soak(seed, 10, 4, 30)
+    for s in scns:
+        taken = set()
+        orders = {o: (p, lap) for p in s.runs for o, lap in _orders(p).items()}
+        for f in s.faults:
+            if f.kind not in sch.LAP_FAULTS:
+                assert f.target is None
+                continue
+            assert f.target in orders, (s.name, f)
+            plan, lap = orders[f.target]
+            assert lap < plan.laps and (plan.name, lap) not in taken
+            taken.add((plan.name, lap))
+    again = sch.build("full", seed)
+    assert [f.target for s in again for f in s.faults] == [f.target for s in sch.build("full", seed) for f in s.faults]
+
+
+def test_a_fault_without_a_free_call_lap_keeps_the_old_way():
+    plan = sch.RunPlan(name="r", steps=[{"content": "lap 1", "toolCalls": [sch._note("r/1/1")]}, {"content": "done"}])
+    faults = [sch.Fault(kind=sch.POD_SIGKILL, at=0.5, pick=0.0), sch.Fault(kind=sch.POD_DELETE, at=0.5, pick=0.9)]
+    sch.assign_targets(sch.Scenario(name="x", runs=[plan], faults=faults))
+    assert [f.target for f in faults] == ["r/1/1", None]
