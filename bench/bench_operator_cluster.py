@@ -161,7 +161,10 @@ class Bench:
                                                  os.environ["BENCH_OPERATOR_PYTHONPATH"]])
         fh = open(log, "ab")
         pin = ["taskset", "-c", self.operator_cpus] if self.operator_cpus is not None else []
-        proc = subprocess.Popen([*pin, sys.executable, "-m", "agentrun.cli.main", "operator"], env=env, stdout=fh,
+        main = ["-m", "agentrun.cli.main"]
+        if os.environ.get("BENCH_OPERATOR_YAPPI"):  # per-function CPU of every thread (bench/yappi_operator.py)
+            main = [str(ROOT / "bench" / "yappi_operator.py"), f"{os.environ['BENCH_OPERATOR_YAPPI']}-{port}"]
+        proc = subprocess.Popen([*pin, sys.executable, *main, "operator"], env=env, stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         return proc, port
 

@@ -8,6 +8,7 @@ waves of N runs of up to L laps with random faults, until M minutes have passed.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 
@@ -25,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=None, help="run only these scenarios")
     ap.add_argument("--dir", default=None, help="work dir (default: a new temp dir)")
     a = ap.parse_args(argv)
+    # SIGTERM (timeout, kill, CI's cancel) unwinds like Ctrl-C: the world's control plane, S3 server,
+    # kubelet and operators are stopped by run_schedule's `finally`, not left running
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seed, source = (a.seed, "--seed") if a.seed is not None else default_seed()
     print(f"chaos seed {seed} ({source})", flush=True)
     tmp = a.dir or tempfile.mkdtemp(prefix="agentrun-chaos-")

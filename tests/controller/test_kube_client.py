@@ -72,3 +72,24 @@ def test_a_401_makes_the_credentials_again_on_the_next_request() -> None:
     api.status = 200
     k.request("GET", "/api/v1/namespaces/ns/pods")
     assert api.made == 2 and api.sent[-1][2]["authorization"] == "Bearer t2"
+
+
+def test_configurations_it_does_not_reproduce_stay_on_the_blocking_client() -> None:
+    from kubernetes.client import Configuration
+
+    from agentrun.controller.akube import unsupported
+
+    def conf(**kw: Any) -> Configuration:
+        c = Configuration()
+        c.host = "https://10.0.0.1:6443"
+        for k, v in kw.items():
+            setattr(c, k, v)
+        return c
+
+    assert unsupported(conf()) is None
+    assert unsupported(conf(proxy="http://proxy:3128")) == "a proxy is configured"
+    assert unsupported(conf(proxy="http://proxy:3128", no_proxy="10.0.0.1")) is None
+    assert unsupported(conf(tls_server_name="kubernetes")) == "a TLS server name is configured"
+    assert unsupported(conf(assert_hostname=False)) == "a host name assertion is configured"
+    assert unsupported(conf(socket_options=[(6, 1, 1)])) == "socket options are configured"
+    assert "not http(s)" in (unsupported(conf(host="unix:///run/k.sock")) or "")

@@ -23,6 +23,7 @@ from agentrun.api.status import AgentRunStatus, StoreLocation
 from agentrun.checkpoint.schema import RunRef
 
 from . import decide as d
+from .akube import AsyncKube
 from .cache import Cache, Key
 from .config import OperatorConfig
 from .jobs import RunIdentity, build_job, effective_endpoint, spec_json
@@ -154,8 +155,9 @@ class Outcome:
 
 
 class Executor:
-    def __init__(self, config: OperatorConfig, kube: Kube, cache: Cache) -> None:
+    def __init__(self, config: OperatorConfig, kube: Kube, cache: Cache, akube: AsyncKube | None = None) -> None:
         self.config, self.kube, self.cache = config, kube, cache
+        self.akube = akube  # the writes on the event loop; None: through Kube in a worker thread
         self._stores: dict[tuple[Any, ...], Any] = {}
         self._spec_texts: dict[Key, tuple[AgentRunSpec, str]] = {}  # run -> (its parsed spec, spec_json of it)
         self._refusals: dict[Key, str] = {}
@@ -169,6 +171,8 @@ class Executor:
         self._refusals.pop(key, None)
 
     async def _call(self, method: str, path_: str, **kw: Any) -> Any:
+        if self.akube is not None:
+            return await self.akube.request(method, path_, **kw)
         return await asyncio.to_thread(self.kube.request, method, path_, **kw)
 
     async def write(self, kind: str, key: Key, method: str, path_: str, **kw: Any) -> Any:

@@ -46,6 +46,7 @@ from agentrun.checkpoint.schema import RunRef
 from agentrun.notify.sender import from_env as notify_from_env
 
 from . import decide as d
+from .akube import AsyncKube, unsupported
 from .cache import Cache, Informer, Key, rv_int
 from .config import OperatorConfig
 from .execute import Executor, RetryWithBackoff
@@ -134,6 +135,7 @@ class Controller:
                            on_deleted=self.forget, on_awaiting=self._approval_pending)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.kube: Kube | None = None
+        self.akube: AsyncKube | None = None
         self.executor: Executor | None = None
         self.informers: list[Informer] = []
         self._tasks: list[asyncio.Task[Any]] = []
@@ -167,7 +169,12 @@ class Controller:
         api_client = new_api_client(RECONCILE_THREADS + 3 * len(watch_ns) + tenancy_watches + 2)
         instrument(api_client, metrics.kube_request)
         self.kube = Kube(api_client)
-        self.executor = Executor(cfg, self.kube, self.cache)
+        why = unsupported(getattr(api_client, "configuration", None))
+        if why is None:  # the writes on the loop (akube.py); the watches, reads and the Lease stay on Kube
+            self.akube = AsyncKube(self.kube, RECONCILE_THREADS, metrics.kube_request)
+        else:
+            log.info("the operator's writes go through the blocking client in threads: %s", why)
+        self.executor = Executor(cfg, self.kube, self.cache, self.akube)
         loop = self._loop = asyncio.get_running_loop()
         self._tasks.append(asyncio.ensure_future(loop.run_in_executor(None, self.executor.warm)))
         if cfg.tenancy_recheck:
@@ -250,6 +257,8 @@ class Controller:
             await asyncio.to_thread(self.notifier.stop)
         if self.elector is not None:
             await self.elector.release()
+        if self.akube is not None:
+            await self.akube.close()
 
     @property
     def is_leader(self) -> bool:
