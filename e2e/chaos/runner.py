@@ -177,17 +177,10 @@ class ScenarioRun:
             def hit() -> None:
                 time.sleep(delay)
                 if f.kind == POD_DELETE:
-                    end = time.time() + 90  # the apiserver may be restarting (another fault): retry
-                    while True:
-                        r = w.kubectl("delete", "pod", pod.metadata.name, "-n", self.ns, "--wait=false",
-                                      f"--grace-period={int(f.pick * 3)}", check=False)
-                        f.landed = r.returncode == 0
-                        if f.landed or "NotFound" in r.stderr or time.time() > end:
-                            break
-                        time.sleep(1)
+                    f.landed, err = self._delete_pod(pod.metadata.name, int(f.pick * 3))
                     if not f.landed:
-                        f.note += f" (delete failed: {r.stderr.strip()[:100]})"
-                        if "NotFound" in r.stderr:  # the lap ended and its pod was removed: again
+                        f.note += f" (delete failed: {err.strip()[:100]})"
+                        if "NotFound" in err:  # the lap ended and its pod was removed: again
                             self._rearm(f)
                 else:
                     pid = w.pod_pid(self.ns, pod)
@@ -253,6 +246,17 @@ class ScenarioRun:
         say(f"{self.scn.name}: {f.note} (progress {self.progress():.0%})")
         return True
 
+    def _delete_pod(self, name: str, grace: int) -> tuple[bool, str]:
+        """``kubectl delete pod``, tried again for up to 90 s (the apiserver may be restarting: another
+        fault) until it is accepted or the pod is gone; (accepted, the last stderr)."""
+        end = time.time() + 90
+        while True:
+            r = self.world.kubectl("delete", "pod", name, "-n", self.ns, "--wait=false", f"--grace-period={grace}",
+                                   check=False)
+            if r.returncode == 0 or "NotFound" in r.stderr or time.time() > end:
+                return r.returncode == 0, r.stderr
+            time.sleep(1)
+
     def fire_held(self, f: Fault) -> bool:
         """Fire a fault that has a victim call (schedule.assign_targets) once the tool server holds
         that call: on the pod of the call's run, whose lap process is alive and waiting for the
@@ -291,16 +295,9 @@ class ScenarioRun:
                     os.killpg(pid, signal.SIGKILL)
                     f.landed = True
                 elif f.kind == POD_DELETE:
-                    end = time.time() + 90  # the apiserver may be restarting (another fault): retry
-                    while True:
-                        r = w.kubectl("delete", "pod", pod.metadata.name, "-n", self.ns, "--wait=false",
-                                      f"--grace-period={int(f.pick * 3)}", check=False)
-                        f.landed = r.returncode == 0
-                        if f.landed or time.time() > end:
-                            break
-                        time.sleep(1)
+                    f.landed, err = self._delete_pod(pod.metadata.name, int(f.pick * 3))
                     if not f.landed:
-                        f.note += f" (delete failed: {r.stderr.strip()[:100]})"
+                        f.note += f" (delete failed: {err.strip()[:100]})"
                     gone = time.time() + 60  # hold the call through the grace period, as a slow tool would
                     while w.pod_pid(self.ns, pod) and time.time() < gone:
                         time.sleep(0.2)
