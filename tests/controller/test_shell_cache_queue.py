@@ -428,8 +428,10 @@ def test_the_informer_lists_watches_resumes_and_relists_after_410():
         inf = Informer(kube, "runs", "ns", None, c, asyncio.get_running_loop())  # type: ignore[arg-type]
         inf.start()
         await asyncio.wait_for(inf.synced.wait(), 30)
-        for _ in range(3000):  # wait for the condition (the second list applied), not for a time
-            if deleted:
+        # wait for the conditions asserted below (the second list applied, and the watch after it
+        # begun: CI once stopped the informer in between), not for a time
+        for _ in range(3000):
+            if deleted and len(kube.queries) >= 6:
                 break
             await asyncio.sleep(0.01)
         inf.stop()
