@@ -65,7 +65,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_lap_run import ToolHandler, free_port  # noqa: E402
-from benchlib import proc_cpu_seconds, proc_status_kb, summary  # noqa: E402
+from benchlib import proc_cpu_seconds, proc_status_kb, proc_switches, summary, wakeup_price_us  # noqa: E402
 from e2e.cluster import S3Server, operator_env, start_cluster, start_s3  # noqa: E402
 
 GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
@@ -75,6 +75,8 @@ KEEP = (KUBE_REQUESTS, "agentrun_reconcile_total")
 TERMINAL = ("Succeeded", "Failed", "BudgetExceeded")
 #: How long the operator's idle CPU is measured before the runs of an overhead level.
 IDLE_SECONDS = 15.0
+#: The uncounted first run of each level (``--no-warmup``: none).
+WARMUP = "warmup"
 
 
 @dataclass
@@ -108,6 +110,7 @@ class Bench:
         self.dir = workdir
         self.profile = profile
         self.lap_nice: int | None = None  # --lap-nice
+        self.warmup = True  # --no-warmup: count the first run's one-time costs too
         self.lap_cpus: str | None = None  # --lap-cpus: the lap processes pinned to these CPUs (taskset -c)
         self.operator_cpus: str | None = None  # --operator-cpus: the operator pinned to these
         self.cluster = start_cluster(workdir / "kube")
@@ -266,11 +269,28 @@ class Bench:
         try:
             self.wait_serving(proc, port, log)  # before counting its CPU
             time.sleep(2)
+            warm_cpu = None
+            if self.warmup:
+                # one run of 3 laps first, not counted: what the operator does once (the lazy imports
+                # of the first lap's code, the checkpoint client, TLS contexts, the start-up warm-up
+                # thread) is not a cost per lap, and at 1 run x 10 laps it was ~20 ms of every "lap"
+                w0 = proc_cpu_seconds(proc.pid) or 0.0
+                self.create_runs(ns, [self.run_doc(WARMUP, [{"content": "w1", "toolCalls": [
+                    {"name": "note", "arguments": {"w": 1}}]}, {"content": "w2", "toolCalls": [
+                        {"name": "note", "arguments": {"w": 2}}]}, {"content": "done"}])])
+                end = time.time() + timeout
+                while time.time() < end and not any(
+                        it["metadata"]["name"] == WARMUP and (it.get("status") or {}).get("phase") in TERMINAL
+                        for it in self.runs(ns)):
+                    time.sleep(1)
+                time.sleep(2)
+                warm_cpu = (proc_cpu_seconds(proc.pid) or 0.0) - w0
             # its CPU while idle (the Lease held, no run): the part of "CPU per lap" that is not the laps'
             idle0, idle_t0 = proc_cpu_seconds(proc.pid), time.monotonic()
             time.sleep(IDLE_SECONDS)
             idle_cpu_per_second = ((proc_cpu_seconds(proc.pid) or 0) - (idle0 or 0)) / (time.monotonic() - idle_t0)
             cpu0, m0, a0 = proc_cpu_seconds(proc.pid), self.metrics(port, KEEP), self.apiserver_requests()
+            sw0 = proc_switches(proc.pid)
             spy = None
             if profile and self.profile and shutil.which("py-spy"):
                 # on-CPU samples of the operator (all threads) while the runs go
@@ -286,7 +306,7 @@ class Bench:
             end = t0 + timeout
             incomplete = None
             while True:
-                items = self.runs(ns)
+                items = [it for it in self.runs(ns) if it["metadata"]["name"] != WARMUP]
                 phases = [(it.get("status") or {}).get("phase") for it in items]
                 if len(items) == runs and all(p in TERMINAL for p in phases):
                     break
@@ -297,6 +317,7 @@ class Bench:
                 time.sleep(2)
             wall = time.time() - t0
             cpu1, m1, a1 = proc_cpu_seconds(proc.pid), self.metrics(port, KEEP), self.apiserver_requests()
+            sw1 = proc_switches(proc.pid)
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(60)
@@ -310,6 +331,8 @@ class Bench:
         by_run: dict[str, dict[int, str]] = {}
         for j in jobs:
             lab = j.metadata.labels
+            if lab.get("agentrun.dev/run") == WARMUP:
+                continue
             if lab.get("agentrun.dev/attempt") != "1":
                 retried += 1
                 continue
@@ -352,7 +375,9 @@ class Bench:
             "gap_job_complete_to_next_job": gaps_job, "gap_pod_succeeded_to_next_job": gaps_pod,
             "operator_cpu_seconds": (cpu1 or 0) - (cpu0 or 0),
             "operator_idle_cpu_per_second": idle_cpu_per_second,
+            "operator_warmup_cpu_seconds": warm_cpu,
             "operator_cpu_per_lap": ((cpu1 or 0) - (cpu0 or 0)) / max(1, laps_done),
+            "operator_switches_per_lap": ((sw1 or 0) - (sw0 or 0)) / max(1, laps_done),
             "reconciles": rc_n, "reconcile_seconds_sum": rc_sum,
             "operator_rss_kb": proc_status_kb(proc.pid) if proc.poll() is None else None,
         }
@@ -563,6 +588,8 @@ def main() -> None:
                     help="overhead: pin the lap processes to these CPUs (taskset -c LIST), away from the operator")
     ap.add_argument("--operator-cpus", default=None,
                     help="pin the operator to these CPUs (taskset -c LIST); with --lap-cpus on the others")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="overhead: no uncounted warm-up run before each level (one-time costs land on the laps)")
     ap.add_argument("--profile", help="py-spy the operator during the highest overhead level; folded stacks here")
     ap.add_argument("--s3", choices=("moto", "versitygw"), default="moto",
                     help="the S3 server of the checkpoints (see the module docstring)")
@@ -572,10 +599,14 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the cluster and the operator on SIGTERM
     tmp = None if args.dir else tempfile.mkdtemp(prefix="agentrun-bench-")
     workdir = Path(args.dir or tmp).resolve()
-    out: dict[str, Any] = {"load_before": os.getloadavg(), "cpus": os.cpu_count()}
+    out: dict[str, Any] = {"load_before": os.getloadavg(), "cpus": os.cpu_count(), "wakeup_price_us": wakeup_price_us()}
+    print(f"box: a sleep and wake-up costs {out['wakeup_price_us']:.0f} µs of CPU here "
+          "(a few µs on most machines; CPU per lap grows with it)", flush=True)
     bench = Bench(workdir, args.profile, args.s3)
     out["s3_server"] = args.s3
     bench.lap_nice = args.lap_nice
+    bench.warmup = not args.no_warmup
+    out["warmup"] = bench.warmup
     out["lap_nice"] = args.lap_nice
     bench.lap_cpus, bench.operator_cpus = args.lap_cpus, args.operator_cpus
     out["lap_cpus"], out["operator_cpus"] = args.lap_cpus, args.operator_cpus
@@ -621,7 +652,10 @@ def main() -> None:
                       + (f"Job Complete -> next Job p50 {gs['p50'] * 1000:.0f} ms p99 {gs['p99'] * 1000:.0f} ms (n={gs['n']}); " if gs else "")
                       + (f"pod Succeeded -> next Job p50 {ps['p50'] * 1000:.0f} ms p99 {ps['p99'] * 1000:.0f} ms; " if ps else "")
                       + f"operator CPU {res['operator_cpu_per_lap'] * 1000:.1f} ms/lap "
-                        f"(idle {res['operator_idle_cpu_per_second'] * 1000:.1f} ms/s before the runs); "
+                        f"(idle {res['operator_idle_cpu_per_second'] * 1000:.1f} ms/s before the runs; "
+                        f"{res['operator_switches_per_lap']:.1f} context switches/lap"
+                        + (f"; warm-up run {res['operator_warmup_cpu_seconds'] * 1000:.0f} ms, not counted"
+                           if res.get("operator_warmup_cpu_seconds") is not None else "") + "); "
                         f"reconciles/lap {res['reconciles_per_lap']:.2f}; API requests/lap {res['kube_requests_per_lap']:.2f}; "
                         f"load {os.getloadavg()[0]:.1f}; failed runs {len(res['failed_runs'])}, "
                         f"retried Jobs {res['retried_jobs']}; the operator's counts against the API "

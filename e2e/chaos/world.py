@@ -20,21 +20,17 @@ from typing import Any
 import boto3
 from kubernetes import client, config
 
+from agentrun.checkpoint.schema import RunRef
+from agentrun.checkpoint.store import CheckpointStore, StoreConfig
+from agentrun.controller.jobs import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID
 from e2e.chaos import rawstore
-from e2e.chaos.holds import HoldingRecorder
+from e2e.chaos.holds import HoldingRecorder, tool_server  # holds puts examples/ on sys.path for it
 from e2e.chaos.invariants import JobFacts, LeaseWrite, StatusWrite, Tick
 from e2e.chaos.proxy import CuttableProxy
 from e2e.cluster import Cluster, leftover_processes, operator_env, restart_etcd, start_restartable_cluster, start_s3
 from e2e.proc_kubelet import pid_has_marker
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT / "examples") not in sys.path:
-    sys.path.insert(0, str(ROOT / "examples"))
-import tool_server  # noqa: E402
-
-from agentrun.checkpoint.schema import RunRef  # noqa: E402
-from agentrun.checkpoint.store import CheckpointStore, StoreConfig  # noqa: E402
-from agentrun.controller.jobs import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID  # noqa: E402
 
 GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
 PREFIX = "chaos"

@@ -4,6 +4,7 @@ token refresh), made again every ``HEADERS_REUSE_SECONDS`` and at once after a 4
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -93,3 +94,26 @@ def test_configurations_it_does_not_reproduce_stay_on_the_blocking_client() -> N
     assert unsupported(conf(assert_hostname=False)) == "a host name assertion is configured"
     assert unsupported(conf(socket_options=[(6, 1, 1)])) == "socket options are configured"
     assert "not http(s)" in (unsupported(conf(host="unix:///run/k.sock")) or "")
+
+
+def test_a_watch_body_is_cut_into_documents_however_its_chunks_fall() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from agentrun.controller.kube import JsonLines
+
+    docs = [{"type": "ADDED", "object": {"n": i, "s": "x" * (i * 7)}} for i in range(6)]
+    body = b"".join(json.dumps(d).encode() + b"\n" + (b"\n" if i == 2 else b"") for i, d in enumerate(docs))
+
+    @given(st.lists(st.integers(min_value=0, max_value=len(body)), max_size=12))
+    def check(cuts: list[int]) -> None:
+        lines, got, at = JsonLines(), [], 0
+        for cut in sorted(cuts) + [len(body)]:
+            got += lines.feed(body[at:cut])
+            at = cut
+        assert got + lines.end() == docs
+
+    check()
+    unterminated = JsonLines()  # the last document without its newline (the server closed the stream)
+    assert unterminated.feed(b'{"a": 1}\n{"b"') == [{"a": 1}]
+    assert unterminated.feed(b": 2}") == [] and unterminated.end() == [{"b": 2}] and unterminated.end() == []

@@ -404,7 +404,36 @@ class _FakeKube:
         yield from item
 
 
-def test_the_informer_lists_watches_resumes_and_relists_after_410():
+class _FakeAsyncKube:
+    """The same script, as :class:`AsyncKube` serves it: on the loop, with no thread."""
+
+    def __init__(self, kube: _FakeKube) -> None:
+        self.kube = kube
+
+    async def request(self, method: str, path_: str, **kw: Any) -> Any:
+        return self.kube.request(method, path_, **kw)
+
+    async def stream(self, path_: str, query: dict[str, Any], timeout: Any) -> Any:
+        k = self.kube
+        k.queries.append(("watch", query.get("resourceVersion")))
+        item = k.streams.pop(0) if k.streams else None
+        if item is None:
+            await asyncio.Event().wait()  # the last watch: idle until the informer's task is cancelled
+        if isinstance(item, Exception):
+            raise item
+        for ev in item:
+            yield ev
+
+
+TRANSPORTS = pytest.mark.parametrize("on_loop", [False, True], ids=["thread", "loop"])
+
+
+def _akube(kube: _FakeKube, on_loop: bool) -> Any:
+    return _FakeAsyncKube(kube) if on_loop else None
+
+
+@TRANSPORTS
+def test_the_informer_lists_watches_resumes_and_relists_after_410(on_loop: bool):
     from agentrun.controller.cache import Informer
 
     def listed(rv: int, *objs: dict[str, Any]) -> dict[str, Any]:
@@ -425,7 +454,8 @@ def test_the_informer_lists_watches_resumes_and_relists_after_410():
         changed: list[tuple[str, str]] = []
         deleted: list[tuple[str, str]] = []
         c = Cache(on_change=changed.append, on_deleted=deleted.append)
-        inf = Informer(kube, "runs", "ns", None, c, asyncio.get_running_loop())  # type: ignore[arg-type]
+        inf = Informer(kube, "runs", "ns", None, c, asyncio.get_running_loop(),  # type: ignore[arg-type]
+                       akube=_akube(kube, on_loop))
         inf.start()
         await asyncio.wait_for(inf.synced.wait(), 30)
         # wait for the conditions asserted below (the second list applied, and the watch after it
@@ -435,6 +465,7 @@ def test_the_informer_lists_watches_resumes_and_relists_after_410():
                 break
             await asyncio.sleep(0.01)
         inf.stop()
+        await inf.stopped()
         return c, changed, deleted
 
     c, changed, deleted = asyncio.run(main())
@@ -445,7 +476,8 @@ def test_the_informer_lists_watches_resumes_and_relists_after_410():
     assert changed.count(("ns", "r")) == 3  # listed, modified, listed again with a change
 
 
-def test_an_optional_informer_refused_by_rbac_tells_its_sink_and_counts_as_synced():
+@TRANSPORTS
+def test_an_optional_informer_refused_by_rbac_tells_its_sink_and_counts_as_synced(on_loop: bool):
     from kubernetes.client.rest import ApiException
 
     from agentrun.controller.cache import Informer
@@ -461,7 +493,7 @@ def test_an_optional_informer_refused_by_rbac_tells_its_sink_and_counts_as_synce
     async def main() -> PolicyStore:
         store = PolicyStore()
         inf = Informer(kube, "bindings", None, None, store, asyncio.get_running_loop(),  # type: ignore[arg-type]
-                       resource=BINDINGS, optional=True)
+                       resource=BINDINGS, optional=True, akube=_akube(kube, on_loop))
         inf.start()
         await asyncio.wait_for(inf.synced.wait(), 30)
         for _ in range(3000):  # the refusal is delivered with (not after) the synced flag: wait for it
@@ -571,7 +603,8 @@ def test_a_policy_change_queues_the_live_runs_of_the_namespaces_it_applies_to():
     assert c.cache.causes == {"policy changed": 3}
 
 
-def test_an_optional_informer_that_listed_keeps_its_state_when_a_later_watch_is_refused():
+@TRANSPORTS
+def test_an_optional_informer_that_listed_keeps_its_state_when_a_later_watch_is_refused(on_loop: bool):
     from kubernetes.client.rest import ApiException
 
     from agentrun.controller.cache import Informer
@@ -584,7 +617,7 @@ def test_an_optional_informer_that_listed_keeps_its_state_when_a_later_watch_is_
     async def main() -> PolicyStore:
         store = PolicyStore()
         inf = Informer(kube, "policies", None, None, store, asyncio.get_running_loop(),  # type: ignore[arg-type]
-                       resource=POLICIES, optional=True)
+                       resource=POLICIES, optional=True, akube=_akube(kube, on_loop))
         inf.start()
         await asyncio.wait_for(inf.synced.wait(), 30)
         for _ in range(3000):  # until it watches again after the refused watch (backoff 1 s)

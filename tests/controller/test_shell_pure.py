@@ -185,6 +185,8 @@ class FakeLeaseAPI:
         self.down = False
         self.writes: list[tuple[str, str]] = []  # (holder, kind)
         self.calls: list[str] = []
+        self.now = lambda: 0.0  # the time of each write, in ``written_at`` (a test's clock)
+        self.written_at: list[float] = []
 
     def _check(self, verb: str) -> None:
         self.calls.append(verb)
@@ -213,6 +215,7 @@ class FakeLeaseAPI:
         before = (self.spec or {}).get("holderIdentity")
         self.spec, self.rv = dict(body["spec"]), self.rv + 1
         self.writes.append((self.spec["holderIdentity"], "renew" if before == self.spec["holderIdentity"] else "take"))
+        self.written_at.append(self.now())
         return self._doc()
 
     def patch(self, name, ns, body, timeout):
@@ -220,10 +223,33 @@ class FakeLeaseAPI:
         self.spec, self.rv = {**self.spec, **body["spec"]}, self.rv + 1
 
 
-def _elector(identity, api, clock, duration=3.0, **kw):
+class AsyncFakeLeaseAPI:
+    """The same endpoint as an ``AsyncLeaseAPI`` (the operator's is on its event loop): no thread."""
+
+    def __init__(self, api: FakeLeaseAPI) -> None:
+        self.api = api
+
+    async def read(self, *a):
+        return self.api.read(*a)
+
+    async def create(self, *a):
+        return self.api.create(*a)
+
+    async def replace(self, *a):
+        return self.api.replace(*a)
+
+    async def patch(self, *a):
+        return self.api.patch(*a)
+
+
+def _elector(identity, api, clock, duration=3.0, on_loop=False, **kw):
     from agentrun.controller.lease import LeaseElector
 
-    return LeaseElector("l", "ns", identity, duration, clock=clock, api=lambda: api, **kw)
+    served = AsyncFakeLeaseAPI(api) if on_loop else api
+    return LeaseElector("l", "ns", identity, duration, clock=clock, api=lambda: served, **kw)
+
+
+LEASE_APIS = pytest.mark.parametrize("on_loop", [False, True], ids=["in-thread", "on-loop"])
 
 
 def _drive(vt: VirtualTime, electors, t_end: float, each_step=None) -> None:
@@ -270,7 +296,8 @@ def test_a_standby_takes_over_a_dead_holder_after_the_lease_duration_on_its_own_
     assert took_at and 3.0 <= took_at[0] <= 3.0 + 1.0 + 1e-9  # one duration of unchanged record, + one period
 
 
-def test_losing_the_lease_calls_on_lose_once_and_stops_acting():
+@LEASE_APIS
+def test_losing_the_lease_calls_on_lose_once_and_stops_acting(on_loop):
     """A replica whose renewals fail past 0.8 x the lease's life stops acting and drops its per-run
     metrics (on_lose), so a standby never exports stale runs."""
     vt, api = VirtualTime(), FakeLeaseAPI()
@@ -280,7 +307,7 @@ def test_losing_the_lease_calls_on_lose_once_and_stops_acting():
     async def on_acquire() -> None:
         acquired.append(vt.t)
 
-    e = _elector("me", api, ViewClock(vt), on_acquire=on_acquire, on_lose=lambda: lost.append(vt.t))
+    e = _elector("me", api, ViewClock(vt), on_acquire=on_acquire, on_lose=lambda: lost.append(vt.t), on_loop=on_loop)
     leader_at: dict[float, bool] = {}
 
     def step(t: float) -> None:
@@ -288,11 +315,15 @@ def test_losing_the_lease_calls_on_lose_once_and_stops_acting():
         if t >= 5.0:
             api.down = True  # renewals fail from t=5 on
 
+    api.now = lambda: vt.t
     _drive(vt, [e], 12.0, step)
     assert acquired == [0.0]
     assert all(v for t, v in leader_at.items() if t < 5.0)
     assert lost and len(lost) == 1
-    last_renewal = max(t for t in leader_at if t < 5.0)
+    # the last renewal that went through (the round of t=5 runs before or after the API goes down:
+    # in the elector's thread it has not begun when step(5) runs, on the loop it has ended)
+    last_renewal = max(api.written_at)
+    assert 4.0 <= last_renewal <= 5.0
     assert not e.is_leader and lost[0] >= last_renewal + 0.8 * 3.0 - 1e-9
     # it stopped acting no later than 0.8 x duration after the start of its last renewal
     assert all(not v for t, v in leader_at.items() if t >= last_renewal + 0.8 * 3.0)
@@ -323,13 +354,14 @@ def test_a_failing_on_acquire_does_not_stop_the_elector():
     ((-7.0, 7.0), (1.0, 1.0)),  # both off, by more than the lease duration
     ((0.0, 0.0), (1.0, 1.1)),  # the standby's clock runs 10 % fast
 ])
-def test_clock_skew_between_replicas_never_makes_two_leaders(offsets, rates):
+@LEASE_APIS
+def test_clock_skew_between_replicas_never_makes_two_leaders(offsets, rates, on_loop):
     """Two replicas whose clocks disagree share one Lease. The holder renews; the standby must never
     take over while it does, and at no instant may both act. Then the holder dies: the standby takes
     over, once, after a lease duration of its own observing. (Comparing the holder's renewTime with
     the local clock, as the elector once did, fails every case: checked when this test was written.)"""
     vt, api = VirtualTime(), FakeLeaseAPI()
-    a = _elector("a", api, ViewClock(vt, offsets[0], rates[0]))
+    a = _elector("a", api, ViewClock(vt, offsets[0], rates[0]), on_loop=on_loop)
     both: list[float] = []
 
     def step(t: float) -> None:
@@ -344,7 +376,7 @@ def test_clock_skew_between_replicas_never_makes_two_leaders(offsets, rates):
         ta = asyncio.create_task(a.run())
         await vt.run_until(0.5, 1)  # a is first
         nonlocal b
-        b = _elector("b", api, ViewClock(vt, offsets[1], rates[1]))
+        b = _elector("b", api, ViewClock(vt, offsets[1], rates[1]), on_loop=on_loop)
         b_box.append(b)
         tb = asyncio.create_task(b.run())
         await vt.run_until(60.0, 2, step)
@@ -385,12 +417,13 @@ def test_a_slow_on_acquire_does_not_hold_up_the_renewals():
     assert sum(1 for _, k in api.writes if k == "renew") >= 9 and e.is_leader
 
 
-def test_a_holder_renews_with_one_update_and_reads_only_after_a_conflict():
+@LEASE_APIS
+def test_a_holder_renews_with_one_update_and_reads_only_after_a_conflict(on_loop):
     """client-go's fast path: the holder updates the Lease it wrote last without reading it first;
     when someone else wrote the Lease meanwhile (a conflict), it reads it and decides again: here
     the other replica took it, so this one stops acting."""
     vt, api = VirtualTime(), FakeLeaseAPI()
-    e = _elector("me", api, ViewClock(vt))
+    e = _elector("me", api, ViewClock(vt), on_loop=on_loop)
     _drive(vt, [e], 10.0)
     assert api.calls[:2] == ["get", "create"]
     renewals = api.calls[2:]

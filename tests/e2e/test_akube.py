@@ -80,7 +80,7 @@ def test_a_401_drops_the_credentials_and_connection_errors_are_counted(cluster, 
         try:
             with pytest.raises(ApiException) as e:
                 await ak.request("GET", "/api/v1/namespaces")
-            assert e.value.status == 401 and k._prepared is None
+            assert e.value.status == 401 and k.fresh_base() is None
         finally:
             await ak.close()
 
@@ -140,3 +140,105 @@ def test_a_client_certificate_user_is_who_the_api_server_sees(cluster, tmp_path)
     review = asyncio.run(go())
     info = review["status"]["userInfo"]
     assert info["username"] == user and "system:masters" in info["groups"]
+
+
+class _Sink:
+    """What an informer tells its cache, in order."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, ...]] = []
+
+    def replace(self, kind: str, scope: str | None, items: list[dict]) -> None:
+        self.told.append(("replace", *sorted(i["metadata"]["name"] for i in items)))
+
+    def event(self, kind: str, type_: str, obj: dict) -> None:
+        self.told.append((type_, obj["metadata"]["name"], (obj.get("data") or {}).get("k", "")))
+
+
+def test_the_informer_on_the_loop_lists_and_watches_the_real_api_server(cluster, namespace) -> None:
+    """The watch cache's transport without a thread: the list, then a watch whose events (a create,
+    a patch, a delete, made while it watches) arrive in order; the list and the watch are counted;
+    a watch the server ends gives what it sent and stops."""
+    from agentrun.controller.cache import Informer
+
+    counted: list[tuple[str, str, int | str]] = []
+    k = _kube(cluster.kubeconfig)
+    ak = AsyncKube(k, 4, lambda v, r, c: counted.append((v, r, c)))
+    cms = f"/api/v1/namespaces/{namespace}/configmaps"
+    sink = _Sink()
+
+    async def until(pred, what: str) -> None:
+        for _ in range(3000):
+            if pred():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{what}: the informer told {sink.told}")
+
+    async def go() -> list:
+        try:
+            await ak.request("POST", cms, body={"metadata": {"name": "before", "labels": {"t": "inf"}}})
+            inf = Informer(k, "configmaps", namespace, "t=inf", sink, asyncio.get_running_loop(),
+                           resource=("/api/v1", "configmaps"), akube=ak)
+            inf.start()
+            await asyncio.wait_for(inf.synced.wait(), 30)
+            assert sink.told == [("replace", "before")] and inf._thread is None
+            await until(lambda: ("watch", "configmaps", 200) in counted, "the watch begins")
+            await ak.request("POST", cms, body={"metadata": {"name": "a", "labels": {"t": "inf"}}, "data": {"k": "1"}})
+            await ak.request("PATCH", f"{cms}/a", body={"data": {"k": "2"}}, content_type="application/merge-patch+json")
+            await ak.request("DELETE", f"{cms}/a")
+            await ak.request("POST", cms, body={"metadata": {"name": "unlabelled"}})  # not selected
+            await until(lambda: len(sink.told) >= 4, "three events")
+            inf.stop()
+            await inf.stopped()
+            # a watch the server ends (its timeoutSeconds): the events so far, then the end, no error
+            return [ev async for ev in ak.stream(cms, {"labelSelector": "t=inf", "timeoutSeconds": 1}, (10.0, 30.0))]
+        finally:
+            await ak.close()
+
+    events = asyncio.run(go())
+    assert sink.told == [("replace", "before"), ("ADDED", "a", "1"), ("MODIFIED", "a", "2"), ("DELETED", "a", "2")]
+    assert counted[:2] == [("create", "configmaps", 201), ("list", "configmaps", 200)]
+    assert counted.count(("watch", "configmaps", 200)) == 2
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "before")]
+    assert counted.count(("watch", "configmaps", 200)) == 2
+
+
+def test_the_lease_elector_on_the_loop_takes_renews_and_releases_a_real_lease(cluster, namespace) -> None:
+    """The Lease calls on aiohttp (``AsyncKubeLeaseAPI``) against the real API server: a missing
+    Lease reads as None, the elector creates it, renews with one update each (no read), a stale
+    resourceVersion is a conflict (None), and a release clears the holder."""
+    from agentrun.controller.lease import AsyncKubeLeaseAPI, LeaseElector
+
+    counted: list[tuple[str, str, int | str]] = []
+    ak = AsyncKube(_kube(cluster.kubeconfig), 2, lambda v, r, c: counted.append((v, r, c)))
+    api = AsyncKubeLeaseAPI(ak)
+
+    async def go() -> tuple[dict, dict | None, dict | None]:
+        try:
+            assert await api.read("agentrun-test", namespace, 5.0) is None  # 404: None
+            e = LeaseElector("agentrun-test", namespace, "me", 1.5, api=lambda: api)
+            task = asyncio.create_task(e.run())
+            for _ in range(3000):
+                if sum(1 for c in counted if c[:2] == ("update", "leases")) >= 3:
+                    break
+                await asyncio.sleep(0.01)
+            held = await api.read("agentrun-test", namespace, 5.0)
+            assert held is not None and e.is_leader
+            stale = {**held, "metadata": {**held["metadata"], "resourceVersion": "1"}}
+            conflict = await api.replace("agentrun-test", namespace, stale, 5.0)  # 409: None
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await e.release()
+            return held, conflict, await api.read("agentrun-test", namespace, 5.0)
+        finally:
+            await ak.close()
+
+    held, conflict, released = asyncio.run(go())
+    assert held["spec"]["holderIdentity"] == "me" and conflict is None
+    assert released is not None and not released["spec"].get("holderIdentity")
+    calls = [c[:2] for c in counted]
+    first_update = calls.index(("update", "leases"))
+    assert calls[:first_update] == [("get", "leases"), ("get", "leases"), ("create", "leases")]
+    renewals = calls[first_update:first_update + 3]
+    assert renewals == [("update", "leases")] * 3  # one request per renewal: no read before it
+    assert ("update", "leases", 409) in counted and ("patch", "leases", 200) in counted

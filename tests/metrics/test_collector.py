@@ -328,7 +328,13 @@ def test_http_server_serves_metrics_and_health(m):
             urllib.request.urlopen(base + "/nope")
         assert err.value.code == 404
     finally:
-        httpd.shutdown()
+        # the serving thread polls every POLL_SECONDS (300): shutdown wakes it instead of waiting
+        import threading
+
+        stopping = threading.Thread(target=httpd.shutdown)
+        stopping.start()
+        stopping.join(60)
+        assert not stopping.is_alive(), "shutdown waited for the serving thread's poll"
         httpd.server_close()
 
 

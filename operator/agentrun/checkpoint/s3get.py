@@ -38,7 +38,7 @@ from urllib.parse import quote, urlsplit
 ENV_SWITCH: Final = "AGENTRUN_S3_LEAN_GET"
 META_PREFIX: Final = "x-amz-meta-"
 NOT_FOUND: Final = "NotFound"
-_ERROR_PEEK = 64 * 1024
+ERROR_PEEK = 64 * 1024
 """Bytes of a 404's body read to find its error code (an S3 error document is well under 1 kB)."""
 
 
@@ -100,12 +100,15 @@ class LeanGet:
         self._region = region
         self._max_bytes = max_bytes
         self._timeout = urllib3.Timeout(connect=connect_timeout, read=read_timeout)
+        #: What another sender of the same GETs copies (the operator's, on its event loop).
+        self.connect_timeout, self.read_timeout, self.max_connections = connect_timeout, read_timeout, max_connections
+        self.ca_certs: str | None = None  # https: the CA bundle botocore verifies the endpoint with
         kwargs: dict[str, Any] = {}
         if urlsplit(endpoint_url).scheme == "https":
             from botocore.httpsession import get_cert_path
 
-            kwargs = {"cert_reqs": "CERT_REQUIRED",
-                      "ca_certs": os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True)}
+            self.ca_certs = os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True)
+            kwargs = {"cert_reqs": "CERT_REQUIRED", "ca_certs": self.ca_certs}
         manager = urllib3.PoolManager(num_pools=1, maxsize=max_connections, block=False, retries=False, **kwargs)
         self._pool = manager.connection_from_url(endpoint_url)  # one host: its pool, without a lookup per GET
         self._lock = threading.Lock()
@@ -145,63 +148,100 @@ class LeanGet:
     def url(self, key: str) -> str:
         return path_style_url(self._endpoint, self._bucket, key)
 
-    def _fallback(self) -> None:
+    def fallback(self) -> None:
+        """Count a GET left to botocore (:attr:`fallbacks`)."""
         with self._lock:
             self.fallbacks += 1
 
-    def get(self, key: str) -> Got | str | None:
-        """``Got`` (200), ``NOT_FOUND`` (404 NoSuchKey) or None (let botocore make the request)."""
+    def signed(self, key: str) -> tuple[str, dict[str, str]] | None:
+        """The URL and the signed headers of the GET of ``key`` (the observers told), or None: no
+        usable credentials (a refresh that fails, too, is left to botocore: its error, its message).
+        Shared by :meth:`get` and a sender on an event loop (the operator's)."""
         from botocore.auth import S3SigV4Auth
         from botocore.awsrequest import AWSRequest
 
-        try:  # a credential refresh that fails, too, is left to botocore (its error, its message)
+        try:
             credentials = _credentials_of(self._client)
             frozen = credentials.get_frozen_credentials() if credentials is not None else None
             if frozen is None or not frozen.access_key or not frozen.secret_key:
-                self._fallback()
+                self.fallback()
                 return None
             request = AWSRequest(method="GET", url=self.url(key), data=b"")
             S3SigV4Auth(frozen, "s3", self._region).add_auth(request)
-            for observer in self._observers:
-                observer(request.url)
-            return self._send(request, key)
         except Exception:  # noqa: BLE001 - any failure of the lean path: botocore makes the request
-            self._fallback()
+            self.fallback()
+            return None
+        for observer in self._observers:
+            observer(request.url)
+        # urllib3 (http.client) sends "Accept-Encoding: identity" of its own; another client must too
+        return request.url, {**dict(request.headers.items()), "Accept-Encoding": "identity"}
+
+    def get(self, key: str) -> Got | str | None:
+        """``Got`` (200), ``NOT_FOUND`` (404 NoSuchKey) or None (let botocore make the request)."""
+        signed = self.signed(key)
+        if signed is None:
+            return None
+        try:
+            return self._send(*signed)
+        except Exception:  # noqa: BLE001 - any failure of the lean path: botocore makes the request
+            self.fallback()
             return None
 
-    def _send(self, request: Any, key: str) -> Got | str | None:
+    # ---------------------------------------------------------------- an answer, as botocore reads it
+
+    def on_status(self, status: int, length_header: str | None) -> str | None:
+        """What the answer's status line and length say before its body is read: ``"body"`` (a 200
+        to read, at most :attr:`max_bytes`), ``"peek"`` (a 404: read :data:`ERROR_PEEK` bytes for its
+        error code, :meth:`on_404`), or None (leave it to botocore; counted)."""
+        if status == 404:
+            return "peek"
+        if status != 200 or (length_header is not None and int(length_header) > self._max_bytes):
+            self.fallback()
+            return None
+        return "body"
+
+    def on_404(self, peek: bytes) -> str | None:
+        """``NOT_FOUND`` for a ``NoSuchKey`` error document, else None (left to botocore; counted)."""
+        if _error_code(peek) == "NoSuchKey":
+            return NOT_FOUND
+        self.fallback()
+        return None
+
+    def on_body(self, body: bytes, length_header: str | None, header: Callable[[str], str | None],
+                names: list[str]) -> Got | None:
+        """``Got`` from a 200's body (read up to :attr:`max_bytes` + 1 bytes), or None when it is
+        longer or shorter than announced (left to botocore; counted). ``header(name)``: a header's
+        value, repeated ones joined; ``names``: the header names as sent."""
+        if len(body) > self._max_bytes or (length_header is not None and len(body) != int(length_header)):
+            self.fallback()
+            return None
+        # as botocore's header map: the name after the prefix as sent, repeated headers joined
+        metadata = {name[len(META_PREFIX):]: header(name) or "" for name in names if name.lower().startswith(META_PREFIX)}
+        last_modified = header("Last-Modified")
+        return Got(body, metadata, _timestamp(last_modified) if last_modified else None, len(body))
+
+    @property
+    def max_bytes(self) -> int:
+        return self._max_bytes
+
+    def _send(self, url: str, headers: dict[str, str]) -> Got | str | None:
         resp = self._pool.urlopen(
-            "GET", urlsplit(request.url).path, headers=dict(request.headers.items()), timeout=self._timeout,
+            "GET", urlsplit(url).path, headers=headers, timeout=self._timeout,
             preload_content=False, decode_content=False, redirect=False, retries=False, assert_same_host=False,
         )
         complete = False  # the body was read to its end: the connection can serve the next GET
         try:
-            if resp.status == 404:
-                peek = resp.read(_ERROR_PEEK + 1, decode_content=False)
-                complete = len(peek) <= _ERROR_PEEK
-                if _error_code(peek) == "NoSuchKey":
-                    return NOT_FOUND
-                self._fallback()
-                return None
-            if resp.status != 200:
-                self._fallback()
-                return None
-            length_header = resp.headers.get("Content-Length")
-            length = int(length_header) if length_header is not None else None
-            if length is not None and length > self._max_bytes:
-                self._fallback()
+            length = resp.headers.get("Content-Length")
+            what = self.on_status(resp.status, length)
+            if what == "peek":
+                peek = resp.read(ERROR_PEEK + 1, decode_content=False)
+                complete = len(peek) <= ERROR_PEEK
+                return self.on_404(peek)
+            if what is None:
                 return None
             body = resp.read(self._max_bytes + 1, decode_content=False)
             complete = len(body) <= self._max_bytes
-            if not complete or (length is not None and len(body) != length):
-                self._fallback()
-                return None
-            headers = resp.headers
-            # as botocore's header map: the name after the prefix as sent, repeated headers joined
-            metadata = {name[len(META_PREFIX):]: headers[name] for name in headers.keys()
-                        if name.lower().startswith(META_PREFIX)}
-            last_modified = headers.get("Last-Modified")
-            return Got(body, metadata, _timestamp(last_modified) if last_modified else None, len(body))
+            return self.on_body(body, length, resp.headers.get, list(resp.headers.keys()))
         finally:
             if not complete:
                 resp.close()  # unread bytes: drop the connection instead of reading them

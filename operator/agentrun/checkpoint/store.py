@@ -466,20 +466,24 @@ class CheckpointStore:
             written_at=resp.get("LastModified") or _now(),
         )
 
-    def _read(self, key: str) -> tuple[dict[str, Any], StoredObject, int]:
+    def _read(self, key: str, fetched: s3get.Got | str | None = None,
+              lean: bool = True) -> tuple[dict[str, Any], StoredObject, int]:
         """GET, verify sha256, parse JSON, migrate to the current schema. Returns the migrated
-        document, the object, and the schema version it was written with."""
+        document, the object, and the schema version it was written with. ``fetched``: the lean
+        GET's answer, made by the caller (a ``Got`` or ``NOT_FOUND``); ``lean=False``: the lean GET
+        was tried and left the request to botocore."""
 
         def get() -> tuple[bytes, dict[str, Any]]:
             resp = self.client.get_object(Bucket=self.config.bucket, Key=key)
             return resp["Body"].read(), resp
 
         resp: dict[str, Any]
-        lean = self.lean_get.get(key) if self.lean_get is not None else None
-        if lean == s3get.NOT_FOUND:
+        if fetched is None and lean and self.lean_get is not None:
+            fetched = self.lean_get.get(key)
+        if fetched == s3get.NOT_FOUND:
             raise CheckpointNotFound(key)  # 404 NoSuchKey: as _client_error says it
-        if isinstance(lean, s3get.Got):
-            data, resp = lean.body, {"Metadata": lean.metadata, "LastModified": lean.last_modified}
+        if isinstance(fetched, s3get.Got):
+            data, resp = fetched.body, {"Metadata": fetched.metadata, "LastModified": fetched.last_modified}
         else:  # no lean path, or an answer it leaves to botocore (retries, the error translation)
             data, resp = self._call("GetObject", key, get)
         sha = verify_sha256(data, resp.get("Metadata", {}).get("sha256"), key)
@@ -582,15 +586,19 @@ class CheckpointStore:
         stored, written = self._put_once(self.snapshot_key(state.run, state.lap), encode_object(state.to_api()))
         return stored if written else None
 
-    def get_lap(self, run: RunRef, lap: int) -> tuple[LapRecord, StoredObject]:
+    def get_lap(self, run: RunRef, lap: int, *, fetched: s3get.Got | str | None = None,
+                lean: bool = True) -> tuple[LapRecord, StoredObject]:
         """Read, verify, migrate and validate a lap record. Raises ``CheckpointNotFound``,
-        ``CorruptCheckpoint``, ``UnsupportedSchemaVersion`` or ``StoreUnavailable``."""
-        record, stored, _ = self._get_lap(run, lap)
+        ``CorruptCheckpoint``, ``UnsupportedSchemaVersion`` or ``StoreUnavailable``. ``fetched``
+        and ``lean``: the caller made the lean GET itself (``_read``); with ``fetched`` this makes
+        no request."""
+        record, stored, _ = self._get_lap(run, lap, fetched, lean)
         return record, stored
 
-    def _get_lap(self, run: RunRef, lap: int) -> tuple[LapRecord, StoredObject, int]:
+    def _get_lap(self, run: RunRef, lap: int, fetched: s3get.Got | str | None = None,
+                 lean: bool = True) -> tuple[LapRecord, StoredObject, int]:
         key = self.lap_key(run, lap)
-        doc, stored, version = self._read(key)
+        doc, stored, version = self._read(key, fetched, lean)
         record = parse_model(LapRecord, doc, key)
         if record.run != run or record.lap != lap:
             raise CorruptCheckpoint(

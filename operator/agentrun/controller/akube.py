@@ -1,21 +1,22 @@
-"""The operator's writes to the API server on the event loop: raw JSON over one aiohttp session.
+"""The operator's requests to the API server on the event loop: raw JSON over one aiohttp session.
 
 :class:`Kube` is blocking: each call is handed to a worker thread (``asyncio.to_thread``) and goes
 through the ``kubernetes`` client's REST layer, urllib3 and ``http.client``, whose response headers
-are parsed by the ``email`` package. Per request that is about a third more CPU than aiohttp on the
-loop, whose HTTP parser is C (llhttp), and the hand-off to a thread and back costs more again on a
-busy box (bench/analysis.md, 2026-12-01 23:20: 747 µs of CPU per GET through ``to_thread`` against
-437 µs). A lap's writes (the Job create, the status patch, the Event) are most of the operator's
-requests, so :class:`AsyncKube` sends them.
+are parsed by the ``email`` package; a watch holds a thread that hands every batch of events to the
+loop. aiohttp on the loop (its HTTP parser is C, llhttp) costs about half the CPU per request, and a
+watch event wakes only the loop (bench/analysis.md has the figures). So :class:`AsyncKube` sends the
+lap's writes (the Job create, the status patch, the Event, the deletes), the controller's rare reads,
+and the watch cache's lists and watches (:meth:`AsyncKube.stream`).
 
-It keeps :class:`Kube`'s contract: the same URL and headers (made by the ``kubernetes`` client's own
-``param_serialize``, with its token refresh, every ``HEADERS_REUSE_SECONDS``, at once after a 401;
-made in a thread, since a refresh may read a file or run a credential plugin), the JSON document
-back, an ``ApiException`` with status, reason and body on a non-2xx, and every request counted in
-``agentrun_kube_requests_total``. TLS is built from the client's configuration (the CA, a client
-certificate, ``verify_ssl``). A configuration it does not reproduce (an HTTP(S) or SOCKS proxy, a
-TLS server name or host name assertion of its own, socket options) keeps every request on
-:class:`Kube`: :func:`unsupported` says why, and the operator logs it once at start.
+It keeps :class:`Kube`'s contract: the same URL and headers (:func:`~agentrun.controller.kube.prepare`
+over :meth:`Kube.base`: the ``kubernetes`` client's own ``param_serialize`` with its token refresh,
+every ``HEADERS_REUSE_SECONDS``, at once after a 401; made in a thread, since a refresh may read a
+file or run a credential plugin), the JSON document back, an ``ApiException`` with status, reason and
+body on a non-2xx, and every request counted in ``agentrun_kube_requests_total``. TLS is built from
+the client's configuration (the CA, a client certificate, ``verify_ssl``). A configuration it does
+not reproduce (an HTTP(S) or SOCKS proxy, a TLS server name or host name assertion of its own,
+socket options) keeps every request on :class:`Kube`: :func:`unsupported` says why, and the operator
+logs it once at start.
 """
 
 from __future__ import annotations
@@ -23,14 +24,12 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
-from urllib.parse import urlencode
 
 import aiohttp
 
-from .kube import HEADERS_REUSE_SECONDS, Kube, request_labels
+from .kube import JsonLines, Kube, prepare, request_labels
 
 Count = Callable[[str, str, "int | str"], None]
 
@@ -97,44 +96,68 @@ class AsyncKube:
         return self._session
 
     async def _base(self) -> tuple[str, dict[str, str]]:
-        prepared = self.kube._prepared
-        if prepared is not None and time.monotonic() - prepared[0] < HEADERS_REUSE_SECONDS:
-            return prepared[1], prepared[2]
-        return await asyncio.to_thread(self.kube._base)
+        fresh = self.kube.fresh_base()
+        return fresh if fresh is not None else await asyncio.to_thread(self.kube.base)
+
+    def _counted(self, verb: str, resource: str, code: int | str) -> None:
+        if self.count is not None:
+            self.count(verb, resource, code)
 
     async def request(self, method: str, path_: str, *, query: dict[str, Any] | None = None, body: Any = None,
                       content_type: str | None = None, timeout: float | tuple[float, float] | None = 30.0) -> Any:
         """The response's JSON document; an ``ApiException`` (status, reason, body) on a non-2xx."""
         from kubernetes.client.exceptions import ApiException
 
-        base, common = await self._base()
-        headers = {**common, "Accept": "application/json"}
-        data = None
-        if body is not None:
-            headers["Content-Type"] = content_type or "application/json"
-            data = json.dumps(body).encode()
-        url = base + path_
-        if query:
-            url += "?" + urlencode({k: v for k, v in query.items() if v is not None})
+        url, headers = prepare(*await self._base(), path_, query, body, content_type)
         verb, resource = request_labels(method, url)
         try:
-            async with self._open().request(method, url, data=data, headers=headers,
-                                            timeout=_timeout(timeout)) as resp:
+            async with self._open().request(method, url, data=None if body is None else json.dumps(body).encode(),
+                                            headers=headers, timeout=_timeout(timeout)) as resp:
                 raw = await resp.read()
                 status, reason = resp.status, resp.reason
         except Exception as exc:
-            if self.count is not None:
-                self.count(verb, resource, "<error>")
+            self._counted(verb, resource, "<error>")
             if isinstance(exc, TimeoutError):  # aiohttp's carries no message: say what timed out
                 raise TimeoutError(f"{method} {path_}: no answer from the API server within {timeout}s") from exc
             raise
-        if self.count is not None:
-            self.count(verb, resource, status)
+        self._counted(verb, resource, status)
         if status == 401:
-            self.kube._unauthorized()
+            self.kube.unauthorized()
         if not 200 <= status <= 299:
             raise ApiException(status=status, reason=reason, body=raw.decode("utf-8", "replace"))
         return json.loads(raw) if raw else None
+
+    async def stream(self, path_: str, query: dict[str, Any], timeout: tuple[float, float]) -> AsyncGenerator[dict[str, Any], None]:
+        """The events of a watch (``watch=true`` is added), one JSON document per line, as
+        :meth:`Kube.stream` yields them; the watch is counted when its response begins. Close it
+        (``contextlib.aclosing``) to end the watch before the server does."""
+        from kubernetes.client.exceptions import ApiException
+
+        url, headers = prepare(*await self._base(), path_, {**query, "watch": "true"}, None, None)
+        verb, resource = request_labels("GET", url)
+        try:
+            resp = await self._open().get(url, headers=headers, timeout=_timeout(timeout))
+        except Exception as exc:
+            self._counted(verb, resource, "<error>")
+            if isinstance(exc, TimeoutError):
+                raise TimeoutError(f"watch {path_}: no answer from the API server within {timeout[0]}s") from exc
+            raise
+        async with resp:
+            self._counted(verb, resource, resp.status)
+            if resp.status == 401:
+                self.kube.unauthorized()
+            if not 200 <= resp.status <= 299:
+                raise ApiException(status=resp.status, reason=resp.reason,
+                                   body=(await resp.read()).decode("utf-8", "replace"))
+            lines = JsonLines()
+            try:
+                async for chunk in resp.content.iter_any():
+                    for doc in lines.feed(chunk):
+                        yield doc
+            except TimeoutError as exc:  # the read timeout: a silent connection
+                raise TimeoutError(f"watch {path_}: nothing from the API server for {timeout[1]}s") from exc
+            for doc in lines.end():
+                yield doc
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:

@@ -30,14 +30,18 @@ event older than the cached object is stale and ignored.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .jobs import LABEL_RUN_UID
 from .kube import JOBS, PODS, RUNS, Kube, path
 from .observe import job_state
+
+if TYPE_CHECKING:
+    from .akube import AsyncKube
 
 log = logging.getLogger("agentrun.controller")
 
@@ -338,9 +342,19 @@ class Cache:
                 self.enqueue(owner, "job deleted")
 
 
+class _Expired(Exception):
+    """The watch's resourceVersion is too old (410 Gone): list again."""
+
+
 class Informer:
-    """List, then watch, one kind in one namespace (None: cluster-wide), in a daemon thread; every
-    change is handed to ``cache`` on ``loop``. ``synced`` is set after the first list is applied.
+    """List, then watch, one kind in one namespace (None: cluster-wide); every change is handed to
+    ``cache`` on ``loop``. ``synced`` is set after the first list is applied.
+
+    Two transports, one behaviour: with ``akube`` (:class:`~agentrun.controller.akube.AsyncKube`)
+    the informer is a task on the loop that applies each event as it is read (no thread, no hand-off:
+    a watch event wakes only the loop); without it (a client configuration aiohttp does not
+    reproduce) a daemon thread reads through :class:`Kube` and hands the events to the loop in
+    batches (:meth:`_deliver`). ``start`` is called on the loop.
 
     ``cache`` is any sink with ``replace(kind, namespace, items)`` and ``event(kind, type, obj)``
     (the :class:`Cache`, or the tenancy re-check's ``PolicyStore``); ``resource`` the
@@ -354,38 +368,150 @@ class Informer:
 
     def __init__(self, kube: Kube, kind: str, namespace: str | None, selector: str | None,
                  cache: Any, loop: asyncio.AbstractEventLoop, resource: tuple[str, str] | None = None,
-                 optional: bool = False, field_selector: str | None = None, scope: str | None = None) -> None:
-        self.kube, self.kind, self.namespace, self.selector = kube, kind, namespace, selector
+                 optional: bool = False, field_selector: str | None = None, scope: str | None = None,
+                 akube: AsyncKube | None = None) -> None:
+        self.kube, self.akube, self.kind, self.namespace, self.selector = kube, akube, kind, namespace, selector
         self.field_selector, self.scope = field_selector, (namespace if scope is None else scope)
         self._listed = False
+        self._failures = 0
         self.last_error: str | None = None  # the last list/watch error (status and reason)
         self.cache, self.loop, self.optional = cache, loop, optional
         self.synced = asyncio.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._task: asyncio.Task[None] | None = None
         self._lock = threading.Lock()
         self._inbox: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
         self._scheduled = False  # a _drain is scheduled on the loop and has not taken the inbox yet
         self.path = path(resource or RESOURCES[kind], namespace)
-        #: Applied in this thread to every object before it reaches the loop (client-go's transform).
+        #: Applied to every object before it reaches the cache (client-go's transform).
         self.transform = TRANSFORMS.get(kind, strip) if resource is None else strip
 
     def start(self) -> None:
+        if self.akube is not None:
+            self._task = self.loop.create_task(self._arun(), name=f"informer-{self.kind}-{self.namespace or 'all'}")
+            return
         self._thread = threading.Thread(target=self._run, name=f"informer-{self.kind}-{self.namespace or 'all'}",
                                         daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._task is not None:
+            self.loop.call_soon_threadsafe(self._task.cancel)
+
+    async def stopped(self) -> None:
+        """Wait for the task of a stopped informer to end (its watch closed); a thread is not waited
+        for (a daemon blocked in a read ends with the process)."""
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    # ------------------------------------------------------------------ one behaviour
+
+    def _list_query(self, cont: str | None) -> dict[str, Any]:
+        return {"labelSelector": self.selector, "fieldSelector": self.field_selector, "limit": LIST_PAGE,
+                "continue": cont}
+
+    def _watch_query(self, rv: str) -> dict[str, Any]:
+        return {"labelSelector": self.selector, "fieldSelector": self.field_selector, "resourceVersion": rv,
+                "allowWatchBookmarks": "true", "timeoutSeconds": WATCH_SECONDS}
+
+    def _listed_all(self, emit: Callable[..., None], items: list[dict[str, Any]]) -> None:
+        emit(self.cache.replace, self.kind, self.scope, [self.transform(o) for o in items])
+        self._listed = True
+        emit(self.synced.set)
+
+    def _event(self, emit: Callable[..., None], ev: dict[str, Any], rv: str) -> str:
+        """Apply one watch event; the resourceVersion to resume from. :class:`_Expired` on a 410."""
+        from kubernetes.client.exceptions import ApiException
+
+        type_, obj = ev.get("type"), ev.get("object") or {}
+        if type_ == "ERROR":
+            if obj.get("code") == 410:
+                raise _Expired()
+            raise ApiException(status=obj.get("code") or 0, reason=str(obj.get("message")))
+        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+        if type_ in ("ADDED", "MODIFIED", "DELETED"):
+            emit(self.cache.event, self.kind, type_, self.transform(obj))
+        return rv
+
+    def _failed(self, emit: Callable[..., None], exc: Exception) -> tuple[float, bool]:
+        """(seconds to wait, list again) after a list or watch ended with ``exc``."""
+        from kubernetes.client.exceptions import ApiException
+
+        if isinstance(exc, _Expired):
+            return 0.0, True
+        if isinstance(exc, ApiException):
+            if exc.status == 410:
+                return 0.0, True
+            if self.optional and not self._listed and exc.status in (403, 404):
+                emit(self.cache.refused, self.kind, exc.status, self.scope)
+                emit(self.synced.set)
+                return REFUSED_RETRY, True
+            self._failures += 1
+            self.last_error = f"{exc.status} {exc.reason}"  # the controller's "not synced" warning names it
+            (log.warning if self._failures % 60 == 1 else log.debug)(  # rate-limited: the first, then ~every 5 min
+                "watch of %s in %s failed: %s %s", self.kind, self.namespace or "all namespaces",
+                exc.status, exc.reason)
+            return min(WATCH_RETRY_MAX, 0.5 * 2 ** min(self._failures, 6)), False
+        self._failures += 1  # connection dropped, timed out: watch again from rv
+        log.info("watch of %s in %s interrupted (%s); resuming", self.kind, self.namespace or "all namespaces",
+                 str(exc) or type(exc).__name__)
+        return min(WATCH_RETRY_MAX, 0.2 * 2 ** min(self._failures, 7)), False
+
+    # ------------------------------------------------------------------ on the loop (AsyncKube)
+
+    def _call(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - a bad object never stops the informer
+            log.exception("watch cache: cannot apply a %s event", self.kind)
+
+    async def _alist(self) -> tuple[list[dict[str, Any]], str]:
+        assert self.akube is not None
+        items: list[dict[str, Any]] = []
+        cont = None
+        while True:
+            doc = await self.akube.request("GET", self.path, query=self._list_query(cont), timeout=(10.0, 120.0))
+            items += doc.get("items") or []
+            cont = (doc.get("metadata") or {}).get("continue")
+            if not cont:
+                return items, doc["metadata"]["resourceVersion"]
+
+    async def _arun(self) -> None:
+        assert self.akube is not None
+        rv: str | None = None
+        while not self._stop.is_set():
+            try:
+                if rv is None:
+                    items, rv = await self._alist()
+                    self._listed_all(self._call, items)
+                async with contextlib.aclosing(self.akube.stream(self.path, self._watch_query(rv),
+                                                                 (10.0, WATCH_READ_TIMEOUT))) as events:
+                    async for ev in events:
+                        try:
+                            rv = self._event(self._call, ev, rv)
+                        except _Expired:
+                            rv = None
+                            break
+                self._failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - an informer never stops but by stop()
+                wait, relist = self._failed(self._call, exc)
+                if relist:
+                    rv = None
+                if wait:
+                    await asyncio.sleep(wait)
+
+    # ------------------------------------------------------------------ in a thread (Kube)
 
     def _list(self) -> tuple[list[dict[str, Any]], str]:
         items: list[dict[str, Any]] = []
         cont = None
         while True:
-            doc = self.kube.request("GET", self.path, query={"labelSelector": self.selector,
-                                                             "fieldSelector": self.field_selector,
-                                                             "limit": LIST_PAGE, "continue": cont},
-                                    timeout=(10.0, 120.0))
+            doc = self.kube.request("GET", self.path, query=self._list_query(cont), timeout=(10.0, 120.0))
             items += doc.get("items") or []
             cont = (doc.get("metadata") or {}).get("continue")
             if not cont:
@@ -412,52 +538,24 @@ class Informer:
                 log.exception("watch cache: cannot apply a %s event", self.kind)
 
     def _run(self) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         rv: str | None = None
-        failures = 0
         while not self._stop.is_set():
             try:
                 if rv is None:
                     items, rv = self._list()
-                    self._deliver(self.cache.replace, self.kind, self.scope, [self.transform(o) for o in items])
-                    self._listed = True
-                    self._deliver(self.synced.set)
-                query = {"labelSelector": self.selector, "fieldSelector": self.field_selector, "resourceVersion": rv,
-                         "allowWatchBookmarks": "true", "timeoutSeconds": WATCH_SECONDS}
-                for ev in self.kube.stream(self.path, query, timeout=(10.0, WATCH_READ_TIMEOUT)):
-                    type_, obj = ev.get("type"), ev.get("object") or {}
-                    if type_ == "ERROR":
-                        if obj.get("code") == 410:  # expired: list again
-                            rv = None
-                            break
-                        raise ApiException(status=obj.get("code") or 0, reason=str(obj.get("message")))
-                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    if new_rv:
-                        rv = new_rv
-                    if type_ in ("ADDED", "MODIFIED", "DELETED"):
-                        self._deliver(self.cache.event, self.kind, type_, self.transform(obj))
+                    self._listed_all(self._deliver, items)
+                for ev in self.kube.stream(self.path, self._watch_query(rv), timeout=(10.0, WATCH_READ_TIMEOUT)):
+                    try:
+                        rv = self._event(self._deliver, ev, rv)
+                    except _Expired:
+                        rv = None
+                        break
                     if self._stop.is_set():
                         return
-                failures = 0
-            except ApiException as exc:
-                if exc.status == 410:
+                self._failures = 0
+            except Exception as exc:  # noqa: BLE001 - an informer never stops but by stop()
+                wait, relist = self._failed(self._deliver, exc)
+                if relist:
                     rv = None
-                    continue
-                if self.optional and not self._listed and exc.status in (403, 404):
-                    rv = None
-                    self._deliver(self.cache.refused, self.kind, exc.status, self.scope)
-                    self._deliver(self.synced.set)
-                    self._stop.wait(REFUSED_RETRY)
-                    continue
-                failures += 1
-                self.last_error = f"{exc.status} {exc.reason}"  # the controller's "not synced" warning names it
-                (log.warning if failures % 60 == 1 else log.debug)(  # rate-limited: the first, then ~every 5 min
-                    "watch of %s in %s failed: %s %s", self.kind, self.namespace or "all namespaces",
-                    exc.status, exc.reason)
-                self._stop.wait(min(WATCH_RETRY_MAX, 0.5 * 2 ** min(failures, 6)))
-            except Exception as exc:  # noqa: BLE001 - connection dropped: watch again from rv
-                failures += 1
-                log.info("watch of %s in %s interrupted (%s); resuming", self.kind,
-                         self.namespace or "all namespaces", exc)
-                self._stop.wait(min(WATCH_RETRY_MAX, 0.2 * 2 ** min(failures, 7)))
+                if wait:
+                    self._stop.wait(wait)

@@ -24,6 +24,7 @@ from agentrun.checkpoint.schema import RunRef
 
 from . import decide as d
 from .akube import AsyncKube
+from .as3 import AsyncS3Get
 from .cache import Cache, Key
 from .config import OperatorConfig
 from .jobs import RunIdentity, build_job, effective_endpoint, spec_json
@@ -158,6 +159,7 @@ class Executor:
     def __init__(self, config: OperatorConfig, kube: Kube, cache: Cache, akube: AsyncKube | None = None) -> None:
         self.config, self.kube, self.cache = config, kube, cache
         self.akube = akube  # the writes on the event loop; None: through Kube in a worker thread
+        self.s3: AsyncS3Get | None = AsyncS3Get()  # the lap record's GET on the event loop (None: in a thread)
         self._stores: dict[tuple[Any, ...], Any] = {}
         self._spec_texts: dict[Key, tuple[AgentRunSpec, str]] = {}  # run -> (its parsed spec, spec_json of it)
         self._refusals: dict[Key, str] = {}
@@ -170,7 +172,9 @@ class Executor:
     def succeeded(self, key: Key) -> None:
         self._refusals.pop(key, None)
 
-    async def _call(self, method: str, path_: str, **kw: Any) -> Any:
+    async def call(self, method: str, path_: str, **kw: Any) -> Any:
+        """One request to the API server: on the loop (:class:`AsyncKube`) when there is one, else
+        through :class:`Kube` in a worker thread."""
         if self.akube is not None:
             return await self.akube.request(method, path_, **kw)
         return await asyncio.to_thread(self.kube.request, method, path_, **kw)
@@ -181,7 +185,7 @@ class Executor:
         self.cache.begin_write(kind, key)
         stored = None
         try:
-            stored = await self._call(method, path_, **kw)
+            stored = await self.call(method, path_, **kw)
         finally:
             self.cache.end_write(kind, key, stored if isinstance(stored, dict) else None)
         return stored
@@ -200,6 +204,10 @@ class Executor:
             self._spec_texts.clear()
         self._spec_texts[key] = (spec, text)
         return text
+
+    async def aclose(self) -> None:
+        if self.s3 is not None:
+            await self.s3.close()
 
     def warm(self) -> None:
         """Load, at start-up and in a thread, what the first checkpoint read loads (botocore, an S3
@@ -220,17 +228,26 @@ class Executor:
         """The checkpoint store at the run's pinned location (status.store)."""
         from agentrun.checkpoint.store import CheckpointStore, StoreConfig
 
-        sc = StoreConfig(
-            uri=loc.uri,
-            endpoint_url=effective_endpoint(loc, spec, self.config),
-            region=loc.region,
-            path_style=loc.path_style,
-            snapshot_every=spec.checkpoint.snapshot_every,
-        )
-        key = (sc.uri, sc.endpoint_url, sc.region, sc.path_style)
-        if key not in self._stores:
-            self._stores[key] = CheckpointStore(sc)
-        return self._stores[key]
+        endpoint = effective_endpoint(loc, spec, self.config)
+        key = (loc.uri, endpoint, loc.region, loc.path_style)
+        store = self._stores.get(key)
+        if store is None:  # the config is validated (pydantic) once per store, not per reconcile
+            store = self._stores[key] = CheckpointStore(StoreConfig(
+                uri=loc.uri, endpoint_url=endpoint, region=loc.region, path_style=loc.path_style,
+                snapshot_every=spec.checkpoint.snapshot_every))
+        return store
+
+    async def _get_lap(self, store: Any, run: RunRef, lap: int) -> Any:
+        """``store.get_lap``: its lean GET on the loop (:class:`AsyncS3Get`) where the store has
+        one, the record then decoded here; else, or when that GET leaves the request to botocore,
+        the whole read in a worker thread."""
+        lean = getattr(store, "lean_get", None)
+        if lean is None or self.s3 is None:
+            return await asyncio.to_thread(store.get_lap, run, lap)
+        fetched = await self.s3.get(lean, store.lap_key(run, lap))
+        if fetched is None:
+            return await asyncio.to_thread(store.get_lap, run, lap, lean=False)
+        return store.get_lap(run, lap, fetched=fetched)
 
     async def read(self, o: d.Observed, decision: d.Decision, run: RunRef, spec: AgentRunSpec | None) -> d.Observed:
         from agentrun.checkpoint import errors as ce
@@ -246,7 +263,7 @@ class Executor:
         for a in decision.actions:
             if isinstance(a, d.ReadCheckpoint):
                 try:
-                    record, stored = await asyncio.to_thread(store.get_lap, run, a.lap)
+                    record, stored = await self._get_lap(store, run, a.lap)
                     cp = d.CheckpointRead(
                         lap=a.lap, kind="ok", record=record, key=stored.key, sha256=stored.sha256,
                         written_at=stored.written_at, uri=f"s3://{store.config.bucket}/{stored.key}", size=stored.size,
@@ -301,7 +318,7 @@ class Executor:
         # Jobs first: a lost status write is repaired by adopting the Job (deterministic name).
         for a in decision.of(d.DeleteJob):
             try:
-                await self._call("DELETE", path(JOBS, ns, a.name),
+                await self.call("DELETE", path(JOBS, ns, a.name),
                                  body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"})
                 rlog.info("deleted stray Job %s", a.name)
             except ApiException as exc:
@@ -398,7 +415,7 @@ class Executor:
                 metrics.lap_retried(ns, name, a.reason)
         for a in decision.of(d.DeleteRun):  # spec.ttlSecondsAfterFinished passed: after its Event
             try:
-                await self._call("DELETE", run_path, body={
+                await self.call("DELETE", run_path, body={
                     "kind": "DeleteOptions", "apiVersion": "v1",
                     "preconditions": {"uid": o.uid, "resourceVersion": rv}})
                 rlog.info("deleted the finished run (ttlSecondsAfterFinished=%ds)", a.ttl_seconds)
@@ -465,6 +482,6 @@ class Executor:
             "count": 1,
         }
         try:
-            await self._call("POST", path(EVENTS, meta["namespace"]), body=event)
+            await self.call("POST", path(EVENTS, meta["namespace"]), body=event)
         except ApiException as exc:  # events are best effort
             log.warning("cannot post event %s: %s", reason, exc.reason)

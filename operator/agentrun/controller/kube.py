@@ -102,6 +102,41 @@ def instrument(api_client: Any, count: Callable[[str, str, int | str], None]) ->
 HEADERS_REUSE_SECONDS = 10.0
 
 
+def prepare(base: str, common: dict[str, str], path_: str, query: dict[str, Any] | None, body: Any,
+            content_type: str | None) -> tuple[str, dict[str, str]]:
+    """The URL and headers of one request (``common``: the headers every request carries, from
+    :meth:`Kube.base`); query parameters that are None are left out. Shared by :class:`Kube` and
+    :class:`~agentrun.controller.akube.AsyncKube`, so both send the same request."""
+    headers = {**common, "Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = content_type or "application/json"
+    url = base + path_
+    if query:
+        url += "?" + urlencode({k: v for k, v in query.items() if v is not None})
+    return url, headers
+
+
+class JsonLines:
+    """A watch's body cut into its JSON documents, one per line, as the chunks arrive."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+        """The documents completed by ``chunk`` (a line split across chunks waits for its end)."""
+        buf = self._buf + chunk
+        if b"\n" not in chunk:
+            self._buf = buf
+            return []
+        *done, self._buf = buf.split(b"\n")
+        return [json.loads(line) for line in done if line.strip()]
+
+    def end(self) -> list[dict[str, Any]]:
+        """The last document, when the body did not end with a newline."""
+        buf, self._buf = self._buf, b""
+        return [json.loads(buf)] if buf.strip() else []
+
+
 class Kube:
     """Raw-JSON requests on one ``ApiClient`` (one urllib3 pool). Blocking: call in a thread."""
 
@@ -109,33 +144,37 @@ class Kube:
         self.api_client = api_client
         self._prepared: tuple[float, str, dict[str, str]] | None = None  # (made at, base URL, headers)
 
-    def _base(self) -> tuple[str, dict[str, str]]:
+    def fresh_base(self) -> tuple[str, dict[str, str]] | None:
+        """:meth:`base` when it need not be made again (no blocking call), else None."""
+        prepared = self._prepared
+        if prepared is not None and time.monotonic() - prepared[0] < HEADERS_REUSE_SECONDS:
+            return prepared[1], prepared[2]
+        return None
+
+    def base(self) -> tuple[str, dict[str, str]]:
         """The API server's URL and the headers of every request, from the client's own
         ``param_serialize`` (its default headers and ``update_params_for_auth``), reused for
         :data:`HEADERS_REUSE_SECONDS`: made per request they cost a tenth of a reconcile's CPU (a
-        kubeconfig's auth is loaded again on every call)."""
-        prepared, now = self._prepared, time.monotonic()
-        if prepared is None or now - prepared[0] >= HEADERS_REUSE_SECONDS:
-            _, url, headers, _, _ = self.api_client.param_serialize(
-                method="GET", resource_path="", header_params={}, auth_settings=["BearerToken"])
-            prepared = self._prepared = (now, url, dict(headers))
-        return prepared[1], prepared[2]
+        kubeconfig's auth is loaded again on every call). Blocking: a refresh may read a file or run
+        a credential plugin."""
+        fresh = self.fresh_base()
+        if fresh is not None:
+            return fresh
+        _, url, headers, _, _ = self.api_client.param_serialize(
+            method="GET", resource_path="", header_params={}, auth_settings=["BearerToken"])
+        self._prepared = (time.monotonic(), url, dict(headers))
+        return url, dict(headers)
 
-    def _unauthorized(self) -> None:
-        self._prepared = None  # credentials rotated: the next request makes them again
+    def unauthorized(self) -> None:
+        """A request was answered 401: the credentials rotated, the next request makes them again."""
+        self._prepared = None
 
     def _send(self, method: str, path_: str, query: dict[str, Any] | None, body: Any,
               content_type: str | None, timeout: float | tuple[float, float] | None) -> Any:
-        base, common = self._base()
-        headers = {**common, "Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type or "application/json"
-        url = base + path_
-        if query:
-            url += "?" + urlencode({k: v for k, v in query.items() if v is not None})
+        url, headers = prepare(*self.base(), path_, query, body, content_type)
         resp = self.api_client.call_api(method, url, header_params=headers, body=body, _request_timeout=timeout)
         if resp.status == 401:
-            self._unauthorized()
+            self.unauthorized()
         return resp
 
     def request(self, method: str, path_: str, *, query: dict[str, Any] | None = None, body: Any = None,
@@ -161,15 +200,10 @@ class Kube:
                 data = raw.read()
                 raise ApiException(status=resp.status, reason=resp.reason,
                                    body=data.decode("utf-8", "replace") if data else "")
-            buf = b""
+            lines = JsonLines()
             for chunk in raw.stream(65536, decode_content=True):
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if line.strip():
-                        yield json.loads(line)
-            if buf.strip():
-                yield json.loads(buf)
+                yield from lines.feed(chunk)
+            yield from lines.end()
         finally:
             raw.release_conn()
 

@@ -13,8 +13,13 @@ Lease's resourceVersion, so two standbys cannot both take it.
 
 Requests: a holder renews with one update of the Lease it wrote last (client-go's fast path: no
 read first); only when that update conflicts (someone else wrote the Lease) does it read the Lease
-and decide again. A standby reads once per period. Raw JSON over the operator's one pooled
-connection (:class:`KubeLeaseAPI`), no model classes.
+and decide again. A standby reads once per period. Raw JSON, no model classes: on the event loop
+over the operator's aiohttp session (:class:`AsyncKubeLeaseAPI`), or, where the operator's requests
+stay on the blocking client, each call in the elector's own thread (:class:`KubeLeaseAPI`). On the
+loop a renewal costs one request's CPU (a renewal through the blocking client in a thread cost
+~30 ms of CPU on the benchmark box: urllib3, ``http.client`` and the GIL's hand-offs), and, as
+client-go's goroutine, it runs only while the loop does: a loop blocked for ``0.8 * duration``
+stops the replica acting, as a replica that cannot renew does.
 
 The time source is injectable (``Clock``): ``wall()`` for the timestamps written into the Lease
 (informational only), ``monotonic()`` for every expiry decision, and ``sleep()`` for the renewal
@@ -131,6 +136,80 @@ class LeaseAPI(Protocol):
     def patch(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> None: ...
 
 
+class AsyncLeaseAPI(Protocol):
+    """:class:`LeaseAPI` on the event loop: the same calls and answers, awaited."""
+
+    async def read(self, name: str, namespace: str, timeout: float) -> dict[str, Any] | None: ...
+
+    async def create(self, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None: ...
+
+    async def replace(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None: ...
+
+    async def patch(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> None: ...
+
+
+def _absent(absent: int, exc: Exception) -> bool:
+    """A Lease call answered ``absent`` (404 on read, 409 on create/replace): its answer is None."""
+    from kubernetes.client.exceptions import ApiException
+
+    return isinstance(exc, ApiException) and exc.status == absent
+
+
+class AsyncKubeLeaseAPI:
+    """:class:`AsyncLeaseAPI` on the operator's aiohttp session (``akube.AsyncKube``)."""
+
+    def __init__(self, akube: Any) -> None:
+        self.akube = akube
+
+    async def _call(self, method: str, path_: str, absent: int, **kw: Any) -> dict[str, Any] | None:
+        try:
+            doc = await self.akube.request(method, path_, **kw)
+        except Exception as exc:
+            if _absent(absent, exc):
+                return None
+            raise
+        return doc if isinstance(doc, dict) else None
+
+    async def read(self, name: str, namespace: str, timeout: float) -> dict[str, Any] | None:
+        return await self._call("GET", path(LEASES, namespace, name), 404, timeout=timeout)
+
+    async def create(self, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        return await self._call("POST", path(LEASES, namespace), 409, body=body, timeout=timeout)
+
+    async def replace(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        return await self._call("PUT", path(LEASES, namespace, name), 409, body=body, timeout=timeout)
+
+    async def patch(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> None:
+        await self.akube.request("PATCH", path(LEASES, namespace, name), body=body, timeout=timeout,
+                                 content_type="application/merge-patch+json")
+
+
+class _InThread:
+    """A blocking :class:`LeaseAPI` as an :class:`AsyncLeaseAPI`: each call in ``executor`` (the
+    elector's own thread: a renewal never waits behind reconciles in the default executor)."""
+
+    def __init__(self, api: LeaseAPI, executor: ThreadPoolExecutor) -> None:
+        self.api, self.executor = api, executor
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def read(self, name: str, namespace: str, timeout: float) -> dict[str, Any] | None:
+        doc: dict[str, Any] | None = await self._run(self.api.read, name, namespace, timeout)
+        return doc
+
+    async def create(self, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        doc: dict[str, Any] | None = await self._run(self.api.create, namespace, body, timeout)
+        return doc
+
+    async def replace(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        doc: dict[str, Any] | None = await self._run(self.api.replace, name, namespace, body, timeout)
+        return doc
+
+    async def patch(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> None:
+        await self._run(self.api.patch, name, namespace, body, timeout)
+
+
 class KubeLeaseAPI:
     """:class:`LeaseAPI` on the operator's raw-JSON client."""
 
@@ -141,12 +220,10 @@ class KubeLeaseAPI:
         return path(LEASES, namespace, name)
 
     def _call(self, method: str, path_: str, absent: int, **kw: Any) -> dict[str, Any] | None:
-        from kubernetes.client.exceptions import ApiException
-
         try:
             doc = self.kube.request(method, path_, **kw)
-        except ApiException as exc:
-            if exc.status == absent:
+        except Exception as exc:
+            if _absent(absent, exc):
                 return None
             raise
         return doc if isinstance(doc, dict) else None
@@ -175,7 +252,7 @@ class LeaseElector:
     def __init__(self, name: str, namespace: str, identity: str, duration: float,
                  on_acquire: Callable[[], Awaitable[None]] | None = None,
                  on_lose: Callable[[], None] | None = None, *, clock: Clock | None = None,
-                 api: Callable[[], LeaseAPI] | None = None) -> None:
+                 api: Callable[[], LeaseAPI | AsyncLeaseAPI] | None = None) -> None:
         self.name, self.namespace, self.identity, self.duration = name, namespace, identity, duration
         self.on_acquire = on_acquire
         self.on_lose = on_lose  # e.g. drop per-run metrics, so a standby never exports stale runs
@@ -202,8 +279,11 @@ class LeaseElector:
         has made :attr:`is_leader` false for a moment."""
         return self._leader
 
-    def _api(self) -> LeaseAPI:
-        return self._api_factory() if self._api_factory is not None else _default_api()
+    def _api(self) -> AsyncLeaseAPI:
+        api = self._api_factory() if self._api_factory is not None else _default_api()
+        if asyncio.iscoroutinefunction(getattr(api, "read", None)):
+            return api  # type: ignore[return-value]
+        return _InThread(api, self._executor)  # type: ignore[arg-type]
 
     def _body(self, spec: dict[str, Any], resource_version: str | None) -> dict[str, Any]:
         metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
@@ -220,7 +300,7 @@ class LeaseElector:
         return bool((lease.get("spec") or {}).get("holderIdentity") == self.identity
                     and (lease.get("metadata") or {}).get("resourceVersion"))
 
-    def _try(self) -> bool:
+    async def _try(self) -> bool:
         """One acquire/renew round; True if this replica holds the Lease afterwards."""
         started = self.clock.monotonic()
         api = self._api()
@@ -235,13 +315,14 @@ class LeaseElector:
         written = self._written
         if self._leader and written is not None:
             # the fast path (client-go's): update the Lease as we last wrote it; a conflict means
-            # someone else wrote it since, and the read below decides
-            self._written = None
+            # someone else wrote it since, and the read below decides. An error or a cancelled round
+            # keeps it: the resourceVersion guards the next try (a stale one is a conflict)
             body = self._body({**(written.get("spec") or {}), **ours}, written["metadata"]["resourceVersion"])
-            renewed = api.replace(self.name, self.namespace, body, timeout)
+            renewed = await api.replace(self.name, self.namespace, body, timeout)
             if renewed is not None:
                 return self._wrote(renewed, started)
-        lease = api.read(self.name, self.namespace, timeout)
+            self._written = None
+        lease = await api.read(self.name, self.namespace, timeout)
         spec = None if lease is None else {k: (lease.get("spec") or {}).get(k) for k in RECORD_FIELDS}
         version = None if lease is None else (lease.get("metadata") or {}).get("resourceVersion")
         now = self.clock.monotonic()
@@ -251,13 +332,13 @@ class LeaseElector:
             self.holder = (spec or {}).get("holderIdentity")
             return False
         if action == "create" or lease is None:
-            created = api.create(self.namespace, self._body({**ours, "acquireTime": stamp, "leaseTransitions": 0},
+            created = await api.create(self.namespace, self._body({**ours, "acquireTime": stamp, "leaseTransitions": 0},
                                                             None), timeout)
             return created is not None and self._wrote(created, started)
         if action == "take":
             ours.update(acquireTime=stamp, leaseTransitions=int((spec or {}).get("leaseTransitions") or 0) + 1)
         kept = {k: v for k, v in (spec or {}).items() if k in ("acquireTime", "leaseTransitions") and v is not None}
-        replaced = api.replace(self.name, self.namespace, self._body({**kept, **ours}, version), timeout)
+        replaced = await api.replace(self.name, self.namespace, self._body({**kept, **ours}, version), timeout)
         return replaced is not None and self._wrote(replaced, started)
 
     async def _on_acquire(self) -> None:
@@ -283,8 +364,7 @@ class LeaseElector:
             self.last_tick = time.monotonic()
             was = self.is_leader
             try:
-                # its own thread: a renewal never waits behind reconciles in the default executor
-                ok = await asyncio.get_running_loop().run_in_executor(self._executor, self._try)
+                ok = await self._try()
             except Exception as exc:  # API unavailable: keep trying; is_leader expires on its own
                 log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
                 ok = False
@@ -319,15 +399,12 @@ class LeaseElector:
         if not self._leader:
             return
 
-        def _release() -> None:
-            api = self._api()
-            try:
-                lease = api.read(self.name, self.namespace, 5.0)
-                if lease is not None and (lease.get("spec") or {}).get("holderIdentity") == self.identity:
-                    api.patch(self.name, self.namespace, {"spec": {"holderIdentity": None}}, 5.0)
-            except Exception as exc:  # noqa: BLE001 - best effort: a standby takes over after the duration
-                log.info("lease %s/%s: not released: %s", self.namespace, self.name, exc)
-
         self._written = None
         self._leader = False
-        await asyncio.to_thread(_release)
+        api = self._api()
+        try:
+            lease = await api.read(self.name, self.namespace, 5.0)
+            if lease is not None and (lease.get("spec") or {}).get("holderIdentity") == self.identity:
+                await api.patch(self.name, self.namespace, {"spec": {"holderIdentity": None}}, 5.0)
+        except Exception as exc:  # noqa: BLE001 - best effort: a standby takes over after the duration
+            log.info("lease %s/%s: not released: %s", self.namespace, self.name, exc)

@@ -52,7 +52,7 @@ from .config import OperatorConfig
 from .execute import Executor, RetryWithBackoff
 from .jobs import LABEL_RUN_UID
 from .kube import JOBS, PODS, RUNS, Kube, instrument, new_api_client, path
-from .lease import KubeLeaseAPI, LeaseElector
+from .lease import AsyncKubeLeaseAPI, KubeLeaseAPI, LeaseElector
 from .logs import run_logger
 from .observe import (
     SpecMemo,
@@ -170,10 +170,11 @@ class Controller:
         instrument(api_client, metrics.kube_request)
         self.kube = Kube(api_client)
         why = unsupported(getattr(api_client, "configuration", None))
-        if why is None:  # the writes on the loop (akube.py); the watches, reads and the Lease stay on Kube
-            self.akube = AsyncKube(self.kube, RECONCILE_THREADS, metrics.kube_request)
+        if why is None:  # the writes, reads, watches and the Lease on the loop (akube.py)
+            self.akube = AsyncKube(self.kube, RECONCILE_THREADS + 3 * len(watch_ns) + tenancy_watches,
+                                   metrics.kube_request)
         else:
-            log.info("the operator's writes go through the blocking client in threads: %s", why)
+            log.info("the operator's requests and watches go through the blocking client in threads: %s", why)
         self.executor = Executor(cfg, self.kube, self.cache, self.akube)
         loop = self._loop = asyncio.get_running_loop()
         self._tasks.append(asyncio.ensure_future(loop.run_in_executor(None, self.executor.warm)))
@@ -185,18 +186,19 @@ class Controller:
                 for name in names:
                     self.informers.append(Informer(
                         self.kube, kind, None, None, self.policies, loop, resource=resource, optional=True,
-                        field_selector=f"metadata.name={name}" if name else None, scope=name))
+                        field_selector=f"metadata.name={name}" if name else None, scope=name, akube=self.akube))
         self.notifier = notify_from_env(None, active=lambda: self.is_leader, runs=self._notifier_runs,
                                         patch_status=self._notifier_patch)
         if self.notifier is not None:
             self.notifier.start()
         for ns in watch_ns:
             for kind, selector in (("runs", None), ("jobs", LABEL_RUN_UID)):  # pods: read on demand
-                self.informers.append(Informer(self.kube, kind, ns, selector, self.cache, loop))
+                self.informers.append(Informer(self.kube, kind, ns, selector, self.cache, loop, akube=self.akube))
         for inf in self.informers:
             inf.start()
         if self.elector is None:
-            lease_api = KubeLeaseAPI(self.kube)
+            lease_api: KubeLeaseAPI | AsyncKubeLeaseAPI = (
+                AsyncKubeLeaseAPI(self.akube) if self.akube is not None else KubeLeaseAPI(self.kube))
             self.elector = LeaseElector(cfg.lease_name, cfg.lease_namespace, cfg.identity,
                                         cfg.lease_duration_seconds, on_acquire=self.resync,
                                         on_lose=metrics.clear_runs, api=lambda: lease_api)
@@ -251,12 +253,16 @@ class Controller:
         self._pod_checks.clear()
         for inf in self.informers:
             inf.stop()
+        for inf in self.informers:
+            await inf.stopped()
         for t in self._tasks:
             t.cancel()
         if self.notifier is not None:
             await asyncio.to_thread(self.notifier.stop)
         if self.elector is not None:
             await self.elector.release()
+        if self.executor is not None:
+            await self.executor.aclose()
         if self.akube is not None:
             await self.akube.close()
 
@@ -335,9 +341,9 @@ class Controller:
     async def _tenancy_check(self, ns: str, spec: dict[str, Any]) -> Any:
         """The re-check's verdict from the watched policies; the run's namespace is read once when
         its watch event has not arrived yet (a namespace created just before the run)."""
-        assert self.policies is not None and self.kube is not None
+        assert self.policies is not None and self.executor is not None
         if not self.policies.knows(ns) and not self.policies.not_enforced(ns):
-            doc = await asyncio.to_thread(self.kube.request, "GET", path(NAMESPACES, None, ns))
+            doc = await self.executor.call("GET", path(NAMESPACES, None, ns))
             if isinstance(doc, dict):
                 self.policies.put_namespace(doc)
         return self.policies.check(ns, spec)
@@ -441,7 +447,7 @@ class Controller:
         watch lags behind), and the pods of a failed current Job whose exit the cache has not seen.
         Each is read once per version, then the cache (and the watch) answer. (The pods of an active
         Job: :meth:`_check_pods`.)"""
-        assert self.kube is not None
+        assert self.executor is not None
         meta = body["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         status = _status_of(body) if status is None else status
@@ -456,7 +462,7 @@ class Controller:
                 if self._job_reads.get(jkey) == rv_int(body):
                     continue
                 self._job_reads[jkey] = rv_int(body)
-                doc = await asyncio.to_thread(self.kube.request, "GET", path(JOBS, ns), query={
+                doc = await self.executor.call("GET", path(JOBS, ns), query={
                     "labelSelector": f"{LABEL_RUN_UID}={uid}", "fieldSelector": f"metadata.name={jname}"})
                 for item in (doc or {}).get("items") or []:
                     self.cache.put("jobs", item)
@@ -478,8 +484,8 @@ class Controller:
         self.cache.put_pods(ns, job, await self._list_pods(ns, pod_selector([job])))
 
     async def _list_pods(self, ns: str, selector: str) -> list[dict[str, Any]]:
-        assert self.kube is not None
-        doc = await asyncio.to_thread(self.kube.request, "GET", path(PODS, ns), query={"labelSelector": selector})
+        assert self.executor is not None
+        doc = await self.executor.call("GET", path(PODS, ns), query={"labelSelector": selector})
         return list((doc or {}).get("items") or [])
 
     def _call_on_grid(self, delay: float, callback: Callable[[Key], None], jkey: Key) -> asyncio.TimerHandle:

@@ -1,0 +1,107 @@
+"""The lean GET on the operator's event loop (controller/as3.py) against real S3 servers (moto and
+versitygw): what the blocking lean GET answers (the same bytes, metadata and Last-Modified as
+botocore's ``get_object``; ``NOT_FOUND`` for NoSuchKey), None for whatever it leaves to botocore
+(a missing bucket, a body over the bound, an unreachable store), and the operator's lap read
+(``Executor._get_lap``) making one GET on the loop and botocore's only after a None."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from typing import Any
+
+import pytest
+from ckpt_builders import RUN, make_record
+from test_s3get import BotocoreGets, make_store
+
+from agentrun.checkpoint import s3get
+from agentrun.checkpoint.errors import CheckpointNotFound, StoreConfigError
+from agentrun.checkpoint.store import CheckpointStore, StoreConfig, canonical_json, sha256_hex
+from agentrun.controller.as3 import AsyncS3Get
+
+pytestmark = pytest.mark.s3
+
+
+def on_loop(lean: s3get.LeanGet, *keys: str) -> list[Any]:
+    async def go() -> list[Any]:
+        s3 = AsyncS3Get()
+        try:
+            return [await s3.get(lean, k) for k in keys]
+        finally:
+            await s3.close()
+
+    return asyncio.run(go())
+
+
+def test_the_same_answers_as_the_blocking_lean_get(s3_bucket: Any, s3_client: Any) -> None:
+    store = make_store(s3_bucket)
+    lean = store.lean_get
+    assert lean is not None
+    stored = store.put_lap(make_record(1))  # gzip, with x-amz-meta-encoding
+    plain = canonical_json({"kind": "Other", "n": 1})
+    odd = store.run_prefix(RUN) + "attempts/odd keys a b+c~d=é?x&y#z%41.json"
+    s3_client.put_object(Bucket=s3_bucket.name, Key=odd, Body=plain, Metadata={"sha256": sha256_hex(plain)})
+    urls: list[str] = []
+    lean.observe(urls.append)
+    keys = (stored.key, odd, store.lap_key(RUN, 9))
+    got = on_loop(lean, *keys)
+    assert got == [lean.get(k) for k in keys]  # Got is a frozen dataclass: bytes, metadata, time, length
+    assert isinstance(got[0], s3get.Got) and got[0].body.startswith(b"\x1f\x8b")  # stored bytes, not decoded
+    assert got[1].body == plain and got[2] == s3get.NOT_FOUND  # type: ignore[union-attr]
+    assert len(urls) == 6 and lean.fallbacks == 0
+
+
+def test_what_it_leaves_to_botocore_is_none(s3_server: Any, s3_bucket: Any) -> None:
+    store = make_store(s3_bucket)
+    stored = store.put_lap(make_record(1))
+    small = s3get.LeanGet.for_client(store.client, store.config.endpoint_url, store.config.bucket, True,
+                                     max_bytes=stored.size - 1)
+    assert small is not None
+    assert on_loop(small, stored.key) == [None] and small.fallbacks == 1  # a body over the bound
+    gone = CheckpointStore(StoreConfig(uri="s3://no-such-bucket-here/p", endpoint_url=s3_server.endpoint_url,
+                                       region="us-east-1", path_style=True))
+    assert gone.lean_get is not None
+    assert on_loop(gone.lean_get, gone.lap_key(RUN, 1)) == [None] and gone.lean_get.fallbacks == 1  # NoSuchBucket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    nowhere = CheckpointStore(StoreConfig(uri="s3://nowhere-bucket/p", endpoint_url=f"http://127.0.0.1:{port}",
+                                          region="us-east-1", path_style=True))
+    assert nowhere.lean_get is not None
+    assert on_loop(nowhere.lean_get, nowhere.lap_key(RUN, 1)) == [None]  # connection refused
+
+
+def test_the_operators_lap_read_makes_one_get_and_botocores_only_after_a_none(s3_server: Any, s3_bucket: Any) -> None:
+    from agentrun.controller.cache import Cache
+    from agentrun.controller.config import OperatorConfig
+    from agentrun.controller.execute import Executor
+
+    store = make_store(s3_bucket)
+    store.put_lap(make_record(1))
+    ex = Executor(OperatorConfig(), None, Cache(on_change=lambda _: None))  # type: ignore[arg-type]
+    assert store.lean_get is not None
+    lean_urls: list[str] = []
+    threads: list[str] = []
+    store.lean_get.observe(lambda url: (lean_urls.append(url), threads.append(threading.current_thread().name)))
+    botocore = BotocoreGets(store.client)
+
+    async def read(s: CheckpointStore, lap: int) -> Any:
+        try:
+            return await ex._get_lap(s, RUN, lap)
+        finally:
+            await ex.aclose()
+
+    record, stored = asyncio.run(read(store, 1))
+    assert (record, stored.sha256) == (store.get_lap(RUN, 1)[0], store.head_lap(RUN, 1).sha256)  # type: ignore[union-attr]
+    assert len(lean_urls) == 2 and botocore.sent == 0  # the loop's GET, then the check's own
+    assert threads == ["MainThread", "MainThread"]  # on the event loop, not in a worker thread
+    with pytest.raises(CheckpointNotFound):
+        asyncio.run(read(store, 2))
+    assert botocore.sent == 0
+    gone = CheckpointStore(StoreConfig(uri="s3://no-such-bucket-here/p", endpoint_url=s3_server.endpoint_url,
+                                       region="us-east-1", path_style=True))
+    gone_gets = BotocoreGets(gone.client)
+    with pytest.raises(StoreConfigError, match="bucket 'no-such-bucket-here' does not exist"):
+        asyncio.run(read(gone, 1))  # None on the loop, then botocore's error, with no second lean GET
+    assert gone.lean_get is not None and gone.lean_get.fallbacks == 1 and gone_gets.sent >= 1
