@@ -1,12 +1,13 @@
 """The controller's watch cache: AgentRuns and their lap Jobs, in memory, and the few pods the
 reconciler read.
 
-Runs and Jobs are listed once and then watched (:class:`Informer`, a thread per kind and namespace,
-raw JSON through :class:`~agentrun.controller.kube.Kube`); a watch that expires (410 Gone) lists
-again. Every change is applied on the event loop (:class:`Cache`), which is where reconciles read,
-so a reconcile sees one consistent state and makes no read request of its own. The informer thread
-hands its events to the loop in batches (one wake-up of the loop for all the events that arrived
-while it was busy), and drops ``metadata.managedFields`` (never read) before they get there.
+Runs and Jobs are listed once and then watched (:class:`Informer`, one per kind and namespace: a
+task on the event loop over aiohttp, or a thread over :class:`~agentrun.controller.kube.Kube` where
+aiohttp cannot reproduce the client's configuration); a watch that expires (410 Gone) lists again.
+Every change is applied on the event loop (:class:`Cache`), which is where reconciles read, so a
+reconcile sees one consistent state and makes no read request of its own. A thread hands its
+events to the loop in batches (one wake-up of the loop for all the events that arrived while it was
+busy). ``metadata.managedFields`` (never read) is dropped before an object reaches the cache.
 
 Pods are not watched (a lap pod's watch events were most of the operator's CPU per lap, and a
 reconcile needs a pod only in two rare cases): the reconciler reads the pods of one Job on demand
