@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -52,19 +53,25 @@ def _free_port() -> int:
 
 
 def start_versitygw(base_dir: Path, access_key: str, secret_key: str, port: int | None = None,
-                    region: str = "us-east-1", timeout: float = 60.0) -> tuple[subprocess.Popen[bytes], str]:
+                    region: str = "us-east-1", timeout: float = 60.0,
+                    tls: tuple[Path, Path] | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """Start versitygw on ``127.0.0.1:<free port>`` with its posix backend in ``base_dir/data``
     (root user ``access_key``/``secret_key``). Returns the process and its endpoint URL; its log
-    is ``base_dir/versitygw.log``. Raises ``VersityError`` if it does not answer in ``timeout``."""
+    is ``base_dir/versitygw.log``. Raises ``VersityError`` if it does not answer in ``timeout``.
+    ``tls``: (certificate, key) files: it serves https with them (the certificate, self-signed, is
+    also what the readiness check trusts)."""
     binary = build_versitygw()
     data, meta = base_dir / "data", base_dir / "meta"
     data.mkdir(parents=True, exist_ok=True)
     meta.mkdir(parents=True, exist_ok=True)
     port = port or _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
+    endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROOT_", "VGW_"))}
     cmd = [binary, "--port", f"127.0.0.1:{port}", "--access", access_key, "--secret", secret_key,
-           "--region", region, "--health", HEALTH, "--quiet", "posix", "--sidecar", str(meta), str(data)]
+           "--region", region, "--health", HEALTH, "--quiet",
+           *(["--cert", str(tls[0]), "--key", str(tls[1])] if tls else []),
+           "posix", "--sidecar", str(meta), str(data)]
+    context = ssl.create_default_context(cafile=str(tls[0])) if tls else None
     log = open(base_dir / "versitygw.log", "ab")  # noqa: SIM115 (kept open for the process)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     log.close()
@@ -74,7 +81,7 @@ def start_versitygw(base_dir: Path, access_key: str, secret_key: str, port: int 
             tail = (base_dir / "versitygw.log").read_text(errors="replace")[-2000:]
             raise VersityError(f"versitygw exited with code {proc.returncode} before it was ready:\n{tail}")
         try:
-            with urllib.request.urlopen(endpoint + HEALTH, timeout=1):
+            with urllib.request.urlopen(endpoint + HEALTH, timeout=1, context=context):
                 return proc, endpoint
         except (OSError, urllib.error.URLError):
             time.sleep(0.1)

@@ -7,8 +7,12 @@ botocore's ``get_object``; ``NOT_FOUND`` for NoSuchKey), None for whatever it le
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
 import threading
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,6 +25,7 @@ from agentrun.checkpoint.store import CheckpointStore, StoreConfig, canonical_js
 from agentrun.controller.as3 import AsyncS3Get
 
 pytestmark = pytest.mark.s3
+S3_REGION = "us-east-1"
 
 
 def on_loop(lean: s3get.LeanGet, *keys: str) -> list[Any]:
@@ -105,3 +110,57 @@ def test_the_operators_lap_read_makes_one_get_and_botocores_only_after_a_none(s3
     with pytest.raises(StoreConfigError, match="bucket 'no-such-bucket-here' does not exist"):
         asyncio.run(read(gone, 1))  # None on the loop, then botocore's error, with no second lean GET
     assert gone.lean_get is not None and gone.lean_get.fallbacks == 1 and gone_gets.sent >= 1
+
+
+def _self_signed(directory: Any, name: str) -> tuple[Any, Any]:
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def tls_versitygw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, Any]]:
+    """versitygw over https with a self-signed certificate: (endpoint, its certificate, another
+    certificate the server does not use)."""
+    if os.environ.get("AGENTRUN_SKIP_VERSITYGW") == "1":
+        pytest.skip("AGENTRUN_SKIP_VERSITYGW=1")
+    from e2e.versitygw_server import start_versitygw, stop
+
+    d = tmp_path_factory.mktemp("versitygw-tls")
+    cert, key = _self_signed(d, "server")
+    other, _ = _self_signed(d, "other")
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    proc, endpoint = start_versitygw(d, os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"],
+                                     region=S3_REGION, tls=(cert, key))
+    try:
+        yield endpoint, cert, other
+    finally:
+        stop(proc)
+
+
+def test_over_https_both_senders_verify_the_endpoint_with_the_ca_bundle(tls_versitygw: Any,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With an https endpoint the lean GET verifies the server with the CA bundle botocore uses
+    (``AWS_CA_BUNDLE``), in the lap pod (urllib3) and on the operator's loop (aiohttp) alike; a
+    server the bundle does not vouch for is left to botocore by both."""
+    endpoint, cert, other = tls_versitygw
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(cert))
+    config = StoreConfig(uri=f"s3://t-tls-{uuid.uuid4().hex[:12]}/p", endpoint_url=endpoint, region=S3_REGION,
+                         path_style=True)
+    store = CheckpointStore(config)
+    store.client.create_bucket(Bucket=config.bucket)
+    stored = store.put_lap(make_record(1))
+    lean = store.lean_get
+    assert lean is not None and lean.ca_certs == str(cert)
+    got = lean.get(stored.key)
+    assert isinstance(got, s3get.Got) and got.content_length == stored.size
+    assert on_loop(lean, stored.key, store.lap_key(RUN, 2)) == [got, s3get.NOT_FOUND]
+    assert lean.fallbacks == 0
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(other))  # a bundle that does not vouch for the server
+    wrong = CheckpointStore(config)
+    assert wrong.lean_get is not None and wrong.lean_get.ca_certs == str(other)
+    assert wrong.lean_get.get(stored.key) is None and on_loop(wrong.lean_get, stored.key) == [None]
+    assert wrong.lean_get.fallbacks == 2
