@@ -164,3 +164,36 @@ def test_over_https_both_senders_verify_the_endpoint_with_the_ca_bundle(tls_vers
     assert wrong.lean_get is not None and wrong.lean_get.ca_certs == str(other)
     assert wrong.lean_get.get(stored.key) is None and on_loop(wrong.lean_get, stored.key) == [None]
     assert wrong.lean_get.fallbacks == 2
+
+
+def test_a_big_lap_record_is_decoded_off_the_loop(s3_bucket: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record over ``INLINE_DECODE_BYTES`` is fetched on the loop and decoded in a worker thread
+    (the same record and object as ``store.get_lap``); a small one is decoded on the loop."""
+    from agentrun.controller import execute
+    from agentrun.controller.cache import Cache
+    from agentrun.controller.config import OperatorConfig
+    from agentrun.controller.execute import Executor
+
+    store = make_store(s3_bucket)
+    stored = store.put_lap(make_record(1))
+    ex = Executor(OperatorConfig(), None, Cache(on_change=lambda _: None))  # type: ignore[arg-type]
+    decoded_in: list[str] = []
+    real = store.get_lap
+
+    def get_lap(*a: Any, **kw: Any) -> Any:
+        decoded_in.append(threading.current_thread().name)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(store, "get_lap", get_lap)
+
+    async def read() -> Any:
+        try:
+            return await ex._get_lap(store, RUN, 1)
+        finally:
+            await ex.aclose()
+
+    small = asyncio.run(read())
+    monkeypatch.setattr(execute, "INLINE_DECODE_BYTES", stored.size - 1)
+    big = asyncio.run(read())
+    assert small[0] == big[0] == real(RUN, 1)[0] and big[1].sha256 == stored.sha256
+    assert decoded_in[0] == "MainThread" and decoded_in[1] != "MainThread"

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 from agentrun import metrics
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentRunStatus, StoreLocation
+from agentrun.checkpoint.s3get import Got
 from agentrun.checkpoint.schema import RunRef
 
 from . import decide as d
@@ -47,6 +48,9 @@ class StatusRefused(RetryWithBackoff):
 JOB_DEFERRED, DELETE_DEFERRED = "\0JobRefused", "\0CheckpointDeleteFailed"
 #: Runs whose lap spec JSON is kept (``Executor.spec_text``); past it the memo starts again.
 SPEC_TEXTS_LIMIT = 100_000
+#: Stored bytes of a lap record the operator decodes on its event loop; a bigger one is decoded in a
+#: worker thread (a typical record is a few kB; the store's bound is hundreds of MB).
+INLINE_DECODE_BYTES = 256 * 1024
 
 
 def job_refusal(status: int, body: str | bytes | None, reason: str | None) -> tuple[bool, str]:
@@ -247,6 +251,10 @@ class Executor:
         fetched = await self.s3.get(lean, store.lap_key(run, lap))
         if fetched is None:
             return await asyncio.to_thread(store.get_lap, run, lap, lean=False)
+        if isinstance(fetched, Got) and len(fetched.body) > INLINE_DECODE_BYTES:
+            # a big record (up to the store's bound) is decoded and validated in a thread: on the
+            # loop it would hold up every reconcile, watch and Lease renewal meanwhile
+            return await asyncio.to_thread(store.get_lap, run, lap, fetched=fetched)
         return store.get_lap(run, lap, fetched=fetched)
 
     async def read(self, o: d.Observed, decision: d.Decision, run: RunRef, spec: AgentRunSpec | None) -> d.Observed:
