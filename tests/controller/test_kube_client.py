@@ -117,3 +117,31 @@ def test_a_watch_body_is_cut_into_documents_however_its_chunks_fall() -> None:
     unterminated = JsonLines()  # the last document without its newline (the server closed the stream)
     assert unterminated.feed(b'{"a": 1}\n{"b"') == [{"a": 1}]
     assert unterminated.feed(b": 2}") == [] and unterminated.end() == [{"b": 2}] and unterminated.end() == []
+
+
+def test_loads_reads_what_json_reads() -> None:
+    """The operator's decoder (orjson, with ``json`` for what orjson refuses) gives what
+    ``json.loads`` gives for any document the API server sends, and ``json``'s error for what
+    neither reads."""
+    import pytest
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from agentrun.controller.kube import loads
+
+    scalars = st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**63 - 1) \
+        | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+    values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=5)
+                          | st.dictionaries(st.text(), inner, max_size=5), max_leaves=30)
+
+    @settings(max_examples=300)
+    @given(values, st.booleans())
+    def check(value: object, ascii_only: bool) -> None:
+        text = json.dumps(value, ensure_ascii=ascii_only)
+        assert loads(text.encode()) == json.loads(text) and loads(text) == json.loads(text)
+
+    check()
+    # a lone surrogate escape: orjson refuses it, json reads it
+    assert loads(b'{"m": "\\ud800x"}') == {"m": "\ud800x"}
+    with pytest.raises(json.JSONDecodeError):
+        loads(b'{"a": ')

@@ -660,3 +660,47 @@ def test_the_cache_keeps_of_a_job_what_observe_reads():
     c.put("jobs", full)
     assert c.jobs[("ns", job["metadata"]["name"])] == slim
     assert [j["metadata"]["name"] for j in c.jobs_of("ns", RUN_UID)] == [job["metadata"]["name"]]
+
+
+def test_a_watch_read_in_a_thread_wakes_the_loop_once_per_batch_and_raises_its_error_on_the_loop():
+    """The blocking transport's watch (cache.in_thread): the documents that arrive while the loop is
+    busy are handed over with ONE wake-up, in order; the reader's error is raised on the loop after
+    the documents before it."""
+    import threading
+
+    from agentrun.controller.cache import in_thread
+
+    read_all = threading.Event()
+
+    def docs():
+        yield from ({"n": i} for i in range(50))
+        read_all.set()
+        raise OSError("connection reset")
+
+    async def main() -> tuple[list[Any], int, str]:
+        loop = asyncio.get_running_loop()
+        wakeups = 0
+        real = loop.call_soon_threadsafe
+
+        def counted(*args: Any, **kw: Any) -> Any:
+            nonlocal wakeups
+            wakeups += 1
+            return real(*args, **kw)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        got: list[Any] = []
+        stream = in_thread(docs, loop, "informer-test")
+        first = asyncio.ensure_future(stream.__anext__())  # the reader starts
+        await asyncio.sleep(0)
+        assert read_all.wait(30)  # the loop is busy (blocked here) while the thread reads everything
+        got.append(await first)
+        try:
+            async for doc in stream:
+                got.append(doc)
+        except OSError as exc:
+            return got, wakeups, str(exc)
+        return got, wakeups, ""
+
+    got, wakeups, error = asyncio.run(main())
+    assert got == [{"n": i} for i in range(50)] and error == "connection reset"
+    assert wakeups == 1

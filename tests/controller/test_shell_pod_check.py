@@ -241,6 +241,43 @@ def test_a_key_taken_while_the_lease_renewal_was_late_is_reconciled_once_the_rep
     assert reconciled == [KEY]
 
 
+def test_the_dropped_keys_are_rechecked_by_a_timer_only_while_there_are_some(monkeypatch):
+    """An idle operator sets no timer for the keys dropped while not acting (it was a loop waking
+    every second, a sixth of an idle operator's wake-ups); a dropped key starts one, which queues
+    it once the replica acts again and then stops."""
+    from agentrun.controller import reconciler
+
+    monkeypatch.setattr(reconciler, "NOT_LEADER_RECHECK_SECONDS", 0.01)
+    c = Controller(OperatorConfig())
+    leader = SimpleNamespace(is_leader=True, holds=True)
+    c.elector = leader  # type: ignore[assignment]
+
+    async def reconcile(key):
+        return None
+
+    async def main() -> None:
+        c._loop = asyncio.get_running_loop()
+        c.reconcile = reconcile  # type: ignore[method-assign]
+        await c.process(KEY)  # acting: nothing kept, no timer
+        assert c._not_leader_timer is None
+        leader.is_leader = False
+        await c.process(KEY)
+        assert c._not_leader_timer is not None
+        for _ in range(5):  # still not acting: the timer keeps looking
+            await asyncio.sleep(0.02)
+        assert c.queue.depth == 0 and c._not_leader_timer is not None
+        leader.is_leader = True
+        for _ in range(500):
+            if c.queue.depth:
+                break
+            await asyncio.sleep(0.01)
+        assert c.queue.depth == 1 and c.cache.causes == {"leader again": 1}
+        assert c._not_leader_timer is None and not c._not_leader
+        c.queue.shut_down()
+
+    asyncio.run(main())
+
+
 def test_a_replica_that_never_led_remembers_nothing_taking_the_lease_queues_every_run():
     """Keys a standby (or a replica before its first Lease) takes from the queue are not kept for
     later: the resync on taking the Lease queues every run, and keeping them too reconciled every

@@ -29,7 +29,7 @@ from typing import Any
 
 import aiohttp
 
-from .kube import JsonLines, Kube, prepare, request_labels
+from .kube import JsonLines, Kube, loads, prepare, request_labels
 
 Count = Callable[[str, str, "int | str"], None]
 
@@ -125,7 +125,7 @@ class AsyncKube:
             self.kube.unauthorized()
         if not 200 <= status <= 299:
             raise ApiException(status=status, reason=reason, body=raw.decode("utf-8", "replace"))
-        return json.loads(raw) if raw else None
+        return loads(raw) if raw else None
 
     async def stream(self, path_: str, query: dict[str, Any], timeout: tuple[float, float]) -> AsyncGenerator[dict[str, Any], None]:
         """The events of a watch (``watch=true`` is added), one JSON document per line, as

@@ -2,8 +2,9 @@
 reconciler read.
 
 Runs and Jobs are listed once and then watched (:class:`Informer`, one per kind and namespace: a
-task on the event loop over aiohttp, or a thread over :class:`~agentrun.controller.kube.Kube` where
-aiohttp cannot reproduce the client's configuration); a watch that expires (410 Gone) lists again.
+task on the event loop, reading over aiohttp, or through a thread over
+:class:`~agentrun.controller.kube.Kube` where aiohttp cannot reproduce the client's configuration);
+a watch that expires (410 Gone) lists again.
 Every change is applied on the event loop (:class:`Cache`), which is where reconciles read, so a
 reconcile sees one consistent state and makes no read request of its own. A thread hands its
 events to the loop in batches (one wake-up of the loop for all the events that arrived while it was
@@ -34,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .jobs import LABEL_RUN_UID
@@ -351,11 +352,12 @@ class Informer:
     """List, then watch, one kind in one namespace (None: cluster-wide); every change is handed to
     ``cache`` on ``loop``. ``synced`` is set after the first list is applied.
 
-    Two transports, one behaviour: with ``akube`` (:class:`~agentrun.controller.akube.AsyncKube`)
-    the informer is a task on the loop that applies each event as it is read (no thread, no hand-off:
-    a watch event wakes only the loop); without it (a client configuration aiohttp does not
-    reproduce) a daemon thread reads through :class:`Kube` and hands the events to the loop in
-    batches (:meth:`_deliver`). ``start`` is called on the loop.
+    One list-and-watch loop, a task on the loop that applies each event as it is read, over one of
+    two transports: with ``akube`` (:class:`~agentrun.controller.akube.AsyncKube`) the list and the
+    watch are read on the loop (no thread, no hand-off: a watch event wakes only the loop); without
+    it (a client configuration aiohttp does not reproduce) the list is a :class:`Kube` request in a
+    worker thread and the watch is read by a daemon thread that hands its events to the loop in
+    batches (:func:`in_thread`). ``start`` is called on the loop.
 
     ``cache`` is any sink with ``replace(kind, namespace, items)`` and ``event(kind, type, obj)``
     (the :class:`Cache`, or the tenancy re-check's ``PolicyStore``); ``resource`` the
@@ -379,22 +381,13 @@ class Informer:
         self.cache, self.loop, self.optional = cache, loop, optional
         self.synced = asyncio.Event()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._task: asyncio.Task[None] | None = None
-        self._lock = threading.Lock()
-        self._inbox: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
-        self._scheduled = False  # a _drain is scheduled on the loop and has not taken the inbox yet
         self.path = path(resource or RESOURCES[kind], namespace)
         #: Applied to every object before it reaches the cache (client-go's transform).
         self.transform = TRANSFORMS.get(kind, strip) if resource is None else strip
 
     def start(self) -> None:
-        if self.akube is not None:
-            self._task = self.loop.create_task(self._arun(), name=f"informer-{self.kind}-{self.namespace or 'all'}")
-            return
-        self._thread = threading.Thread(target=self._run, name=f"informer-{self.kind}-{self.namespace or 'all'}",
-                                        daemon=True)
-        self._thread.start()
+        self._task = self.loop.create_task(self._run(), name=f"informer-{self.kind}-{self.namespace or 'all'}")
 
     def stop(self) -> None:
         self._stop.set()
@@ -402,13 +395,13 @@ class Informer:
             self.loop.call_soon_threadsafe(self._task.cancel)
 
     async def stopped(self) -> None:
-        """Wait for the task of a stopped informer to end (its watch closed); a thread is not waited
-        for (a daemon blocked in a read ends with the process)."""
+        """Wait for the task of a stopped informer to end (its watch closed; a watch read in a
+        thread is left to end with its next event, its timeout or the process)."""
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    # ------------------------------------------------------------------ one behaviour
+    # ------------------------------------------------------------------ what a list or watch means
 
     def _list_query(self, cont: str | None) -> dict[str, Any]:
         return {"labelSelector": self.selector, "fieldSelector": self.field_selector, "limit": LIST_PAGE,
@@ -418,12 +411,12 @@ class Informer:
         return {"labelSelector": self.selector, "fieldSelector": self.field_selector, "resourceVersion": rv,
                 "allowWatchBookmarks": "true", "timeoutSeconds": WATCH_SECONDS}
 
-    def _listed_all(self, emit: Callable[..., None], items: list[dict[str, Any]]) -> None:
-        emit(self.cache.replace, self.kind, self.scope, [self.transform(o) for o in items])
+    def _listed_all(self, items: list[dict[str, Any]]) -> None:
+        self._apply(self.cache.replace, self.kind, self.scope, [self.transform(o) for o in items])
         self._listed = True
-        emit(self.synced.set)
+        self.synced.set()
 
-    def _event(self, emit: Callable[..., None], ev: dict[str, Any], rv: str) -> str:
+    def _event(self, ev: dict[str, Any], rv: str) -> str:
         """Apply one watch event; the resourceVersion to resume from. :class:`_Expired` on a 410."""
         from kubernetes.client.exceptions import ApiException
 
@@ -434,10 +427,10 @@ class Informer:
             raise ApiException(status=obj.get("code") or 0, reason=str(obj.get("message")))
         rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
         if type_ in ("ADDED", "MODIFIED", "DELETED"):
-            emit(self.cache.event, self.kind, type_, self.transform(obj))
+            self._apply(self.cache.event, self.kind, type_, self.transform(obj))
         return rv
 
-    def _failed(self, emit: Callable[..., None], exc: Exception) -> tuple[float, bool]:
+    def _failed(self, exc: Exception) -> tuple[float, bool]:
         """(seconds to wait, list again) after a list or watch ended with ``exc``."""
         from kubernetes.client.exceptions import ApiException
 
@@ -447,8 +440,8 @@ class Informer:
             if exc.status == 410:
                 return 0.0, True
             if self.optional and not self._listed and exc.status in (403, 404):
-                emit(self.cache.refused, self.kind, exc.status, self.scope)
-                emit(self.synced.set)
+                self._apply(self.cache.refused, self.kind, exc.status, self.scope)
+                self.synced.set()
                 return REFUSED_RETRY, True
             self._failures += 1
             self.last_error = f"{exc.status} {exc.reason}"  # the controller's "not synced" warning names it
@@ -461,38 +454,49 @@ class Informer:
                  str(exc) or type(exc).__name__)
         return min(WATCH_RETRY_MAX, 0.2 * 2 ** min(self._failures, 7)), False
 
-    # ------------------------------------------------------------------ on the loop (AsyncKube)
+    # ------------------------------------------------------------------ the two transports
 
-    def _call(self, fn: Callable[..., None], *args: Any) -> None:
+    async def _get(self, query: dict[str, Any]) -> Any:
+        if self.akube is not None:
+            return await self.akube.request("GET", self.path, query=query, timeout=(10.0, 120.0))
+        return await asyncio.to_thread(self.kube.request, "GET", self.path, query=query, timeout=(10.0, 120.0))
+
+    def _watch(self, rv: str) -> AsyncGenerator[dict[str, Any], None]:
+        timeout = (10.0, WATCH_READ_TIMEOUT)
+        if self.akube is not None:
+            return self.akube.stream(self.path, self._watch_query(rv), timeout)
+        return in_thread(lambda: self.kube.stream(self.path, self._watch_query(rv), timeout=timeout), self.loop,
+                         f"informer-{self.kind}-{self.namespace or 'all'}")
+
+    # ------------------------------------------------------------------ the loop
+
+    def _apply(self, fn: Callable[..., None], *args: Any) -> None:
         try:
             fn(*args)
         except Exception:  # noqa: BLE001 - a bad object never stops the informer
             log.exception("watch cache: cannot apply a %s event", self.kind)
 
-    async def _alist(self) -> tuple[list[dict[str, Any]], str]:
-        assert self.akube is not None
+    async def _list(self) -> tuple[list[dict[str, Any]], str]:
         items: list[dict[str, Any]] = []
         cont = None
         while True:
-            doc = await self.akube.request("GET", self.path, query=self._list_query(cont), timeout=(10.0, 120.0))
+            doc = await self._get(self._list_query(cont))
             items += doc.get("items") or []
             cont = (doc.get("metadata") or {}).get("continue")
             if not cont:
                 return items, doc["metadata"]["resourceVersion"]
 
-    async def _arun(self) -> None:
-        assert self.akube is not None
+    async def _run(self) -> None:
         rv: str | None = None
         while not self._stop.is_set():
             try:
                 if rv is None:
-                    items, rv = await self._alist()
-                    self._listed_all(self._call, items)
-                async with contextlib.aclosing(self.akube.stream(self.path, self._watch_query(rv),
-                                                                 (10.0, WATCH_READ_TIMEOUT))) as events:
+                    items, rv = await self._list()
+                    self._listed_all(items)
+                async with contextlib.aclosing(self._watch(rv)) as events:
                     async for ev in events:
                         try:
-                            rv = self._event(self._call, ev, rv)
+                            rv = self._event(ev, rv)
                         except _Expired:
                             rv = None
                             break
@@ -500,63 +504,65 @@ class Informer:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - an informer never stops but by stop()
-                wait, relist = self._failed(self._call, exc)
+                wait, relist = self._failed(exc)
                 if relist:
                     rv = None
                 if wait:
                     await asyncio.sleep(wait)
 
-    # ------------------------------------------------------------------ in a thread (Kube)
 
-    def _list(self) -> tuple[list[dict[str, Any]], str]:
-        items: list[dict[str, Any]] = []
-        cont = None
-        while True:
-            doc = self.kube.request("GET", self.path, query=self._list_query(cont), timeout=(10.0, 120.0))
-            items += doc.get("items") or []
-            cont = (doc.get("metadata") or {}).get("continue")
-            if not cont:
-                return items, doc["metadata"]["resourceVersion"]
+class _Ended:
+    """What :func:`in_thread`'s reader hands over last: the end of its iterator, or its error."""
 
-    def _deliver(self, fn: Callable[..., None], *args: Any) -> None:
-        """Hand ``fn(*args)`` to the loop, in order. The loop is woken once per batch: the calls
-        that arrive while one is already scheduled join it."""
-        with self._lock:
-            self._inbox.append((fn, args))
-            if self._scheduled:
+    def __init__(self, exc: BaseException | None = None) -> None:
+        self.exc = exc
+
+
+async def in_thread(make: Callable[[], Iterator[dict[str, Any]]], loop: asyncio.AbstractEventLoop,
+                    name: str) -> AsyncGenerator[dict[str, Any], None]:
+    """The documents of a blocking iterator (:meth:`Kube.stream`, for a client configuration
+    aiohttp does not reproduce) read in a daemon thread and handed to ``loop`` in batches: one
+    wake-up of the loop for all the documents that arrived while it was busy. Its error is raised
+    here. Closed early, the thread stops at its next document (or the watch's timeout)."""
+    inbox: list[dict[str, Any] | _Ended] = []
+    lock = threading.Lock()
+    ready = asyncio.Event()
+    closed = threading.Event()
+    scheduled = False  # a wake-up of the loop is on its way and the inbox was not taken since
+
+    def deliver(item: dict[str, Any] | _Ended) -> None:
+        nonlocal scheduled
+        with lock:
+            inbox.append(item)
+            if scheduled:
                 return
-            self._scheduled = True
-        self.loop.call_soon_threadsafe(self._drain)
+            scheduled = True
+        loop.call_soon_threadsafe(ready.set)
 
-    def _drain(self) -> None:
-        with self._lock:
-            batch, self._inbox = self._inbox, []
-            self._scheduled = False
-        for fn, args in batch:
-            try:
-                fn(*args)
-            except Exception:  # noqa: BLE001 - a bad object never stops the informer
-                log.exception("watch cache: cannot apply a %s event", self.kind)
+    def read() -> None:
+        try:
+            for doc in make():
+                if closed.is_set():
+                    return
+                deliver(doc)
+            deliver(_Ended())
+        except BaseException as exc:  # noqa: BLE001 - raised on the loop
+            deliver(_Ended(exc))
 
-    def _run(self) -> None:
-        rv: str | None = None
-        while not self._stop.is_set():
-            try:
-                if rv is None:
-                    items, rv = self._list()
-                    self._listed_all(self._deliver, items)
-                for ev in self.kube.stream(self.path, self._watch_query(rv), timeout=(10.0, WATCH_READ_TIMEOUT)):
-                    try:
-                        rv = self._event(self._deliver, ev, rv)
-                    except _Expired:
-                        rv = None
-                        break
-                    if self._stop.is_set():
-                        return
-                self._failures = 0
-            except Exception as exc:  # noqa: BLE001 - an informer never stops but by stop()
-                wait, relist = self._failed(self._deliver, exc)
-                if relist:
-                    rv = None
-                if wait:
-                    self._stop.wait(wait)
+    threading.Thread(target=read, name=name, daemon=True).start()
+    try:
+        while True:
+            await ready.wait()
+            with lock:
+                batch = inbox[:]
+                inbox.clear()
+                scheduled = False
+                ready.clear()
+            for item in batch:
+                if isinstance(item, _Ended):
+                    if item.exc is not None:
+                        raise item.exc
+                    return
+                yield item
+    finally:
+        closed.set()

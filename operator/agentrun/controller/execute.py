@@ -28,6 +28,7 @@ from .akube import AsyncKube
 from .as3 import AsyncS3Get
 from .cache import Cache, Key
 from .config import OperatorConfig
+from .events import EventBudget
 from .jobs import RunIdentity, build_job, effective_endpoint, spec_json
 from .kube import EVENTS, GROUP, JOBS, RUNS, VERSION, Kube, path
 from .logs import run_logger
@@ -163,15 +164,17 @@ class Executor:
     def __init__(self, config: OperatorConfig, kube: Kube, cache: Cache, akube: AsyncKube | None = None) -> None:
         self.config, self.kube, self.cache = config, kube, cache
         self.akube = akube  # the writes on the event loop; None: through Kube in a worker thread
-        self.s3: AsyncS3Get | None = AsyncS3Get()  # the lap record's GET on the event loop (None: in a thread)
+        self.s3 = AsyncS3Get()  # the lap record's GET on the event loop
         self._stores: dict[tuple[Any, ...], Any] = {}
         self._spec_texts: dict[Key, tuple[AgentRunSpec, str]] = {}  # run -> (its parsed spec, spec_json of it)
         self._refusals: dict[Key, str] = {}
         """The last refused status write per run (its message): ONE Warning Event per refusal."""
+        self.events = EventBudget()  # the routine Events' rate limit per run (events.py)
 
     def forget(self, key: Key) -> None:
         self._refusals.pop(key, None)
         self._spec_texts.pop(key, None)
+        self.events.forget(key)
 
     def succeeded(self, key: Key) -> None:
         self._refusals.pop(key, None)
@@ -210,8 +213,7 @@ class Executor:
         return text
 
     async def aclose(self) -> None:
-        if self.s3 is not None:
-            await self.s3.close()
+        await self.s3.close()
 
     def warm(self) -> None:
         """Load, at start-up and in a thread, what the first checkpoint read loads (botocore, an S3
@@ -246,7 +248,7 @@ class Executor:
         one, the record then decoded here; else, or when that GET leaves the request to botocore,
         the whole read in a worker thread."""
         lean = getattr(store, "lean_get", None)
-        if lean is None or self.s3 is None:
+        if lean is None:
             return await asyncio.to_thread(store.get_lap, run, lap)
         fetched = await self.s3.get(lean, store.lap_key(run, lap))
         if fetched is None:
@@ -413,7 +415,10 @@ class Executor:
                 out.wrote = True
         for a in decision.actions:
             if isinstance(a, d.Event):
-                await self.event(body, a.type, a.reason, a.message)
+                if self.events.allow(key, a.reason):
+                    await self.event(body, a.type, a.reason, a.message)
+                else:
+                    metrics.event_suppressed(a.reason)
                 lap = a.lap if a.lap is not None else (status.lap if status else o.status.lap)
                 run_logger(ns, name, lap, a.attempt).log(
                     logging.WARNING if a.type == "Warning" else logging.INFO, "%s: %s", a.reason, a.message)

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from .kube import LEASES, Kube, path
 
@@ -258,6 +258,7 @@ class LeaseElector:
         self.on_lose = on_lose  # e.g. drop per-run metrics, so a standby never exports stale runs
         self.clock = clock or default_clock()
         self._api_factory = api
+        self._resolved: AsyncLeaseAPI | None = None  # what _api() made of it
         self._renewed_at = float("-inf")  # clock.monotonic() at the start of our last successful acquire/renew
         self._leader = False
         self.last_tick = time.monotonic()  # liveness heartbeat (real time: read by the probe in cli.py)
@@ -280,10 +281,17 @@ class LeaseElector:
         return self._leader
 
     def _api(self) -> AsyncLeaseAPI:
-        api = self._api_factory() if self._api_factory is not None else _default_api()
-        if asyncio.iscoroutinefunction(getattr(api, "read", None)):
-            return api  # type: ignore[return-value]
-        return _InThread(api, self._executor)  # type: ignore[arg-type]
+        """The API of every round, made once: an async one as it is, a blocking one in the
+        elector's thread (:class:`_InThread`)."""
+        resolved = self._resolved
+        if resolved is None:
+            api = self._api_factory() if self._api_factory is not None else _default_api()
+            if asyncio.iscoroutinefunction(getattr(api, "read", None)):
+                resolved = cast(AsyncLeaseAPI, api)
+            else:
+                resolved = _InThread(cast(LeaseAPI, api), self._executor)
+            self._resolved = resolved
+        return resolved
 
     def _body(self, spec: dict[str, Any], resource_version: str | None) -> dict[str, Any]:
         metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}

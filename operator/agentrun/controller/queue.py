@@ -197,6 +197,10 @@ class WorkQueue(Generic[K]):
 
     # ------------------------------------------------------------------ introspection
 
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutdown
+
     def __len__(self) -> int:
         return len(self._queue)
 

@@ -89,7 +89,8 @@ POD_CHECK_MAX_SECONDS, POD_CHECK_MIN_SECONDS, POD_PROBLEM_CHECK_SECONDS = 300.0,
 #: Pod checks come due on this grid of the loop's clock, and the reads asked for within
 #: :data:`POD_READ_WINDOW_SECONDS` of each other go out as one LIST per namespace (``podreads``).
 POD_CHECK_GRID_SECONDS, POD_READ_WINDOW_SECONDS = 5.0, 0.2
-#: How often the keys dropped while not acting are looked at (queued again once this replica acts).
+#: How often the keys dropped while not acting are looked at (queued again once this replica acts);
+#: only while there are such keys (an idle operator sets no timer for them).
 NOT_LEADER_RECHECK_SECONDS = 1.0
 
 
@@ -147,6 +148,7 @@ class Controller:
         self._reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
         self._specs = SpecMemo()  # each run's parsed spec, while its JSON is unchanged
         self._not_leader: set[Key] = set()  # keys taken from the queue while not acting (see process)
+        self._not_leader_timer: asyncio.TimerHandle | None = None  # their recheck, while there are some
         self.policies: PolicyStore | None = None  # the tenancy re-check's watched policies (None: off)
         self.notifier: Any = None  # approval notifications (agentrun.notify), when configured
         self.ready = False
@@ -205,7 +207,6 @@ class Controller:
         self._tasks.append(asyncio.create_task(self._wait_synced()))
         self._tasks.append(asyncio.create_task(self._elect()))
         self._tasks.append(asyncio.create_task(self._resync_loop()))
-        self._tasks.append(asyncio.create_task(self._not_leader_loop()))
         self._tasks += [asyncio.create_task(self._worker()) for _ in range(WORKERS)]
         self.ready = True
 
@@ -247,6 +248,8 @@ class Controller:
         log.info("watch cache: reconciles queued by cause %s; watch events by kind %s, skipped %d",
                  self.cache.causes, self.cache.events, self.cache.skipped)
         self.queue.shut_down()
+        if self._not_leader_timer is not None:
+            self._not_leader_timer.cancel()
         for check in self._pod_checks.values():
             if check.pending is not None:
                 check.pending.cancel()
@@ -278,17 +281,16 @@ class Controller:
             except Exception as exc:  # noqa: BLE001
                 log.warning("resync failed: %s", exc)
 
-    async def _not_leader_loop(self) -> None:
-        while True:
-            await asyncio.sleep(NOT_LEADER_RECHECK_SECONDS)
-            self.requeue_not_leader()
-
     def requeue_not_leader(self) -> None:
-        """Queue again the keys dropped while this replica did not act, once it acts."""
+        """Queue again the keys dropped while this replica did not act, once it acts; while some
+        wait, look again in :data:`NOT_LEADER_RECHECK_SECONDS`."""
+        self._not_leader_timer = None
         if self._not_leader and self.is_leader:
             keys, self._not_leader = self._not_leader, set()
             for key in sorted(keys):
                 self.cache.enqueue(key, "leader again")
+        if self._not_leader and self._loop is not None and not self.queue.shutting_down:
+            self._not_leader_timer = self._loop.call_later(NOT_LEADER_RECHECK_SECONDS, self.requeue_not_leader)
 
     async def resync(self, full: bool = True) -> None:
         """Queue every cached run (on becoming leader), or periodically (``full=False``) every run not
@@ -378,6 +380,9 @@ class Controller:
             # (a replica that never led does not: taking the Lease queues every run)
             if self.elector is not None and self.elector.holds and len(self._not_leader) < 100_000:
                 self._not_leader.add(key)
+                if self._not_leader_timer is None and self._loop is not None:
+                    self._not_leader_timer = self._loop.call_later(NOT_LEADER_RECHECK_SECONDS,
+                                                                   self.requeue_not_leader)
             return
         started = time.monotonic()
         self._reconciled_at[key] = started

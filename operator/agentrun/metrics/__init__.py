@@ -12,6 +12,7 @@ The controller calls these module-level functions; they act on one process-wide
     metrics.reconcile_finished(result, duration_seconds) # result: success|error|requeue
     metrics.kube_request(verb, resource, code)           # every API server request (metrics/kube.py)
     metrics.informer_synced(resource, synced, informer)  # the watch cache listed (metrics/kube.py)
+    metrics.event_suppressed(reason)                     # a routine Event not posted (metrics/kube.py)
     metrics.start_server(port, addr="0.0.0.0")           # /metrics, /healthz, /readyz
 
 None of them raises on odd input: a metrics problem never breaks a reconcile.
@@ -36,7 +37,7 @@ from .core import (
     RunView,
     normalize_label,
 )
-from .kube import InformerMetrics, KubeRequestMetrics
+from .kube import EventMetrics, InformerMetrics, KubeRequestMetrics
 from .server import HealthCheck, serve
 from .workqueue import WorkQueueMetrics
 
@@ -53,6 +54,7 @@ __all__ = [
     "WORKQUEUE",
     "WorkQueueMetrics",
     "clear_runs",
+    "event_suppressed",
     "forget_run",
     "informer_synced",
     "kube_request",
@@ -72,6 +74,7 @@ DEFAULT = OperatorMetrics()
 REGISTRY = DEFAULT.registry
 KUBE = KubeRequestMetrics(REGISTRY)
 INFORMERS = InformerMetrics(REGISTRY)
+EVENTS = EventMetrics(REGISTRY)
 WORKQUEUE = WorkQueueMetrics(REGISTRY)
 _checks: dict[str, HealthCheck] = {}
 
@@ -112,6 +115,11 @@ def reconcile_finished(result: str, duration_seconds: float) -> None:
 def kube_request(verb: str, resource: str, code: int | str) -> None:
     """The operator made one request to the API server (``code``: HTTP status or ``<error>``)."""
     KUBE.observe(verb, resource, code)
+
+
+def event_suppressed(reason: str) -> None:
+    """A routine Event of ``reason`` was not posted (the run's Event budget: controller/events.py)."""
+    EVENTS.suppressed_one(reason)
 
 
 def informer_synced(resource: str, synced: bool, informer: int = 0) -> None:

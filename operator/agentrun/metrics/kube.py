@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from agentrun.api.reasons import ROUTINE_EVENT_REASONS
+
 VERBS: tuple[str, ...] = ("get", "list", "watch", "create", "update", "patch", "delete")
 #: The resources the operator touches; any other is counted as ``other``.
 RESOURCES: tuple[str, ...] = (
@@ -67,4 +69,24 @@ class InformerMetrics:
             state[informer] = synced
             self.synced.labels(resource).set(1.0 if all(state.values()) else 0.0)
         except Exception:  # noqa: BLE001 - a metrics problem never breaks the controller
+            pass
+
+
+class EventMetrics:
+    """``agentrun_events_suppressed_total{reason}``: routine Events not posted by the per-run rate
+    limit (``agentrun.controller.events``: a burst of 25 per run, then one per 5 minutes)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.suppressed = Counter(
+            "agentrun_events_suppressed",
+            "Routine Events of a run (LapCheckpointed) not posted because the run used its Event budget "
+            "(a burst of 25, then one per 5 minutes, as client-go's spam filter); they are logged.",
+            ["reason"], registry=registry,
+        )
+
+    def suppressed_one(self, reason: str) -> None:
+        """Count one suppressed Event. Never raises."""
+        try:
+            self.suppressed.labels(reason if reason in ROUTINE_EVENT_REASONS else "other").inc()
+        except Exception:  # noqa: BLE001 - a metrics problem never breaks a reconcile
             pass

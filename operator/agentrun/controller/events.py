@@ -1,0 +1,49 @@
+"""Which of a run's routine Events are posted: client-go's spam filter, for the lap-cadence ones.
+
+A run of 500 laps posted 500 ``LapCheckpointed`` Events: one API request per lap (a third of the
+operator's per lap) and 500 objects in etcd for the event TTL, which nobody reads past the last
+few. client-go's recorder rate-limits every Event per source and object with a token bucket
+(``EventSourceObjectSpamFilter``: a burst of 25, then one per 5 minutes). This applies that bucket
+to the routine reasons only (``api.reasons.ROUTINE_EVENT_REASONS``); every other Event (a failure,
+a retry, an approval requested or decided, a suspension) is always posted. A suppressed Event is still logged and
+counted (``agentrun_events_suppressed_total{reason}``); the run's status says the lap as before.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from agentrun.api.reasons import ROUTINE_EVENT_REASONS
+
+Key = tuple[str, str]
+
+#: client-go's defaults (tools/record: defaultSpamBurst, defaultSpamQPS = 1/300).
+BURST, REFILL_SECONDS = 25, 300.0
+#: Runs whose buckets are kept; past it they start again (full).
+LIMIT = 100_000
+
+
+class EventBudget:
+    """A token bucket per run for the routine Events (``ROUTINE_EVENT_REASONS``)."""
+
+    def __init__(self, burst: int = BURST, refill_seconds: float = REFILL_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst, self.refill_seconds, self.clock = burst, refill_seconds, clock
+        self._buckets: dict[Key, tuple[float, float]] = {}  # run -> (tokens, when counted)
+
+    def allow(self, key: Key, reason: str) -> bool:
+        """Whether an Event of ``reason`` about run ``key`` is posted now (a routine one takes a token)."""
+        if reason not in ROUTINE_EVENT_REASONS:
+            return True
+        now = self.clock()
+        tokens, at = self._buckets.get(key, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - at) / self.refill_seconds)
+        allowed = tokens >= 1.0
+        if len(self._buckets) >= LIMIT and key not in self._buckets:
+            self._buckets.clear()
+        self._buckets[key] = (tokens - 1.0 if allowed else tokens, now)
+        return allowed
+
+    def forget(self, key: Key) -> None:
+        self._buckets.pop(key, None)
