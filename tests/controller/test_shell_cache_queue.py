@@ -404,6 +404,16 @@ class _FakeKube:
         yield from item
 
 
+class _ScriptedKube(_FakeKube):
+    """A :class:`_FakeKube` whose scripted lists may be errors (raised)."""
+
+    def request(self, method: str, path_: str, **kw: Any) -> Any:
+        item = super().request(method, path_, **kw)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
 class _FakeAsyncKube:
     """The same script, as :class:`AsyncKube` serves it: on the loop, with no thread."""
 
@@ -611,8 +621,9 @@ def test_an_optional_informer_that_listed_keeps_its_state_when_a_later_watch_is_
     from agentrun.controller.tenancy import POLICIES, PolicyStore
 
     pol = {"metadata": {"name": "p", "resourceVersion": "4"}, "spec": {}}
-    kube = _FakeKube(lists=[{"metadata": {"resourceVersion": "5"}, "items": [pol]}],
-                     streams=[ApiException(status=403, reason="Forbidden")])
+    kube = _ScriptedKube(lists=[{"metadata": {"resourceVersion": "5"}, "items": [pol]},
+                                ApiException(status=403, reason="Forbidden")],
+                         streams=[ApiException(status=403, reason="Forbidden")])
 
     async def main() -> PolicyStore:
         store = PolicyStore()
@@ -620,7 +631,7 @@ def test_an_optional_informer_that_listed_keeps_its_state_when_a_later_watch_is_
                        resource=POLICIES, optional=True, akube=_akube(kube, on_loop))
         inf.start()
         await asyncio.wait_for(inf.synced.wait(), 30)
-        for _ in range(3000):  # until it watches again after the refused watch (backoff 1 s)
+        for _ in range(3000):  # until it tried to list again after the refused watch (backoff 1 s)
             if len(kube.queries) >= 3:
                 break
             await asyncio.sleep(0.01)
@@ -628,7 +639,7 @@ def test_an_optional_informer_that_listed_keeps_its_state_when_a_later_watch_is_
         return store
 
     store = asyncio.run(main())
-    assert kube.queries == [("list", None), ("watch", "5"), ("watch", "5")]
+    assert kube.queries == [("list", None), ("watch", "5"), ("list", None)]  # refused after it listed: list again
     assert store.refusals == {} and list(store.policies) == ["p"]
 
 
@@ -704,3 +715,75 @@ def test_a_watch_read_in_a_thread_wakes_the_loop_once_per_batch_and_raises_its_e
     got, wakeups, error = asyncio.run(main())
     assert got == [{"n": i} for i in range(50)] and error == "connection reset"
     assert wakeups == 1
+
+
+@TRANSPORTS
+def test_an_informer_refused_after_it_listed_says_since_when_and_lists_again(on_loop: bool):
+    """RBAC taken away after the cache listed: a 403 on the watch marks the informer refused (the
+    controller steps down after REFUSED_STEP_DOWN_SECONDS) and it lists again, and only a list
+    that goes through clears the mark (a watch could resume on a stale version)."""
+    from kubernetes.client.rest import ApiException
+
+    from agentrun.controller.cache import Informer
+
+    listed = {"metadata": {"resourceVersion": "5"}, "items": [run_obj(4)]}
+    relisted = {**listed, "metadata": {"resourceVersion": "7"}}
+    kube = _ScriptedKube(lists=[listed, ApiException(status=403, reason="Forbidden"), relisted],
+                         streams=[ApiException(status=403, reason="Forbidden")])
+    marks: list[float | None] = []
+
+    async def main() -> None:
+        c = Cache(on_change=lambda k: None)
+        inf = Informer(kube, "runs", "ns", None, c, asyncio.get_running_loop(),  # type: ignore[arg-type]
+                       akube=_akube(kube, on_loop))
+        inf.start()
+        await asyncio.wait_for(inf.synced.wait(), 30)
+        for _ in range(3000):  # until the refused watch marked it
+            if inf.refused_since is not None:
+                break
+            await asyncio.sleep(0.01)
+        marks.append(inf.refused_since)
+        for _ in range(3000):  # until it listed again and watches from the new version
+            if ("watch", "7") in kube.queries:
+                break
+            await asyncio.sleep(0.01)
+        marks.append(inf.refused_since)
+        inf.stop()
+        await inf.stopped()
+
+    asyncio.run(main())
+    assert kube.queries == [("list", None), ("watch", "5"), ("list", None), ("list", None), ("watch", "7")]
+    assert marks[0] is not None and marks[1] is None
+
+
+def test_a_replica_whose_cache_is_refused_for_long_must_not_lead():
+    """Controller.cannot_lead (the elector's question, and /readyz's): only an informer of runs or
+    Jobs refused for REFUSED_STEP_DOWN_SECONDS; an optional one (the tenancy re-check's) never."""
+    import time
+    from types import SimpleNamespace
+
+    from agentrun.controller.config import OperatorConfig
+    from agentrun.controller.reconciler import REFUSED_STEP_DOWN_SECONDS, Controller
+
+    c = Controller(OperatorConfig())
+    from agentrun import metrics
+
+    listed = asyncio.Event()
+    listed.set()
+    runs = SimpleNamespace(optional=False, refused_since=None, namespace="team-a", last_error="403 Forbidden",
+                           path="/apis/agentrun.dev/v1alpha1/namespaces/team-a/agentruns", synced=listed)
+    policies = SimpleNamespace(optional=True, refused_since=time.monotonic() - 10 * REFUSED_STEP_DOWN_SECONDS,
+                               namespace=None, last_error="403 Forbidden", synced=listed,
+                               path="/apis/agentrun.dev/v1alpha1/agentrunpolicies")
+    c.informers = [runs, policies]  # type: ignore[list-item]
+    assert c.cannot_lead() is None and c._eligible() is None
+    assert metrics.REGISTRY.get_sample_value("agentrun_informer_synced", {"resource": "agentruns"}) == 1.0
+    runs.refused_since = time.monotonic() - REFUSED_STEP_DOWN_SECONDS / 2
+    assert c.cannot_lead() is None
+    runs.refused_since = time.monotonic() - REFUSED_STEP_DOWN_SECONDS - 1
+    why = c._eligible() or ""  # the elector's question: the gauge says 0 for the refused watch
+    assert "agentruns in team-a" in why and "403 Forbidden" in why and "RBAC" in why
+    assert metrics.REGISTRY.get_sample_value("agentrun_informer_synced", {"resource": "agentruns"}) == 0.0
+    runs.refused_since = None  # it listed again
+    assert c._eligible() is None
+    assert metrics.REGISTRY.get_sample_value("agentrun_informer_synced", {"resource": "agentruns"}) == 1.0

@@ -329,6 +329,36 @@ def test_losing_the_lease_calls_on_lose_once_and_stops_acting(on_loop):
     assert all(not v for t, v in leader_at.items() if t >= last_renewal + 0.8 * 3.0)
 
 
+@LEASE_APIS
+def test_a_replica_that_must_not_lead_steps_down_and_a_standby_takes_over(on_loop):
+    """A holder whose watch cache lost its list access (``eligible`` says why) releases the Lease and
+    stops acting (on_lose once), campaigns no more while it must not lead, and the standby takes
+    the released Lease at its next round; once it may lead again it is a standby like any other."""
+    vt, api = VirtualTime(), FakeLeaseAPI()
+    blind: dict[str, str | None] = {"why": None}
+    lost: list[float] = []
+    a = _elector("a", api, ViewClock(vt), on_loop=on_loop, eligible=lambda: blind["why"],
+                 on_lose=lambda: lost.append(vt.t))
+    b = _elector("b", api, ViewClock(vt), on_loop=on_loop,  # a standby: it campaigns once a holds
+                 eligible=lambda: "starts later" if vt.t < 2.0 else None)
+    holders: dict[float, str | None] = {}
+
+    def step(t: float) -> None:
+        holders[t] = (api.spec or {}).get("holderIdentity")
+        if t >= 4.0:
+            blind["why"] = "the API server has refused to list agentruns"
+
+    _drive(vt, [a, b], 12.0, step)
+    assert holders[3.0] == "a"
+    assert not a.is_leader and not a.holds and lost and len(lost) == 1 and 4.0 <= lost[0] <= 5.0
+    assert b.is_leader and api.spec["holderIdentity"] == "b"
+    took = min(t for t, h in holders.items() if h == "b")
+    assert took <= lost[0] + 1.0 + 1e-9  # released: no lease duration to wait out
+    # the blind replica wrote nothing after it stepped down: every write from b's take on is b's
+    first_b = next(i for i, w in enumerate(api.writes) if w[0] == "b")
+    assert api.writes[first_b] == ("b", "take") and all(w[0] == "b" for w in api.writes[first_b:])
+
+
 def test_a_failing_on_acquire_does_not_stop_the_elector():
     """Regression (found by the chaos suite, e2e/chaos): the Lease was renewed just before the
     apiserver went away, so on_acquire (a resync listing the runs) raised; the exception ended

@@ -97,7 +97,14 @@ def test_a_job_create_refused_for_a_quota_or_a_busy_api_server_is_retried_with_o
         decision.actions.append(d.PatchStatus(o.status.model_copy(update={"phase": "Running"})))
         with pytest.raises(RetryWithBackoff):
             execute(ex, o, decision)
-    assert kube.status_patches() == []  # nothing of the decision after the Job: no Failed, no Running
+    # nothing of the decision after the Job (no Failed, no Running): the status says why it waits,
+    # once per streak, as the Event does
+    [patch] = kube.status_patches()
+    said = patch[1]["value"]
+    assert said.get("phase") == o.status.phase and said["message"].startswith("the lap Job run-l1-a1 was refused")
+    [progressing] = [c for c in said["conditions"] if c["type"] == "Progressing"]
+    assert progressing["status"] == "False" and progressing["reason"] == "JobRefused"
+    assert progressing["message"] == said["message"]
     events = kube.events()
     assert [(e["type"], e["reason"]) for e in events] == [("Warning", "JobRefused")]
     if error.status == 403:  # the API server's words: the quota and the resource
@@ -106,7 +113,7 @@ def test_a_job_create_refused_for_a_quota_or_a_busy_api_server_is_retried_with_o
     o, decision = create_job()
     with pytest.raises(RetryWithBackoff):
         execute(ex, o, decision)
-    assert len(kube.events()) == 2
+    assert len(kube.events()) == 2 and len(kube.status_patches()) == 2
 
 
 def test_an_invalid_job_fails_the_run_naming_the_field():

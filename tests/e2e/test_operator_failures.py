@@ -326,9 +326,9 @@ def test_two_operators_only_the_lease_holder_acts_and_the_standby_takes_over(env
 
 def test_a_job_quota_defers_the_lap_with_one_event_and_the_run_goes_on_once_it_is_lifted(env):
     """A ResourceQuota on count/jobs.batch refuses the lap Job (403 "exceeded quota", or "status
-    unknown for quota" before the quota controller counted): the run is not failed; ONE Warning
-    JobRefused Event quotes the API server; the create is retried with the run's backoff, and the
-    run proceeds once the quota is gone."""
+    unknown for quota" before the quota controller counted): the run is not failed; its status
+    (Progressing False, JobRefused) and ONE Warning JobRefused Event quote the API server; the
+    create is retried with the run's backoff, and the run proceeds once the quota is gone."""
     quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-jobs", "namespace": env.ns},
              "spec": {"hard": {"count/jobs.batch": "0"}}}
     env.apply(quota)
@@ -340,6 +340,11 @@ def test_a_job_quota_defers_the_lap_with_one_event_and_the_run_goes_on_once_it_i
         refused = [e for e in env.events("quota") if e["reason"] == "JobRefused"]
         assert len(refused) == 1 and refused[0]["type"] == "Warning", refused
         assert "quota: no-jobs" in refused[0]["message"] and "count/jobs.batch" in refused[0]["message"], refused
+        # the status says so too (written before the Event): not progressing, and why
+        st = env.status("quota")
+        progressing = next(c for c in st.get("conditions") or [] if c["type"] == "Progressing")
+        assert progressing["status"] == "False" and progressing["reason"] == "JobRefused", st
+        assert "quota: no-jobs" in progressing["message"] and "quota: no-jobs" in st["message"], st
     finally:
         env.kubectl("delete", "resourcequota", "no-jobs", "-n", env.ns, check=False)
     st = env.wait_phase("quota", "Succeeded", "Failed", timeout=240)

@@ -78,11 +78,11 @@ class Reason(StrEnum):
     NOT_FAILED = "NotFailed"
 
 
-
 #: Event reasons of the lap cadence (one per lap): rate-limited per run before they are posted, as
 #: client-go's spam filter does (``agentrun.controller.events``); counted when suppressed
 #: (``agentrun_events_suppressed_total{reason}``). Every other Event is always posted.
 ROUTINE_EVENT_REASONS: frozenset[str] = frozenset({Reason.LAP_CHECKPOINTED})
+
 
 class RetryReason(StrEnum):
     """Why a lap attempt failed: the ``reason`` label of ``agentrun_lap_retries_total`` and the head

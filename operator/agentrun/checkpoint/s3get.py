@@ -35,17 +35,13 @@ from datetime import datetime
 from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
-ENV_SWITCH: Final = "AGENTRUN_S3_LEAN_GET"
+from .switch import ENV_SWITCH as ENV_SWITCH  # re-exported: the switch of this module
+from .switch import enabled
+
 META_PREFIX: Final = "x-amz-meta-"
 NOT_FOUND: Final = "NotFound"
 ERROR_PEEK = 64 * 1024
 """Bytes of a 404's body read to find its error code (an S3 error document is well under 1 kB)."""
-
-
-def enabled(env: os._Environ[str] | dict[str, str] | None = None) -> bool:
-    """``AGENTRUN_S3_LEAN_GET``: on unless ``false`` / ``0`` / ``no`` / ``off``."""
-    value = (os.environ if env is None else env).get(ENV_SWITCH, "").strip().lower()
-    return value not in ("false", "0", "no", "off")
 
 
 @dataclass(frozen=True)

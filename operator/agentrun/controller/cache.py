@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -378,6 +379,9 @@ class Informer:
         self._listed = False
         self._failures = 0
         self.last_error: str | None = None  # the last list/watch error (status and reason)
+        #: Since when (monotonic) the API server has refused this informer's list or watch (401,
+        #: 403) after it had listed: its part of the cache no longer moves. None once it lists again.
+        self.refused_since: float | None = None
         self.cache, self.loop, self.optional = cache, loop, optional
         self.synced = asyncio.Event()
         self._stop = threading.Event()
@@ -414,6 +418,7 @@ class Informer:
     def _listed_all(self, items: list[dict[str, Any]]) -> None:
         self._apply(self.cache.replace, self.kind, self.scope, [self.transform(o) for o in items])
         self._listed = True
+        self.refused_since = None
         self.synced.set()
 
     def _event(self, ev: dict[str, Any], rv: str) -> str:
@@ -448,7 +453,13 @@ class Informer:
             (log.warning if self._failures % 60 == 1 else log.debug)(  # rate-limited: the first, then ~every 5 min
                 "watch of %s in %s failed: %s %s", self.kind, self.namespace or "all namespaces",
                 exc.status, exc.reason)
-            return min(WATCH_RETRY_MAX, 0.5 * 2 ** min(self._failures, 6)), False
+            wait = min(WATCH_RETRY_MAX, 0.5 * 2 ** min(self._failures, 6))
+            if exc.status in (401, 403) and self._listed:
+                # its access was taken away after it listed: list again (only a list proves it is back)
+                if self.refused_since is None:
+                    self.refused_since = time.monotonic()
+                return wait, True
+            return wait, False
         self._failures += 1  # connection dropped, timed out: watch again from rv
         log.info("watch of %s in %s interrupted (%s); resuming", self.kind, self.namespace or "all namespaces",
                  str(exc) or type(exc).__name__)

@@ -49,8 +49,10 @@ def operator_command(namespaces: tuple[str, ...], metrics_port: int | None, log_
                 or (time.monotonic() - controller.elector.last_tick) < 3 * cfg.lease_duration_seconds + 30
 
         metrics.set_health_check("healthz", live)
-        # ready: started, the watch cache listed everything (else it never campaigns), the Lease loop ticks
-        metrics.set_health_check("readyz", lambda: controller.ready and controller.synced and live())
+        # ready: started, the watch cache listed everything (else it never campaigns), the Lease loop
+        # ticks, and the API server has not taken its list access away since (else it stepped down)
+        metrics.set_health_check("readyz", lambda: controller.ready and controller.synced and live()
+                                 and controller.cannot_lead() is None)
         metrics.start_server(cfg.metrics_port)
     logging.getLogger("agentrun.controller").info(
         "starting agentrun operator %s (pid %d), namespaces=%s", cfg.identity, os.getpid(),

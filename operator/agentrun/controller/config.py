@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrun.checkpoint.switch import enabled as lean_get_enabled
+
 
 def _bool(value: str | None, default: bool) -> bool:
     if value is None or value == "":
@@ -151,4 +153,5 @@ class OperatorConfig:
         parse("AGENTRUN_IDENTITY", str, "identity")
         if not kw.get("identity"):
             kw["identity"] = f"{os.uname().nodename}-{os.getpid()}"
+        lean_get_enabled(env)  # read by the checkpoint store per store: a bad value stops the start here
         return cls(**kw)

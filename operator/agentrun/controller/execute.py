@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from agentrun import metrics
+from agentrun.api.reasons import Reason
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentRunStatus, StoreLocation
 from agentrun.checkpoint.s3get import Got
@@ -32,6 +33,7 @@ from .events import EventBudget
 from .jobs import RunIdentity, build_job, effective_endpoint, spec_json
 from .kube import EVENTS, GROUP, JOBS, RUNS, VERSION, Kube, path
 from .logs import run_logger
+from .observe import SpecMemo
 
 log = logging.getLogger("agentrun.controller")
 
@@ -47,8 +49,6 @@ class StatusRefused(RetryWithBackoff):
 
 #: Streak markers kept in ``Executor._refusals`` (a refused status write keeps its message there).
 JOB_DEFERRED, DELETE_DEFERRED = "\0JobRefused", "\0CheckpointDeleteFailed"
-#: Runs whose lap spec JSON is kept (``Executor.spec_text``); past it the memo starts again.
-SPEC_TEXTS_LIMIT = 100_000
 #: Stored bytes of a lap record the operator decodes on its event loop; a bigger one is decoded in a
 #: worker thread (a typical record is a few kB; the store's bound is hundreds of MB).
 INLINE_DECODE_BYTES = 256 * 1024
@@ -129,19 +129,6 @@ def store_location(config: Any) -> dict[str, Any]:
     return {"endpoint": endpoint, "region": config.region, "path_style": config.path_style}
 
 
-def failed_status(o: d.Observed, status: AgentRunStatus | None, reason: str, message: str) -> AgentRunStatus:
-    """``status`` (else the observed one) turned Failed for a reason found while executing."""
-    helper = getattr(d, "failed_status", None)
-    if helper is not None:
-        return helper(o, status, reason, message)  # type: ignore[no-any-return]
-    ctx = d._Ctx(o)
-    if status is not None:
-        ctx.st = status.model_copy(deep=True)
-    ctx.phase("Failed", reason, message)
-    ctx.st.observed_generation = o.generation
-    return ctx.st
-
-
 def where(o: d.Observed) -> StoreLocation:
     """The run's store: pinned in status (or, for a run of an earlier release not pinned yet, from
     its records); the current resolution only for a run that never used one."""
@@ -161,19 +148,20 @@ class Outcome:
 
 
 class Executor:
-    def __init__(self, config: OperatorConfig, kube: Kube, cache: Cache, akube: AsyncKube | None = None) -> None:
+    def __init__(self, config: OperatorConfig, kube: Kube, cache: Cache, akube: AsyncKube | None = None,
+                 specs: SpecMemo | None = None) -> None:
         self.config, self.kube, self.cache = config, kube, cache
         self.akube = akube  # the writes on the event loop; None: through Kube in a worker thread
         self.s3 = AsyncS3Get()  # the lap record's GET on the event loop
         self._stores: dict[tuple[Any, ...], Any] = {}
-        self._spec_texts: dict[Key, tuple[AgentRunSpec, str]] = {}  # run -> (its parsed spec, spec_json of it)
+        self.specs = specs if specs is not None else SpecMemo()  # the controller's parsed specs, their lap JSON
         self._refusals: dict[Key, str] = {}
         """The last refused status write per run (its message): ONE Warning Event per refusal."""
         self.events = EventBudget()  # the routine Events' rate limit per run (events.py)
 
     def forget(self, key: Key) -> None:
         self._refusals.pop(key, None)
-        self._spec_texts.pop(key, None)
+        self.specs.forget(key)
         self.events.forget(key)
 
     def succeeded(self, key: Key) -> None:
@@ -201,16 +189,9 @@ class Executor:
 
     def spec_text(self, key: Key, spec: AgentRunSpec) -> str:
         """``jobs.spec_json(spec)``, made again only when the run's parsed spec is another object
-        (the controller's SpecMemo shares one parsed spec while the run's spec JSON is unchanged):
-        dumping the spec was a twentieth of a lap's CPU."""
-        hit = self._spec_texts.get(key)
-        if hit is not None and hit[0] is spec:
-            return hit[1]
-        text = spec_json(spec)
-        if len(self._spec_texts) >= SPEC_TEXTS_LIMIT:
-            self._spec_texts.clear()
-        self._spec_texts[key] = (spec, text)
-        return text
+        (:class:`~agentrun.controller.observe.SpecMemo` shares one parsed spec while the run's spec
+        JSON is unchanged)."""
+        return self.specs.text(key, spec, spec_json)
 
     async def aclose(self) -> None:
         await self.s3.close()
@@ -349,18 +330,19 @@ class Executor:
                     alog.info("lap Job %s exists already: adopted", a.name)
                 elif exc.status in (400, 403, 422, 429) or (exc.status or 0) >= 500:
                     transient, why = job_refusal(exc.status, exc.body, exc.reason)
-                    if transient:  # a quota, the API server busy: retry with the run's backoff, one Event
-                        await self._deferred(body, key, JOB_DEFERRED, "JobRefused",
-                                             f"the lap Job {a.name} was refused by the API server "
-                                             f"(retrying with backoff): {why}")
-                    status = failed_status(o, status, "JobRefused",
-                                           f"the lap Job was refused by the API server: {why}")
-                    decision.actions.append(d.Event("Warning", "JobRefused", status.message or ""))
+                    if transient:  # a quota, the API server busy: retry with the run's backoff; the
+                        # status says so and one Event, once per streak
+                        text = f"the lap Job {a.name} was refused by the API server (retrying with backoff): {why}"
+                        await self._deferred(body, key, JOB_DEFERRED, Reason.JOB_REFUSED, text,
+                                             status=d.deferred_status(o, Reason.JOB_REFUSED, text))
+                    status = d.failed_status(o, status, Reason.JOB_REFUSED,
+                                             f"the lap Job was refused by the API server: {why}")
+                    decision.actions.append(d.Event("Warning", Reason.JOB_REFUSED, status.message or ""))
                 else:
                     raise
             except ValueError as exc:
-                status = failed_status(o, status, "InvalidConfiguration", str(exc))
-                decision.actions.append(d.Event("Warning", "InvalidConfiguration", str(exc)))
+                status = d.failed_status(o, status, Reason.INVALID_CONFIGURATION, str(exc))
+                decision.actions.append(d.Event("Warning", Reason.INVALID_CONFIGURATION, str(exc)))
         if status is not None:
             wire = status.model_dump(by_alias=True, exclude_none=True, mode="json")
             patch = [
@@ -401,7 +383,7 @@ class Executor:
                 n = await asyncio.to_thread(self.store(spec, where(o)).delete_run, run)
                 rlog.info("retention Delete: deleted %d checkpoint objects", n)
             except Exception as exc:  # the store away: one Event per failure streak, the run's backoff
-                await self._deferred(body, key, DELETE_DEFERRED, "CheckpointDeleteFailed",
+                await self._deferred(body, key, DELETE_DEFERRED, Reason.CHECKPOINT_DELETE_FAILED,
                                      f"cannot delete checkpoints yet: {d.shown(str(exc), 600)[1:-1]}")
         fins = list(body["metadata"].get("finalizers") or [])
         for a in decision.actions:
@@ -454,23 +436,43 @@ class Executor:
         if self._refusals.get(key) != message:
             self._refusals[key] = message
             rlog.warning("StatusUpdateRefused: %s", message)
-            await self.event(body, "Warning", "StatusUpdateRefused", message)
+            await self.event(body, "Warning", Reason.STATUS_UPDATE_REFUSED, message)
         else:
             rlog.debug("status update refused again: %s", message)
         raise StatusRefused(message)
 
-    async def _deferred(self, body: dict[str, Any], key: Key, streak: str, reason: str, message: str) -> NoReturn:
+    async def _deferred(self, body: dict[str, Any], key: Key, streak: str, reason: str, message: str,
+                        status: AgentRunStatus | None = None) -> NoReturn:
         """A write that must wait (a quota, the API server or the store away): nothing after it is
         done this pass, ONE Warning Event (and log line) per failure streak (until the run's next
-        successful reconcile), and the worker retries with the run's exponential backoff."""
+        successful reconcile), after ``status`` (what the run's status says meanwhile) is written,
+        and the worker retries with the run's exponential backoff."""
         rlog = run_logger(*key)
         if self._refusals.get(key) != streak:
             self._refusals[key] = streak
             rlog.warning("%s: %s", reason, message)
+            if status is not None:
+                await self._say_in_status(body, key, status)
             await self.event(body, "Warning", reason, message)
         else:
             rlog.debug("%s again: %s", reason, message)
         raise RetryWithBackoff(message)
+
+    async def _say_in_status(self, body: dict[str, Any], key: Key, status: AgentRunStatus) -> None:
+        """Write ``status`` (the run waits on something outside the decision), guarded by the run's
+        resourceVersion; best effort: a refused or conflicting write is logged, the Event says it."""
+        from kubernetes.client.exceptions import ApiException
+
+        wire = status.model_dump(by_alias=True, exclude_none=True, mode="json")
+        patch = [{"op": "test", "path": "/metadata/resourceVersion", "value": body["metadata"]["resourceVersion"]},
+                 {"op": "add", "path": "/status", "value": wire}]
+        try:
+            await self.write("runs", key, "PATCH", path(RUNS, *key, "status"), body=patch,
+                             content_type="application/json-patch+json")
+        except ApiException as exc:
+            run_logger(*key).info("the status does not say so (HTTP %s): the Event does", exc.status)
+            return
+        metrics.observe_run(*key, body.get("spec") or {}, wire)
 
     async def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         from kubernetes.client.exceptions import ApiException

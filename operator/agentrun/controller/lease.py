@@ -252,8 +252,12 @@ class LeaseElector:
     def __init__(self, name: str, namespace: str, identity: str, duration: float,
                  on_acquire: Callable[[], Awaitable[None]] | None = None,
                  on_lose: Callable[[], None] | None = None, *, clock: Clock | None = None,
-                 api: Callable[[], LeaseAPI | AsyncLeaseAPI] | None = None) -> None:
+                 api: Callable[[], LeaseAPI | AsyncLeaseAPI] | None = None,
+                 eligible: Callable[[], str | None] | None = None) -> None:
         self.name, self.namespace, self.identity, self.duration = name, namespace, identity, duration
+        #: Why this replica must not lead now (None: it may): asked every round; a holder steps down.
+        self.eligible = eligible
+        self._ineligible_logged: str | None = None
         self.on_acquire = on_acquire
         self.on_lose = on_lose  # e.g. drop per-run metrics, so a standby never exports stale runs
         self.clock = clock or default_clock()
@@ -367,9 +371,34 @@ class LeaseElector:
             if self._acquire_task is not None:
                 self._acquire_task.cancel()
 
+    async def _step_aside(self, why: str) -> None:
+        """This replica must not lead (its watch cache lost its access): a holder releases the Lease
+        (a standby takes it at its next round) and stops acting; none campaigns until it may again."""
+        if self._leader:
+            log.warning("lease %s/%s: stepping down: %s", self.namespace, self.name, why)
+            await self.release()
+            self._lost()
+        elif why != self._ineligible_logged:
+            log.warning("lease %s/%s: not campaigning: %s", self.namespace, self.name, why)
+        self._ineligible_logged = why
+
+    def _lost(self) -> None:
+        self._leader = False
+        if self.on_lose is not None:
+            try:
+                self.on_lose()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("lease %s/%s: on-lose failed: %s", self.namespace, self.name, exc)
+
     async def _run(self) -> None:
         while True:
             self.last_tick = time.monotonic()
+            why = self.eligible() if self.eligible is not None else None
+            if why is not None:
+                await self._step_aside(why)
+                await self.clock.sleep(max(0.5, self.duration / 3))
+                continue
+            self._ineligible_logged = None
             was = self.is_leader
             try:
                 ok = await self._try()
@@ -387,13 +416,8 @@ class LeaseElector:
                     self._acquire_pending = False
                     self._acquire_task = asyncio.create_task(self._on_acquire())
             elif self._leader and not self.is_leader:
-                self._leader = False
                 log.warning("lease %s/%s lost: this replica stops acting", self.namespace, self.name)
-                if self.on_lose is not None:
-                    try:
-                        self.on_lose()
-                    except Exception as exc:  # noqa: BLE001
-                        log.warning("lease %s/%s: on-lose failed: %s", self.namespace, self.name, exc)
+                self._lost()
             if not ok and not self._leader and self.holder and self.holder != self._standby_logged:
                 self._standby_logged = self.holder
                 log.info("lease %s/%s held by %s: this replica (%s) is standby", self.namespace, self.name,

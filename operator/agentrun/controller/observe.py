@@ -193,26 +193,46 @@ Parsed = tuple[AgentRunSpec | None, str | None, AgentRunStatus]
 
 
 class SpecMemo:
-    """The last parsed spec of each run (by namespace and name), reused while its JSON is equal (a spec changes rarely, a
-    reconcile parses it once or twice per lap; comparing the dicts costs a few microseconds, the
-    parse a few hundred). The parsed specs are shared: nothing changes a parsed spec."""
+    """Per run (by namespace and name): its last parsed spec, reused while its JSON is equal (a spec
+    changes rarely, a reconcile parses it once or twice per lap; comparing the dicts costs a few
+    microseconds, the parse a few hundred), and the lap's spec JSON made of that parsed spec
+    (:meth:`text`: dumping the spec was a twentieth of a lap's CPU). The parsed specs are shared:
+    nothing changes a parsed spec."""
 
     def __init__(self, limit: int = 100_000) -> None:
         self.limit = limit
-        self._memo: dict[tuple[str, str], tuple[Any, AgentRunSpec | None, str | None]] = {}
+        # run -> [spec JSON as listed, its parsed spec, why it cannot be used, the lap's spec text]
+        self._memo: dict[tuple[str, str], list[Any]] = {}
+
+    def _put(self, key: tuple[str, str], entry: list[Any]) -> None:
+        if len(self._memo) >= self.limit and key not in self._memo:
+            self._memo.clear()
+        self._memo[key] = entry
 
     def parse(self, key: tuple[str, str], raw: Any) -> tuple[AgentRunSpec | None, str | None]:
         hit = self._memo.get(key)
-        if hit is not None and (hit[0] is raw or hit[0] == raw):
+        if hit is not None and hit[0] is not _UNLISTED and (hit[0] is raw or hit[0] == raw):
             return hit[1], hit[2]
         spec, spec_error = parse_spec(raw)
-        if len(self._memo) >= self.limit:
-            self._memo.clear()
-        self._memo[key] = (raw, spec, spec_error)
+        self._put(key, [raw, spec, spec_error, None])
         return spec, spec_error
+
+    def text(self, key: tuple[str, str], spec: AgentRunSpec, dump: Callable[[AgentRunSpec], str]) -> str:
+        """``dump(spec)``, made again only when ``spec`` is not the parsed spec it was made of."""
+        hit = self._memo.get(key)
+        if hit is None or hit[1] is not spec:
+            hit = [_UNLISTED, spec, None, None]  # a spec not parsed here: kept for its text only
+            self._put(key, hit)
+        if hit[3] is None:
+            hit[3] = dump(spec)
+        return str(hit[3])
 
     def forget(self, key: tuple[str, str]) -> None:
         self._memo.pop(key, None)
+
+
+#: The "spec JSON" of a memo entry made by :meth:`SpecMemo.text` alone (never equal to a listed one).
+_UNLISTED = object()
 
 
 def parse_spec(raw: Any) -> tuple[AgentRunSpec | None, str | None]:

@@ -82,6 +82,10 @@ MAX_PASSES = 4
 NOTIFIER_LOOP_TIMEOUT = 60.0
 #: How often a replica whose watch cache has not synced says which lists fail.
 UNSYNCED_WARNING_SECONDS = 30.0
+#: How long the API server may refuse (401, 403) the list or watch of runs or Jobs of a replica
+#: whose cache had listed before it steps down from the Lease (its cache no longer moves; a standby
+#: with its access acts) and stops campaigning until it lists again.
+REFUSED_STEP_DOWN_SECONDS = 30.0
 #: Longest wait between two pod reads of an active Job that stays not ready past the grace (the
 #: delay doubles from the grace; at least :data:`POD_CHECK_MIN_SECONDS`), and the longest while its
 #: pod shows a configuration problem (to follow the kubelet's message: another Secret or key).
@@ -146,7 +150,7 @@ class Controller:
         self._pod_checks: dict[Key, PodCheck] = {}  # active Job not ready -> its pod checks
         self.pod_reads = PodReads(self._list_pods, POD_READ_WINDOW_SECONDS)  # the checks' reads, batched
         self._reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
-        self._specs = SpecMemo()  # each run's parsed spec, while its JSON is unchanged
+        self._specs = SpecMemo()  # each run's parsed spec while its JSON is unchanged, and its lap JSON
         self._not_leader: set[Key] = set()  # keys taken from the queue while not acting (see process)
         self._not_leader_timer: asyncio.TimerHandle | None = None  # their recheck, while there are some
         self.policies: PolicyStore | None = None  # the tenancy re-check's watched policies (None: off)
@@ -177,7 +181,7 @@ class Controller:
                                    metrics.kube_request)
         else:
             log.info("the operator's requests and watches go through the blocking client in threads: %s", why)
-        self.executor = Executor(cfg, self.kube, self.cache, self.akube)
+        self.executor = Executor(cfg, self.kube, self.cache, self.akube, self._specs)
         loop = self._loop = asyncio.get_running_loop()
         self._tasks.append(asyncio.ensure_future(loop.run_in_executor(None, self.executor.warm)))
         if cfg.tenancy_recheck:
@@ -203,7 +207,8 @@ class Controller:
                 AsyncKubeLeaseAPI(self.akube) if self.akube is not None else KubeLeaseAPI(self.kube))
             self.elector = LeaseElector(cfg.lease_name, cfg.lease_namespace, cfg.identity,
                                         cfg.lease_duration_seconds, on_acquire=self.resync,
-                                        on_lose=metrics.clear_runs, api=lambda: lease_api)
+                                        on_lose=metrics.clear_runs, api=lambda: lease_api,
+                                        eligible=self._eligible)
         self._tasks.append(asyncio.create_task(self._wait_synced()))
         self._tasks.append(asyncio.create_task(self._elect()))
         self._tasks.append(asyncio.create_task(self._resync_loop()))
@@ -243,6 +248,26 @@ class Controller:
         log.info("watch cache synced: %d runs, %d Jobs, %d pods", len(self.cache.runs), len(self.cache.jobs),
                  len(self.cache.pods))
         self._synced.set()
+
+    def cannot_lead(self) -> str | None:
+        """None while this replica may hold the Lease; else why not: the API server has refused the
+        list or watch of runs or Jobs for :data:`REFUSED_STEP_DOWN_SECONDS` after the cache had
+        listed (RBAC taken away: the cache no longer moves, and acting on it is acting blind). Read
+        by /readyz too."""
+        now = time.monotonic()
+        for inf in self.informers:
+            since = inf.refused_since
+            if not inf.optional and since is not None and now - since >= REFUSED_STEP_DOWN_SECONDS:
+                return (f"the API server has refused to list {_resource_of(inf)} in "
+                        f"{inf.namespace or 'all namespaces'} for {now - since:.0f} s ({inf.last_error}): "
+                        "check the operator's RBAC (list and watch)")
+        return None
+
+    def _eligible(self) -> str | None:
+        """The elector's question every round; ``agentrun_informer_synced`` says 0 for a refused watch."""
+        for i, inf in enumerate(self.informers):
+            metrics.informer_synced(_resource_of(inf), inf.synced.is_set() and inf.refused_since is None, i)
+        return self.cannot_lead()
 
     async def stop(self) -> None:
         log.info("watch cache: reconciles queued by cause %s; watch events by kind %s, skipped %d",

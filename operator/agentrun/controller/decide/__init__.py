@@ -65,7 +65,7 @@ from .actions import (
     RequeueAfter,
 )
 from .approvals import adoption_mismatch, approval_env
-from .context import CONDITION_TYPES, Ctx, StatusWriter, conditions_for, failed_status
+from .context import CONDITION_TYPES, Ctx, StatusWriter, conditions_for, deferred_status, failed_status
 from .core import decide
 from .laps import POD_CONFIG_ERRORS, pod_config_problem
 from .observed import (
@@ -94,6 +94,7 @@ __all__ = [
     "LapRetried", "Observed", "ObservedJob", "PatchStatus", "ProbeStore", "ReadAttemptFailure", "ReadCheckpoint",
     "RemoveAnnotations", "RemoveFinalizer", "RequeueAfter", "StatusWriter", "StoreProbeRead",
     "adoption_mismatch", "approval_env", "backoff_seconds", "bounded_decider", "bounded_reason", "classify_failure",
-    "conditions_for", "decide", "escape_controls", "failed_status", "job_name", "lap_cause", "next_lap_attempt",
+    "conditions_for", "decide", "deferred_status", "escape_controls", "failed_status", "job_name", "lap_cause",
+    "next_lap_attempt",
     "pinned_store", "pod_config_problem", "redact_secrets", "shown", "store_uri_of_checkpoint", "truncate",
 ]

@@ -180,3 +180,22 @@ def failed_status(o: Observed, status: AgentRunStatus | None, reason: str, messa
     w.phase("Failed", reason, message)
     w.st.observed_generation = o.generation
     return w.st
+
+
+def deferred_status(o: Observed, reason: str, message: str) -> AgentRunStatus:
+    """The observed status saying that the decision waits on something outside it (a lap Job
+    refused for a ResourceQuota or a busy API server, retried with backoff): ``message`` and a
+    ``Progressing`` condition False with ``reason`` and ``message``; the phase and the other
+    conditions as they are. The decision that gets through sets its phase and conditions again."""
+    w = StatusWriter(o)
+    st, now = w.st, o.now
+    text = one_line(message, MAX_CONDITION_MESSAGE_CHARS)
+    old = condition(st, ConditionType.PROGRESSING)
+    progressing = Condition(
+        type=str(ConditionType.PROGRESSING), status="False", reason=str(reason), message=text,
+        observed_generation=o.generation,
+        last_transition_time=old.last_transition_time if old is not None and old.status == "False" else now,
+    )
+    st.conditions = [progressing] + [c for c in st.conditions if c.type != ConditionType.PROGRESSING]
+    st.message = one_line(message, MAX_MESSAGE_CHARS)
+    return st
