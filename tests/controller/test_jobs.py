@@ -136,10 +136,30 @@ def test_the_tenancy_recheck_is_a_switch_and_the_old_period_still_turns_it_off(e
 @pytest.mark.parametrize("var,value", [("AGENTRUN_METRICS_PORT", "x"), ("AGENTRUN_LAP_REQUESTS", "[1]"),
                                        ("AGENTRUN_TENANCY_RECHECK", "sometimes"),
                                        ("AGENTRUN_S3_PATH_STYLE", "maybe"), ("AGENTRUN_LOG_FORMAT", "xml"),
-                                       ("AGENTRUN_S3_LEAN_GET", "flase")])
+                                       ("AGENTRUN_S3_LEAN_GET", "flase"), ("AGENTRUN_WATCH_TIMEOUT_SECONDS", "0"),
+                                       ("AGENTRUN_WATCH_TIMEOUT_SECONDS", "3600"),
+                                       ("AGENTRUN_WATCH_TIMEOUT_SECONDS", "2m")])
 def test_config_errors_name_the_variable(var, value):
     with pytest.raises(ValueError, match=var):
         OperatorConfig.from_env({var: value})
+
+
+def test_the_watch_timeout_reaches_every_informer_query():
+    """AGENTRUN_WATCH_TIMEOUT_SECONDS is what the API server is asked for (timeoutSeconds), and
+    the client's read timeout stays 30 s above it."""
+    import asyncio
+
+    from agentrun.controller.cache import WATCH_READ_TIMEOUT, WATCH_SECONDS, Informer
+
+    assert OperatorConfig.from_env({}).watch_timeout_seconds == WATCH_SECONDS
+    cfg = OperatorConfig.from_env({"AGENTRUN_WATCH_TIMEOUT_SECONDS": "7"})
+    loop = asyncio.new_event_loop()
+    try:
+        inf = Informer(None, "jobs", "team-a", None, None, loop, watch_seconds=cfg.watch_timeout_seconds)  # type: ignore[arg-type]
+        assert inf._watch_query("42")["timeoutSeconds"] == 7
+        assert inf.watch_seconds + (WATCH_READ_TIMEOUT - WATCH_SECONDS) == 37
+    finally:
+        loop.close()
 
 
 @pytest.mark.parametrize("value,on", [("", True), ("true", True), ("1", True), ("On", True), (" yes ", True),

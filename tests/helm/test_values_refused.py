@@ -17,6 +17,7 @@ REFUSED = [
     ("service-type-unknown", ["--set", "metrics.service.type=Ingress"], ["/metrics/service/type", "value must be one of"]),
     ("metrics-port-zero", ["--set", "metrics.port=0"], ["/metrics/port", "minimum"]),
     ("pod-config-grace-negative", ["--set", "podConfigGraceSeconds=-1"], ["/podConfigGraceSeconds"]),
+    ("watch-timeout-over-30-min", ["--set", "watchTimeoutSeconds=3600"], ["/watchTimeoutSeconds", "maximum"]),
     ("s3-settings-missing", ["--set", "checkpoint.s3=null"], ["/checkpoint", "missing property 's3'"]),
     ("s3-endpoint-not-http", ["--set", "checkpoint.s3.endpoint=ftp://minio:9000"], ["/checkpoint/s3/endpoint"]),
     ("s3-endpoint-without-host", ["--set", "checkpoint.s3.endpoint=http://"], ["/checkpoint/s3/endpoint"]),
@@ -54,10 +55,11 @@ def test_valid_values_at_the_edges_render(helm):
              "--set", "checkpoint.s3.credentialsSecretName=s3.creds", "--set", "lap.resources.requests.cpu=0.5",
              "--set", "resources.limits.memory=1.5Gi", "--set", "image.tag=v1.2.3-rc.1", "--set", "lap.jobTTLSeconds=-1",
              "--set", "extraEnv[0].name=HTTPS_PROXY", "--set", "extraEnv[0].value=http://proxy:3128",
-             "--set", "leaderElection.leaseName=agentrun.lease", "--set", "replicas=2"]
+             "--set", "leaderElection.leaseName=agentrun.lease", "--set", "replicas=2",
+             "--set", "watchTimeoutSeconds=1800"]
     proc, docs = template(helm, *flags, check=False)
     assert proc.returncode == 0, proc.stderr
     deploy = next(d for d in docs if d["kind"] == "Deployment")
     env = {e["name"]: e.get("value") for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["AGENTRUN_S3_ENDPOINT"] == "http://minio.storage:9000" and env["HTTPS_PROXY"] == "http://proxy:3128"
-    assert env["AGENTRUN_POD_CONFIG_GRACE_SECONDS"] == "30"
+    assert env["AGENTRUN_POD_CONFIG_GRACE_SECONDS"] == "30" and env["AGENTRUN_WATCH_TIMEOUT_SECONDS"] == "1800"

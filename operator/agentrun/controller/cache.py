@@ -373,8 +373,11 @@ class Informer:
     def __init__(self, kube: Kube, kind: str, namespace: str | None, selector: str | None,
                  cache: Any, loop: asyncio.AbstractEventLoop, resource: tuple[str, str] | None = None,
                  optional: bool = False, field_selector: str | None = None, scope: str | None = None,
-                 akube: AsyncKube | None = None) -> None:
+                 akube: AsyncKube | None = None, watch_seconds: int = WATCH_SECONDS) -> None:
         self.kube, self.akube, self.kind, self.namespace, self.selector = kube, akube, kind, namespace, selector
+        #: The server ends each watch after this long (the informer watches again from its
+        #: resourceVersion); the client drops a watch silent for WATCH_READ_TIMEOUT - WATCH_SECONDS more.
+        self.watch_seconds = watch_seconds
         self.field_selector, self.scope = field_selector, (namespace if scope is None else scope)
         self._listed = False
         self._failures = 0
@@ -413,7 +416,7 @@ class Informer:
 
     def _watch_query(self, rv: str) -> dict[str, Any]:
         return {"labelSelector": self.selector, "fieldSelector": self.field_selector, "resourceVersion": rv,
-                "allowWatchBookmarks": "true", "timeoutSeconds": WATCH_SECONDS}
+                "allowWatchBookmarks": "true", "timeoutSeconds": self.watch_seconds}
 
     def _listed_all(self, items: list[dict[str, Any]]) -> None:
         self._apply(self.cache.replace, self.kind, self.scope, [self.transform(o) for o in items])
@@ -473,7 +476,7 @@ class Informer:
         return await asyncio.to_thread(self.kube.request, "GET", self.path, query=query, timeout=(10.0, 120.0))
 
     def _watch(self, rv: str) -> AsyncGenerator[dict[str, Any], None]:
-        timeout = (10.0, WATCH_READ_TIMEOUT)
+        timeout = (10.0, WATCH_READ_TIMEOUT - WATCH_SECONDS + self.watch_seconds)
         if self.akube is not None:
             return self.akube.stream(self.path, self._watch_query(rv), timeout)
         return in_thread(lambda: self.kube.stream(self.path, self._watch_query(rv), timeout=timeout), self.loop,

@@ -83,6 +83,12 @@ class OperatorConfig:
     watches of the policies, their bindings and the namespaces (docs/security.md). The deprecated
     AGENTRUN_TENANCY_RECHECK_SECONDS (a re-read period once) is honoured only when this is unset,
     and only as an on/off switch: negative turns the re-check off, any other number leaves it on."""
+    watch_timeout_seconds: int = 120
+    """AGENTRUN_WATCH_TIMEOUT_SECONDS (1-1800): server-side timeout of each watch of the watch cache;
+    the informer then watches again from where it was. The API server checks RBAC when a watch
+    starts, not while it is open, so this bounds how long a replica whose access was taken away
+    keeps an open watch before it notices (and steps down 30 s later). Shorter: one more request
+    per watch and period."""
     identity: str = ""
     """AGENTRUN_IDENTITY (or POD_NAME): this replica's name in the Lease (default host-pid)."""
 
@@ -121,6 +127,12 @@ class OperatorConfig:
             n = int(raw)
             return None if n < 0 else n
 
+        def watch_seconds(raw: str) -> int:
+            n = int(raw)
+            if not 1 <= n <= 1800:
+                raise ValueError(f"expected 1 to 1800 seconds, got {n}")
+            return n
+
         def log_format(raw: str) -> str:
             if raw not in ("json", "text"):
                 raise ValueError("expected json or text")
@@ -149,6 +161,7 @@ class OperatorConfig:
         parse("AGENTRUN_POD_CONFIG_GRACE_SECONDS", float, "pod_config_grace_seconds")
         parse("AGENTRUN_TENANCY_RECHECK_SECONDS", lambda v: float(v) >= 0, "tenancy_recheck")  # deprecated
         parse("AGENTRUN_TENANCY_RECHECK", lambda v: _bool(v, True), "tenancy_recheck")
+        parse("AGENTRUN_WATCH_TIMEOUT_SECONDS", watch_seconds, "watch_timeout_seconds")
         parse("POD_NAME", str, "identity")
         parse("AGENTRUN_IDENTITY", str, "identity")
         if not kw.get("identity"):

@@ -192,14 +192,16 @@ class Controller:
                 for name in names:
                     self.informers.append(Informer(
                         self.kube, kind, None, None, self.policies, loop, resource=resource, optional=True,
-                        field_selector=f"metadata.name={name}" if name else None, scope=name, akube=self.akube))
+                        field_selector=f"metadata.name={name}" if name else None, scope=name, akube=self.akube,
+                        watch_seconds=cfg.watch_timeout_seconds))
         self.notifier = notify_from_env(None, active=lambda: self.is_leader, runs=self._notifier_runs,
                                         patch_status=self._notifier_patch)
         if self.notifier is not None:
             self.notifier.start()
         for ns in watch_ns:
             for kind, selector in (("runs", None), ("jobs", LABEL_RUN_UID)):  # pods: read on demand
-                self.informers.append(Informer(self.kube, kind, ns, selector, self.cache, loop, akube=self.akube))
+                self.informers.append(Informer(self.kube, kind, ns, selector, self.cache, loop, akube=self.akube,
+                                               watch_seconds=cfg.watch_timeout_seconds))
         for inf in self.informers:
             inf.start()
         if self.elector is None:
