@@ -24,7 +24,7 @@ def operator_command(namespaces: tuple[str, ...], metrics_port: int | None, log_
     from agentrun import metrics
     from agentrun.notify.sender import check_env as check_notify_env
 
-    from . import handlers
+    from . import gcpolicy, handlers
     from .config import OperatorConfig
     from .logs import setup_logging
 
@@ -42,7 +42,8 @@ def operator_command(namespaces: tuple[str, ...], metrics_port: int | None, log_
         overrides["log_format"] = log_format
     cfg = dataclasses.replace(cfg, **overrides)
     setup_logging(cfg.log_format, logging.DEBUG if verbose else logging.INFO)
-    controller = handlers.Controller(cfg)
+    gcpolicy.at_start()
+    controller = handlers.Controller(cfg, on_synced=gcpolicy.after_sync)
     if cfg.metrics_port:
         def live() -> bool:  # the Lease loop ticks (it starts once the watch cache has synced)
             return controller.elector is None or not controller.synced \

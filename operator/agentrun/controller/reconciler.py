@@ -131,6 +131,9 @@ def exact_namespaces(namespaces: tuple[str, ...] | list[str]) -> bool:
 class Controller:
     config: OperatorConfig
     elector: LeaseElector | None = None
+    #: Called once the watch cache has listed everything (the process's garbage-collector freeze,
+    #: gcpolicy.after_sync, set by ``agentrun operator``; tests leave it None).
+    on_synced: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         self.queue: WorkQueue[Key] = WorkQueue(observer=metrics.WORKQUEUE)
@@ -249,6 +252,8 @@ class Controller:
                                       for inf in pending))
         log.info("watch cache synced: %d runs, %d Jobs, %d pods", len(self.cache.runs), len(self.cache.jobs),
                  len(self.cache.pods))
+        if self.on_synced is not None:
+            self.on_synced()
         self._synced.set()
 
     def cannot_lead(self) -> str | None:
