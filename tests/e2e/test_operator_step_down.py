@@ -29,9 +29,8 @@ from typing import Any
 
 import pytest
 from e2e.cluster import _free_port, sa_kubeconfig
-from e2e_support import ToolGate
 from test_operator_e2e import ROOT, _diagnostics_on_failure, _gated, _one_job_per_attempt, _wait  # noqa: F401
-from test_operator_failures import FailEnv, _note
+from test_operator_failures import FailEnv, _note, gate  # noqa: F401 (the gate fixture)
 
 from agentrun.controller.reconciler import REFUSED_STEP_DOWN_SECONDS
 
@@ -102,14 +101,7 @@ def env(cluster, s3, tmp_path_factory):
     cluster.kubectl_run("delete", "namespace", e.ns, "--wait=false", check=False)
 
 
-@pytest.fixture
-def gate(env):
-    g = ToolGate(env.tool_url)
-    yield g
-    g.close()
-
-
-def test_a_leader_whose_jobs_access_is_revoked_steps_down_and_the_standby_finishes_the_run(env, gate):
+def test_a_leader_whose_jobs_access_is_revoked_steps_down_and_the_standby_finishes_the_run(env, gate):  # noqa: F811 (fixtures)
     kc = sa_kubeconfig(env.cluster, env.ns, RELEASE)
     env.start_as("op-sa", kc)
     _wait("op-sa (the chart's RBAC) takes the Lease", lambda: env.lease_holder() == "op-sa", timeout=120)
