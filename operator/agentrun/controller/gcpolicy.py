@@ -6,12 +6,14 @@ traverses them, and everything imported at start (kopf, pydantic, botocore, aioh
 thousand objects), at each of its full collections, and its default first threshold (700 new
 container objects) starts a collection every couple of watch events (a lap Job's event is ~300).
 
-So: a first threshold of :data:`GEN0_THRESHOLD` from the start (a young collection every ~60 watch
-events), and once the watch cache has listed, what is alive
-then (the imports, the listed cache) is moved out of the collector's sight with :func:`gc.freeze`
-(CPython's documented way for a long-lived process); the objects of later events are collected as
-before. Measured with the overhead benchmark (bench/analysis.md): the collector's own CPU over a
-50-run benchmark fell from 0.33 s (450 young, 40 middle, 3 full collections) to 0.05 s.
+So: a first threshold of :data:`GEN0_THRESHOLD` once ``agentrun operator`` has imported its
+modules (a young collection every ~60 watch events), and once the watch cache has listed, what is
+alive then (the imports, the listed cache) is moved out of the collector's sight with
+:func:`gc.freeze` (CPython's documented way for a long-lived process); the objects of later events
+are collected as before. Counted over a 50-run overhead benchmark (bench/analysis.md): 450 young,
+40 middle and 3 full collections (0.33 s of CPU, start-up included) with the defaults; 185-192 /
+16-17 / 2 (0.12-0.22 s, nearly all of it during the imports, before the threshold is raised) with
+these settings.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ GEN0_THRESHOLD = 20_000
 
 
 def at_start() -> None:
-    """Raise the first threshold (before the imports and the lists of the start)."""
-    _, g1, g2 = gc.get_threshold()
-    gc.set_threshold(max(GEN0_THRESHOLD, gc.get_threshold()[0]), g1, g2)
+    """Raise the first threshold (never lower it), before the watch cache's first lists."""
+    g0, g1, g2 = gc.get_threshold()
+    gc.set_threshold(max(GEN0_THRESHOLD, g0), g1, g2)
 
 
 def after_sync() -> None:

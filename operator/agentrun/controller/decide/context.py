@@ -106,14 +106,19 @@ def conditions_for(st: AgentRunStatus, phase: str, reason: str, message: str, ge
             why, text = reason, message
         else:
             why, text = _own(st, ctype, old)
-        changed = old is None or old.status != value
-        conds.append(Condition(
-            type=str(ctype), status=value, reason=str(why), message=one_line(text, MAX_CONDITION_MESSAGE_CHARS),
-            observed_generation=generation,
-            last_transition_time=now if changed or old is None else old.last_transition_time,
-        ))
+        conds.append(_condition(ctype, value, why, text, generation, now, old))
     conds += [c for c in st.conditions if c.type not in CONDITION_TYPES]
     return conds[:16]
+
+
+def _condition(ctype: ConditionType, value: Literal["True", "False"], reason: str, message: str, generation: int,
+               now: datetime, old: Condition | None) -> Condition:
+    """One condition; its lastTransitionTime moves only when its status changes."""
+    return Condition(
+        type=str(ctype), status=value, reason=str(reason), message=one_line(message, MAX_CONDITION_MESSAGE_CHARS),
+        observed_generation=generation,
+        last_transition_time=now if old is None or old.status != value else old.last_transition_time,
+    )
 
 
 class StatusWriter:
@@ -187,15 +192,9 @@ def deferred_status(o: Observed, reason: str, message: str) -> AgentRunStatus:
     refused for a ResourceQuota or a busy API server, retried with backoff): ``message`` and a
     ``Progressing`` condition False with ``reason`` and ``message``; the phase and the other
     conditions as they are. The decision that gets through sets its phase and conditions again."""
-    w = StatusWriter(o)
-    st, now = w.st, o.now
-    text = one_line(message, MAX_CONDITION_MESSAGE_CHARS)
-    old = condition(st, ConditionType.PROGRESSING)
-    progressing = Condition(
-        type=str(ConditionType.PROGRESSING), status="False", reason=str(reason), message=text,
-        observed_generation=o.generation,
-        last_transition_time=old.last_transition_time if old is not None and old.status == "False" else now,
-    )
+    st = StatusWriter(o).st
+    progressing = _condition(ConditionType.PROGRESSING, "False", reason, message, o.generation, o.now,
+                             condition(st, ConditionType.PROGRESSING))
     st.conditions = [progressing] + [c for c in st.conditions if c.type != ConditionType.PROGRESSING]
     st.message = one_line(message, MAX_MESSAGE_CHARS)
     return st
