@@ -87,3 +87,34 @@ def test_a_runs_spec_is_parsed_once_while_its_json_is_unchanged():
     assert spec is None and error and error.startswith("spec.agent")
     memo.forget(("ns", "r"))
     assert parse_run(run_body(), memo)[0] is not first[0]
+
+
+def test_finished_jobs_are_observed_once_while_the_cache_holds_the_same_object():
+    from agentrun.controller.observe import JobMemo
+
+    memo, cfg, now = JobMemo(), OperatorConfig(checkpoint_uri="s3://b/p"), datetime(2026, 1, 1, tzinfo=UTC)
+    history = [job(lap, 1, cond="Complete") for lap in range(1, 6)]
+    current = job(6, 1)
+    body = run_body(lap=5)
+    first = observe(body, [*history, current], lambda name: [], cfg, now, job_memo=memo)
+    again = observe(body, [*history, current], lambda name: [], cfg, now, job_memo=memo)
+    plain = observe(body, [*history, current], lambda name: [], cfg, now)
+    assert first.jobs == plain.jobs  # the memo changes no observation
+    assert [a is b for a, b in zip(first.jobs, again.jobs, strict=True)] == [True] * 5 + [False]  # current: anew
+    assert len(memo) == 5  # the current attempt's Job (pods read) is not memoized
+    # the cache replaces a Job's dict on every event: a new object is observed again
+    changed = job(3, 1, cond="Failed")
+    third = observe(body, [*history[:2], changed, *history[3:], current], lambda name: [], cfg, now, job_memo=memo)
+    assert third.jobs[2].state == "failed" and third.jobs[2] is not first.jobs[2]
+    assert third.jobs[0] is first.jobs[0]
+
+
+def test_the_job_memo_is_bounded():
+    from agentrun.controller.observe import JobMemo
+
+    memo = JobMemo(limit=3)
+    jobs = [job(lap, 1, cond="Complete") for lap in range(1, 8)]
+    for j in jobs:
+        assert memo.observed(j) is not None
+        assert len(memo) <= 3
+    assert memo.observed({"metadata": {"name": "x", "namespace": "ns"}}) is None  # not a lap Job: None, memoized

@@ -22,14 +22,13 @@ logs it once at start.
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import aiohttp
 
-from .kube import JsonLines, Kube, loads, prepare, request_labels
+from .kube import JsonLines, Kube, dumps, loads, prepare, request_labels
 
 Count = Callable[[str, str, "int | str"], None]
 
@@ -111,7 +110,7 @@ class AsyncKube:
         url, headers = prepare(*await self._base(), path_, query, body, content_type)
         verb, resource = request_labels(method, url)
         try:
-            async with self._open().request(method, url, data=None if body is None else json.dumps(body).encode(),
+            async with self._open().request(method, url, data=None if body is None else dumps(body),
                                             headers=headers, timeout=_timeout(timeout)) as resp:
                 raw = await resp.read()
                 status, reason = resp.status, resp.reason

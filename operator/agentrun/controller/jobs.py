@@ -7,6 +7,7 @@ No secret value is ever put into the Job: secrets reach the pod through ``secret
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -114,8 +115,10 @@ def store_of_env(env: list[dict[str, Any]]) -> StoreLocation | None:
     )
 
 
+@functools.lru_cache(maxsize=8192)
 def job_name(run_name: str, uid: str, lap: int, attempt: int) -> str:
-    """``<run-name-truncated>-<uid[:5]>-l<lap>-a<attempt>``, at most 63 characters, a DNS label."""
+    """``<run-name-truncated>-<uid[:5]>-l<lap>-a<attempt>``, at most 63 characters, a DNS label
+    (memoized: every pass of every reconcile names the run's current and next Jobs)."""
     suffix = f"-{uid.replace('-', '')[:5].lower()}-l{lap}-a{attempt}"
     head = run_name[: 63 - len(suffix)].rstrip("-.")
     head = re.sub(r"[^a-z0-9-]", "-", head.lower()) or "run"

@@ -131,6 +131,16 @@ def loads(data: bytes | str) -> Any:
         return json.loads(data)
 
 
+def dumps(doc: Any) -> bytes:
+    """A request body's JSON: orjson (compact, UTF-8; about a tenth of ``json.dumps``'s CPU on a
+    status patch), and ``json`` for what orjson refuses (a dict key that is not a string, an
+    integer beyond 64 bits, a lone surrogate), so every body ``json`` could send still goes out."""
+    try:
+        return orjson.dumps(doc)
+    except TypeError:
+        return json.dumps(doc).encode()
+
+
 class JsonLines:
     """A watch's body cut into its JSON documents, one per line, as the chunks arrive."""
 

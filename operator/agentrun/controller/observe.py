@@ -166,6 +166,34 @@ def observed_job(job: dict[str, Any], pods: list[dict[str, Any]] | None) -> d.Ob
     )
 
 
+class JobMemo:
+    """Each lap Job's :func:`observed_job` (observed without pods) while the cache holds the same
+    object for it. The cache replaces a Job's dict on every watch event and never changes one, so an
+    unchanged Job is observed once, not on every pass of every reconcile of its run: a run keeps its
+    finished Jobs for the Jobs' TTL (an hour by default), hundreds of them for a run of short laps,
+    and each pass observed them all. Bounded: past ``limit`` Jobs it starts again (observing again
+    is only work)."""
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self.limit = limit
+        self._memo: dict[tuple[Any, Any], tuple[dict[str, Any], d.ObservedJob | None]] = {}
+
+    def observed(self, job: dict[str, Any]) -> d.ObservedJob | None:
+        meta = job.get("metadata") or {}
+        key = (meta.get("namespace"), meta.get("name"))
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is job:
+            return hit[1]
+        oj = observed_job(job, None)
+        if len(self._memo) >= self.limit and key not in self._memo:
+            self._memo.clear()
+        self._memo[key] = (job, oj)  # the dict is held: its id is not reused while it is here
+        return oj
+
+    def __len__(self) -> int:
+        return len(self._memo)
+
+
 def needs_pod_read(job: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
     """A failed Job whose pods the cache has not seen terminate yet (the Job's watch event came
     first, or the pod is gone): the shell reads its pods from the API server once. A Job that
@@ -260,10 +288,11 @@ def parse_run(body: dict[str, Any], specs: SpecMemo | None = None) -> Parsed:
 
 
 def observe(body: dict[str, Any], jobs: list[dict[str, Any]], pods_of: Callable[[str], list[dict[str, Any]]],
-            config: OperatorConfig, now: datetime, parsed: Parsed | None = None) -> d.Observed:
+            config: OperatorConfig, now: datetime, parsed: Parsed | None = None,
+            job_memo: JobMemo | None = None) -> d.Observed:
     """The run as ``decide`` sees it: ``body`` is the cached AgentRun, ``jobs`` its lap Jobs,
     ``pods_of(job name)`` the cached pods of a Job; ``parsed``: ``parse_run(body)`` when the caller
-    has it already."""
+    has it already; ``job_memo``: the Jobs other than the current ones observed through it."""
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     spec, spec_error, status = parsed if parsed is not None else parse_run(body)
@@ -271,7 +300,10 @@ def observe(body: dict[str, Any], jobs: list[dict[str, Any]], pods_of: Callable[
     observed_jobs = []
     for job in jobs:
         jname = (job.get("metadata") or {}).get("name")
-        oj = observed_job(job, pods_of(jname) if jname in current else None)
+        if jname in current:
+            oj = observed_job(job, pods_of(jname))
+        else:
+            oj = job_memo.observed(job) if job_memo is not None else observed_job(job, None)
         if oj is not None:
             observed_jobs.append(oj)
     resolved, store_error = None, None

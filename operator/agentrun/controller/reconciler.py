@@ -55,6 +55,7 @@ from .kube import JOBS, PODS, RUNS, Kube, instrument, new_api_client, path
 from .lease import AsyncKubeLeaseAPI, KubeLeaseAPI, LeaseElector
 from .logs import run_logger
 from .observe import (
+    JobMemo,
     SpecMemo,
     current_jobs,
     job_state,
@@ -154,6 +155,7 @@ class Controller:
         self.pod_reads = PodReads(self._list_pods, POD_READ_WINDOW_SECONDS)  # the checks' reads, batched
         self._reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
         self._specs = SpecMemo()  # each run's parsed spec while its JSON is unchanged, and its lap JSON
+        self._observed_jobs = JobMemo()  # each Job as decide sees it while the cache holds the same object
         self._not_leader: set[Key] = set()  # keys taken from the queue while not acting (see process)
         self._not_leader_timer: asyncio.TimerHandle | None = None  # their recheck, while there are some
         self.policies: PolicyStore | None = None  # the tenancy re-check's watched policies (None: off)
@@ -457,7 +459,7 @@ class Controller:
             parsed = parse_run(body, self._specs)
             await self._read_missing(body, parsed[2])
             o = observe(body, self.cache.jobs_of(ns, uid), lambda job: self.cache.pods_of(ns, job),
-                        self.config, datetime.now(UTC), parsed)
+                        self.config, datetime.now(UTC), parsed, self._observed_jobs)
             if self.policies is not None and o.spec is not None and not o.deleting \
                     and o.status.phase not in TERMINAL_PHASES:
                 check = await self._tenancy_check(ns, body.get("spec") or {})
