@@ -43,6 +43,22 @@ def test_a_run_posts_a_burst_of_routine_events_then_one_per_refill_and_every_oth
     assert ROUTINE_EVENT_REASONS == {Reason.LAP_CHECKPOINTED}
 
 
+def test_past_the_limit_the_bucket_touched_longest_ago_is_dropped_not_every_bucket():
+    clock = Clock()
+    budget = EventBudget(clock=clock, limit=3)
+    busy, quiet, other, new = ("ns", "busy"), ("ns", "quiet"), ("ns", "other"), ("ns", "new")
+    budget.allow(quiet, Reason.LAP_CHECKPOINTED)
+    for _ in range(BURST):
+        budget.allow(busy, Reason.LAP_CHECKPOINTED)  # spent its burst
+    budget.allow(other, Reason.LAP_CHECKPOINTED)
+    assert len(budget) == 3
+    assert budget.allow(new, Reason.LAP_CHECKPOINTED)  # a fourth run: "quiet" (touched longest ago) goes
+    assert len(budget) == 3
+    assert not budget.allow(busy, Reason.LAP_CHECKPOINTED)  # the spent bucket is kept: still limited
+    assert len(budget) == 3  # "other" went now (touched before "new" and "busy")
+    assert budget.allow(quiet, Reason.LAP_CHECKPOINTED)  # dropped: back with a full bucket
+
+
 def test_the_executor_posts_the_first_burst_of_lap_events_and_counts_the_rest(monkeypatch):
     """Thirty laps of one run: 25 LapCheckpointed Events posted, 5 counted in
     agentrun_events_suppressed_total (and still logged); a Warning of the same run is posted."""

@@ -49,8 +49,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("agentrun.controller")
 
 Key = tuple[str, str]  # (namespace, name)
-#: Server-side timeout of a watch, and the client's read timeout (a silent connection is dropped).
-WATCH_SECONDS, WATCH_READ_TIMEOUT = 120, 150.0
+#: Server-side timeout of a watch (the default of AGENTRUN_WATCH_TIMEOUT_SECONDS), and how much longer
+#: than it the client waits on a silent watch connection before it drops it (the read timeout is the
+#: informer's watch timeout plus this margin).
+WATCH_SECONDS, WATCH_READ_MARGIN_SECONDS = 120, 30.0
 LIST_PAGE = 500
 #: Longest wait between two tries of a failing list/watch (the API server restarting): the cache
 #: lags the API server by at most this much once it is back.
@@ -376,7 +378,7 @@ class Informer:
                  akube: AsyncKube | None = None, watch_seconds: int = WATCH_SECONDS) -> None:
         self.kube, self.akube, self.kind, self.namespace, self.selector = kube, akube, kind, namespace, selector
         #: The server ends each watch after this long (the informer watches again from its
-        #: resourceVersion); the client drops a watch silent for WATCH_READ_TIMEOUT - WATCH_SECONDS more.
+        #: resourceVersion); the client drops a watch silent for WATCH_READ_MARGIN_SECONDS more.
         self.watch_seconds = watch_seconds
         self.field_selector, self.scope = field_selector, (namespace if scope is None else scope)
         self._listed = False
@@ -476,7 +478,7 @@ class Informer:
         return await asyncio.to_thread(self.kube.request, "GET", self.path, query=query, timeout=(10.0, 120.0))
 
     def _watch(self, rv: str) -> AsyncGenerator[dict[str, Any], None]:
-        timeout = (10.0, WATCH_READ_TIMEOUT - WATCH_SECONDS + self.watch_seconds)
+        timeout = (10.0, self.watch_seconds + WATCH_READ_MARGIN_SECONDS)
         if self.akube is not None:
             return self.akube.stream(self.path, self._watch_query(rv), timeout)
         return in_thread(lambda: self.kube.stream(self.path, self._watch_query(rv), timeout=timeout), self.loop,

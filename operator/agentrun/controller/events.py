@@ -20,7 +20,8 @@ Key = tuple[str, str]
 
 #: client-go's defaults (tools/record: defaultSpamBurst, defaultSpamQPS = 1/300).
 BURST, REFILL_SECONDS = 25, 300.0
-#: Runs whose buckets are kept; past it they start again (full).
+#: Runs whose buckets are kept; past it the bucket touched longest ago is dropped (that run starts
+#: again with a full bucket, as its bucket would be after 2 hours without an Event).
 LIMIT = 100_000
 
 
@@ -28,8 +29,8 @@ class EventBudget:
     """A token bucket per run for the routine Events (``ROUTINE_EVENT_REASONS``)."""
 
     def __init__(self, burst: int = BURST, refill_seconds: float = REFILL_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.burst, self.refill_seconds, self.clock = burst, refill_seconds, clock
+                 clock: Callable[[], float] = time.monotonic, limit: int = LIMIT) -> None:
+        self.burst, self.refill_seconds, self.clock, self.limit = burst, refill_seconds, clock, limit
         self._buckets: dict[Key, tuple[float, float]] = {}  # run -> (tokens, when counted)
 
     def allow(self, key: Key, reason: str) -> bool:
@@ -40,10 +41,13 @@ class EventBudget:
         tokens, at = self._buckets.get(key, (float(self.burst), now))
         tokens = min(float(self.burst), tokens + (now - at) / self.refill_seconds)
         allowed = tokens >= 1.0
-        if len(self._buckets) >= LIMIT and key not in self._buckets:
-            self._buckets.clear()
-        self._buckets[key] = (tokens - 1.0 if allowed else tokens, now)
+        if self._buckets.pop(key, None) is None and len(self._buckets) >= self.limit:
+            del self._buckets[next(iter(self._buckets))]  # insertion order: the one touched longest ago
+        self._buckets[key] = (tokens - 1.0 if allowed else tokens, now)  # (re)inserted last
         return allowed
 
     def forget(self, key: Key) -> None:
         self._buckets.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._buckets)
