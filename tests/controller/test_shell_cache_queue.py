@@ -288,6 +288,25 @@ def test_a_relist_reconciles_every_run_and_reports_the_ones_deleted_meanwhile(ca
     assert set(c.runs) == {("ns", "r")}
 
 
+
+def test_a_job_that_leaves_the_cache_is_dropped_from_the_controllers_job_memo():
+    """The controller's JobMemo holds the cached Job dicts: a Job deleted (a watch event) or not
+    listed again (a relist after a 410) is forgotten, not kept for the life of the process."""
+    from agentrun.controller.observe import JobMemo
+
+    memo = JobMemo()
+    c = Cache(on_change=lambda key: None, on_job_gone=memo.forget)
+    done = [{"type": "Complete", "status": "True"}]
+    c.event("jobs", "ADDED", job_obj(10, active=0, conditions=done))
+    assert memo.observed(c.jobs[("ns", "r-job")]) is not None and len(memo) == 1
+    c.event("jobs", "DELETED", job_obj(11, active=0, conditions=done))
+    assert len(memo) == 0
+    c.event("jobs", "ADDED", job_obj(12, active=0, conditions=done))
+    memo.observed(c.jobs[("ns", "r-job")])
+    c.replace("jobs", "ns", [])  # a relist that no longer has it
+    assert len(memo) == 0 and c.jobs == {}
+
+
 # ------------------------------------------------------------------------------- request counter
 
 

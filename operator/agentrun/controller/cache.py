@@ -136,10 +136,12 @@ class Cache:
     """The in-memory state, mutated only on the event loop."""
 
     def __init__(self, on_change: Callable[[Key], None], on_deleted: Callable[[Key], None] | None = None,
-                 on_awaiting: Callable[[Key], None] | None = None) -> None:
+                 on_awaiting: Callable[[Key], None] | None = None,
+                 on_job_gone: Callable[[Key], None] | None = None) -> None:
         self.on_change = on_change
         self.on_deleted = on_deleted
         self.on_awaiting = on_awaiting  # a run started waiting on a new approval (the notifier's wake-up)
+        self.on_job_gone = on_job_gone  # a Job left the cache (deleted, or not listed again): drop what is kept of it
         #: The runs waiting on an approval (phase AwaitingApproval, state Pending): key -> callId.
         self.awaiting: dict[Key, str] = {}
         self.runs: dict[Key, dict[str, Any]] = {}
@@ -306,6 +308,8 @@ class Cache:
                 if not keys:
                     del self._jobs_by_uid[uid or ""]
             self.pod_checked.discard(key)
+            if self.on_job_gone is not None:
+                self.on_job_gone(key)
             for pod in list(self._pods_by_job.get(key, ())):  # pods are not watched: they go with their Job
                 self._drop_pod(pod)
         else:

@@ -171,8 +171,9 @@ class JobMemo:
     object for it. The cache replaces a Job's dict on every watch event and never changes one, so an
     unchanged Job is observed once, not on every pass of every reconcile of its run: a run keeps its
     finished Jobs for the Jobs' TTL (an hour by default), hundreds of them for a run of short laps,
-    and each pass observed them all. Bounded: past ``limit`` Jobs it starts again (observing again
-    is only work)."""
+    and each pass observed them all (bench/bench_reconcile_growth.py). It holds the cached dicts:
+    :meth:`forget` drops a Job the cache dropped (``Cache(on_job_gone=...)``); past ``limit`` Jobs
+    it starts again (observing again is only work)."""
 
     def __init__(self, limit: int = 200_000) -> None:
         self.limit = limit
@@ -189,6 +190,10 @@ class JobMemo:
             self._memo.clear()
         self._memo[key] = (job, oj)  # the dict is held: its id is not reused while it is here
         return oj
+
+    def forget(self, key: tuple[Any, Any]) -> None:
+        """The Job ``(namespace, name)`` left the cache."""
+        self._memo.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._memo)

@@ -140,8 +140,10 @@ class Controller:
         self.queue: WorkQueue[Key] = WorkQueue(observer=metrics.WORKQUEUE)
         metrics.WORKQUEUE.watch(lambda: self.queue.depth, lambda: self.queue.delayed)
         allowed = self._allowed = namespace_matcher(self.config.namespaces)
+        self._observed_jobs = JobMemo()  # each Job as decide sees it while the cache holds the same object
         self.cache = Cache(on_change=lambda k: self.queue.add(k) if allowed(k[0]) else None,
-                           on_deleted=self.forget, on_awaiting=self._approval_pending)
+                           on_deleted=self.forget, on_awaiting=self._approval_pending,
+                           on_job_gone=self._observed_jobs.forget)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.kube: Kube | None = None
         self.akube: AsyncKube | None = None
@@ -155,7 +157,6 @@ class Controller:
         self.pod_reads = PodReads(self._list_pods, POD_READ_WINDOW_SECONDS)  # the checks' reads, batched
         self._reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
         self._specs = SpecMemo()  # each run's parsed spec while its JSON is unchanged, and its lap JSON
-        self._observed_jobs = JobMemo()  # each Job as decide sees it while the cache holds the same object
         self._not_leader: set[Key] = set()  # keys taken from the queue while not acting (see process)
         self._not_leader_timer: asyncio.TimerHandle | None = None  # their recheck, while there are some
         self.policies: PolicyStore | None = None  # the tenancy re-check's watched policies (None: off)
