@@ -166,6 +166,14 @@ def observed_job(job: dict[str, Any], pods: list[dict[str, Any]] | None) -> d.Ob
     )
 
 
+def put_bounded(memo: dict[Any, Any], key: Any, value: Any, limit: int) -> None:
+    """``memo[key] = value``; a new key past ``limit`` entries empties the memo first (the memos of
+    this module hold only what can be made again)."""
+    if len(memo) >= limit and key not in memo:
+        memo.clear()
+    memo[key] = value
+
+
 class JobMemo:
     """Each lap Job's :func:`observed_job` (observed without pods) while the cache holds the same
     object for it. The cache replaces a Job's dict on every watch event and never changes one, so an
@@ -186,9 +194,7 @@ class JobMemo:
         if hit is not None and hit[0] is job:
             return hit[1]
         oj = observed_job(job, None)
-        if len(self._memo) >= self.limit and key not in self._memo:
-            self._memo.clear()
-        self._memo[key] = (job, oj)  # the dict is held: its id is not reused while it is here
+        put_bounded(self._memo, key, (job, oj), self.limit)  # the dict is held: its id is not reused while here
         return oj
 
     def forget(self, key: tuple[Any, Any]) -> None:
@@ -238,9 +244,7 @@ class SpecMemo:
         self._memo: dict[tuple[str, str], list[Any]] = {}
 
     def _put(self, key: tuple[str, str], entry: list[Any]) -> None:
-        if len(self._memo) >= self.limit and key not in self._memo:
-            self._memo.clear()
-        self._memo[key] = entry
+        put_bounded(self._memo, key, entry, self.limit)
 
     def parse(self, key: tuple[str, str], raw: Any) -> tuple[AgentRunSpec | None, str | None]:
         hit = self._memo.get(key)
