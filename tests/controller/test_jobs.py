@@ -138,7 +138,7 @@ def test_the_tenancy_recheck_is_a_switch_and_the_old_period_still_turns_it_off(e
                                        ("AGENTRUN_S3_PATH_STYLE", "maybe"), ("AGENTRUN_LOG_FORMAT", "xml"),
                                        ("AGENTRUN_S3_LEAN_GET", "flase"), ("AGENTRUN_WATCH_TIMEOUT_SECONDS", "0"),
                                        ("AGENTRUN_WATCH_TIMEOUT_SECONDS", "3600"),
-                                       ("AGENTRUN_WATCH_TIMEOUT_SECONDS", "2m")])
+                                       ("AGENTRUN_WATCH_TIMEOUT_SECONDS", "2m"), ("AGENTRUN_EVENT_LOOP", "tokio")])
 def test_config_errors_name_the_variable(var, value):
     with pytest.raises(ValueError, match=var):
         OperatorConfig.from_env({var: value})

@@ -243,6 +243,8 @@ def test_happy_path_to_succeeded(env):
     mine = [o for o in s3.list_objects_v2(Bucket=env.s3.bucket, Prefix=run_prefix).get("Contents", [])
             if "/attempts/" not in o["Key"]]
     assert st["storage"] == {"bytes": sum(o["Size"] for o in mine), "objects": 2} and len(mine) == 2, (st, mine)
+    # the operator that did all this ran on uvloop (the default; AGENTRUN_EVENT_LOOP=asyncio the other)
+    assert "event loop: uvloop " in env.log.read_text(errors="replace")
     wide = env.kubectl("get", "agentruns", "-n", env.ns, "-o", "wide").stdout.splitlines()
     assert "STORAGE" in wide[0].split(), wide[0]
     # no secret value in the status, the Events, the Jobs or the operator log (secretKeyRef only)

@@ -14,6 +14,9 @@ from typing import Any
 
 from agentrun.checkpoint.switch import enabled as lean_get_enabled
 
+#: The values of AGENTRUN_EVENT_LOOP (controller/eventloop.py makes the loop).
+EVENT_LOOPS = ("uvloop", "asyncio")
+
 
 def _bool(value: str | None, default: bool) -> bool:
     if value is None or value == "":
@@ -89,6 +92,8 @@ class OperatorConfig:
     starts, not while it is open, so this bounds how long a replica whose access was taken away
     keeps an open watch before it notices (and steps down 30 s later). Shorter: one more request
     per watch and period."""
+    event_loop: str = "uvloop"
+    """AGENTRUN_EVENT_LOOP: uvloop (less CPU per lap; asyncio where it is not installed) or asyncio."""
     identity: str = ""
     """AGENTRUN_IDENTITY (or POD_NAME): this replica's name in the Lease (default host-pid)."""
 
@@ -138,6 +143,11 @@ class OperatorConfig:
                 raise ValueError("expected json or text")
             return raw
 
+        def event_loop(raw: str) -> str:
+            if raw not in EVENT_LOOPS:
+                raise ValueError(f"expected {' or '.join(EVENT_LOOPS)}")
+            return raw
+
         parse("AGENTRUN_LAP_IMAGE", str, "lap_image")
         parse("AGENTRUN_LAP_COMMAND", json_list, "lap_command")
         parse("AGENTRUN_CHECKPOINT_URI", str, "checkpoint_uri")
@@ -162,6 +172,7 @@ class OperatorConfig:
         parse("AGENTRUN_TENANCY_RECHECK_SECONDS", lambda v: float(v) >= 0, "tenancy_recheck")  # deprecated
         parse("AGENTRUN_TENANCY_RECHECK", lambda v: _bool(v, True), "tenancy_recheck")
         parse("AGENTRUN_WATCH_TIMEOUT_SECONDS", watch_seconds, "watch_timeout_seconds")
+        parse("AGENTRUN_EVENT_LOOP", event_loop, "event_loop")
         parse("POD_NAME", str, "identity")
         parse("AGENTRUN_IDENTITY", str, "identity")
         if not kw.get("identity"):

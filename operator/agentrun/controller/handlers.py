@@ -15,11 +15,13 @@ The names below the wiring are re-exported for the callers and tests of the earl
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import kopf
 
 from .config import OperatorConfig
+from .eventloop import operator_loop
 from .execute import StatusRefused, pruned_field, status_refusal
 from .execute import probe_store as _probe_store
 from .observe import job_state as _job_state
@@ -54,12 +56,15 @@ def memo_for(controller: Controller) -> kopf.Memo:
 def run(controller: Controller) -> None:
     """Run the operator until SIGTERM (blocking)."""
     cfg = controller.config
-    kopf.run(
-        standalone=True,  # leader election is our Lease (agentrun.controller.lease), not Kopf peering
-        clusterwide=not cfg.namespaces,
-        namespaces=list(cfg.namespaces),
-        memo=memo_for(controller),
-    )
+    with operator_loop(cfg.event_loop) as (loop, what):
+        logging.getLogger("agentrun.controller").info("event loop: %s", what)
+        kopf.run(
+            loop=loop,
+            standalone=True,  # leader election is our Lease (agentrun.controller.lease), not Kopf peering
+            clusterwide=not cfg.namespaces,
+            namespaces=list(cfg.namespaces),
+            memo=memo_for(controller),
+        )
 
 
 @kopf.on.startup()

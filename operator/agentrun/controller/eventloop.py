@@ -1,0 +1,36 @@
+"""The operator's event loop: uvloop unless ``AGENTRUN_EVENT_LOOP=asyncio``.
+
+Everything the operator does per lap runs on this loop: the watch streams, the writes on aiohttp,
+the lap record's S3 GET, the Lease. uvloop (libuv, with its transports and TLS in Cython) does the
+same work as asyncio's selector loop with less CPU per wake-up, socket read and TLS record: in an
+interleaved A/B of ``bench_operator_cluster.py overhead`` (bench/analysis.md) 12.0 / 14.0 against
+15.0 / 20.0 ms of CPU per lap at 1 run and 11.9 / 12.7 against 13.2 ms at 50 runs. Kopf runs on
+either (``kopf.run(loop=...)``, as its own CLI does when uvloop is installed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+from .config import EVENT_LOOPS
+
+
+@contextlib.contextmanager
+def operator_loop(kind: str) -> Iterator[tuple[asyncio.AbstractEventLoop | None, str]]:
+    """``(loop, what it is)`` for ``kopf.run(loop=...)``: a uvloop loop in an ``asyncio.Runner``
+    (closed as ``asyncio.run`` closes its own: async generators, the default executor, the loop),
+    or None (Kopf's ``asyncio.run``) for ``asyncio`` and where uvloop is not installed."""
+    if kind not in EVENT_LOOPS:
+        raise ValueError(f"expected one of {', '.join(EVENT_LOOPS)}, got {kind!r}")
+    if kind == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            yield None, "asyncio (uvloop is not installed)"
+            return
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            yield runner.get_loop(), f"uvloop {getattr(uvloop, '__version__', '')}".rstrip()
+        return
+    yield None, "asyncio"
