@@ -167,6 +167,8 @@ class Bench:
         main = ["-m", "agentrun.cli.main"]
         if os.environ.get("BENCH_OPERATOR_YAPPI"):  # per-function CPU of every thread (bench/yappi_operator.py)
             main = [str(ROOT / "bench" / "yappi_operator.py"), f"{os.environ['BENCH_OPERATOR_YAPPI']}-{port}"]
+        if os.environ.get("BENCH_OPERATOR_LOOPPROF"):  # the event loop's CPU by callback (bench/loopprof_operator.py)
+            main = [str(ROOT / "bench" / "loopprof_operator.py"), f"{os.environ['BENCH_OPERATOR_LOOPPROF']}-{port}"]
         proc = subprocess.Popen([*pin, sys.executable, *main, "operator"], env=env, stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         return proc, port
