@@ -81,11 +81,11 @@ def _timed_run(self: asyncio.Handle) -> None:
         cpu[key] += c
         calls[key] += 1
         if STEPS and isinstance(owner, asyncio.Task):
-            before = _where.get(id(owner), "start")
-            after = "done" if owner.done() else _suspended_at(owner)
-            _where[id(owner)] = after
             if owner.done():
-                _where.pop(id(owner), None)
+                before, after = _where.pop(id(owner), "start"), "done"
+            else:
+                before, after = _where.get(id(owner), "start"), _suspended_at(owner)
+                _where[id(owner)] = after
             sk = f"  {key}: {before}  ->  {after}"
             cpu[sk] += c
             calls[sk] += 1
