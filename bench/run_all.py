@@ -55,6 +55,17 @@ TARGET_RATIO, TARGET_RSS_MB, TARGET_RESYNC = 50.0, 300.0, 30.0
 PROFILE_KEEP = ("agentrun/", "kubernetes/", "urllib3/", "ssl", "kopf/", "botocore/", "boto3/", "pydantic",
                 "json/", "http/client", "socket.py", "aiohttp/", "asyncio/threads.py")
 
+#: What the checkpoints of the operator benchmarks were served by (their JSON's ``s3_server``; runs
+#: before it was recorded used moto's server).
+S3_SERVERS = {
+    "versitygw": ("**The S3 server**: versitygw (a Go S3 gateway, posix backend) with `--keep-alive`: it "
+                  "keeps its connections open between requests, as AWS S3, MinIO and Ceph do, so the "
+                  "operator's lap record GET and the laps' writes reuse theirs."),
+    "moto": ("**The S3 server**: moto's, which answers every request with `Connection: close`: each S3 "
+             "request of the operator and of the laps opens a new TCP connection, which an S3 service "
+             "does not make it pay."),
+}
+
 #: section -> (what it measures, needs the local control plane, argv for a full run, argv for --quick).
 #: One benchmark subprocess per section; "json" benchmarks get ``--json FILE`` appended.
 SECTIONS: dict[str, tuple[str, bool, list[str], list[str]]] = {
@@ -340,6 +351,7 @@ def render(res: dict[str, Any], analysis: str | None = None) -> str:
             "over the whole benchmark, divided by the laps run; the lap processes compete with it for the "
             "2 CPUs. *Idle CPU*: the operator's CPU per second during 15 s before the runs (the Lease held, "
             "no run), where measured.\n")
+        md.append(S3_SERVERS.get(str(cl.get("s3_server") or "moto"), "") + "\n")
         rows = []
         for lv in ov:
             g, p = lv["gap_job_complete_to_next_job"], lv["gap_pod_succeeded_to_next_job"]

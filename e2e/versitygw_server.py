@@ -54,12 +54,15 @@ def _free_port() -> int:
 
 def start_versitygw(base_dir: Path, access_key: str, secret_key: str, port: int | None = None,
                     region: str = "us-east-1", timeout: float = 60.0,
-                    tls: tuple[Path, Path] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+                    tls: tuple[Path, Path] | None = None,
+                    keep_alive: bool = False) -> tuple[subprocess.Popen[bytes], str]:
     """Start versitygw on ``127.0.0.1:<free port>`` with its posix backend in ``base_dir/data``
     (root user ``access_key``/``secret_key``). Returns the process and its endpoint URL; its log
     is ``base_dir/versitygw.log``. Raises ``VersityError`` if it does not answer in ``timeout``.
     ``tls``: (certificate, key) files: it serves https with them (the certificate, self-signed, is
-    also what the readiness check trusts)."""
+    also what the readiness check trusts). ``keep_alive``: keep connections open between requests
+    (``--keep-alive``), as AWS S3, MinIO and Ceph do; versitygw's default, like moto's server, answers
+    every request with ``Connection: close``."""
     binary = build_versitygw()
     data, meta = base_dir / "data", base_dir / "meta"
     data.mkdir(parents=True, exist_ok=True)
@@ -68,7 +71,7 @@ def start_versitygw(base_dir: Path, access_key: str, secret_key: str, port: int 
     endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROOT_", "VGW_"))}
     cmd = [binary, "--port", f"127.0.0.1:{port}", "--access", access_key, "--secret", secret_key,
-           "--region", region, "--health", HEALTH, "--quiet",
+           "--region", region, "--health", HEALTH, "--quiet", *(["--keep-alive"] if keep_alive else []),
            *(["--cert", str(tls[0]), "--key", str(tls[1])] if tls else []),
            "posix", "--sidecar", str(meta), str(data)]
     context = ssl.create_default_context(cafile=str(tls[0])) if tls else None

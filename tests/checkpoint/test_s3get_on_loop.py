@@ -197,3 +197,68 @@ def test_a_big_lap_record_is_decoded_off_the_loop(s3_bucket: Any, monkeypatch: p
     big = asyncio.run(read())
     assert small[0] == big[0] == real(RUN, 1)[0] and big[1].sha256 == stored.sha256
     assert decoded_in[0] == "MainThread" and decoded_in[1] != "MainThread"
+
+
+def _established_to(port: int) -> set[int]:
+    """Local ports of the IPv4 TCP connections in state ESTABLISHED whose remote port is ``port``
+    (``/proc/net/tcp``: the client ends of connections to the server on ``port``)."""
+    ports = set()
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            local, remote, state = fields[1], fields[2], fields[3]
+            if state == "01" and int(remote.split(":")[1], 16) == port:
+                ports.add(int(local.split(":")[1], 16))
+    return ports
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux's /proc/net/tcp")
+@pytest.mark.parametrize("keep_alive", [True, False])
+def test_the_operators_gets_reuse_one_connection_where_the_server_keeps_it(
+        tmp_path: Any, keep_alive: bool) -> None:
+    """Against an S3 server that keeps connections open (versitygw ``--keep-alive``, as AWS S3, MinIO
+    and Ceph do) the operator's lap reads go over one connection, kept between reads; against one that
+    answers ``Connection: close`` (versitygw's default, moto's server) each read has its own and none
+    is left open. The same bytes either way."""
+    if os.environ.get("AGENTRUN_SKIP_VERSITYGW") == "1":
+        pytest.skip("AGENTRUN_SKIP_VERSITYGW=1")
+    from urllib.parse import urlsplit
+
+    from e2e.versitygw_server import start_versitygw, stop
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    proc, endpoint = start_versitygw(tmp_path, os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"],
+                                     region=S3_REGION, keep_alive=keep_alive)
+    try:
+        port = urlsplit(endpoint).port
+        assert port is not None
+        config = StoreConfig(uri=f"s3://t-ka-{uuid.uuid4().hex[:12]}/p", endpoint_url=endpoint, region=S3_REGION,
+                             path_style=True)
+        store = CheckpointStore(config)
+        store.client.create_bucket(Bucket=config.bucket)
+        keys = [store.put_lap(make_record(lap)).key for lap in (1, 2, 3)]
+        lean = store.lean_get
+        assert lean is not None
+
+        before = _established_to(port)  # the writes' client (botocore keeps its connection)
+
+        async def go() -> tuple[list[Any], list[set[int]]]:
+            s3, got, seen = AsyncS3Get(), [], []
+            try:
+                for k in keys:
+                    got.append(await s3.get(lean, k))
+                    seen.append(_established_to(port) - before)
+            finally:
+                await s3.close()
+            return got, seen
+
+        got, seen = asyncio.run(go())
+        assert [g.body if isinstance(g, s3get.Got) else g for g in got] == [lean.get(k).body for k in keys]  # type: ignore[union-attr]
+        assert lean.fallbacks == 0
+        if keep_alive:
+            assert len(seen[0]) == 1 and seen == [seen[0]] * 3, seen  # one connection, kept
+        else:
+            assert seen == [set()] * 3, seen  # closed after each read
+    finally:
+        stop(proc)

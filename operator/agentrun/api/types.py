@@ -6,6 +6,7 @@ Kubernetes API conventions avoid floats in specs, so money is a decimal *string*
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -32,8 +33,10 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_duration(value: str) -> float:
-    """Return the number of seconds in a Go-style duration string such as ``1h30m``."""
+    """Return the number of seconds in a Go-style duration string such as ``1h30m``. Remembered per
+    string (a run's few durations are read on every reconcile; a refused one is not remembered)."""
     if not re.fullmatch(DURATION_PATTERN, value):
         raise ValueError(f"invalid duration {value!r}: use a number and a unit, e.g. 30s, 10m, 72h")
     return sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value))
