@@ -144,7 +144,7 @@ def tls_versitygw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
 def test_over_https_both_senders_verify_the_endpoint_with_the_ca_bundle(tls_versitygw: Any,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """With an https endpoint the lean GET verifies the server with the CA bundle botocore uses
-    (``AWS_CA_BUNDLE``), in the lap pod (urllib3) and on the operator's loop (aiohttp) alike; a
+    (``AWS_CA_BUNDLE``), in the lap pod (urllib3) and on the operator's loop (http1) alike; a
     server the bundle does not vouch for is left to botocore by both."""
     endpoint, cert, other = tls_versitygw
     monkeypatch.setenv("AWS_CA_BUNDLE", str(cert))

@@ -60,11 +60,18 @@ def test_writes_reads_errors_and_counts_with_a_token(cluster, namespace) -> None
                 await ak.request("GET", f"{cms}/missing")
             assert e.value.status == 404
             await ak.request("DELETE", f"{cms}/a")
+            # a list answered in chunks (over 2 kB): the same documents
+            for i in range(8):
+                await ak.request("POST", cms, body={"metadata": {"name": f"big{i}"}, "data": {"k": "x" * 1000}})
+            big = await ak.request("GET", cms, query={"labelSelector": None})
+            assert sorted(i["metadata"]["name"] for i in big["items"] if i["metadata"]["name"].startswith("big")) == [
+                f"big{i}" for i in range(8)]
+            assert ak.opened == 1  # every request, one after the other, over one kept connection
         finally:
             await ak.close()
 
     asyncio.run(go())
-    assert counted == [("create", "configmaps", 201), ("patch", "configmaps", 200), ("list", "configmaps", 200),
+    assert counted[:7] == [("create", "configmaps", 201), ("patch", "configmaps", 200), ("list", "configmaps", 200),
                        ("patch", "configmaps", 422), ("create", "configmaps", 422), ("get", "configmaps", 404),
                        ("delete", "configmaps", 200)]
 
@@ -206,7 +213,7 @@ def test_the_informer_on_the_loop_lists_and_watches_the_real_api_server(cluster,
 
 
 def test_the_lease_elector_on_the_loop_takes_renews_and_releases_a_real_lease(cluster, namespace) -> None:
-    """The Lease calls on aiohttp (``AsyncKubeLeaseAPI``) against the real API server: a missing
+    """The Lease calls on the loop (``AsyncKubeLeaseAPI``) against the real API server: a missing
     Lease reads as None, the elector creates it, renews with one update each (no read), a stale
     resourceVersion is a conflict (None), and a release clears the holder."""
     from agentrun.controller.lease import AsyncKubeLeaseAPI, LeaseElector

@@ -1,12 +1,16 @@
-"""The operator's requests to the API server on the event loop: raw JSON over one aiohttp session.
+"""The operator's requests to the API server on the event loop: raw JSON, the requests over the
+small HTTP/1.1 client of ``http1.py``, the watches over aiohttp.
 
 :class:`Kube` is blocking: each call is handed to a worker thread (``asyncio.to_thread``) and goes
 through the ``kubernetes`` client's REST layer, urllib3 and ``http.client``, whose response headers
 are parsed by the ``email`` package; a watch holds a thread that hands every batch of events to the
-loop. aiohttp on the loop (its HTTP parser is C, llhttp) costs about half the CPU per request, and a
-watch event wakes only the loop (bench/analysis.md has the figures). So :class:`AsyncKube` sends the
-lap's writes (the Job create, the status patch, the Event, the deletes), the controller's rare reads,
-and the watch cache's lists and watches (:meth:`AsyncKube.stream`).
+loop. On the loop a request costs about half that CPU with aiohttp, and less again with
+:class:`~agentrun.controller.http1.Http1Client` (one pooled keep-alive connection per request in
+flight, the request in one write, the response framed in one buffer: bench/analysis.md has the
+figures); a watch event wakes only the loop. So :class:`AsyncKube` sends the lap's writes (the Job
+create, the status patch, the Event, the deletes), the Lease's requests, the controller's rare reads
+and the watch cache's lists over ``Http1Client``, and the watches over aiohttp
+(:meth:`AsyncKube.stream`: a long-lived streamed body, which aiohttp's reader serves).
 
 It keeps :class:`Kube`'s contract: the same URL and headers (:func:`~agentrun.controller.kube.prepare`
 over :meth:`Kube.base`: the ``kubernetes`` client's own ``param_serialize`` with its token refresh,
@@ -25,9 +29,11 @@ import asyncio
 import ssl
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
+from .http1 import Http1Client
 from .kube import JsonLines, Kube, dumps, loads, prepare, request_labels
 
 Count = Callable[[str, str, "int | str"], None]
@@ -82,6 +88,8 @@ class AsyncKube:
         self.count = count
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._clients: dict[str, Http1Client] = {}  # origin -> the requests' pool (made on the running loop)
+        self._clients_loop: asyncio.AbstractEventLoop | None = None
 
     def _open(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -93,6 +101,25 @@ class AsyncKube:
                                                   skip_auto_headers=("User-Agent",))
             self._loop = loop
         return self._session
+
+    def _client(self, url: str) -> tuple[Http1Client, str]:
+        """The pool of ``url``'s origin and the request target (path and query) in ``url``."""
+        loop = asyncio.get_running_loop()
+        if self._clients_loop is not loop:
+            self._clients, self._clients_loop = {}, loop
+        parts = urlsplit(url)
+        origin = f"{parts.scheme}://{parts.netloc}"
+        client = self._clients.get(origin)
+        if client is None:
+            conf = self.kube.api_client.configuration
+            client = self._clients[origin] = Http1Client(
+                origin, ssl_context(conf) if parts.scheme == "https" else None, limit=self.pool_size, keepalive=60.0)
+        return client, (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+    @property
+    def opened(self) -> int:
+        """Connections the requests opened since the start (the watches' are aiohttp's): tests."""
+        return sum(c.opened for c in self._clients.values())
 
     async def _base(self) -> tuple[str, dict[str, str]]:
         fresh = self.kube.fresh_base()
@@ -110,10 +137,9 @@ class AsyncKube:
         url, headers = prepare(*await self._base(), path_, query, body, content_type)
         verb, resource = request_labels(method, url)
         try:
-            async with self._open().request(method, url, data=None if body is None else dumps(body),
-                                            headers=headers, timeout=_timeout(timeout)) as resp:
-                raw = await resp.read()
-                status, reason = resp.status, resp.reason
+            client, target = self._client(url)
+            resp = await client.request(method, target, headers, None if body is None else dumps(body), timeout)
+            raw, status, reason = resp.body, resp.status, resp.reason
         except Exception as exc:
             self._counted(verb, resource, "<error>")
             if isinstance(exc, TimeoutError):  # aiohttp's carries no message: say what timed out
@@ -159,6 +185,9 @@ class AsyncKube:
                 yield doc
 
     async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+        self._clients = {}
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None

@@ -1,6 +1,6 @@
 """The operator's event loop: uvloop unless ``AGENTRUN_EVENT_LOOP=asyncio``.
 
-Everything the operator does per lap runs on this loop: the watch streams, the writes on aiohttp,
+Everything the operator does per lap runs on this loop: the watch streams, the writes (http1.py),
 the lap record's S3 GET, the Lease. uvloop (libuv, with its transports and TLS in Cython) does the
 same work as asyncio's selector loop with less CPU per wake-up, socket read and TLS record: in an
 interleaved A/B of ``bench_operator_cluster.py overhead`` (bench/analysis.md) 12.0 / 14.0 against

@@ -14,7 +14,7 @@ Lease's resourceVersion, so two standbys cannot both take it.
 Requests: a holder renews with one update of the Lease it wrote last (client-go's fast path: no
 read first); only when that update conflicts (someone else wrote the Lease) does it read the Lease
 and decide again. A standby reads once per period. Raw JSON, no model classes: on the event loop
-over the operator's aiohttp session (:class:`AsyncKubeLeaseAPI`), or, where the operator's requests
+through the operator's requests (:class:`AsyncKubeLeaseAPI`), or, where the operator's requests
 stay on the blocking client, each call in the elector's own thread (:class:`KubeLeaseAPI`). On the
 loop a renewal costs one request's CPU (a renewal through the blocking client in a thread cost
 ~30 ms of CPU on the benchmark box: urllib3, ``http.client`` and the GIL's hand-offs), and, as
@@ -156,7 +156,7 @@ def _absent(absent: int, exc: Exception) -> bool:
 
 
 class AsyncKubeLeaseAPI:
-    """:class:`AsyncLeaseAPI` on the operator's aiohttp session (``akube.AsyncKube``)."""
+    """:class:`AsyncLeaseAPI` through the operator's requests on the loop (``akube.AsyncKube``)."""
 
     def __init__(self, akube: Any) -> None:
         self.akube = akube
