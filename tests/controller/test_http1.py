@@ -108,8 +108,9 @@ def test_a_head_longer_than_its_bound_is_refused() -> None:
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
-async def serve(handler: Handler) -> tuple[asyncio.Server, str, list[int]]:
-    """A server on 127.0.0.1 running ``handler`` per connection; the list counts connections."""
+async def serve(handler: Handler, tls: Any = None) -> tuple[asyncio.Server, str, list[int]]:
+    """A server on 127.0.0.1 running ``handler`` per connection (over TLS with the server context
+    ``tls``); the list counts connections."""
     accepted: list[int] = []
 
     async def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -119,9 +120,9 @@ async def serve(handler: Handler) -> tuple[asyncio.Server, str, list[int]]:
         finally:
             writer.close()
 
-    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+    server = await asyncio.start_server(on_conn, "127.0.0.1", 0, ssl=tls)
     port = server.sockets[0].getsockname()[1]
-    return server, f"http://127.0.0.1:{port}", accepted
+    return server, f"{'https' if tls else 'http'}://127.0.0.1:{port}", accepted
 
 
 async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
@@ -299,17 +300,7 @@ def test_over_tls_on_the_operators_loops_it_verifies_the_server_and_keeps_the_co
             await writer.drain()
 
     async def go() -> None:
-        accepted: list[int] = []
-
-        async def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            accepted.append(1)
-            try:
-                await keep(reader, writer)
-            finally:
-                writer.close()
-
-        server = await asyncio.start_server(on_conn, "127.0.0.1", 0, ssl=server_ctx)
-        url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        server, url, accepted = await serve(keep, server_ctx)
         client = Http1Client(url, ssl.create_default_context(cafile=cert))
         wrong = Http1Client(url, ssl.create_default_context(cafile=other))
         try:
