@@ -102,6 +102,39 @@ def proc_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def proc_thread_cpu(pid: int) -> dict[int, int] | None:
+    """Each live thread's CPU time so far in nanoseconds (``/proc/PID/task/TID/schedstat``'s first
+    field: the scheduler's exact run time, where utime and stime count 10 ms ticks); None if the
+    process is gone or the kernel has no schedstat."""
+    out: dict[int, int] = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0])
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # the thread ended meanwhile (cpu_between then falls back)
+            return None  # no schedstat on this kernel
+        except (OSError, ValueError, IndexError):
+            return None
+    return out or None
+
+
+def cpu_between(before: dict[int, int] | None, after: dict[int, int] | None) -> float | None:
+    """Seconds of CPU a process used from ``before`` to ``after`` (:func:`proc_thread_cpu`), or None
+    when that cannot be told exactly: a thread alive at ``before`` ended since (it took its time
+    with it) or its id was reused (its time went back). Threads started since count whole."""
+    if before is None or after is None:
+        return None
+    if any(tid not in after or after[tid] < ns for tid, ns in before.items()):
+        return None
+    return (sum(after.values()) - sum(before.values())) / 1e9
+
+
 def proc_switches(pid: int) -> int | None:
     """Context switches of a process so far, over all its live threads (voluntary: it slept, each
     a wake-up after; and involuntary); None if it is gone. A thread that ended takes its count."""

@@ -57,3 +57,47 @@ def test_folded_profile_top() -> None:
     assert top == [(100.0, "main (m.py)"), (90.0, "reconcile (handlers.py)"), (60.0, "connect (connection.py)")]
     assert folded_profile_top(lines, keep=("handlers",)) == [(90.0, "reconcile (handlers.py)")]
     assert folded_profile_top([]) == []
+
+
+def test_cpu_between_is_exact_only_while_every_thread_lives() -> None:
+    from benchlib import cpu_between
+
+    before = {10: 1_000_000_000, 11: 500_000_000}
+    assert cpu_between(before, {10: 1_250_000_000, 11: 500_000_000}) == 0.25
+    assert cpu_between(before, {10: 1_000_000_000, 11: 500_000_000, 12: 30_000_000}) == 0.03  # a new thread counts whole
+    assert cpu_between(before, {10: 1_200_000_000}) is None  # thread 11 ended: its time went with it
+    assert cpu_between(before, {10: 1_200_000_000, 11: 1_000}) is None  # id 11 reused by a new thread
+    assert cpu_between(None, before) is None and cpu_between(before, None) is None
+
+
+def test_proc_thread_cpu_counts_this_process_in_nanoseconds() -> None:
+    import os
+    import threading
+    import time
+
+    from benchlib import cpu_between, proc_thread_cpu
+
+    before = proc_thread_cpu(os.getpid())
+    if before is None:
+        pytest.skip("no /proc/PID/task/TID/schedstat on this kernel")
+    main0 = time.thread_time()
+    end = time.perf_counter() + 0.03
+    while time.perf_counter() < end:  # 30 ms of CPU in the main thread
+        pass
+    burned = threading.Event()
+
+    def burn() -> None:  # and some in a thread started after `before`
+        t_end = time.thread_time() + 0.02
+        while time.thread_time() < t_end:
+            pass
+        burned.set()
+        time.sleep(1)  # still alive when `after` is read
+
+    threading.Thread(target=burn, daemon=True).start()
+    assert burned.wait(10)
+    main = time.thread_time() - main0
+    after = proc_thread_cpu(os.getpid())
+    used = cpu_between(before, after)
+    assert used is not None
+    # at least the main thread's own burn and the thread's 20 ms; not wildly more (other threads idle)
+    assert main + 0.02 - 0.002 <= used <= main + 0.02 + 0.5, (used, main)
