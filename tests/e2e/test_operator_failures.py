@@ -37,8 +37,13 @@ class FailEnv(Env):
         self.s3c = boto3.client("s3", endpoint_url=s3.endpoint_url, region_name=s3.region,
                                 aws_access_key_id=s3.access_key, aws_secret_access_key=s3.secret_key)
 
-    def start_operator(self, identity: str = "op-a") -> None:  # type: ignore[override]
-        env = self.operator_env(AGENTRUN_IDENTITY=identity)
+    def start_operator(self, identity: str = "op-a", kubeconfig: str | None = None,  # type: ignore[override]
+                       **settings: str) -> None:
+        """Start replica ``identity`` (its own log), as ``kubeconfig``'s user when given, with more
+        ``AGENTRUN_*`` settings."""
+        env = self.operator_env(AGENTRUN_IDENTITY=identity, **settings)
+        if kubeconfig:
+            env["KUBECONFIG"] = kubeconfig
         log = self.tmp / f"operator-{identity}.log"
         fh = open(log, "ab")
         proc = subprocess.Popen([sys.executable, "-m", "agentrun.cli.main", "operator"], env=env,

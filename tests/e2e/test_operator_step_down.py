@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -57,16 +56,8 @@ class StepEnv(FailEnv):
 
     def start_as(self, identity: str, kubeconfig: str | None) -> None:
         port = self.ports[identity] = _free_port()
-        env = self.operator_env(AGENTRUN_IDENTITY=identity, AGENTRUN_METRICS_PORT=str(port),
-                                AGENTRUN_WATCH_TIMEOUT_SECONDS=WATCH_SECONDS, AGENTRUN_TENANCY_RECHECK="false")
-        if kubeconfig:
-            env["KUBECONFIG"] = kubeconfig
-        log = self.tmp / f"operator-{identity}.log"
-        proc = subprocess.Popen([sys.executable, "-m", "agentrun.cli.main", "operator"], env=env,
-                                stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs[identity], self.logs[identity] = proc, log
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc, self.log = proc, log  # the diagnostics fixture prints this log
+        self.start_operator(identity, kubeconfig, AGENTRUN_METRICS_PORT=str(port),
+                            AGENTRUN_WATCH_TIMEOUT_SECONDS=WATCH_SECONDS, AGENTRUN_TENANCY_RECHECK="false")
 
     def http(self, identity: str, path: str) -> tuple[int, str]:
         try:
