@@ -2,8 +2,9 @@
 
 botocore's ``get_object`` spends ~1.2 ms of client CPU per call (parameter validation, the endpoint
 rule set, the event hooks, response parsing) on top of the HTTP request; a resume at lap 499 makes
-ten of them. ``LeanGet.get`` makes the same request, signed by botocore's own signer
-(``botocore.auth.S3SigV4Auth``) with the credentials of the store's client (fetched per request
+ten of them. ``LeanGet.get`` makes the same request, signed as botocore's ``S3SigV4Auth`` signs it
+(``sigv4.sign_get``: the same headers and signature, without botocore's request objects; a test
+compares the two) with the credentials of the store's client (fetched per request
 with ``get_frozen_credentials()``, so refreshable credentials — web identity, IRSA, SSO — refresh
 as they do for the client), and sends it over one thread-safe urllib3 ``PoolManager`` per store
 with the client's connect/read timeouts and no retries.
@@ -35,6 +36,7 @@ from datetime import datetime
 from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
+from .sigv4 import canonical_host, sign_get
 from .switch import ENV_SWITCH as ENV_SWITCH  # re-exported: the switch of this module
 from .switch import enabled
 
@@ -94,6 +96,7 @@ class LeanGet:
         self._endpoint = endpoint_url
         self._bucket = bucket
         self._region = region
+        self._host = canonical_host(endpoint_url)  # the signed host header (the URL's, as botocore's)
         self._max_bytes = max_bytes
         self._timeout = urllib3.Timeout(connect=connect_timeout, read=read_timeout)
         #: What another sender of the same GETs copies (the operator's, on its event loop).
@@ -153,24 +156,22 @@ class LeanGet:
         """The URL and the signed headers of the GET of ``key`` (the observers told), or None: no
         usable credentials (a refresh that fails, too, is left to botocore: its error, its message).
         Shared by :meth:`get` and a sender on an event loop (the operator's)."""
-        from botocore.auth import S3SigV4Auth
-        from botocore.awsrequest import AWSRequest
-
         try:
             credentials = _credentials_of(self._client)
             frozen = credentials.get_frozen_credentials() if credentials is not None else None
             if frozen is None or not frozen.access_key or not frozen.secret_key:
                 self.fallback()
                 return None
-            request = AWSRequest(method="GET", url=self.url(key), data=b"")
-            S3SigV4Auth(frozen, "s3", self._region).add_auth(request)
+            url = self.url(key)
+            headers = sign_get(url, self._host, self._region, frozen.access_key, frozen.secret_key, frozen.token)
         except Exception:  # noqa: BLE001 - any failure of the lean path: botocore makes the request
             self.fallback()
             return None
         for observer in self._observers:
-            observer(request.url)
+            observer(url)
         # urllib3 (http.client) sends "Accept-Encoding: identity" of its own; another client must too
-        return request.url, {**dict(request.headers.items()), "Accept-Encoding": "identity"}
+        headers["Accept-Encoding"] = "identity"
+        return url, headers
 
     def get(self, key: str) -> Got | str | None:
         """``Got`` (200), ``NOT_FOUND`` (404 NoSuchKey) or None (let botocore make the request)."""

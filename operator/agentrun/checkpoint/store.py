@@ -346,7 +346,7 @@ class CheckpointStore:
         self.client = client if client is not None else make_client(config)
         self.lean_get = s3get.LeanGet.for_client(
             self.client, config.endpoint_url, config.bucket, config.path_style, MAX_DECODED_BYTES)
-        """GETs signed by botocore's signer over one urllib3 pool (``checkpoint/s3get.py``): with an
+        """GETs signed as botocore signs them (SigV4) over one urllib3 pool (``checkpoint/s3get.py``): with an
         endpoint URL and path-style addressing, unless ``AGENTRUN_S3_LEAN_GET=false``; None: botocore's."""
 
     # ---- keys ------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ After every lap the operator reads the lap record the lap pod wrote (the status 
 store holds). ``CheckpointStore.get_lap`` is blocking: in a worker thread, its lean GET
 (``checkpoint/s3get.py``) goes through urllib3 and ``http.client``, and the thread's wake-up, its
 hand-off of the GIL and the loop's wake-up after it cost more than the request on a busy box. This
-makes the same GET on the loop: the URL and headers signed by :meth:`LeanGet.signed` (botocore's
-signer, the client's refreshable credentials), the answer read by the same
+makes the same GET on the loop: the URL and headers signed by :meth:`LeanGet.signed` (SigV4 as
+botocore signs, the client's refreshable credentials), the answer read by the same
 :meth:`LeanGet.on_status` / :meth:`~LeanGet.on_404` / :meth:`~LeanGet.on_body` as the blocking
 sender, with its connect timeout (and its read timeout for the whole answer), no redirects, no
 retries, the stored bytes as they are (no content decoding; a body over the record's bound is not
