@@ -102,14 +102,21 @@ def proc_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def _threads(pid: int) -> list[str] | None:
+    """The ids of a process's live threads (``/proc/PID/task``); None if it is gone."""
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+
+
 def proc_thread_cpu(pid: int) -> dict[int, int] | None:
     """Each live thread's CPU time so far in nanoseconds (``/proc/PID/task/TID/schedstat``'s first
     field: the scheduler's exact run time, where utime and stime count 10 ms ticks); None if the
     process is gone or the kernel has no schedstat."""
     out: dict[int, int] = {}
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
+    tasks = _threads(pid)
+    if tasks is None:
         return None
     for tid in tasks:
         try:
@@ -139,9 +146,8 @@ def proc_switches(pid: int) -> int | None:
     """Context switches of a process so far, over all its live threads (voluntary: it slept, each
     a wake-up after; and involuntary); None if it is gone. A thread that ended takes its count."""
     total = 0
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
+    tasks = _threads(pid)
+    if tasks is None:
         return None
     for tid in tasks:
         try:
