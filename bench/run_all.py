@@ -265,15 +265,26 @@ def setup_of(data: dict[str, Any]) -> str:
     return f"lap processes at nice {nice}" + (" (unprioritized)" if not nice else "")
 
 
-def variant_levels(res: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """(section, "N concurrent runs, <setup>", level) of the variant overhead runs that measured gaps."""
+def runs_label(n: int) -> str:
+    return f"{n} concurrent run{'s' if n != 1 else ''}"
+
+
+def overhead_levels(res: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(section, setup, level) of every overhead level: operator_cluster's, then the variants' that
+    measured gaps, each by number of runs; setup as :func:`setup_of` says it."""
     out = []
-    for name in VARIANTS:
+    for name in ("operator_cluster", *VARIANTS):
         data = _data(res, name) or {}
         for lv in sorted(data.get("overhead") or [], key=lambda lv: lv["runs"]):
-            if lv["gap_job_complete_to_next_job"]:
-                out.append((name, f"{lv['runs']} concurrent runs, {setup_of(data)}", lv))
+            if name == "operator_cluster" or lv["gap_job_complete_to_next_job"]:
+                out.append((name, setup_of(data), lv))
     return out
+
+
+def variant_levels(res: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(section, "N concurrent runs, <setup>", level) of the variant overhead runs that measured gaps."""
+    return [(name, f"{runs_label(lv['runs'])}, {setup}", lv)
+            for name, setup, lv in overhead_levels(res) if name != "operator_cluster"]
 
 
 def per_lap(lv: dict[str, Any]) -> tuple[float, float, float | None]:
@@ -348,8 +359,8 @@ def render(res: dict[str, Any], analysis: str | None = None) -> str:
         targets.append([f"same, {what}, p50 / p99", "≤ 100 ms / ≤ 1 s" if stand_in else "reported",
                         f"{fmt_ms(s['p50'])} / {fmt_ms(s['p99'])}",
                         verdict(s["p50"] <= TARGET_P50 and s["p99"] <= TARGET_P99) if stand_in else "-"])
-    for what, lv in [(f"{lv['runs']} concurrent run{'s' if lv['runs'] != 1 else ''}, {setup_of(cl)}", lv) for lv in sorted(ov or [], key=lambda lv: lv["runs"])] \
-            + [(what, lv) for _, what, lv in variant_levels(res)]:
+    for _, setup, lv in overhead_levels(res):
+        what = f"{runs_label(lv['runs'])}, {setup}"
         cpu, rec, req = per_lap(lv)
         targets.append([f"operator CPU / reconciles / API requests per lap, {what}", "≤ 10 ms / ≤ 2 / ≤ 4",
                         f"{cpu * 1000:.1f} ms / {rec:.2f} / " + ("-" if req is None else f"{req:.2f}"),
@@ -393,9 +404,8 @@ def render(res: dict[str, Any], analysis: str | None = None) -> str:
             "no run), where measured.\n")
         md.append(S3_SERVERS.get(str(cl.get("s3_server") or "moto"), "") + "\n")
         rows = []
-        for setup, lv in [(setup_of(cl).removeprefix("lap processes "), lv) for lv in ov] + [
-                (setup_of(_data(res, name)).removeprefix("lap processes "), lv)
-                for name, _, lv in variant_levels(res)]:
+        for _, setup, lv in overhead_levels(res):
+            setup = setup.removeprefix("lap processes ")
             g, p = lv["gap_job_complete_to_next_job"], lv["gap_pod_succeeded_to_next_job"]
             gs = summary(g) if g else None
             ps = summary(p) if p else None
