@@ -70,7 +70,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_lap_run import ToolHandler, free_port  # noqa: E402
 from benchlib import (  # noqa: E402
+    AUTOGROUP,
+    autogroup_enabled,
     cpu_between,
+    lowered,
     proc_cpu_seconds,
     proc_status_kb,
     proc_switches,
@@ -115,6 +118,16 @@ def start_versitygw_s3(d: Path) -> VersityS3:
                  aws_secret_access_key=s3.secret_key, region_name=s3.region,
                  config=Config(s3={"addressing_style": "path"})).create_bucket(Bucket=s3.bucket)
     return s3
+
+
+def lap_priority(nice: int) -> str:
+    """What a process started as the lap processes are (the bench's wrapper, in a session of its own)
+    reports of its own priority: its nice and its session's autogroup (``/proc/self/autogroup``), so
+    the results show the stand-in took effect."""
+    probe = f'echo "nice $(nice)"; cat {AUTOGROUP} 2>/dev/null || echo "no autogroup"'
+    done = subprocess.run(lowered(["sh", "-c", probe], nice), capture_output=True, text=True,
+                          start_new_session=True, timeout=10)
+    return " / ".join(line.strip() for line in done.stdout.splitlines() if line.strip())
 
 
 class Bench:
@@ -166,7 +179,12 @@ class Bench:
         )
         if lap_command is not None:
             env["AGENTRUN_LAP_COMMAND"] = json.dumps(lap_command)
-        if self.lap_nice is not None:  # the lap pods at a lower CPU priority: a stand-in for other nodes
+        if self.lap_nice is not None and self.lap_cpus is None:  # the lap pods at a lower CPU priority: a
+            # stand-in for other nodes (their sessions' autogroups too: benchlib.lowered)
+            env["AGENTRUN_LAP_COMMAND"] = json.dumps(lowered(json.loads(env["AGENTRUN_LAP_COMMAND"]), self.lap_nice))
+        elif self.lap_nice is not None:  # pinned: the process's nice only. On this box (2026-12-03) a
+            # process whose autogroup was niced and then pinned with taskset ran beside a pinned one at
+            # full speed on "the same" CPU, so the two are not combined
             env["AGENTRUN_LAP_COMMAND"] = json.dumps(["nice", "-n", str(self.lap_nice), *json.loads(env["AGENTRUN_LAP_COMMAND"])])
         if self.lap_cpus is not None:  # the lap pods pinned away from the operator: the other stand-in
             env["AGENTRUN_LAP_COMMAND"] = json.dumps(["taskset", "-c", self.lap_cpus, *json.loads(env["AGENTRUN_LAP_COMMAND"])])
@@ -607,7 +625,8 @@ def main() -> None:
     ap.add_argument("--dir", help="working directory (default: a temp dir, removed at the end)")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--lap-nice", type=int, default=None,
-                    help="overhead: run the lap processes under `nice -n N` (on a real cluster they run on other nodes)")
+                    help="overhead: run the lap processes at nice N, their sessions' autogroups too "
+                         "(benchlib.lowered; on a real cluster they run on other nodes)")
     ap.add_argument("--lap-cpus", default=None,
                     help="overhead: pin the lap processes to these CPUs (taskset -c LIST), away from the operator")
     ap.add_argument("--operator-cpus", default=None,
@@ -632,6 +651,12 @@ def main() -> None:
     bench.warmup = not args.no_warmup
     out["warmup"] = bench.warmup
     out["lap_nice"] = args.lap_nice
+    out["autogroup"] = autogroup_enabled()
+    if args.lap_nice is not None and args.lap_cpus is None:
+        out["lap_priority"] = lap_priority(args.lap_nice)
+        print(f"lap processes: each in a session of its own (as the process kubelet starts them), "
+              f"autogroup {'on' if out['autogroup'] else 'off' if out['autogroup'] is False else 'absent'}; "
+              f"as a lap sees itself: {out['lap_priority']}", flush=True)
     bench.lap_cpus, bench.operator_cpus = args.lap_cpus, args.operator_cpus
     out["lap_cpus"], out["operator_cpus"] = args.lap_cpus, args.operator_cpus
 

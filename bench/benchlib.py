@@ -171,6 +171,30 @@ def wakeup_price_us(n: int = 60, period: float = 0.05) -> float:
     return (time.thread_time() - c0) * 1e6 / n
 
 
+#: Where the kernel's autogroup of a process's session is (``sched_autogroup_enabled``: each session
+#: its own CPU scheduling group, with its own nice; see sched(7), "The autogroup feature").
+AUTOGROUP = "/proc/self/autogroup"
+
+
+def autogroup_enabled() -> bool | None:
+    """Whether the kernel schedules each session as a group (None: the kernel has no autogroup)."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return None
+
+
+def lowered(command: Sequence[str], nice: int) -> list[str]:
+    """``command`` at CPU priority ``nice``, also when it runs in a session of its own (as the
+    process kubelet starts each pod). With autogroup on, a process's nice weighs only against the
+    processes of its own session: ``nice -n 19`` alone leaves a pod's process competing with the
+    operator (each its own session) as an equal. So the session's autogroup gets the same nice
+    (sched(7)); where the kernel has no autogroup the write fails quietly and ``nice`` is what counts."""
+    script = f'echo "$0" > {AUTOGROUP} 2>/dev/null; exec nice -n "$0" "$@"'
+    return ["sh", "-c", script, str(nice), *command]
+
+
 def folded_profile_top(lines: Iterable[str], n: int = 15, keep: Sequence[str] = ()) -> list[tuple[float, str]]:
     """Inclusive share of each frame in a folded-stack profile (``py-spy record -f raw``: one
     ``frame;frame;... count`` per line; a frame is ``function (path:line)``), highest first.

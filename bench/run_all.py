@@ -260,9 +260,12 @@ VARIANTS = ("operator_pinned", "operator_unprioritized")
 def setup_of(data: dict[str, Any]) -> str:
     """How a benchmark ran the lap processes against the operator, from its JSON."""
     nice = data.get("lap_nice") or 0
+    # since 2026-12-03 the lap's session's autogroup gets the nice too (benchlib.lowered); before
+    # that, with autogroup on, a lap process at nice 19 weighed as much as the operator
+    at = f"nice {nice}" + (" (autogroup too)" if nice and "lap_priority" in data else "")
     if data.get("lap_cpus") is not None:
-        return f"lap processes on CPU {data['lap_cpus']} at nice {nice}, the operator on CPU {data.get('operator_cpus')}"
-    return f"lap processes at nice {nice}" + (" (unprioritized)" if not nice else "")
+        return f"lap processes on CPU {data['lap_cpus']} at {at}, the operator on CPU {data.get('operator_cpus')}"
+    return f"lap processes at {at}" + (" (unprioritized)" if not nice else "")
 
 
 def runs_label(n: int) -> str:
@@ -600,8 +603,8 @@ def readme_figures(res: dict[str, Any]) -> str:
         else:
             measured += (f": {verdict(met)} (operator CPU {lv['operator_cpu_per_lap'] * 1000:.1f} ms, "
                          f"{lv['reconciles'] / max(1, lv['laps_total']):.1f} reconciles and "
-                         f"{lv.get('kube_requests_per_lap', float('nan')):.1f} API requests per lap; lap "
-                         f"processes at nice {cl.get('lap_nice') or 0})")
+                         f"{lv.get('kube_requests_per_lap', float('nan')):.1f} API requests per lap; "
+                         f"{setup_of(cl)})")
         rows.append([what, "≤ 100 ms / ≤ 1 s" if top else "-", measured, when("operator_cluster")])
     if not levels:
         rows.append(["control-plane overhead per lap (1, 50, 200 concurrent runs)", "≤ 100 ms / ≤ 1 s at 200", none,
