@@ -70,7 +70,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_lap_run import ToolHandler, free_port  # noqa: E402
 from benchlib import (  # noqa: E402
-    AUTOGROUP,
     autogroup_enabled,
     cpu_between,
     lowered,
@@ -78,6 +77,7 @@ from benchlib import (  # noqa: E402
     proc_status_kb,
     proc_switches,
     proc_thread_cpu,
+    seen_priority,
     summary,
     wakeup_price_us,
 )
@@ -124,10 +124,8 @@ def lap_priority(nice: int) -> str:
     """What a process started as the lap processes are (the bench's wrapper, in a session of its own)
     reports of its own priority: its nice and its session's autogroup (``/proc/self/autogroup``), so
     the results show the stand-in took effect."""
-    probe = f'echo "nice $(nice)"; cat {AUTOGROUP} 2>/dev/null || echo "no autogroup"'
-    done = subprocess.run(lowered(["sh", "-c", probe], nice), capture_output=True, text=True,
-                          start_new_session=True, timeout=10)
-    return " / ".join(line.strip() for line in done.stdout.splitlines() if line.strip())
+    own, group = seen_priority(nice)
+    return f"nice {own} / {group}"
 
 
 class Bench:
@@ -179,13 +177,12 @@ class Bench:
         )
         if lap_command is not None:
             env["AGENTRUN_LAP_COMMAND"] = json.dumps(lap_command)
-        if self.lap_nice is not None and self.lap_cpus is None:  # the lap pods at a lower CPU priority: a
-            # stand-in for other nodes (their sessions' autogroups too: benchlib.lowered)
-            env["AGENTRUN_LAP_COMMAND"] = json.dumps(lowered(json.loads(env["AGENTRUN_LAP_COMMAND"]), self.lap_nice))
-        elif self.lap_nice is not None:  # pinned: the process's nice only. On this box (2026-12-03) a
-            # process whose autogroup was niced and then pinned with taskset ran beside a pinned one at
+        if self.lap_nice is not None:  # the lap pods at a lower CPU priority: a stand-in for other nodes
+            # (their sessions' autogroups too, benchlib.lowered), except pinned: on this box (2026-12-03)
+            # a process whose autogroup was niced and then pinned with taskset ran beside a pinned one at
             # full speed on "the same" CPU, so the two are not combined
-            env["AGENTRUN_LAP_COMMAND"] = json.dumps(["nice", "-n", str(self.lap_nice), *json.loads(env["AGENTRUN_LAP_COMMAND"])])
+            env["AGENTRUN_LAP_COMMAND"] = json.dumps(lowered(json.loads(env["AGENTRUN_LAP_COMMAND"]), self.lap_nice,
+                                                             autogroup=self.lap_cpus is None))
         if self.lap_cpus is not None:  # the lap pods pinned away from the operator: the other stand-in
             env["AGENTRUN_LAP_COMMAND"] = json.dumps(["taskset", "-c", self.lap_cpus, *json.loads(env["AGENTRUN_LAP_COMMAND"])])
         if os.environ.get("BENCH_OPERATOR_PYTHONPATH"):  # e.g. an export of an older commit, for before/after

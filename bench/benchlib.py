@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -185,14 +186,27 @@ def autogroup_enabled() -> bool | None:
         return None
 
 
-def lowered(command: Sequence[str], nice: int) -> list[str]:
+def lowered(command: Sequence[str], nice: int, autogroup: bool = True) -> list[str]:
     """``command`` at CPU priority ``nice``, also when it runs in a session of its own (as the
     process kubelet starts each pod). With autogroup on, a process's nice weighs only against the
     processes of its own session: ``nice -n 19`` alone leaves a pod's process competing with the
     operator (each its own session) as an equal. So the session's autogroup gets the same nice
-    (sched(7)); where the kernel has no autogroup the write fails quietly and ``nice`` is what counts."""
+    (sched(7)); where the kernel has no autogroup the write fails quietly and ``nice`` is what counts.
+    ``autogroup=False``: the process's nice only (``nice -n``)."""
+    if not autogroup:
+        return ["nice", "-n", str(nice), *command]
     script = f'echo "$0" > {AUTOGROUP} 2>/dev/null; exec nice -n "$0" "$@"'
     return ["sh", "-c", script, str(nice), *command]
+
+
+def seen_priority(nice: int | None) -> tuple[str, str]:
+    """(its nice, its autogroup line or "none") as a process started in a session of its own reports
+    them: through :func:`lowered` at ``nice``, or as it is (None)."""
+    probe = ["sh", "-c", f'echo "$(nice)"; cat {AUTOGROUP} 2>/dev/null || echo none']
+    done = subprocess.run(probe if nice is None else lowered(probe, nice), capture_output=True, text=True,
+                          start_new_session=True, timeout=10, check=True)
+    lines = [line.strip() for line in done.stdout.splitlines()]
+    return lines[0], lines[1]
 
 
 def folded_profile_top(lines: Iterable[str], n: int = 15, keep: Sequence[str] = ()) -> list[tuple[float, str]]:
