@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun.testfault import ENV, Fault as TestFault
+from agentrun.testfault import ENV
+from agentrun.testfault import Fault as TestFault
 from e2e.chaos import invariants as inv
 from e2e.chaos.runner import ScenarioFailed, ScenarioRun
 from e2e.chaos.schedule import POD_SIGKILL, Fault, RunPlan, Scenario
