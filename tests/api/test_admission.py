@@ -243,3 +243,16 @@ def test_the_chart_names_its_service_account_as_the_operator():
         got["variables"] = [v if v["name"] != admission.OPERATOR_USERNAMES_VAR else {**v, "expression": "[]"}
                             for v in got["variables"]]
         assert got == want["spec"]
+
+
+def test_bad_input_doc_quotes_the_new_refusals():
+    """docs/bad-input.md section 9 quotes every fixed message of the guard and the new decision rules
+    (the computed ones are checked against the real API server's text in tests/e2e/test_approval_guard.py)."""
+    doc = (ROOT / "docs" / "bad-input.md").read_text()
+    fixed = [v["message"] for v in admission.guard_policy()["spec"]["validations"] if "message" in v]
+    fixed.append(_rule(admission.decisions_policy(), "cannot be made in one request")["message"])
+    assert len(fixed) == 3
+    for message in fixed:
+        assert message in doc, message
+    for _, _, what in admission.GATED_TOOL_FIELDS:
+        assert f"may not {what} in agentrun team-a/x: {admission.CHANGES_THE_CALL} and` NEEDS" in doc, what

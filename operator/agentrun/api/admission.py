@@ -168,12 +168,15 @@ def permission_message() -> str:
                           "request.namespace + '/' + request.name + ': deciding an approval'")
 
 
-def guard_message(field: str, what: str) -> str:
+CHANGES_THE_CALL: Final = "that changes what an approved or a future gated call does"
+CHANGES_WHO_DECIDES: Final = "that changes who may approve its calls"
+
+
+def guard_message(field: str, what: str, why: str = CHANGES_THE_CALL) -> str:
     """messageExpression of a spec change refused for lack of the approve verb: ``field`` (CEL string
-    expression) names the field, ``what`` (plain text) says what the change does."""
+    expression) names the field, ``what`` (plain text) says what the change does, ``why`` why it matters."""
     return _needs_approve(f"{field} + ': ' + 'user \"' + {_USER} + '\" may not {what} in agentrun ' + "
-                          "request.namespace + '/' + request.name + ': that changes what an approved or a "
-                          "future gated call does and'")
+                          f"request.namespace + '/' + request.name + ': {why} and'")
 
 
 # ------------------------------------------------------------------------------- the policies
@@ -388,8 +391,8 @@ def guard_policy() -> dict[str, Any]:
                        f"{old_owner}.substring({_PREFIX_LEN}) : ''"},
     ]
 
-    def rule(expr: str, field: str, what: str) -> dict[str, Any]:
-        return {"expression": f"variables.canApprove || {expr}", "messageExpression": guard_message(field, what),
+    def rule(expr: str, field: str, what: str, why: str = CHANGES_THE_CALL) -> dict[str, Any]:
+        return {"expression": f"variables.canApprove || {expr}", "messageExpression": guard_message(field, what, why),
                 "reason": "Forbidden"}
 
     validations: list[dict[str, Any]] = [
@@ -426,13 +429,14 @@ def guard_policy() -> dict[str, Any]:
     validations += [
         rule("oldObject == null || object.spec.agent.?image.orValue('') == oldObject.spec.agent.?image.orValue('')",
              "'spec.agent.image'", "change the lap image"),
-        rule("!variables.ownerChanged", "'spec.approval.owner'", "change who decides"),
+        rule("!variables.ownerChanged", "'spec.approval.owner'", "change who decides", CHANGES_WHO_DECIDES),
         rule("oldObject == null || object.spec.?approval.?approvers.orValue(1) >= "
              "oldObject.spec.?approval.?approvers.orValue(1)",
-             "'spec.approval.approvers'", "lower the number of approvers"),
+             "'spec.approval.approvers'", "lower the number of approvers", CHANGES_WHO_DECIDES),
         rule("oldObject == null || !oldObject.spec.?approval.?distinctFromCreator.orValue(false) || "
              "object.spec.?approval.?distinctFromCreator.orValue(false)",
-             "'spec.approval.distinctFromCreator'", "turn four eyes off (true to false)"),
+             "'spec.approval.distinctFromCreator'", "turn four eyes off (true to false)",
+             CHANGES_WHO_DECIDES),
         {
             # four eyes cannot be turned off by the one person it keeps from deciding
             "expression": "oldObject == null || !oldObject.spec.?approval.?distinctFromCreator.orValue(false) || "
