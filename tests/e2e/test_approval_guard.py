@@ -24,10 +24,11 @@ operator would, so every answer comes from the API server's admission alone.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
+import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 import yaml
@@ -46,6 +47,8 @@ from agentrun.api.approval import (
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
 
 VERB = f'needs the "{APPROVE_VERB}" verb on agentruns.agentrun.dev in namespace'
 BOTH = "a decision (annotation approved, reason or call binding) and a change of spec.approval.owner cannot be made " \
@@ -304,15 +307,20 @@ def test_a_patch_only_user_cannot_strip_a_pending_decision(g):
     assert r.returncode == 0, r.stderr
 
 
+def _helm() -> str:
+    return subprocess.run([str(ROOT / "tools" / "install-helm.sh")], check=True, capture_output=True,
+                          text=True).stdout.strip().splitlines()[-1]
+
+
 def _order(key: str) -> int:
     return DECISION_ANNOTATIONS.index(key)
 
 
 def test_a_tenant_holding_star_is_not_the_operator_where_the_operator_is_named(g):
     """docs/security.md: `verbs: ["*"]` holds the custom operate verb. The crds/ policy (verb only)
-    takes such a tenant for the operator; the policy as the chart renders it (the operator's
-    ServiceAccount named in OPERATOR_USERNAMES_VAR) does not. Here that rendering, bound to one
-    namespace under another name, next to the crds/ one."""
+    takes such a tenant for the operator; the policy as the chart renders it (the real helm; the
+    operator's ServiceAccount named in OPERATOR_USERNAMES_VAR) does not. Here that rendering, bound to
+    one namespace under another name, next to the crds/ one."""
     ns, sa = f"{g.ns}-op", "agentrun-operator"
     g.kubectl("create", "namespace", ns)
     g.kubectl("label", "namespace", ns, f"agentrun.dev/guard-test={ns}")
@@ -320,12 +328,18 @@ def test_a_tenant_holding_star_is_not_the_operator_where_the_operator_is_named(g
     g.kubectl("create", "role", "star", "-n", ns, "--verb=*", "--resource=agentruns.agentrun.dev,"
               "agentruns.agentrun.dev/status")
     g.kubectl("create", "rolebinding", "star", "-n", ns, "--role=star", "--user=tenant", f"--serviceaccount={ns}:{sa}")
-    policy = copy.deepcopy(admission.status_policy())
+    # the chart's rendering for a release in `ns` whose operator ServiceAccount is `sa`
+    out = subprocess.run([_helm(), "template", "agentrun", str(ROOT / "helm" / "agentrun-operator"), "--namespace", ns,
+                          "--set", f"serviceAccount.name={sa}", "--api-versions",
+                          "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+                          "--show-only", "templates/admission-policies.yaml"],
+                         check=True, capture_output=True, text=True).stdout
+    policy = next(d for d in yaml.safe_load_all(out)
+                  if d and d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == admission.VAP_STATUS)
+    assert {"name": admission.OPERATOR_USERNAMES_VAR,
+            "expression": json.dumps([f"system:serviceaccount:{ns}:{sa}"])} in policy["spec"]["variables"]
     name = f"{admission.VAP_STATUS}-named-{ns}"[:63]
-    policy["metadata"]["name"] = name
-    for v in policy["spec"]["variables"]:
-        if v["name"] == admission.OPERATOR_USERNAMES_VAR:
-            v["expression"] = json.dumps([f"system:serviceaccount:{ns}:{sa}"])
+    policy["metadata"] = {"name": name}
     binding = {"apiVersion": admission.VAP_API, "kind": "ValidatingAdmissionPolicyBinding",
                "metadata": {"name": name},
                "spec": {"policyName": name, "validationActions": ["Deny"],
