@@ -307,12 +307,12 @@ class Handler(BaseHTTPRequestHandler):
     app: Inbox  # set on the subclass by make_server
     server: InboxServer
     protocol_version = "HTTP/1.1"
+    _user: User | None = None  # the person of this request, for the log line
 
     # --- plumbing ---------------------------------------------------------------------------
 
     def setup(self) -> None:
-        self.timeout = self.app.settings.io_timeout  # every read and write on the socket (StreamRequestHandler)
-        super().setup()
+        super().setup()  # sets the socket's timeout to ``timeout`` (Settings.io_timeout, set by make_server)
         if isinstance(self.connection, ssl.SSLSocket):
             self.connection.do_handshake()  # here, in this connection's thread, under the request deadline
 
@@ -338,6 +338,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
@@ -736,6 +738,7 @@ class InboxServer(ThreadingHTTPServer):
 
     daemon_threads = True
     block_on_close = False
+    request_queue_size = 128  # the listen backlog (the standard library's 5 makes a burst of connections wait on SYN retries)
 
     def __init__(self, address: tuple[str, int], handler: type[Handler], settings: Settings,
                  tls: ssl.SSLContext | None = None) -> None:
@@ -811,5 +814,5 @@ def _drop(conn: Any) -> None:
 
 
 def make_server(app: Inbox, host: str, port: int, tls: ssl.SSLContext | None = None) -> InboxServer:
-    handler = type("InboxHandler", (Handler,), {"app": app})
+    handler = type("InboxHandler", (Handler,), {"app": app, "timeout": app.settings.io_timeout})
     return InboxServer((host, port), handler, app.settings, tls)
