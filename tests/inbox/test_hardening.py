@@ -333,3 +333,23 @@ def test_the_audiences_of_the_tokenreview_answer_are_checked(answered, ok):
     finally:
         api.shutdown()
         api.server_close()
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--auth", "proxy"], "--auth proxy needs --proxy-secret-file and/or --proxy-client-ca"),
+    (["--auth", "proxy", "--proxy-secret-file", "{short}"], "the secret must be at least 16 characters"),
+    (["--proxy-groups", "finance,system:masters"], "'system:masters': system: groups are never taken"),
+    (["--session-recheck", "10m"], "between 1s and 5m"),
+    (["--session-recheck", "0s"], "between 1s and 5m"),
+    (["--auth", "proxy", "--proxy-client-ca", "{short}"], "needs --tls-cert and --tls-key"),
+])
+def test_the_command_refuses_settings_that_would_leave_a_hole(args, text, tmp_path):
+    from click.testing import CliRunner
+
+    from agentrun.inbox.cli import inbox_command
+
+    short = tmp_path / "secret"
+    short.write_text("too-short\n")
+    r = CliRunner().invoke(inbox_command, [a.replace("{short}", str(short)) for a in args])
+    assert r.exit_code == 2 or r.exit_code == 1, r.output
+    assert text in r.output, r.output
