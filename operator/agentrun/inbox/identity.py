@@ -20,6 +20,9 @@ import json
 import secrets
 from dataclasses import dataclass
 
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
 from agentrun.api.approval import MAX_DECIDED_BY_CHARS
 from agentrun.inbox.kube import User
 
@@ -144,32 +147,32 @@ def _token_key(key: bytes) -> bytes:
     return hmac.new(key, b"agentrun-inbox:token-seal", hashlib.sha256).digest()
 
 
+_SEAL_AAD = b"agentrun-inbox:token"
+_NONCE_BYTES = 12
+
+
 def seal_token(token: str, key: bytes) -> str:
-    """The token encrypted for the session cookie: a keystream of SHAKE-256 over a key derived from
-    the session key and a random 16-byte IV, XORed with the token (a stream cipher from the
-    standard library; the cookie's HMAC covers the result: encrypt-then-MAC). Whoever holds the
-    cookie can use it on the inbox (as with any session cookie) but cannot read the token out of
-    it and take it to the API server."""
-    data = token.encode()
-    iv = secrets.token_bytes(16)
-    stream = hashlib.shake_256(_token_key(key) + iv).digest(len(data))
-    return _b64(iv + bytes(a ^ b for a, b in zip(data, stream, strict=True)))
+    """The token encrypted for the session cookie with AES-256-GCM (the ``cryptography`` package),
+    under a key derived from the session key and a random 96-bit nonce. Whoever holds the cookie
+    can use it on the inbox (as with any session cookie) but cannot read the token out of it and
+    take it to the API server."""
+    nonce = secrets.token_bytes(_NONCE_BYTES)
+    return _b64(nonce + AESGCM(_token_key(key)).encrypt(nonce, token.encode(), _SEAL_AAD))
 
 
 def open_token(sealed: str | None, key: bytes) -> str | None:
+    """The token :func:`seal_token` sealed, or None when it is absent, altered or sealed by another key."""
     if not sealed:
         return None
     try:
         raw = _unb64(sealed)
     except ValueError:
         return None
-    if len(raw) <= 16:
+    if len(raw) <= _NONCE_BYTES + 16:
         return None
-    iv, ct = raw[:16], raw[16:]
-    stream = hashlib.shake_256(_token_key(key) + iv).digest(len(ct))
     try:
-        return bytes(a ^ b for a, b in zip(ct, stream, strict=True)).decode()
-    except UnicodeDecodeError:
+        return AESGCM(_token_key(key)).decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], _SEAL_AAD).decode()
+    except (InvalidTag, UnicodeDecodeError):
         return None
 
 
