@@ -87,6 +87,10 @@ class NotifiedStatus(APIModel):
     deadline_near_at: datetime | None = Field(
         default=None, description='When the "deadline near" message was delivered to the webhook.'
     )
+    target_sha256: str | None = Field(
+        default=None, max_length=SHA256_HEX_CHARS,
+        description="The target the announcements are about (a request asked again for a new target is announced again).",
+    )
 
 
 class ApprovalTarget(APIModel):
