@@ -75,8 +75,9 @@ def test_queue_only_awaiting_oldest_first_with_age_deadline_and_on_timeout():
     assert default["onTimeout"] == "reject"  # the CRD default when the field is absent
     assert newer["ageSeconds"] == 30 and newer["secondsLeft"] == 90
     cells = {r["name"]: ap.table_cells(r) for r in rows}
-    assert cells["older"] == ["team-b", "older", "payments-oncall", "wire", "7", "2h5m", "overdue", "fail"]
-    assert cells["newer"][5:] == ["30s", "1m30s", "reject"]
+    assert cells["older"] == ["team-b", "older", "payments-oncall", "wire", "<unknown>", "0 of 1", "7", "2h5m",
+                              "overdue", "fail"]
+    assert cells["newer"][7:] == ["30s", "1m30s", "reject"]
 
 
 def test_deadline_exactly_now_is_overdue():
@@ -181,7 +182,8 @@ def test_list_default_namespace_all_namespaces_owner_and_json(fake):
     assert fake.listed == ["team-a"]
     lines = r.output.splitlines()
     assert lines[0].split() == list(ap.COLUMNS) and len(lines) == 2
-    assert lines[1].split() == ["team-a", "waiting", "payments-oncall", "refund", "3", "2m", "1h", "reject"]
+    assert lines[1].split() == ["team-a", "waiting", "payments-oncall", "refund", "<unknown>", "0", "of", "1", "3", "2m",
+                                "1h", "reject"]
     r = invoke("list", "-A")
     names = [line.split()[1] for line in r.output.splitlines()[1:]]
     assert names == ["old", "waiting"]  # oldest first; the Running run is not in the queue
@@ -297,3 +299,30 @@ def test_deciding_past_the_deadline_warns_but_still_patches(fake):
     assert fake.patches[-1][:2] == ("team-a", "late")
     r = invoke("approve", "waiting", "-n", "team-a")
     assert "has passed" not in r.output
+
+
+def test_the_queue_and_show_name_the_target_and_the_approvals_so_far():
+    r = run("pay")
+    r["status"]["approval"].update({
+        "target": {"method": "POST", "url": "https://pay.example/refund?token=…", "headersSecret": "pay-headers",
+                   "image": "registry.example/agentrun:1"},
+        "targetSha256": "ab" * 32, "approvalsRequired": 2,
+        "approvedBy": [{"user": "alice", "at": "2026-11-30T11:59:00Z"}],
+    })
+    (row,) = ap.queue_rows([r], NOW)
+    cells = ap.table_cells(row)
+    assert cells[4:6] == ["POST https://pay.example/refund?token=…", "1 of 2"]
+    assert row["approvedBy"] == ["alice"] and row["targetSha256"] == "ab" * 32
+    text = ap.show_text(r, NOW)
+    assert "Target:      POST https://pay.example/refund?token=…" in text
+    assert "Headers:     Secret pay-headers" in text and "Image:       registry.example/agentrun:1" in text
+    assert "Approvals:   1 of 2 (alice at 2026-11-30T11:59:00Z)" in text and "ab" * 32 in text
+    long = dict(r["status"]["approval"]["target"], url="https://pay.example/" + "x" * 300 + "\x1b[2J")
+    r["status"]["approval"]["target"] = long
+    cell = ap.table_cells(ap.queue_rows([r], NOW)[0])[4]
+    assert len(cell) <= ap.TARGET_CELL_CHARS and "\x1b" not in cell
+
+
+def test_a_decision_binds_the_target_that_was_shown():
+    body = ap.decision_patch(True, None, "42", call_id="c1", sha256="a" * 64, target_sha256="b" * 64)
+    assert body["metadata"]["annotations"]["agentrun.dev/target-sha256"] == "b" * 64

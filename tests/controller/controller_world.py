@@ -122,6 +122,8 @@ class World:
     """A DeleteRun was applied (the run is then deleting)."""
     policy_check: PolicyCheck | None = None
     """The tenancy re-check the shell reads (Observed.policy_check); None: not enforced."""
+    lap_image: str = "registry.example/agentrun:1"
+    """The operator's default lap image (Observed.lap_image)."""
 
     def observed(self, checkpoint=None, attempt_failure=None, fork=None) -> d.Observed:
         return d.Observed(
@@ -131,7 +133,7 @@ class World:
             checkpoint=checkpoint, attempt_failure=attempt_failure, fork=fork,
             resolved_store=self.resolved_store, store_probe=self.probe,
             store_error=None if self.resolved_store else "no store configured for the test",
-            policy_check=self.policy_check,
+            policy_check=self.policy_check, lap_image=self.lap_image,
         )
 
     def reconcile(self) -> d.Decision:
@@ -183,17 +185,18 @@ class World:
                                                       approval=approval_annotation(a.approval), store=a.store)
             elif isinstance(a, d.DeleteJob):
                 self.jobs.pop(a.name, None)
-        if dec.of(d.PatchStatus) and self.refuse_status > 0:
-            self.refuse_status -= 1
-            self.refuse_status_pending = True
-            return dec  # the shell stops after a refused status patch: no annotations removed, no Events
-        for a in dec.actions:
-            if isinstance(a, d.PatchStatus):
-                self.status = a.status
-            elif isinstance(a, d.RemoveAnnotations):
-                for k in a.keys:
+        for w in dec.writes():  # the run's writes in the Decision's order, as the shell performs them
+            if isinstance(w, d.RemoveAnnotations):
+                for k in w.keys:
                     self.annotations.pop(k, None)
-            elif isinstance(a, d.Event):
+            elif self.refuse_status > 0:
+                self.refuse_status -= 1
+                self.refuse_status_pending = True
+                return dec  # the shell stops after a refused status patch: nothing after it, no Events
+            else:
+                self.status = w.status
+        for a in dec.actions:
+            if isinstance(a, d.Event):
                 self.events.append(a)
             elif isinstance(a, d.AddFinalizer):
                 self.finalizers.append(a.name)

@@ -200,7 +200,8 @@ def test_decision_bound_to_an_older_call_is_refused_and_the_run_keeps_waiting(en
         assert second["argumentsSha256"] == sha_b and _refunds(env, f"{name}-a") == 1
         job = next(j for j in env.jobs(name) if j["metadata"]["labels"]["agentrun.dev/lap"] == "2")
         assert json.loads(job["metadata"]["annotations"]["agentrun.dev/approval"]) == {
-            "decision": "approved", "callId": first["callId"], "argumentsSha256": sha_a}
+            "decision": "approved", "callId": first["callId"], "argumentsSha256": sha_a,
+            "targetSha256": first["targetSha256"]}  # an approval is bound to its target too (issue 29)
 
         # the person approves what they saw before: the OLDER call (its id and arguments) -> refused
         env.annotate(name, {ANN_APPROVED: "true", ANN_CALL_ID: first["callId"], ANN_ARGUMENTS_SHA256: sha_a})

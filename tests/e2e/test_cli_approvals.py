@@ -39,10 +39,13 @@ def test_cli_approval_queue_refuses_early_decisions_and_approves(env):  # noqa: 
     r = cli(env, "list", "-A")
     assert r.returncode == 0, r.stderr
     header, *rows = [line.split() for line in r.stdout.splitlines()]
-    assert header == ["NAMESPACE", "NAME", "OWNER", "TOOL", "LAP", "AGE", "DEADLINE", "ON-TIMEOUT"], header
+    assert header == ["NAMESPACE", "NAME", "OWNER", "TOOL", "TARGET", "APPROVALS", "LAP", "AGE", "DEADLINE",
+                      "ON-TIMEOUT"], header
     row = next((x for x in rows if x[:2] == [env.ns, "cli-queue"]), None)
     assert row is not None, r.stdout
-    assert row[2:5] == ["e2e-team", "refund", "1"] and row[7] == "reject", row
+    # TARGET is "METHOD URL", APPROVALS "0 of 1"
+    assert row[2:5] == ["e2e-team", "refund", "POST"] and row[6:10] == ["0", "of", "1", "1"], row
+    assert row[-1] == "reject", row
     assert not [x for x in rows if x[:2] == [env.ns, "cli-early"]], r.stdout  # not waiting: not queued
     r = cli(env, "list", "-n", env.ns, "-o", "json")
     queued = json.loads(r.stdout)

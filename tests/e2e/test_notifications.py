@@ -139,7 +139,9 @@ def test_each_approval_is_announced_once_per_kind_across_a_restart(env, tmp_path
         assert msg["inbox"] == f"https://inbox.example/#run-{e.ns}.notify-a"
         headers = [h for s, h in rx.attempts("notify-a", "requested")]
         keys = {h.get("Idempotency-Key") for h in headers}
-        assert keys == {f"{status['metadata']['uid']}:{msg['callId']}:requested"}
+        target = status["status"]["approval"]["targetSha256"]  # a request asked again for a new target is new
+        assert keys == {f"{status['metadata']['uid']}:{msg['callId']}:requested:{target[:16]}"}
+        assert msg["target"] == f"POST {e.tool_url}/refund" and msg["headersSecret"] is None
         assert rx.url not in (tmp_path / "notify.log").read_text()  # the webhook URL is a secret
     finally:
         for p in procs:

@@ -77,3 +77,29 @@ def test_bodies():
 def test_summary_is_one_bounded_line(arguments):
     s = plan.summary(arguments)
     assert len(s) <= plan.SUMMARY_CHARS and "\n" not in s
+
+
+def _targeted(digest: str, notified: dict | None = None, approved_by: int = 0):
+    r = run(notified=notified)
+    r["status"]["approval"].update({
+        "target": {"method": "POST", "url": "https://pay.example/pay?token=…", "headersSecret": "pay-headers"},
+        "targetSha256": digest, "approvalsRequired": 2, "approvedBy": [{"user": "alice"}] * approved_by})
+    return r
+
+
+def test_the_message_names_the_target_and_the_approvals_so_far():
+    (n,) = plan.announcements(_targeted("a" * 64, approved_by=1), NOW, S)
+    g = plan.body(n, "generic")
+    assert (g["target"], g["headersSecret"], g["approvals"]) == ("POST https://pay.example/pay?token=…", "pay-headers", "1 of 2")
+    text = plan.body(n, "slack")["text"]
+    assert "*Target:* POST https://pay.example/pay?token=…" in text and "*Headers Secret:* pay-headers" in text
+    assert "*Approvals:* 1 of 2" in text
+
+
+def test_a_request_asked_again_for_a_new_target_is_announced_again_under_a_new_key():
+    (first,) = plan.announcements(_targeted("a" * 64), NOW, S)
+    done = plan.notified_patch(_targeted("a" * 64), first, NOW)["status"]["approval"]["notified"]
+    assert done["targetSha256"] == "a" * 64
+    assert plan.announcements(_targeted("a" * 64, notified=done), NOW, S) == []
+    (again,) = plan.announcements(_targeted("b" * 64, notified=done), NOW, S)
+    assert again.kind == "requested" and again.idempotency_key != first.idempotency_key

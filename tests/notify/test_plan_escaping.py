@@ -66,7 +66,7 @@ def test_controls_and_bidi_are_escaped_in_every_format():
     for text in [*slack(n).split("\n"), *teams_values(n), g["arguments"], g["tool"], g["owner"], g["title"]]:
         assert not re.search("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", text), text
     assert "\\x1b" in g["arguments"] and "\\u202e" in g["arguments"] and "\\r\\n" in g["arguments"]
-    assert slack(n).count("\n") == 7  # title, six facts, the link: the arguments' newline is escaped
+    assert slack(n).count("\n") == 9  # title, eight facts, the link: the arguments' newline is escaped
     assert "*Tool:* pay\\x1b[2J\\u202eACME\\u2066\\r\\nsecond line\n" in slack(n)  # escaped, not cut
 
 

@@ -57,6 +57,16 @@ class Env(StrEnum):
     APPROVAL_CALL_ID = "AGENTRUN_APPROVAL_CALL_ID"
     APPROVAL_REASON = "AGENTRUN_APPROVAL_REASON"
     APPROVAL_BY = "AGENTRUN_APPROVAL_BY"
+    APPROVAL_ARGUMENTS_SHA256 = "AGENTRUN_APPROVAL_ARGUMENTS_SHA256"
+    """The digest of the full arguments the decision is bound to (``status.approval.argumentsSha256``):
+    the lap refuses to execute a pending call whose arguments digest differs."""
+    APPROVAL_TARGET_SHA256 = "AGENTRUN_APPROVAL_TARGET_SHA256"
+    """Of an approval: the target digest it is bound to (``status.approval.targetSha256``,
+    ``agentrun.api.approval.target_sha256``): the lap does not send a call whose target under its
+    spec and image differs, and asks again instead."""
+    IMAGE = "AGENTRUN_IMAGE"
+    """The lap container's image as the operator set it (the effective ``spec.agent.image``): part of
+    the target digest the lap computes."""
     LOG_FORMAT = "AGENTRUN_LOG_FORMAT"
     """``json`` (default) or ``text``."""
     SCRIPT_FILE = "AGENTRUN_SCRIPT_FILE"

@@ -57,6 +57,10 @@ class Reason(StrEnum):
     APPROVAL_BINDING_MISMATCH = "ApprovalBindingMismatch"
     APPROVAL_IGNORED = "ApprovalIgnored"
     APPROVAL_REASON_ESCAPED = "ApprovalReasonEscaped"
+    APPROVAL_STALE = "ApprovalStale"
+    APPROVAL_RECORDED = "ApprovalRecorded"  # one of N approvals (spec.approval.approvers)
+    APPROVAL_DUPLICATE_APPROVER = "ApprovalDuplicateApprover"
+    APPROVAL_CREATOR_REFUSED = "ApprovalCreatorRefused"
     # suspension
     SUSPENDED = "Suspended"
     RESUMED = "Resumed"

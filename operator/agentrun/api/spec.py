@@ -265,6 +265,16 @@ class ApprovalSpec(APIModel):
             "(recorded as TimedOut, distinct from Rejected); \"fail\" ends the run Failed."
         ),
     )
+    approvers: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description=(
+            "Four eyes: how many distinct users must approve each call. Every approval is recorded in "
+            "status.approval.approvedBy (\"1 of 2\"); the call runs once that many distinct users approved. "
+            "A second approval by the same user is refused; one rejection by anyone rejects."
+        ),
+    )
     distinct_from_creator: bool = Field(
         default=False,
         description=(

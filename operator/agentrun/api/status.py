@@ -14,9 +14,12 @@ from .approval import (
     ANN_ARGUMENTS_SHA256,
     ANN_CALL_ID,
     ANN_DECIDED_BY,
+    MAX_APPROVERS,
     MAX_CALL_ID_CHARS,
     MAX_DECIDED_BY_CHARS,
+    MAX_IMAGE_CHARS,
     MAX_REASON_CHARS,
+    MAX_TARGET_URL_CHARS,
     SHA256_HEX_CHARS,
 )
 from .types import USD, APIModel
@@ -84,6 +87,37 @@ class NotifiedStatus(APIModel):
     deadline_near_at: datetime | None = Field(
         default=None, description='When the "deadline near" message was delivered to the webhook.'
     )
+    target_sha256: str | None = Field(
+        default=None, max_length=SHA256_HEX_CHARS,
+        description="The target the announcements are about (a request asked again for a new target is announced again).",
+    )
+
+
+class ApprovalTarget(APIModel):
+    """Where the pending call goes, as a person is shown it (the digest targetSha256 binds all of it)."""
+
+    method: str | None = Field(default=None, max_length=16, description="HTTP method of the tool's call.")
+    url: str | None = Field(
+        default=None, max_length=MAX_TARGET_URL_CHARS,
+        description="URL of the tool's call, without user info (credentials), the query's values hidden.",
+    )
+    headers_secret: str | None = Field(
+        default=None, max_length=253,
+        description="Name of the Secret the call's extra headers come from (http.headersSecretRef), never a value.",
+    )
+    image: str | None = Field(
+        default=None, max_length=MAX_IMAGE_CHARS, description="The lap image that sends the call."
+    )
+
+
+class ApprovalVote(APIModel):
+    """One approver's approval of the pending call."""
+
+    user: str = Field(max_length=MAX_DECIDED_BY_CHARS, description="Who approved (stamped by the API server).")
+    at: datetime = Field(description="When the operator recorded the approval.")
+    reason: str | None = Field(
+        default=None, max_length=MAX_REASON_CHARS, description="Reason given (control characters escaped)."
+    )
 
 
 class ApprovalStatus(APIModel):
@@ -145,6 +179,36 @@ class ApprovalStatus(APIModel):
     notified: NotifiedStatus | None = Field(
         default=None,
         description="Webhook notifications delivered for this approval (requested, deadline near); written by the operator.",
+    )
+    target: ApprovalTarget | None = Field(
+        default=None,
+        description="Where the call goes when approved: method, URL (no credentials), headers Secret name, lap image.",
+    )
+    target_sha256: str | None = Field(
+        default=None,
+        min_length=SHA256_HEX_CHARS,
+        max_length=SHA256_HEX_CHARS,
+        pattern=f"^[0-9a-f]{{{SHA256_HEX_CHARS}}}$",
+        description=(
+            "sha256 (hex) over everything that decides what the call does: the tool's definition (URL, "
+            "method, headers Secret reference, timeout, result bound, parameters, sideEffects, "
+            "requiresApproval), the lap image and argumentsSha256 (agentrun.api.approval.target_sha256). "
+            "A decision is bound to it: when the spec changes it, the operator does not execute the call "
+            "(Warning Event ApprovalStale naming what changed) and asks again, and the lap refuses to send "
+            "a call whose current digest differs."
+        ),
+    )
+    approvals_required: int | None = Field(
+        default=None, ge=1, le=MAX_APPROVERS,
+        description="Distinct approvers the call needs (spec.approval.approvers when it was requested).",
+    )
+    approved_by: list[ApprovalVote] = Field(
+        default_factory=list,
+        max_length=MAX_APPROVERS,
+        description=(
+            "The distinct approvers so far, in order; the approval is Approved when approvalsRequired of "
+            "them approved. One rejection rejects."
+        ),
     )
 
 

@@ -142,6 +142,13 @@ class PendingApproval(CheckpointModel):
     idempotency_key: str
     lap: int
     requested_at: datetime
+    target_sha256: str | None = Field(
+        default=None,
+        description=(
+            "agentrun.api.approval.target_sha256 of the call under the spec and image the lap ran with "
+            "(optional: records of earlier releases have none; the operator then binds the current spec's)."
+        ),
+    )
 
 
 class ApprovalDecision(CheckpointModel):
@@ -152,6 +159,12 @@ class ApprovalDecision(CheckpointModel):
     reason: str | None = None
     decided_by: str | None = None
     decided_at: datetime | None = None
+    arguments_sha256: str | None = Field(
+        default=None, description="The arguments digest the decision was bound to (checked before the call)."
+    )
+    target_sha256: str | None = Field(
+        default=None, description="Of an approval: the target digest it was bound to (checked before the call)."
+    )
 
 
 class Compaction(CheckpointModel):

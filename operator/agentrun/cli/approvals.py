@@ -31,9 +31,11 @@ from agentrun.api.approval import (
     ANN_CALL_ID,
     ANN_DECIDED_BY,
     ANN_REASON,
+    ANN_TARGET_SHA256,
     arguments_sha256,
 )
 from agentrun.api.crdgen import GROUP, PLURAL, VERSION
+from agentrun.api.text import one_line
 from agentrun.api.types import parse_time
 from agentrun.cli.kube import (
     CLIError,
@@ -48,7 +50,27 @@ from agentrun.cli.kube import (
 from agentrun.cli.output import columns, human_duration
 
 AWAITING = "AwaitingApproval"
-COLUMNS = ("NAMESPACE", "NAME", "OWNER", "TOOL", "LAP", "AGE", "DEADLINE", "ON-TIMEOUT")
+COLUMNS = ("NAMESPACE", "NAME", "OWNER", "TOOL", "TARGET", "APPROVALS", "LAP", "AGE", "DEADLINE", "ON-TIMEOUT")
+TARGET_CELL_CHARS = 60
+
+
+def approvals_text(ap: dict[str, Any]) -> str:
+    """"1 of 2": the distinct approvals so far of the required ones (status.approval.approvedBy,
+    approvalsRequired); a decided approval counts what decided it."""
+    required = ap.get("approvalsRequired")
+    required = required if isinstance(required, int) and not isinstance(required, bool) and required > 0 else 1
+    done = len([v for v in ap.get("approvedBy") or [] if isinstance(v, dict)])
+    if ap.get("state") == "Approved":
+        done = max(done, 1)
+    return f"{min(done, required)} of {required}"
+
+
+def target_text(ap: dict[str, Any], limit: int = 512) -> str:
+    """Where the call goes: "METHOD URL" (status.approval.target: no credentials), one line."""
+    target = ap.get("target") or {}
+    if not isinstance(target, dict) or not target.get("url"):
+        return "<unknown>"
+    return one_line(f"{target.get('method') or '?'} {target['url']}", limit)
 
 
 # ------------------------------------------------------------------------------- pure formatting
@@ -74,6 +96,10 @@ def queue_rows(runs: list[dict[str, Any]], now: datetime, owner: str | None = No
             "name": meta.get("name", ""),
             "owner": who,
             "tool": ap.get("tool") or "",
+            "target": ap.get("target") or None,
+            "targetSha256": ap.get("targetSha256"),
+            "approvals": approvals_text(ap),
+            "approvedBy": [v.get("user") for v in ap.get("approvedBy") or [] if isinstance(v, dict)],
             "lap": ap.get("lap", st.get("lap")),
             "callId": ap.get("callId"),
             "requestedAt": ap.get("requestedAt"),
@@ -98,6 +124,7 @@ def deadline_cell(seconds_left: int | None) -> str:
 def table_cells(row: dict[str, Any]) -> list[str]:
     return [
         row["namespace"], row["name"], row["owner"], row["tool"] or "<none>",
+        target_text({"target": row["target"]}, TARGET_CELL_CHARS), row["approvals"],
         "<none>" if row["lap"] is None else str(row["lap"]),
         "<unknown>" if row["ageSeconds"] is None else human_duration(row["ageSeconds"]),
         deadline_cell(row["secondsLeft"]), row["onTimeout"],
@@ -156,6 +183,7 @@ def show_text(run: dict[str, Any], now: datetime, stored: StoredCall | None = No
     ap = st.get("approval") or {}
     rows = queue_rows([run], now)
     row = rows[0] if rows else None
+    target = ap.get("target") or {}
     stored = stored or StoredCall()
     _, sha, _ = binding(run, stored)
     if stored.arguments is not None:
@@ -176,6 +204,14 @@ def show_text(run: dict[str, Any], now: datetime, stored: StoredCall | None = No
         f"Tool:        {ap.get('tool', '<none>')}",
         f"Lap:         {ap.get('lap', '<none>')}",
         f"Call id:     {ap.get('callId', '<none>')}",
+        f"Target:      {target_text(ap)}",
+        f"Headers:     {one_line('Secret ' + target['headersSecret'], 300) if target.get('headersSecret') else '<none>'}",
+        f"Image:       {one_line(target.get('image') or '<unknown>', 1024)}",
+        f"Target sha256: {ap.get('targetSha256') or '<unknown>'} (the tool's definition, image and arguments; what "
+        "approve binds the decision to)",
+        f"Approvals:   {approvals_text(ap)}"
+        + (" (" + ", ".join(one_line(str(v.get('user')), 256) + (f" at {v.get('at')}" if v.get('at') else "")
+                           for v in ap.get('approvedBy') or []) + ")" if ap.get("approvedBy") else ""),
         f"Requested:   {ap.get('requestedAt', '<none>')}"
         + (f" ({human_duration(row['ageSeconds'])} ago)" if row and row["ageSeconds"] is not None else ""),
         f"Deadline:    {ap.get('deadline', '<none>')}"
@@ -193,9 +229,10 @@ def show_text(run: dict[str, Any], now: datetime, stored: StoredCall | None = No
 
 
 def decision_patch(approve: bool, reason: str | None, resource_version: str | None, *,
-                   call_id: str | None = None, sha256: str | None = None, decided_by: str | None = None) -> dict[str, Any]:
+                   call_id: str | None = None, sha256: str | None = None, decided_by: str | None = None,
+                   target_sha256: str | None = None) -> dict[str, Any]:
     """The metadata merge patch of a decision: the annotations a user would type with kubectl, plus
-    the binding of the call that was shown (call id, arguments sha256) and the decider. With the
+    the binding of the call that was shown (call id, arguments sha256, target sha256) and the decider. With the
     resourceVersion the run was read at, the API server refuses the patch (409) if the run changed
     in between (e.g. timed out), so the check and the decision are one step."""
     annotations = {ANN_APPROVED: "true" if approve else "false"}
@@ -205,6 +242,8 @@ def decision_patch(approve: bool, reason: str | None, resource_version: str | No
         annotations[ANN_CALL_ID] = call_id
     if sha256:
         annotations[ANN_ARGUMENTS_SHA256] = sha256
+    if target_sha256:
+        annotations[ANN_TARGET_SHA256] = target_sha256
     if decided_by:
         annotations[ANN_DECIDED_BY] = decided_by
     meta: dict[str, Any] = {"annotations": annotations}
@@ -301,7 +340,8 @@ def approvals_command(ctx: click.Context, owner: str | None, output: str) -> Non
     """The approval queue: list, show, approve and reject runs waiting for a human decision.
 
     Without a subcommand, lists the queue of every namespace (or of -n NAMESPACE): the runs in
-    phase AwaitingApproval with owner, tool, lap, age, deadline and onTimeout, oldest first."""
+    phase AwaitingApproval with owner, tool, target (method and URL), approvals so far ("1 of 2"),
+    lap, age, deadline and onTimeout, oldest first."""
     if ctx.invoked_subcommand is None:
         opts = current_options()
         _list(owner, output, all_namespaces=opts.all_namespaces or not opts.namespace)
@@ -337,7 +377,8 @@ def _list(owner: str | None, output: str, all_namespaces: bool) -> None:
 @click.argument("name")
 @kube_options()
 def show_command(name: str) -> None:
-    """The pending call of a run: its arguments (JSON) and the deadline."""
+    """The pending call of a run: where it goes (method, URL, headers Secret, image), its arguments
+    (JSON), the approvals so far ("1 of 2") and the deadline."""
     api, default_ns = _api()
     run = _get_run(api, current_options().namespace or default_ns, name)
     stored = _stored_call(run) if (run.get("status") or {}).get("approval") else StoredCall()
@@ -374,7 +415,7 @@ def _decide(name: str, reason: str | None, approve: bool) -> None:
                    f"without {ANN_DECIDED_BY} (a cluster with the MutatingAdmissionPolicy records you anyway)",
                    err=True)
     body = decision_patch(approve, reason, (run.get("metadata") or {}).get("resourceVersion"),
-                          call_id=call_id, sha256=sha, decided_by=who)
+                          call_id=call_id, sha256=sha, decided_by=who, target_sha256=ap.get("targetSha256"))
     try:
         api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, body)
     except ApiException as e:
@@ -390,7 +431,10 @@ def _decide(name: str, reason: str | None, approve: bool) -> None:
     annotations = " ".join(f"{k}={json.dumps(v) if ' ' in v else v}"
                            for k, v in body["metadata"]["annotations"].items())
     click.echo(f"agentrun {ns}/{name}: {'approved' if approve else 'rejected'} call {ap.get('callId', '?')} of tool {ap.get('tool', '?')} "
-               f"(lap {ap.get('lap', '?')}), annotated {annotations}; the operator resumes the run.")
+               f"({target_text(ap, 200)}, lap {ap.get('lap', '?')}), annotated {annotations}; the operator "
+               + ("counts the approval" + (f" ({approvals_text(ap)} before it)" if (ap.get("approvalsRequired") or 1) > 1
+                                           else "") + " and resumes the run once enough distinct users approved."
+                  if approve else "resumes the run."))
 
 
 @approvals_command.command("approve")

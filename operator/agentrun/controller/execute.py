@@ -351,7 +351,29 @@ class Executor:
             except ValueError as exc:
                 status = d.failed_status(o, status, Reason.INVALID_CONFIGURATION, str(exc))
                 decision.actions.append(d.Event("Warning", Reason.INVALID_CONFIGURATION, str(exc)))
-        if status is not None:
+        # The run's writes in the Decision's order (Decision.writes): a decision that is not recorded
+        # (stray, refused, stale) leaves the annotations BEFORE the status asks anything new.
+        writes = decision.writes()
+        if status is not None and not decision.of(d.PatchStatus):  # the shell's own (a refused Job)
+            writes.insert(sum(1 for w in writes if isinstance(w, d.RemoveAnnotations) and w.before_status),
+                          d.PatchStatus(status))
+        for w in writes:
+            if isinstance(w, d.RemoveAnnotations):
+                meta: dict[str, Any] = {"annotations": {k: None for k in w.keys}}
+                if w.before_status:  # guarded: the status that follows was decided on what we read
+                    meta["resourceVersion"] = rv
+                try:
+                    stored = await self.write("runs", key, "PATCH", run_path, body={"metadata": meta},
+                                               content_type="application/merge-patch+json")
+                except ApiException as exc:
+                    if exc.status == 409 and w.before_status:
+                        rlog.info("run changed while reconciling; reconciling again")
+                        return Outcome(requeue=0.2, wrote=out.wrote)
+                    raise
+                rv = self._wrote_run(stored, rv)
+                out.wrote = True
+                continue
+            assert status is not None
             wire = status.model_dump(by_alias=True, exclude_none=True, mode="json")
             patch = [
                 {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
@@ -364,7 +386,7 @@ class Executor:
                 refusal = status_refusal(exc.status, exc.body) if exc.status in (400, 403, 422) else None
                 if refusal is None and exc.status in (409, 422):  # changed since we read it: decide again
                     rlog.info("run changed while reconciling; reconciling again")
-                    return Outcome(requeue=0.2, wrote=False)
+                    return Outcome(requeue=0.2, wrote=out.wrote)
                 if refusal is None:
                     raise
                 await self._status_refused(body, key, f"the API server refused the status update: {refusal}")
@@ -379,12 +401,6 @@ class Executor:
             metrics.observe_run(ns, name, body.get("spec") or {}, wire)
             if status.phase != o.status.phase:
                 rlog.info("phase %s -> %s: %s", o.status.phase, status.phase, status.message)
-        for a in decision.of(d.RemoveAnnotations):
-            stored = await self.write("runs", key, "PATCH", run_path,
-                                       body={"metadata": {"annotations": {k: None for k in a.keys}}},
-                                       content_type="application/merge-patch+json")
-            rv = self._wrote_run(stored, rv)
-            out.wrote = True
         if decision.of(d.DeleteCheckpoints):
             try:
                 assert spec is not None

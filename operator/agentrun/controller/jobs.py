@@ -53,15 +53,20 @@ class ApprovalEnv:
     reason: str | None = None
     decided_by: str | None = None
     arguments_sha256: str | None = None
+    target_sha256: str | None = None
+    """Of an approval: ``status.approval.targetSha256``, what the lap checks before sending the call."""
 
 
 def approval_annotation(approval: ApprovalEnv | None) -> str:
     """The value of :data:`ANNOTATION_APPROVAL`: ``none``, or compact JSON of the decision, the call
-    id and the digest of the call's full arguments (what the decision is bound to)."""
+    id, the digest of the call's full arguments and of an approved call's target (what the decision
+    is bound to)."""
     if approval is None:
         return NO_APPROVAL
     doc = {"decision": approval.decision, "callId": approval.call_id,
            "argumentsSha256": approval.arguments_sha256 or ""}
+    if approval.target_sha256:
+        doc["targetSha256"] = approval.target_sha256
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
@@ -156,6 +161,7 @@ def build_env(
     approval: ApprovalEnv | None = None,
     store: StoreLocation | None = None,
     spec_text: str | None = None,
+    image: str | None = None,
 ) -> list[dict[str, Any]]:
     """The lap container's environment, per docs/contracts.md. ``store``: the run's pinned store
     (status.store); without it, the store a new run would resolve to. ``spec_text``:
@@ -179,6 +185,7 @@ def build_env(
         _value_env(Env.AGENT_VERSION, agent_version),
         _value_env(Env.SPEC, spec_text if spec_text is not None else spec_json(spec)),
         _value_env(Env.LOG_FORMAT, config.log_format),
+        _value_env(Env.IMAGE, image or spec.agent.image or config.lap_image),
     ]
     secret = ck.credentials_secret_name or config.credentials_secret
     if secret:
@@ -199,6 +206,10 @@ def build_env(
             env.append(_value_env(Env.APPROVAL_REASON, approval.reason))
         if approval.decided_by:
             env.append(_value_env(Env.APPROVAL_BY, approval.decided_by))
+        if approval.arguments_sha256:
+            env.append(_value_env(Env.APPROVAL_ARGUMENTS_SHA256, approval.arguments_sha256))
+        if approval.target_sha256:
+            env.append(_value_env(Env.APPROVAL_TARGET_SHA256, approval.target_sha256))
     return env
 
 
@@ -237,12 +248,13 @@ def build_job(
         resources["requests"] = requests
     if limits:
         resources["limits"] = limits
+    image = image or spec.agent.image or config.lap_image
     container = {
         "name": CONTAINER_NAME,
-        "image": image or spec.agent.image or config.lap_image,
+        "image": image,
         "imagePullPolicy": "IfNotPresent",
         "command": list(config.lap_command),
-        "env": build_env(run, spec, lap, attempt, agent_version, config, approval, store, spec_text),
+        "env": build_env(run, spec, lap, attempt, agent_version, config, approval, store, spec_text, image),
         "resources": resources,
         # the runner writes a failure's cause there; the log tail when it could not (a crash)
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,

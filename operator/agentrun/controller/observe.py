@@ -327,7 +327,7 @@ def observe(body: dict[str, Any], jobs: list[dict[str, Any]], pods_of: Callable[
     return d.Observed(
         namespace=namespace, name=name, uid=uid, generation=int(meta.get("generation") or 1),
         spec=spec, spec_error=spec_error, status=status, now=now,
-        pod_config_grace_seconds=config.pod_config_grace_seconds,
+        pod_config_grace_seconds=config.pod_config_grace_seconds, lap_image=config.lap_image,
         resolved_store=resolved, store_error=store_error,
         annotations=dict(meta.get("annotations") or {}), finalizers=tuple(meta.get("finalizers") or ()),
         deleting=bool(meta.get("deletionTimestamp")), jobs=tuple(observed_jobs), **extra,

@@ -210,7 +210,8 @@ class Inbox:
         if shown_target and ap.get("targetSha256") != shown_target:
             return 409, "What this call will run is not what was shown (its target changed): look at it again."
         patch = decision_patch(decision == "approve", reason or None, run["metadata"].get("resourceVersion"),
-                               call_id=call_id, sha256=sha, decided_by=user.name)
+                               call_id=call_id, sha256=sha, decided_by=user.name,
+                               target_sha256=shown_target or None)
         try:
             self.kube.patch_run(user, ns, name, patch)
         except ApiError as e:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from agentrun.api.approval import SHA256_HEX_CHARS
 from agentrun.api.contract import APPROVAL_DECISIONS, Env
 from agentrun.api.spec import AgentRunSpec
 from agentrun.checkpoint.schema import ApprovalDecision, RunRef
 from agentrun.lap.errors import ConfigError
 
 DECISIONS = APPROVAL_DECISIONS
+_SHA256 = re.compile(f"^[0-9a-f]{{{SHA256_HEX_CHARS}}}$")
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,8 @@ class LapConfig:
     agent_version: str
     decision: ApprovalDecision | None
     log_format: str
+    image: str | None = None
+    """AGENTRUN_IMAGE: the lap's own image as the operator set it (None: a Job of an earlier release)."""
 
 
 def _required(env: Mapping[str, str], name: str) -> str:
@@ -66,11 +71,19 @@ def parse_decision(env: Mapping[str, str]) -> ApprovalDecision | None:
         return None
     if raw not in DECISIONS:
         raise ConfigError(f"{Env.APPROVAL_DECISION} must be one of {', '.join(DECISIONS)}, got {raw[:40]!r}")
+    digests = {}
+    for name, field in ((Env.APPROVAL_ARGUMENTS_SHA256, "arguments_sha256"),
+                        (Env.APPROVAL_TARGET_SHA256, "target_sha256")):
+        value = env.get(name, "").strip().lower()
+        if value and not _SHA256.match(value):
+            raise ConfigError(f"{name} must be a sha256 ({SHA256_HEX_CHARS} hex digits), got {value[:40]!r}")
+        digests[field] = value or None
     return ApprovalDecision(
         call_id=env.get(Env.APPROVAL_CALL_ID, "").strip(),
         decision=raw,
         reason=env.get(Env.APPROVAL_REASON) or None,
         decided_by=env.get(Env.APPROVAL_BY) or None,
+        **digests,
     )
 
 
@@ -96,6 +109,7 @@ def parse_env(env: Mapping[str, str]) -> LapConfig:
         agent_version=env.get(Env.AGENT_VERSION, "").strip() or spec.agent.version,
         decision=parse_decision(env),
         log_format=log_format(env),
+        image=env.get(Env.IMAGE, "").strip() or None,
     )
 
 

@@ -282,7 +282,7 @@ def _execute_lap(
     key_scheme, already_read = _key_scheme(state, model_entry), {MODEL_JOURNAL_NAME: model_entry}
     ctx = LapContext(
         spec=cfg.spec, run=cfg.run, lap=cfg.lap, attempt=cfg.attempt,
-        agent_version=cfg.agent_version, decision=cfg.decision, key_scheme=key_scheme,
+        agent_version=cfg.agent_version, decision=cfg.decision, key_scheme=key_scheme, image=cfg.image,
     )
     journal = StoreJournal(store, cfg.run, cfg.lap, cfg.agent_version, already_read)
     tools = testfault.lap_tools(tools, cfg.attempt) if testfault else tools  # tests only: rekey

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Literal
 
+from agentrun.api.approval import arguments_sha256, target_sha256
 from agentrun.api.spec import AgentRunSpec, ToolSpec
 from agentrun.api.types import format_usd
 from agentrun.checkpoint.codec import tool_message_text
@@ -81,6 +82,12 @@ class LapContext:
     decision: ApprovalDecision | None = None
     key_scheme: KeyScheme = KEY_SCHEME
     """How this lap derives idempotency keys: the run's recorded scheme (``RunState.keyScheme``)."""
+    image: str | None = None
+    """The lap's image as the operator set it (AGENTRUN_IMAGE): part of a call's target digest."""
+
+    def target_sha256(self, tool: ToolSpec | None, arguments: dict[str, Any]) -> str:
+        """``api.approval.target_sha256`` of a call of ``tool`` under this lap's spec and image."""
+        return target_sha256(tool, self.image or self.spec.agent.image or "", arguments_sha256(arguments))
 
 
 @dataclass
@@ -189,6 +196,7 @@ def handle_call(
         approval = PendingApproval(
             call_id=call.id, tool=tool.name, arguments=call.arguments, idempotency_key=key,
             lap=ctx.lap, requested_at=fx.clock(),
+            target_sha256=ctx.target_sha256(tool, call.arguments) if ctx.image else None,
         )
         return _not_run(call, key, "awaiting-approval", None), approval
     if tool.requires_approval:
@@ -210,10 +218,16 @@ def _decision_text(pending: PendingApproval, decision: ApprovalDecision) -> str:
 
 def resolve_pending(
     ctx: LapContext, fx: Effects, acc: _Acc, pending: PendingApproval
-) -> tuple[ApprovalDecision, Outcome | None]:
+) -> tuple[ApprovalDecision | None, Outcome | None, PendingApproval | None]:
     """Apply the decision to the pending call (run it if approved, with the recorded key).
 
-    Returns the decision and an outcome that ends the lap early (timed-out with onTimeout: fail).
+    Returns the decision (None: not applied), an outcome that ends the lap early (timed-out with
+    onTimeout: fail; or an approval whose target changed: the call is not sent and is asked for
+    again, the third item being the pending call asked again).
+
+    The decision is bound to the call: its id and the digest of its full arguments must be the
+    pending call's (else the lap fails permanently: the record or the Job was tampered with), and
+    an approval's target digest must be the call's under this lap's spec and image.
     """
     decision = ctx.decision
     if decision is None:
@@ -226,8 +240,24 @@ def resolve_pending(
             f"the decision is for call {decision.call_id} but the pending approval is call {pending.call_id} "
             f"of tool {pending.tool}"
         )
+    args_digest = arguments_sha256(pending.arguments)
+    if decision.arguments_sha256 and decision.arguments_sha256 != args_digest:
+        raise PermanentLapError(
+            f"the decision is bound to arguments with sha256 {decision.arguments_sha256} but the pending call "
+            f"{pending.call_id} of tool {pending.tool} has arguments with sha256 {args_digest}; not executed"
+        )
     decision = decision.model_copy(update={"call_id": pending.call_id})
     tool = ctx.spec.tool(pending.tool)
+    if decision.decision == "approved" and decision.target_sha256:
+        current = ctx.target_sha256(tool, pending.arguments)
+        if current != decision.target_sha256:
+            fx.log("approved call not sent: its target changed since the approval; asking again",
+                   tool=pending.tool, call_id=pending.call_id, approved_target=decision.target_sha256,
+                   current_target=current)
+            again = pending.model_copy(update={"requested_at": fx.clock(), "target_sha256": current})
+            return None, Outcome(type="awaiting-approval", message=(
+                f"call {pending.call_id} of tool {pending.tool} was not sent: its target (the tool's definition "
+                f"or the lap image) changed since it was approved; approval asked again")), again
     if tool is None:
         raise PermanentLapError(
             f"tool '{pending.tool}' of the pending approval is not declared by agent version {ctx.agent_version}"
@@ -242,8 +272,8 @@ def resolve_pending(
         acc.calls.append(record)
         acc.messages.append(Message(role="tool", content=text, tool_call_id=pending.call_id, lap=ctx.lap))
         if decision.decision == "timed-out" and ctx.spec.approval.on_timeout == "fail":
-            return decision, Outcome(type="failed", message=f"approval of tool {pending.tool} timed out (onTimeout: fail)")
-        return decision, None
+            return decision, Outcome(type="failed", message=f"approval of tool {pending.tool} timed out (onTimeout: fail)"), None
+        return decision, None, None
     problem = argument_errors(tool, pending.arguments)
     if problem:
         record = ToolCallRecord(
@@ -261,7 +291,7 @@ def resolve_pending(
     acc.messages.append(
         Message(role="tool", content=f"{text}\nresult: {result}", tool_call_id=pending.call_id, lap=ctx.lap)
     )
-    return decision, None
+    return decision, None, None
 
 
 # ---------------------------------------------------------------------------- the model
@@ -308,13 +338,13 @@ def run_lap(ctx: LapContext, state: RunState, fx: Effects) -> LapRecord:
     acc = _Acc(messages=opening_messages(ctx.spec) if ctx.lap == 1 else [])
     decision: ApprovalDecision | None = None
     early: Outcome | None = None
+    pending: PendingApproval | None = None
     if state.pending_approval is not None:
-        decision, early = resolve_pending(ctx, fx, acc, state.pending_approval)
+        decision, early, pending = resolve_pending(ctx, fx, acc, state.pending_approval)
     elif ctx.decision is not None:
         fx.log("approval decision ignored: no approval is pending", decision=ctx.decision.decision)
     compaction: Compaction | None = plan_compaction(state, ctx.spec, ctx.lap, acc.messages)
     window = build_window(apply_compaction(state, compaction), ctx.spec, acc.messages)
-    pending: PendingApproval | None = None
     response = ModelResponse(content=None)
     model_seconds = 0.0
     if early is None:

@@ -46,12 +46,21 @@ class Notice:
     deadline: str | None
     on_timeout: str
     link: str
+    target: str = ""
+    """Where the call goes: "METHOD URL" (status.approval.target: no credentials in the URL)."""
+    headers_secret: str = ""
+    """The NAME of the Secret the call's extra headers come from (never a value)."""
+    approvals: str = ""
+    """"1 of 2" when more than one distinct approver is needed, else empty."""
+    target_sha256: str = ""
 
     @property
     def idempotency_key(self) -> str:
-        """Stable per run, call and kind: a receiver that dedupes on it sees each message once even
-        if a delivery is repeated (a crash between delivery and recording it)."""
-        return f"{self.uid}:{self.call_id}:{self.kind}"
+        """Stable per run, call, target and kind: a receiver that dedupes on it sees each message once
+        even if a delivery is repeated (a crash between delivery and recording it); a request asked
+        again for a changed target (ApprovalStale) is a new message."""
+        tail = f":{self.target_sha256[:16]}" if self.target_sha256 else ""
+        return f"{self.uid}:{self.call_id}:{self.kind}{tail}"
 
 
 def summary(arguments: str | None) -> str:
@@ -93,7 +102,8 @@ def announcements(run: dict[str, Any], now: datetime, settings: Settings) -> lis
     if st.get("phase") != "AwaitingApproval" or ap.get("state") != "Pending" or not ap.get("callId"):
         return []
     notified = ap.get("notified") or {}
-    done = notified if notified.get("callId") == ap["callId"] else {}
+    same = notified.get("callId") == ap["callId"] and notified.get("targetSha256") == ap.get("targetSha256")
+    done = notified if same else {}
     meta = run.get("metadata") or {}
     deadline = parse_time(ap.get("deadline"))
     due: list[Kind] = []
@@ -108,7 +118,20 @@ def announcements(run: dict[str, Any], now: datetime, settings: Settings) -> lis
     return [Notice(kind=k, namespace=ns, name=name, uid=meta.get("uid", ""), call_id=ap["callId"],
                    owner=str(ap.get("owner") or spec_ap.get("owner") or "unassigned"), tool=str(ap.get("tool") or ""),
                    lap=ap.get("lap"), summary=summary(ap.get("arguments")), deadline=ap.get("deadline"),
-                   on_timeout=str(spec_ap.get("onTimeout", "reject")), link=link) for k in due]
+                   on_timeout=str(spec_ap.get("onTimeout", "reject")), link=link, **_target(ap)) for k in due]
+
+
+def _target(ap: dict[str, Any]) -> dict[str, str]:
+    """The Notice fields of the call's target and approvals, from status.approval (operator-written)."""
+    target = ap.get("target") or {}
+    url = target.get("url")
+    required = ap.get("approvalsRequired") or 1
+    return {
+        "target": one_line(f"{target.get('method') or '?'} {url}", 600) if url else "",
+        "headers_secret": one_line(str(target.get("headersSecret") or ""), 253),
+        "approvals": f"{len(ap.get('approvedBy') or [])} of {required}" if required > 1 else "",
+        "target_sha256": str(ap.get("targetSha256") or ""),
+    }
 
 
 def notified_patch(run: dict[str, Any], notice: Notice, at: datetime) -> dict[str, Any]:
@@ -116,8 +139,11 @@ def notified_patch(run: dict[str, Any], notice: Notice, at: datetime) -> dict[st
     same call; starts over for another call)."""
     ap = (run.get("status") or {}).get("approval") or {}
     prev = ap.get("notified") or {}
-    rec = {k: v for k, v in prev.items() if k in FIELD.values()} if prev.get("callId") == notice.call_id else {}
+    same = prev.get("callId") == notice.call_id and (prev.get("targetSha256") or "") == notice.target_sha256
+    rec = {k: v for k, v in prev.items() if k in FIELD.values()} if same else {}
     rec.update({"callId": notice.call_id, FIELD[notice.kind]: at.isoformat().replace("+00:00", "Z")})
+    if notice.target_sha256:
+        rec["targetSha256"] = notice.target_sha256
     return {"status": {"approval": {"notified": rec}}}
 
 
@@ -130,7 +156,10 @@ def _title(n: Notice) -> str:
 def body(n: Notice, fmt: Format) -> dict[str, Any]:
     """The JSON body of one message in ``fmt``: every value escaped for it (the module's docstring)."""
     facts = [("Owner", n.owner), ("Run", f"{n.namespace}/{n.name}"), ("Tool", n.tool),
+             ("Target", n.target or "-"), ("Headers Secret", n.headers_secret or "-"),
              ("Arguments", n.summary or "-"), ("Deadline", n.deadline or "-"), ("On timeout", n.on_timeout)]
+    if n.approvals:
+        facts.append(("Approvals", n.approvals))
     if fmt == "slack":
         text = f"*{slack_text(_title(n))}*\n" + "\n".join(f"*{k}:* {slack_text(v)}" for k, v in facts)
         if n.link:
@@ -153,5 +182,7 @@ def body(n: Notice, fmt: Format) -> dict[str, Any]:
         }
     return {"kind": n.kind, "title": one_line(_title(n), 1000), "namespace": n.namespace, "name": n.name,
             "uid": n.uid, "callId": n.call_id, "owner": one_line(n.owner, 1000), "tool": one_line(n.tool, 1000),
-            "lap": n.lap, "arguments": n.summary, "deadline": n.deadline, "onTimeout": n.on_timeout,
+            "lap": n.lap, "target": n.target or None, "headersSecret": n.headers_secret or None,
+            "approvals": n.approvals or None,
+            "arguments": n.summary, "deadline": n.deadline, "onTimeout": n.on_timeout,
             "inbox": n.link or None, "idempotencyKey": n.idempotency_key}

@@ -33,6 +33,12 @@ Invariants (tested with hypothesis in tests/controller):
 * a decision (annotations) bound to another call (``agentrun.dev/call-id``,
   ``agentrun.dev/arguments-sha256``) or with a malformed field is refused: one Warning Event, the
   annotations removed, the run keeps waiting. Every value copied from annotations is bounded first;
+* an approved call is executed only for the target it was approved for (``status.approval.targetSha256``:
+  the tool's definition, the effective image, the arguments digest): a target that changed under a
+  pending or approved call is asked again (ONE ``ApprovalStale`` Event), never executed; with
+  ``spec.approval.approvers: N`` only N distinct approvers approve, one rejection rejects;
+* a decision that is not recorded (stray, refused, stale) leaves the annotations BEFORE the status
+  is written (``Decision.writes``), so a failed removal never approves the next request;
 * every condition type carries its own reason and message; every failed attempt carries its cause
   (``status.retries[].lastReason``, ``status.message``, the Warning Event); every ``LapRetried`` /
   ``LapFinished`` carries a typed reason / outcome (``agentrun.api.reasons``).

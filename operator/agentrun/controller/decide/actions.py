@@ -36,6 +36,9 @@ class PatchStatus:
 @dataclass(frozen=True)
 class RemoveAnnotations:
     keys: tuple[str, ...]
+    before_status: bool = False
+    """Removed BEFORE the decision's status is written (a decision that is not recorded: stray,
+    refused, stale), guarded by the run's resourceVersion; else after it (a recorded decision)."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,15 @@ class Decision:
     def requeue_after(self) -> float | None:
         delays = [a.seconds for a in self.of(RequeueAfter)]
         return min(delays) if delays else None
+
+    def writes(self) -> list[PatchStatus | RemoveAnnotations]:
+        """The writes of the run object, in the order the shell performs them: annotations that must
+        go before the status (``before_status``), the status (the last patch), then the rest. A
+        decision's order is a property of the Decision, not of the shell."""
+        first = [a for a in self.of(RemoveAnnotations) if a.before_status]
+        status = self.of(PatchStatus)[-1:]
+        rest = [a for a in self.of(RemoveAnnotations) if not a.before_status]
+        return [*first, *status, *rest]
 
     @property
     def needs_read(self) -> bool:

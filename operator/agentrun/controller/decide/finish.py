@@ -15,6 +15,7 @@ from agentrun.api.types import format_usd, parse_duration
 from agentrun.checkpoint.schema import Outcome, PendingApproval, Totals
 
 from .actions import DeleteRun, RequeueAfter
+from .approvals import current_target
 from .context import Ctx, StatusWriter
 
 MAX_ARGUMENTS_CHARS = 4096
@@ -55,17 +56,30 @@ def apply_outcome(c: Ctx, lap: int, outcome: Outcome, pa: PendingApproval | None
         requested = requested_at or pa.requested_at
         deadline = requested + timedelta(seconds=parse_duration(spec.approval.timeout))
         args = json.dumps(pa.arguments, sort_keys=True)
+        args_digest = arguments_sha256(pa.arguments)
         st.approval = ApprovalStatus(
             state="Pending", lap=lap, tool=pa.tool, call_id=pa.call_id, idempotency_key=pa.idempotency_key,
-            arguments=truncate(args, MAX_ARGUMENTS_CHARS), arguments_sha256=arguments_sha256(pa.arguments),
+            arguments=truncate(args, MAX_ARGUMENTS_CHARS), arguments_sha256=args_digest,
             arguments_truncated=len(args) > MAX_ARGUMENTS_CHARS, owner=spec.approval.owner,
-            requested_at=requested, deadline=deadline,
+            requested_at=requested, deadline=deadline, approvals_required=spec.approval.approvers,
         )
+        # The target the person is shown and the decision is bound to: the current spec's (the Job
+        # that executes the call gets this spec). When the lap ran with another one, say so.
+        target, digest = current_target(c, st.approval, args_digest)
+        st.approval.target, st.approval.target_sha256 = target, digest
         st.waiting_on = spec.approval.owner
-        msg = (f"lap {lap}: tool {pa.tool} (call {pa.call_id}) waits for {spec.approval.owner} until "
+        shown_target = f" {target.method} {target.url}" if target.url else ""
+        msg = (f"lap {lap}: tool {pa.tool}{shown_target} (call {pa.call_id}) waits for {spec.approval.owner} until "
                f"{deadline.isoformat()}; decide with `kubectl annotate agentrun {o.name} approved=true|false`")
+        if spec.approval.approvers > 1:
+            msg += f" ({spec.approval.approvers} distinct approvers needed)"
         c.phase("AwaitingApproval", Reason.APPROVAL_REQUESTED, msg)
         c.event("Normal", Reason.APPROVAL_REQUESTED, msg)
+        if pa.target_sha256 is not None and pa.target_sha256 != digest:
+            c.event("Warning", Reason.APPROVAL_STALE,
+                    f"the spec changed while lap {lap} ran: call {pa.call_id} of tool {pa.tool} was requested for "
+                    "another target (tool definition or image) than the current spec's; the request shows, and "
+                    "binds the decision to, the current one")
 
 
 def expire(c: StatusWriter) -> None:

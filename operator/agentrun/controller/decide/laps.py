@@ -23,7 +23,7 @@ from .actions import (
     ReadCheckpoint,
     RequeueAfter,
 )
-from .approvals import adoption_mismatch, apply_timeout, approval_env
+from .approvals import adoption_mismatch, apply_timeout, approval_env, bind_target
 from .context import MAX_CONDITION_MESSAGE_CHARS, Ctx, condition
 from .finish import apply_outcome, record_checkpoint
 from .observed import CheckpointRead, ObservedJob
@@ -187,8 +187,6 @@ def next_step(c: Ctx) -> Decision:
     elif st.phase == "AwaitingApproval" and st.approval is None:
         return c.finish()
 
-    decision_env = approval_env(st)
-
     # The next attempt's Job exists already: a pass created it and its status write was lost. It
     # was started when everything below allowed it; adopt it (never create it again) and let it
     # end, whatever changed since (suspend, budget, policy: they apply from the next lap on).
@@ -206,6 +204,19 @@ def next_step(c: Ctx) -> Decision:
         if existing.state != "active":
             c.act(RequeueAfter(0.0))  # it ended already: observe it on the next pass
         return c.finish()
+
+    # An approved call is executed only for the target it was approved for: bound (an approval of an
+    # earlier release), or asked again when the spec changed it since (ApprovalStale).
+    ap = st.approval
+    if ap is not None and ap.state == "Approved" and ap.lap == st.lap:
+        read = bind_target(c, ap)
+        if read is not None:
+            return read
+        again = st.approval
+        if again is not ap and again is not None:
+            c.act(RequeueAfter(max(0.5, (again.deadline - o.now).total_seconds())))
+            return c.finish()
+    decision_env = approval_env(st)
 
     if spec.suspend:
         if st.phase != "Suspended":

@@ -133,6 +133,9 @@ class Observed:
     """Why there is no ``resolved_store`` (no URI anywhere)."""
     store_retry_seconds: float = 10.0
     """AGENTRUN_STORE_RETRY_SECONDS: how soon a run whose store is unavailable is looked at again."""
+    lap_image: str = ""
+    """AGENTRUN_LAP_IMAGE: the lap image of a run without spec.agent.image (part of an approval's
+    target digest: the effective image)."""
     policy_check: PolicyCheck | None = None
     """The tenancy re-check of the stored spec against the AgentRunPolicies of its namespace
     (controller/tenancy.py), read by the shell for a live run; None: not read or not enforced
