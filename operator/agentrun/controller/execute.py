@@ -321,7 +321,8 @@ class Executor:
             assert spec is not None
             try:
                 job = build_job(RunIdentity(ns, name, o.uid), spec, a.lap, a.attempt, a.agent_version, self.config,
-                                approval=a.approval, store=a.store, spec_text=self.spec_text(key, spec))
+                                approval=a.approval, store=a.store, spec_text=self.spec_text(key, spec),
+                                address_rules=o.policy_check.rules if o.policy_check is not None else None)
                 await self.write("jobs", (ns, a.name), "POST", path(JOBS, ns), body=job)
                 out.wrote = True
                 alog.info("created lap Job %s (agent %s)", a.name, a.agent_version)
