@@ -91,12 +91,12 @@ def test_refused_at_apply_under_the_local_policy(cluster, local_ns, field, value
     else:
         doc = _run(name)
         doc["spec"]["agent"]["tools"] = [{"name": "fetch", "http": {"url": value}}]
+    r = _apply(cluster, doc, local_ns)
+    assert r.returncode != 0, f"{value} was accepted: {r.stdout}"
     violations = t.check(doc["spec"], ta.LOCAL_POLICY)
     assert [v.rule for v in violations] == [rule]
     if text is not None:
         assert violations[0].message == text
-    r = _apply(cluster, doc, local_ns)
-    assert r.returncode != 0, f"{value} was accepted: {r.stdout}"
     assert t.refusal(t.DEFAULT_POLICY, violations) in r.stderr, r.stderr
     assert cluster.kubectl_run("get", "agentrun", name, "-n", local_ns, check=False).returncode != 0
 
