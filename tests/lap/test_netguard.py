@@ -155,3 +155,15 @@ def test_the_operator_hands_the_lap_the_rules_of_the_policies_it_resolved():
         in rules_from_env(env).denied
     unset = {e["name"] for e in build_env(RunIdentity("ns", "r", "u"), spec, 1, 1, "v1", OperatorConfig(checkpoint_uri="s3://b/p"))}
     assert Env.ADDRESS_RULES not in unset
+
+
+def test_bad_input_doc_quotes_the_connect_time_refusals():
+    import ipaddress
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "bad-input.md").read_text()
+    loopback = t.AddressRules(allow_loopback=False, loopback_rule="AgentRunPolicy NAME rule destinations.allowLoopback")
+    for a, rules in [("169.254.169.254", t.AddressRules()), ("::ffff:169.254.169.254", t.AddressRules()),
+                     ("127.0.0.1", loopback), ("127.0.0.2", DENY_127_0_0_2)]:
+        why = t.address_refusal(ipaddress.ip_address(a), rules)
+        assert f"refused: {why}; no request was sent" in doc, why
