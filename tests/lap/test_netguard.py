@@ -5,9 +5,11 @@ request was sent" is observed, not assumed (Linux routes all of 127.0.0.0/8 to l
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -159,7 +161,6 @@ def test_the_operator_hands_the_lap_the_rules_of_the_policies_it_resolved():
 
 def test_bad_input_doc_quotes_the_connect_time_refusals():
     import ipaddress
-    from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "bad-input.md").read_text()
     loopback = t.AddressRules(allow_loopback=False, loopback_rule="AgentRunPolicy NAME rule destinations.allowLoopback")
@@ -167,3 +168,33 @@ def test_bad_input_doc_quotes_the_connect_time_refusals():
                      ("127.0.0.1", loopback), ("127.0.0.2", DENY_127_0_0_2)]:
         why = t.address_refusal(ipaddress.ip_address(a), rules)
         assert f"refused: {why}; no request was sent" in doc, why
+
+
+def test_the_checkpoint_stores_connections_are_checked_in_the_lap_process(listener, monkeypatch):
+    """botocore (and the lean GET) over urllib3: the lap process routes urllib3's connections
+    through the same check; the store names the refusal and fails permanently, nothing sent."""
+    from urllib3.util import connection
+
+    from agentrun.checkpoint.errors import CheckpointError, StoreConfigError
+    from agentrun.checkpoint.schema import RunRef
+    from agentrun.checkpoint.store import CheckpointStore, StoreConfig
+    from agentrun.lap import netguard
+
+    monkeypatch.setattr(connection, "create_connection", connection.create_connection)  # restored after
+    monkeypatch.setattr(netguard, "_STORE_RULES", [])
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    netguard.guard_store_connections("127.0.0.2", DENY_127_0_0_2)
+    store = CheckpointStore(StoreConfig(uri="s3://bucket/p", endpoint_url=f"http://127.0.0.2:{listener.port}",
+                                        region="us-east-1", path_style=True))
+    with pytest.raises(StoreConfigError) as e:
+        store.head_lap(RunRef(namespace="n", name="r", uid="u"), 1)
+    assert str(e.value) == (
+        "S3 HeadObject p/n/r/u/laps/00000001.json: connection to host \"127.0.0.2\" refused: address 127.0.0.2 is "
+        "in the denied range 127.0.0.2/32 (AgentRunPolicy local rule destinations.deniedCIDRs); no request was sent")
+    assert listener.accepted == 0
+    assert str(e.value) in (Path(__file__).resolve().parents[2] / "docs" / "bad-input.md").read_text()
+    netguard.guard_store_connections("s3.example.com", DENY_127_0_0_2)  # another store: not this one's rules
+    with contextlib.suppress(CheckpointError):  # the listener is no S3: whatever it answers, it was reached
+        store.head_lap(RunRef(namespace="n", name="r", uid="u"), 1)
+    assert listener.accepted >= 1

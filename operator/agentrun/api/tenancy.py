@@ -702,6 +702,11 @@ class AddressRules:
         return cls(tuple(denied), not loopback_rule, loopback_rule)
 
 
+class AddressRefusal(Exception):  # noqa: N818 - a refusal, raised by the lap's connection guards
+    """A connection the address rules refused before it was opened (nothing was sent): raised by
+    the lap's guards (``lap/netguard.py``), recognised by the checkpoint store's error translation."""
+
+
 def address_refusal(a: IPAddr, rules: AddressRules) -> str | None:
     """Why the lap may not connect to address ``a`` (also judged as the IPv4 address it embeds,
     :func:`embedded_ipv4`), or None."""

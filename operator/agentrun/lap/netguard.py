@@ -19,6 +19,15 @@ is to the proxy, and its address is what is checked (the proxy resolves the targ
 The rules (:class:`agentrun.api.tenancy.AddressRules`) come from the operator, made from the
 AgentRunPolicies it resolved for the run (``AGENTRUN_ADDRESS_RULES``); without them the
 always-denied ranges still apply.
+
+The checkpoint store's client is botocore (and the lean GET, ``checkpoint/s3get.py``), over
+urllib3, whose connections have no per-client hook: where a run names its own store
+(``spec.checkpoint.endpoint``), the lap process (``agentrun lap``, not the operator) routes
+urllib3's ``create_connection`` through :func:`guard_store_connections`, which checks the
+connections to that endpoint's host (and its virtual-host subdomains) against the run's rules.
+Other urllib3 connections are left alone: botocore's credential providers reach the instance
+metadata or the EKS Pod Identity agent at link-local addresses by design, and the operator's
+own store is the platform's choice.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentrun.api.contract import Env
-from agentrun.api.tenancy import AddressRules, IPAddr, address_refusal
+from agentrun.api.tenancy import AddressRefusal, AddressRules, IPAddr, address_refusal
 from agentrun.api.text import one_line
 from agentrun.lap.errors import ConfigError, PermanentLapError
 
@@ -39,7 +48,7 @@ if TYPE_CHECKING:
 MAX_HOST_CHARS = 200
 
 
-class AddressRefused(PermanentLapError):
+class AddressRefused(PermanentLapError, AddressRefusal):
     """A connection the address rules refuse; nothing was sent. Not an OSError: httpx and httpcore
     pass it through unchanged (a connection error would be retried as transient)."""
 
@@ -131,3 +140,41 @@ def guarded_client(rules: AddressRules, **kwargs: Any) -> httpx.Client:
     from agentrun.lap.httpx_lite import httpx
 
     return guard(httpx.Client(**kwargs), rules)
+
+
+_STORE_RULES: list[tuple[str, AddressRules]] = []
+"""(endpoint host, rules) of :func:`guard_store_connections` (set once per lap process)."""
+
+
+def guard_store_connections(endpoint_host: str, rules: AddressRules) -> None:
+    """In the lap process: every urllib3 connection to ``endpoint_host`` or a subdomain of it (the
+    run's own checkpoint store, path-style or virtual-host) is checked like
+    :meth:`GuardedBackend.connect_tcp` does, against ``rules``. A refusal raises
+    :class:`AddressRefused` (not an OSError: urllib3 passes it through; the store reports it,
+    naming the host, the address and the rule, as a permanent failure). Installed once; a second
+    call only replaces the host and the rules."""
+    from urllib3.util import connection
+
+    first = not _STORE_RULES
+    _STORE_RULES[:] = [(endpoint_host.lower().rstrip("."), rules)]
+    if not first:
+        return
+    original = connection.create_connection
+
+    def create_connection(address: tuple[str, int], *args: Any, **kwargs: Any) -> socket.socket:
+        host, port = address
+        guarded, rules = _STORE_RULES[0]
+        name = host.lower().rstrip(".").strip("[]")
+        if name != guarded and not name.endswith("." + guarded):
+            return original(address, *args, **kwargs)
+        addresses = resolve(host, port)
+        check_host(host, addresses, rules)
+        last: OSError | None = None
+        for a in addresses:
+            try:
+                return original((str(a), port), *args, **kwargs)
+            except OSError as e:
+                last = e
+        raise last if last is not None else OSError(f"no address for {host}")
+
+    connection.create_connection = create_connection
