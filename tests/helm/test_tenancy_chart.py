@@ -85,7 +85,8 @@ def test_what_the_default_policy_allows():
                       ("https://vault/", "destinations.allowedInternalHosts"),
                       ("https://prometheus-server:9090/", "destinations.allowedInternalHosts"),
                       ("https://169.254.169.254.nip.io/", "destinations.hostForm"),
-                      ("https://db.corp.internal/", "destinations.deniedHosts")):
+                      ("https://db.corp.internal/", "destinations.allowedInternalHosts"),
+                      ("https://printer.local/", "destinations.allowedInternalHosts")):
         assert rules(tools=[{"name": "x", "http": {"url": url}}]) == [rule], url
     assert [v.rule for v in t.check({"checkpoint": {"endpoint": "https://s3.example.net"}}, p)] == [
         "checkpoint.allowedEndpoints"]
