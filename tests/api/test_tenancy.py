@@ -98,18 +98,33 @@ def test_checker_gives_exactly_the_tables_messages(case):
     spec = _spec(case)
     AgentRunSpec.model_validate(spec)  # every case is a valid AgentRun: only the policy refuses it
     assert [v.message for v in t.check(spec, STRICT)] == case["expect"]
-    assert t.check(spec, ALLOW_ALL) == [] or case["name"] in _ALWAYS_DENIED_CASES
+    assert t.check(spec, ALLOW_ALL) == [] or case["name"] in _ALWAYS_DENIED_CASES | _INTERNAL_NAME_CASES
 
 
 _ALWAYS_DENIED_CASES = {"cloud-metadata-address", "link-local-ipv6", "cloud-metadata-name", "api-server-name",
                         "api-server-fqdn", "decimal-ip-host", "hex-ip-host", "ipv4-mapped-ipv6-metadata",
-                        "several-violations-all-named", "checkpoint-endpoint-internal-address"}
+                        "several-violations-all-named", "checkpoint-endpoint-internal-address",
+                        "aws-metadata-ipv6", "alibaba-metadata", "nat64-metadata", "nat64-local-use-prefix",
+                        "ipv4-compatible-metadata", "wildcard-dns-metadata", "wildcard-dns-dashed",
+                        "checkpoint-endpoint-api-server", "checkpoint-endpoint-wildcard-dns",
+                        "checkpoint-endpoint-ipv6-metadata"}
+_INTERNAL_NAME_CASES = {"allowed-internal-host", "allowed-listed-internal-checkpoint-endpoint", "single-label-host",
+                        "cluster-service-host", "cluster-local-host", "checkpoint-endpoint-single-label"}
+"""Refused by default (a policy without allowedInternalHosts); "policy-internal-domain" only by the
+table's policy, which names corp.internal."""
 
 
 def test_the_always_denied_cases_are_refused_by_the_loosest_policy():
     for c in TABLE["cases"]:
-        if c["name"] in _ALWAYS_DENIED_CASES - {"checkpoint-endpoint-internal-address"}:
+        if c["name"] in _ALWAYS_DENIED_CASES | _INTERNAL_NAME_CASES:
             assert t.check(_spec(c), ALLOW_ALL), c["name"]
+    internal = ALLOW_ALL.model_copy(update={"destinations": ALLOW_ALL.destinations.model_copy(
+        update={"allowed_internal_hosts": ["*"]})})
+    for c in TABLE["cases"]:
+        if c["name"] in _ALWAYS_DENIED_CASES:
+            assert t.check(_spec(c), internal), c["name"]
+        if c["name"] in _INTERNAL_NAME_CASES:
+            assert not t.check(_spec(c), internal), c["name"]
 
 
 def test_bad_input_doc_quotes_every_refusal_of_the_table():
@@ -123,7 +138,9 @@ def test_bad_input_doc_quotes_every_refusal_of_the_table():
 
 _DENIED_IPS = st.one_of(
     st.ip_addresses(network="169.254.0.0/16"), st.ip_addresses(network="fe80::/10"),
-    st.ip_addresses(network="0.0.0.0/8"))
+    st.ip_addresses(network="0.0.0.0/8"), st.ip_addresses(network="64:ff9b::a9fe:0/112"),
+    st.ip_addresses(network="::a9fe:0/112"), st.ip_addresses(network="64:ff9b:1::/48"),
+    st.sampled_from([ipaddress.ip_address(a) for a in ("fd00:ec2::254", "100.100.100.200", "64:ff9b::6464:64c8")]))
 
 
 def _host(a) -> str:
@@ -152,7 +169,7 @@ def test_api_server_and_metadata_names_are_refused_by_any_policy(host, port):
 @given(url=st.text(max_size=3000).map(lambda s: "https://" + s))
 @settings(max_examples=300)
 def test_any_url_gets_at_most_one_bounded_violation_and_never_an_exception(url):
-    got = [v for v in t.check({"agent": {"model": {"baseURL": url}}}, STRICT) if not v.rule.startswith("budget.")]
+    got = [v for v in t.check({"agent": {"model": {"baseURL": url}}}, STRICT) if not v.rule.startswith(("budget.", "approval."))]
     assert len(got) <= 1
     for v in got:
         assert len(v.message) < 600 and v.field == "spec.agent.model.baseURL"
@@ -283,3 +300,82 @@ def test_the_operators_message_redacts_url_credentials_and_queries_the_admission
     assert "https://evil.example/v1" in check.message
     (v,) = [v for _, vs in check.violations for v in vs if v.field == "spec.agent.model.baseURL"]
     assert "token=abc" in v.message  # the CEL-parity text, shown only to the requester at admission
+
+
+# ------------------------------------------------------------------------------ hardening (issue 29)
+
+@pytest.mark.parametrize("url", ["http://169.254.169.254", "https://kubernetes.default.svc",
+                                 "http://169.254.169.254.nip.io", "http://vault:8200", "http://[fd00:ec2::254]",
+                                 "http://100.100.100.200", "http://[64:ff9b::a9fe:a9fe]"])
+def test_checkpoint_endpoints_get_the_always_denied_rules_even_where_any_endpoint_is_allowed(url):
+    """Review finding: `allowedEndpoints: ["*"]` let the operator send signed S3 requests to metadata."""
+    got = t.check({"checkpoint": {"endpoint": url}}, ALLOW_ALL)
+    assert [v.field for v in got] == ["spec.checkpoint.endpoint"], got
+    assert got[0].rule.startswith("destinations."), got
+
+
+def test_a_listed_endpoint_may_be_internal_and_loopback_names_follow_allow_loopback():
+    pol = t.AgentRunPolicySpec.model_validate({"checkpoint": {"allowedEndpoints": ["http://minio.storage.svc"]},
+                                               "destinations": {"allowLoopback": True}})
+    assert t.check({"checkpoint": {"endpoint": "http://minio.storage.svc:9000"}}, pol) == []
+    assert [v.rule for v in t.check({"checkpoint": {"endpoint": "http://minio.other.svc:9000"}}, pol)] == [
+        "destinations.allowedInternalHosts"]
+    # localhost is judged by allowLoopback alone (the local policy's explicit allowance), not as a single label
+    local = {"agent": {"tools": [{"name": "x", "http": {"url": "https://localhost:8080/x"}}]}}
+    assert t.check(local, ta.LOCAL_POLICY) == []
+    assert [v.rule for v in t.check(local, t.AgentRunPolicySpec())] == ["destinations.allowLoopback"]
+
+
+@pytest.mark.parametrize("host", ["10.0.0.1.nip.io", "app.169.254.169.254.nip.io", "169-254-169-254.sslip.io",
+                                  "x.127.0.0.1.nip.io"])
+def test_names_that_embed_an_ip_are_refused_as_host_form(host):
+    got = t.check({"agent": {"model": {"baseURL": f"https://{host}/v1"}}}, ALLOW_ALL)
+    assert [v.rule for v in got] == ["destinations.hostForm"] and "embeds an IP address" in got[0].message
+
+
+@pytest.mark.parametrize("host", ["ip-10-0-0-1.ec2.internal", "v1.2.example.com", "1.2.3.example.com"])
+def test_names_with_numbers_that_are_not_an_ip_pass(host):
+    assert t.check({"agent": {"model": {"baseURL": f"https://{host}/v1"}}}, ALLOW_ALL) == []
+
+
+def _addr(a: str):
+    return ipaddress.ip_address(a)
+
+
+@pytest.mark.parametrize("a", ["169.254.169.254", "fd00:ec2::254", "100.100.100.200", "0.0.0.0", "::",
+                               "fe80::1", "64:ff9b::a9fe:a9fe", "::ffff:169.254.169.254", "::169.254.169.254",
+                               "2002:a9fe:a9fe::1", "64:ff9b:1::a9fe:a9fe"])
+def test_connect_time_rules_refuse_the_always_denied_addresses_in_every_form(a):
+    msg = t.address_refusal(_addr(a), t.AddressRules())
+    assert msg is not None and msg.startswith(f"address {_addr(a)}") and "destinations.alwaysDenied" in msg
+
+
+def test_connect_time_rules_follow_the_policies_denials_and_loopback():
+    strict = t.AgentRunPolicySpec.model_validate({"destinations": {"deniedCIDRs": ["10.20.99.0/24"]}})
+    rules = t.AddressRules.of({"strict": strict, "local": ta.LOCAL_POLICY})
+    assert t.address_refusal(_addr("10.20.99.5"), rules) == (
+        "address 10.20.99.5 is in the denied range 10.20.99.0/24 (AgentRunPolicy strict rule destinations.deniedCIDRs)")
+    assert "(the IPv4 address 10.20.99.5)" in (t.address_refusal(_addr("64:ff9b::a14:6305"), rules) or "")
+    assert "destinations.apiServerCIDRs" in (t.address_refusal(_addr("10.96.0.1"), rules) or "")
+    assert t.address_refusal(_addr("127.0.0.1"), rules) == (
+        "address 127.0.0.1 is loopback, refused unless allowLoopback is true (AgentRunPolicy strict rule "
+        "destinations.allowLoopback)")
+    assert t.address_refusal(_addr("127.0.0.1"), t.AddressRules.of({"local": ta.LOCAL_POLICY})) is None
+    # a name's address is judged by what is denied, not by allowedCIDRs (those judge IP literals in URLs)
+    assert t.address_refusal(_addr("93.184.215.14"), rules) is None
+    assert t.AddressRules.from_env(rules.to_env()) == rules
+
+
+@pytest.mark.parametrize("text", ["[]", '{"denied": [["not-a-cidr", "r"]]}', '{"denied": [["10.0.0.0/8"]]}',
+                                  '{"allowLoopback": "yes"}', "{"])
+def test_address_rules_from_a_bad_env_value_raise(text):
+    with pytest.raises(ValueError):
+        t.AddressRules.from_env(text)
+
+
+def test_check_all_hands_the_lap_the_rules_only_when_every_policy_is_readable():
+    strict = t.AgentRunPolicySpec.model_validate({"destinations": {"deniedCIDRs": ["10.20.99.0/24"]}})
+    got = t.check_all({}, {"strict": strict})
+    assert got.rules is not None and ("10.20.99.0/24", "AgentRunPolicy strict rule destinations.deniedCIDRs") in \
+        got.rules.denied
+    assert t.check_all({}, {"strict": strict, "gone": None}).rules is None

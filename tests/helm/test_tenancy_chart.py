@@ -80,11 +80,18 @@ def test_what_the_default_policy_allows():
                       ("https://127.0.0.1:8765/", "destinations.allowLoopback"),
                       ("https://169.254.169.254/", "destinations.alwaysDenied"),
                       ("https://kubernetes.default.svc/", "destinations.apiServerHosts"),
-                      ("https://payments.prod.svc.cluster.local/", "destinations.deniedHosts"),
-                      ("https://db.prod.svc/", "destinations.deniedHosts")):
+                      ("https://payments.prod.svc.cluster.local/", "destinations.allowedInternalHosts"),
+                      ("https://db.prod.svc/", "destinations.allowedInternalHosts"),
+                      ("https://vault/", "destinations.allowedInternalHosts"),
+                      ("https://prometheus-server:9090/", "destinations.allowedInternalHosts"),
+                      ("https://169.254.169.254.nip.io/", "destinations.hostForm"),
+                      ("https://db.corp.internal/", "destinations.allowedInternalHosts"),
+                      ("https://printer.local/", "destinations.allowedInternalHosts")):
         assert rules(tools=[{"name": "x", "http": {"url": url}}]) == [rule], url
     assert [v.rule for v in t.check({"checkpoint": {"endpoint": "https://s3.example.net"}}, p)] == [
         "checkpoint.allowedEndpoints"]
+    assert [v.rule for v in t.check({"checkpoint": {"endpoint": "http://169.254.169.254"}}, p)] == [
+        "destinations.alwaysDenied"]
     assert [v.rule for v in t.check({"budget": {"maxLaps": 1001}}, p)] == ["budget.maxLaps"]
 
 

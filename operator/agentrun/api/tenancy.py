@@ -41,6 +41,7 @@ Rules (each violation names the field, the value and the rule; docs/security.md)
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, TypeVar
@@ -68,14 +69,30 @@ NAMESPACE_LABEL: Final = "agentrun.dev/tenancy-policy"
 CONDITION_REASON: Final = "PolicyViolation"
 """Reason of the condition (and the Failed phase) of a run the operator stops for a violation."""
 
-ALWAYS_DENIED_CIDRS: Final = ("169.254.0.0/16", "fe80::/10", "0.0.0.0/8", "::/128")
-"""Link-local (cloud metadata at 169.254.169.254) and unspecified addresses: denied by every policy."""
-LOOPBACK_CIDRS: Final = ("127.0.0.0/8", "::1/128")
+ALWAYS_DENIED_CIDRS: Final = (
+    "169.254.0.0/16", "fe80::/10", "0.0.0.0/8", "::/128",
+    "fd00:ec2::254/128",  # AWS IMDS over IPv6
+    "100.100.100.200/32",  # Alibaba Cloud metadata
+    "64:ff9b::a9fe:0/112", "64:ff9b::/104", "64:ff9b::6464:64c8/128",  # their NAT64 forms (RFC 6052 prefix)
+    "::a9fe:0/112", "::6464:64c8/128",  # their IPv4-compatible forms (::169.254.x.y)
+    "64:ff9b:1::/48",  # local-use NAT64 (RFC 8215): where it embeds the IPv4 address is the network's choice
+)
+"""Cloud metadata (169.254.169.254, AWS's fd00:ec2::254, Alibaba's 100.100.100.200), link-local and
+unspecified addresses, and the NAT64 and IPv4-compatible IPv6 forms of the IPv4 ones: denied by every
+policy, for model and tool URLs and checkpoint endpoints. (IPv4-mapped forms, ``::ffff:a.b.c.d``, are
+no IP address for the API server's CEL: refused as ``hostForm``.) At connect time the lap also checks
+the IPv4 address embedded in any IPv6 address it resolves (:func:`embedded_ipv4`)."""
+LOOPBACK_CIDRS: Final = ("127.0.0.0/8", "::1/128", "64:ff9b::7f00:0/104", "::7f00:0/104")
 LOOPBACK_HOSTS: Final = ("localhost", "*.localhost")
 API_SERVER_HOSTS: Final = ("kubernetes", "kubernetes.default", "kubernetes.default.svc")
 API_SERVER_HOST_PREFIX: Final = "kubernetes.default."
 """Any host name under it (``kubernetes.default.svc.cluster.local``, other cluster domains) is the API server."""
 METADATA_HOSTS: Final = ("metadata", "metadata.google.internal", "instance-data", "*.metadata.google.internal")
+INTERNAL_DOMAINS: Final = ("svc", "cluster.local")
+"""Suffixes of cluster-internal names (``vault.vault.svc``, ``x.y.svc.cluster.local``), besides a policy's
+``destinations.internalDomains``: refused, like single-label names (``vault``, ``prometheus-server``:
+the resolver's search path makes them cluster Services), unless ``destinations.allowedInternalHosts``
+allows them."""
 DEFAULT_MAX_LAPS: Final = 100
 """spec.budget.maxLaps when the run does not set it (api/spec.py BudgetSpec)."""
 MAX_VALUE_CHARS: Final = 200
@@ -90,6 +107,8 @@ CIDR = Annotated[str, Field(min_length=2, max_length=64, json_schema_extra={
     "x-kubernetes-validations": [{"rule": "isCIDR(self)", "message": "must be a CIDR, e.g. 10.0.0.0/8 or fd00::/8"}],
 })]
 HostPattern = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^(\*|(\*\.)?[-_.a-z0-9]+)$")]
+DomainSuffix = Annotated[str, Field(min_length=1, max_length=253,
+                                    pattern=r"^[_a-z0-9]([-_.a-z0-9]*[_a-z0-9])?$")]
 NamePattern = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^(\*|[-.a-z0-9]+\*?)$")]
 EndpointOrigin = Annotated[str, Field(min_length=1, max_length=300,
                                       pattern=r"^(\*|https?://([-_.a-z0-9]+|\[[0-9a-f:.]+\]))$")]
@@ -148,6 +167,16 @@ class DestinationPolicy(APIModel):
         default=False,
         description="Allow loopback (127.0.0.0/8, ::1, localhost): only where the tools run in the lap "
         "pod itself or on a process node (local development). Default: false.")
+    internal_domains: list[DomainSuffix] = Field(
+        default_factory=list, max_length=_LIST,
+        description="Domains of cluster-internal names besides \"svc\" and \"cluster.local\" (e.g. "
+        "\"corp.internal\"): a host equal to one or under it is refused, like a single-label name "
+        "(\"vault\"), unless allowedInternalHosts allows it.")
+    allowed_internal_hosts: list[HostPattern] = Field(
+        default_factory=list, max_length=_LIST,
+        description="Single-label and cluster-internal host names (under .svc, .cluster.local or "
+        "internalDomains) that model and tool URLs and checkpoint endpoints may use: exact "
+        "(\"vault.vault.svc\"), a suffix (\"*.tools.svc\") or \"*\". Empty (default): none.")
 
 
 class CheckpointPolicy(APIModel):
@@ -162,6 +191,19 @@ class CheckpointPolicy(APIModel):
         description="spec.checkpoint.uri values allowed: the URI equals an entry or lies under it "
         "(\"s3://checkpoints/team-a\" allows \"s3://checkpoints/team-a/x\", not \"s3://checkpoints/team-ab\"). "
         "Empty (default): a run may not name a URI; the operator's is used.")
+
+
+class ApprovalPolicy(APIModel):
+    """Approvals a run must ask for, whatever its spec says."""
+
+    require_for_hosts: list[HostPattern] = Field(
+        default_factory=list, max_length=_LIST,
+        description="Host patterns (exact, \"*.suffix\" or \"*\") of tool URLs whose tools must set "
+        "requiresApproval: true. Empty (default): none.")
+    distinct_from_creator: bool = Field(
+        default=False,
+        description="When true, every AgentRun must set spec.approval.distinctFromCreator: true (four eyes: "
+        "its creator may not decide its approvals).")
 
 
 class BudgetPolicy(APIModel):
@@ -187,6 +229,7 @@ class AgentRunPolicySpec(APIModel):
                                             description="Allowed model and tool URLs.")
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy, description="Allowed checkpoint stores.")
     budget: BudgetPolicy = Field(default_factory=BudgetPolicy, description="Budget ceilings.")
+    approval: ApprovalPolicy = Field(default_factory=ApprovalPolicy, description="Approvals runs must ask for.")
 
 
 # --------------------------------------------------------------------------- the pure checker
@@ -348,10 +391,27 @@ def _secret_refs(spec: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def _check_url(field: str, value: str, d: DestinationPolicy) -> Violation | None:
-    """The first rule a model/tool URL breaks (the CEL checks them in this order), or None."""
+ALWAYS_DENIED_DETAIL: Final = "cloud metadata, link-local and unspecified addresses are always refused"
+INTERNAL_DETAIL: Final = ("a single-label or cluster-internal name (.svc, .cluster.local, internalDomains), "
+                          "refused unless allowedInternalHosts allows it")
+EMBEDDED_IP_RE: Final = r"(^|\.)([0-9]{1,3}\.){3}[0-9]{1,3}(\.|$)|(^|\.)[0-9]{1,3}(-[0-9]{1,3}){3}(\.|$)"
+"""A host name with an IPv4 address among its labels (``169.254.169.254.nip.io``, ``10-0-0-1.sslip.io``):
+wildcard DNS services resolve such a name to that address, so it is refused as ``hostForm``."""
+
+
+def is_internal(host: str, d: DestinationPolicy) -> bool:
+    """A single-label name (the resolver's search path makes it a cluster Service) or one under
+    :data:`INTERNAL_DOMAINS` or the policy's ``internalDomains``."""
+    return "." not in host or any(host == x or host.endswith("." + x) for x in (*INTERNAL_DOMAINS, *d.internal_domains))
+
+
+def _check_url(field: str, value: str, d: DestinationPolicy, endpoint: str | None = None) -> Violation | None:
+    """The first rule a model/tool URL breaks (the CEL checks them in this order), or None.
+    ``endpoint``: the URL is ``spec.checkpoint.endpoint`` ("listed": its origin is an exact entry of
+    checkpoint.allowedEndpoints, which allows an internal name; "any": it is not): the host rules
+    apply, not the schemes nor the allowed hosts and ranges (checkpoint.allowedEndpoints decides)."""
     scheme, host = split_url(value)
-    if scheme not in d.schemes:
+    if endpoint is None and scheme not in d.schemes:
         return Violation(field, value, "destinations.schemes",
                          f"has scheme \"{scheme}\", not one of [{', '.join(d.schemes)}]")
     ip = parse_ip(host)
@@ -360,9 +420,7 @@ def _check_url(field: str, value: str, d: DestinationPolicy) -> Violation | None
                          f"has host {quote(host)}, which is neither an IP address nor a host name")
     if ip is not None:
         if in_cidrs(ip, ALWAYS_DENIED_CIDRS):
-            return Violation(field, value, "destinations.alwaysDenied",
-                             f"has address {host}: link-local and unspecified addresses (cloud metadata) are "
-                             "always refused")
+            return Violation(field, value, "destinations.alwaysDenied", f"has address {host}: {ALWAYS_DENIED_DETAIL}")
         if not d.allow_loopback and in_cidrs(ip, LOOPBACK_CIDRS):
             return Violation(field, value, "destinations.allowLoopback",
                              f"has loopback address {host}, refused unless allowLoopback is true")
@@ -371,22 +429,30 @@ def _check_url(field: str, value: str, d: DestinationPolicy) -> Violation | None
                              f"has address {host} of the cluster's API server, always refused")
         if in_cidrs(ip, d.denied_cidrs):
             return Violation(field, value, "destinations.deniedCIDRs", f"has address {host} in a denied range")
-        if not in_cidrs(ip, d.allowed_cidrs):
+        if endpoint is None and not in_cidrs(ip, d.allowed_cidrs):
             return Violation(field, value, "destinations.allowedCIDRs",
                              f"has address {host}, not in an allowed range")
         return None
+    if re.search(EMBEDDED_IP_RE, host):
+        return Violation(field, value, "destinations.hostForm",
+                         f"has host {quote(host)}, which embeds an IP address (wildcard DNS such as nip.io "
+                         "resolves it to that address)")
     if any(host_matches(host, p) for p in API_SERVER_HOSTS) or host.startswith(API_SERVER_HOST_PREFIX):
         return Violation(field, value, "destinations.apiServerHosts",
                          f"has host {quote(host)}, a name of the cluster's API server, always refused")
     if any(host_matches(host, p) for p in METADATA_HOSTS):
         return Violation(field, value, "destinations.metadataHosts",
                          f"has host {quote(host)}, a cloud metadata service, always refused")
-    if not d.allow_loopback and any(host_matches(host, p) for p in LOOPBACK_HOSTS):
+    loopback = any(host_matches(host, p) for p in LOOPBACK_HOSTS)
+    if not d.allow_loopback and loopback:
         return Violation(field, value, "destinations.allowLoopback",
                          f"has loopback host {quote(host)}, refused unless allowLoopback is true")
+    if not loopback and endpoint != "listed" and is_internal(host, d) \
+            and not any(host_matches(host, p) for p in d.allowed_internal_hosts):
+        return Violation(field, value, "destinations.allowedInternalHosts", f"has host {quote(host)}, {INTERNAL_DETAIL}")
     if any(host_matches(host, p) for p in d.denied_hosts):
         return Violation(field, value, "destinations.deniedHosts", f"has host {quote(host)}, which is denied")
-    if not any(host_matches(host, p) for p in d.allowed_hosts):
+    if endpoint is None and not any(host_matches(host, p) for p in d.allowed_hosts):
         return Violation(field, value, "destinations.allowedHosts", f"has host {quote(host)}, which is not allowed")
     return None
 
@@ -424,7 +490,11 @@ def check(spec: dict[str, Any], policy: AgentRunPolicySpec) -> list[Violation]:
     cp = policy.checkpoint
     if ck.get("endpoint") is not None:
         origin = endpoint_origin(ck["endpoint"])
-        if not any(e == "*" or e == origin for e in cp.allowed_endpoints):
+        listed = "listed" if origin in cp.allowed_endpoints else "any"
+        hv = _check_url("spec.checkpoint.endpoint", ck["endpoint"], policy.destinations, endpoint=listed)
+        if hv is not None:
+            out.append(hv)
+        elif not any(e == "*" or e == origin for e in cp.allowed_endpoints):
             out.append(Violation("spec.checkpoint.endpoint", ck["endpoint"], "checkpoint.allowedEndpoints",
                                  f"is at {quote(origin)}, not an allowed checkpoint endpoint (the operator "
                                  "connects to it)"))
@@ -445,6 +515,16 @@ def check(spec: dict[str, Any], policy: AgentRunPolicySpec) -> list[Violation]:
         elif float(cost) > float(bp.max_cost_usd):
             out.append(Violation("spec.budget.maxCostUSD", cost, "budget.maxCostUSD",
                                  f"is above the ceiling {bp.max_cost_usd} USD"))
+    ap = policy.approval
+    for tool in agent.get("tools") or []:
+        host = split_url((tool.get("http") or {}).get("url", ""))[1]
+        if not tool.get("requiresApproval", False) and any(host_matches(host, p) for p in ap.require_for_hosts):
+            out.append(Violation(f"spec.agent.tools[{tool.get('name', '')}].requiresApproval", "false",
+                                 "approval.requireForHosts",
+                                 f"must be true: calls to host {quote(host)} need approval"))
+    if ap.distinct_from_creator and not (spec.get("approval") or {}).get("distinctFromCreator", False):
+        out.append(Violation("spec.approval.distinctFromCreator", "false", "approval.distinctFromCreator",
+                             "must be true: the policy requires that a run's creator not decide its approvals"))
     return out
 
 
@@ -552,11 +632,107 @@ def resolve_refs(refs: list[ParamRef], policies: dict[str, tuple[dict[str, str],
     return out
 
 
+# --------------------------------------------------------------------------- at connect time
+
+IPAddr = ipaddress.IPv4Address | ipaddress.IPv6Address
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_COMPAT = ipaddress.ip_network("::/96")
+
+
+def embedded_ipv4(a: IPAddr) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address stands for on the way out: IPv4-mapped (``::ffff:a.b.c.d``),
+    NAT64 with the well-known prefix (``64:ff9b::a.b.c.d``), IPv4-compatible (``::a.b.c.d``, not ``::``
+    or ``::1``) and 6to4 (``2002:AABB:CCDD::``); None for any other address."""
+    if isinstance(a, ipaddress.IPv4Address):
+        return None
+    if a.ipv4_mapped is not None:
+        return a.ipv4_mapped
+    if a in _NAT64 or (a in _COMPAT and int(a) > 1):
+        return ipaddress.IPv4Address(int(a) & 0xFFFFFFFF)
+    return a.sixtofour
+
+
+@dataclass(frozen=True)
+class AddressRules:
+    """What the lap checks the address of every connection against, whatever name it resolved from
+    (docs/security.md "At connect time"): the always-denied ranges, loopback unless every policy that
+    applies allows it, and each policy's ``apiServerCIDRs`` and ``deniedCIDRs``. The operator makes it
+    from the policies it resolved for the run (:func:`check_all`) and hands it to the lap Job as
+    :data:`~agentrun.api.contract.Env.ADDRESS_RULES` (:meth:`to_env`). Allowed ranges and host
+    names are not in it: they judge what a URL names, at admission; an address a name resolves to is
+    judged by what is denied. ``loopback_rule`` names the policy that refuses loopback."""
+
+    denied: tuple[tuple[str, str], ...] = ()
+    """(CIDR, "AgentRunPolicy NAME rule destinations.deniedCIDRs") pairs."""
+    allow_loopback: bool = True
+    loopback_rule: str = ""
+
+    def to_env(self) -> str:
+        return json.dumps({"denied": [list(d) for d in self.denied], "allowLoopback": self.allow_loopback,
+                           "loopbackRule": self.loopback_rule}, separators=(",", ":"))
+
+    @classmethod
+    def from_env(cls, text: str) -> AddressRules:
+        """The rules from :meth:`to_env`'s text; ValueError naming what is wrong."""
+        doc = json.loads(text)
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+        denied = doc.get("denied", [])
+        if not isinstance(denied, list) or not all(
+                isinstance(d, list) and len(d) == 2 and all(isinstance(x, str) for x in d) for d in denied):
+            raise ValueError("denied must be a list of [CIDR, rule] pairs")
+        for cidr, _ in denied:
+            ipaddress.ip_network(cidr, strict=False)
+        allow, rule = doc.get("allowLoopback", True), doc.get("loopbackRule", "")
+        if not isinstance(allow, bool) or not isinstance(rule, str):
+            raise ValueError("allowLoopback must be a boolean and loopbackRule a string")
+        return cls(tuple((c, r) for c, r in denied), allow, rule)
+
+    @classmethod
+    def of(cls, policies: dict[str, AgentRunPolicySpec]) -> AddressRules:
+        """The rules of every policy that applies to a run (each one's denials hold)."""
+        denied: list[tuple[str, str]] = []
+        loopback_rule = ""
+        for name in sorted(policies):
+            d = policies[name].destinations
+            denied += [(c, f"AgentRunPolicy {name} rule destinations.apiServerCIDRs") for c in d.api_server_cidrs]
+            denied += [(c, f"AgentRunPolicy {name} rule destinations.deniedCIDRs") for c in d.denied_cidrs]
+            if not d.allow_loopback and not loopback_rule:
+                loopback_rule = f"AgentRunPolicy {name} rule destinations.allowLoopback"
+        return cls(tuple(denied), not loopback_rule, loopback_rule)
+
+
+class AddressRefusal(Exception):  # noqa: N818 - a refusal, raised by the lap's connection guards
+    """A connection the address rules refused before it was opened (nothing was sent): raised by
+    the lap's guards (``lap/netguard.py``), recognised by the checkpoint store's error translation."""
+
+
+def address_refusal(a: IPAddr, rules: AddressRules) -> str | None:
+    """Why the lap may not connect to address ``a`` (also judged as the IPv4 address it embeds,
+    :func:`embedded_ipv4`), or None."""
+    v4 = embedded_ipv4(a)
+    for x in (a,) if v4 is None else (a, v4):
+        via = "" if x is a else f" (the IPv4 address {x})"
+        for c in ALWAYS_DENIED_CIDRS:
+            if x in ipaddress.ip_network(c):
+                return (f"address {a}{via} is in {c}: {ALWAYS_DENIED_DETAIL} "
+                        "(AgentRunPolicy rule destinations.alwaysDenied)")
+        if not rules.allow_loopback and in_cidrs(x, LOOPBACK_CIDRS):
+            return f"address {a}{via} is loopback, refused unless allowLoopback is true ({rules.loopback_rule})"
+        for c, rule in rules.denied:
+            if x in ipaddress.ip_network(c, strict=False):
+                return f"address {a}{via} is in the denied range {c} ({rule})"
+    return None
+
+
 @dataclass(frozen=True)
 class PolicyCheck:
-    """What the operator's re-check found for one run: the violations, per policy name."""
+    """What the operator's re-check found for one run: the violations, per policy name; and the
+    :class:`AddressRules` of those policies, for the lap (None when a policy is missing or unreadable:
+    the run is refused then)."""
 
     violations: tuple[tuple[str, tuple[Violation, ...]], ...]
+    rules: AddressRules | None = None
 
     @property
     def ok(self) -> bool:
@@ -595,5 +771,6 @@ def check_all(spec: dict[str, Any],
                                          f"operator: {p.error[:MAX_REFUSAL_CHARS]}"),)))
         else:
             out.append((name, tuple(check(spec, p))))
-    return PolicyCheck(tuple(out))
+    readable = {n: p for n, p in policies.items() if isinstance(p, AgentRunPolicySpec)}
+    return PolicyCheck(tuple(out), AddressRules.of(readable) if len(readable) == len(policies) else None)
 

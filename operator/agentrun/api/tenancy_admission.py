@@ -68,56 +68,69 @@ def _in_cidrs(h: str, cidrs: str) -> str:
 
 
 def _url_message() -> str:
-    """CEL over ``d`` ({f, v, s, h}): the first rule the URL breaks as a message, '' when it passes."""
+    """CEL over ``d`` ({f, v, s, h, k}): the first rule the URL breaks as a message, '' when it passes.
+    ``k``: "url" (a model or tool URL), or for spec.checkpoint.endpoint "listed" (its origin is an
+    exact entry of allowedEndpoints) or "any": like :func:`agentrun.api.tenancy._check_url`."""
     v = "variables"
     f, val, s, h = "d.f", "d.v", "d.s", "d.h"
+    url, listed = "d.k == 'url'", "d.k == 'listed'"
 
     def m(detail: str, rule: str) -> str:
         return _msg(f, val, detail, rule)
 
     ip_branch = (
         f"{_in_cidrs(h, _list(t.ALWAYS_DENIED_CIDRS))} ? "
-        + m(f"'has address ' + {h} + ': link-local and unspecified addresses (cloud metadata) are always refused'",
-            "destinations.alwaysDenied")
+        + m(f"'has address ' + {h} + {_lit(': ' + t.ALWAYS_DENIED_DETAIL)}", "destinations.alwaysDenied")
         + f" : (!{v}.allowLoopback && {_in_cidrs(h, _list(t.LOOPBACK_CIDRS))}) ? "
         + m(f"'has loopback address ' + {h} + ', refused unless allowLoopback is true'", "destinations.allowLoopback")
         + f" : {_in_cidrs(h, v + '.apiServerCIDRs')} ? "
         + m(f"'has address ' + {h} + ' of the cluster\\'s API server, always refused'", "destinations.apiServerCIDRs")
         + f" : {_in_cidrs(h, v + '.deniedCIDRs')} ? "
         + m(f"'has address ' + {h} + ' in a denied range'", "destinations.deniedCIDRs")
-        + f" : !{_in_cidrs(h, v + '.allowedCIDRs')} ? "
+        + f" : ({url} && !{_in_cidrs(h, v + '.allowedCIDRs')}) ? "
         + m(f"'has address ' + {h} + ', not in an allowed range'", "destinations.allowedCIDRs")
         + " : ''"
     )
     qh = _q(h)
+    loopback = _host_match(h, _list(t.LOOPBACK_HOSTS))
+    internal = (f"(!{h}.contains('.') || {_list(t.INTERNAL_DOMAINS)}.exists(x, {h} == x || {h}.endsWith('.' + x)) "
+                f"|| {v}.internalDomains.exists(x, {h} == x || {h}.endsWith('.' + x)))")
     name_branch = (
         f"(!{h}.matches({_lit(t.HOST_RE)}) || {h}.matches({_lit(t.NUMERIC_HOST_RE)})) ? "
         + m(f"'has host ' + {qh} + ', which is neither an IP address nor a host name'", "destinations.hostForm")
+        + f" : {h}.matches({_lit(t.EMBEDDED_IP_RE)}) ? "
+        + m(f"'has host ' + {qh} + ', which embeds an IP address (wildcard DNS such as nip.io resolves it to that "
+            "address)'", "destinations.hostForm")
         + f" : ({_host_match(h, _list(t.API_SERVER_HOSTS))} || {h}.startsWith({_lit(t.API_SERVER_HOST_PREFIX)})) ? "
         + m(f"'has host ' + {qh} + ', a name of the cluster\\'s API server, always refused'",
             "destinations.apiServerHosts")
         + f" : {_host_match(h, _list(t.METADATA_HOSTS))} ? "
         + m(f"'has host ' + {qh} + ', a cloud metadata service, always refused'", "destinations.metadataHosts")
-        + f" : (!{v}.allowLoopback && {_host_match(h, _list(t.LOOPBACK_HOSTS))}) ? "
+        + f" : (!{v}.allowLoopback && {loopback}) ? "
         + m(f"'has loopback host ' + {qh} + ', refused unless allowLoopback is true'", "destinations.allowLoopback")
+        + f" : (!{loopback} && !({listed}) && {internal} && !{_host_match(h, v + '.allowedInternalHosts')}) ? "
+        + m(f"'has host ' + {qh} + {_lit(', ' + t.INTERNAL_DETAIL)}", "destinations.allowedInternalHosts")
         + f" : {_host_match(h, v + '.deniedHosts')} ? "
         + m(f"'has host ' + {qh} + ', which is denied'", "destinations.deniedHosts")
-        + f" : !{_host_match(h, v + '.allowedHosts')} ? "
+        + f" : ({url} && !{_host_match(h, v + '.allowedHosts')}) ? "
         + m(f"'has host ' + {qh} + ', which is not allowed'", "destinations.allowedHosts")
         + " : ''"
     )
     scheme_msg = m(f"'has scheme \"' + {s} + '\", not one of [' + {v}.schemes.join(', ') + ']'",
                    "destinations.schemes")
-    return f"!({s} in {v}.schemes) ? {scheme_msg} : isIP({h}) ? ({ip_branch}) : ({name_branch})"
+    return f"({url} && !({s} in {v}.schemes)) ? {scheme_msg} : isIP({h}) ? ({ip_branch}) : ({name_branch})"
+
+
+TOOL_HOST: Final = "(isURL(x.http.url) ? url(x.http.url).getHostname().lowerAscii() : '')"
 
 
 def variables() -> list[dict[str, str]]:
-    Img, S, D, C = t.ImagePolicy, t.SecretPolicy, t.DestinationPolicy, t.CheckpointPolicy  # noqa: N806
+    Img, S, D, C, A = t.ImagePolicy, t.SecretPolicy, t.DestinationPolicy, t.CheckpointPolicy, t.ApprovalPolicy  # noqa: N806
     spec = "object.spec"
     tools = f"{spec}.agent.?tools.orValue([])"
     url_info = ("{'f': string(u.f), 'v': string(u.v), 's': isURL(u.v) ? url(u.v).getScheme().lowerAscii() : "
                 "(u.v.startsWith('https://') ? 'https' : u.v.startsWith('http://') ? 'http' : ''), "
-                "'h': isURL(u.v) ? url(u.v).getHostname().lowerAscii() : ''}")
+                "'h': isURL(u.v) ? url(u.v).getHostname().lowerAscii() : '', 'k': 'url'}")
     ep = f"{spec}.checkpoint.endpoint"
     ep_host = f"url({ep}).getHostname().lowerAscii()"
     origin = (f"(isURL({ep}) ? url({ep}).getScheme().lowerAscii() + '://' + ({ep_host}.contains(':') ? "
@@ -133,6 +146,10 @@ def variables() -> list[dict[str, str]]:
         {"name": "deniedCIDRs", "expression": _param("destinations", D, "denied_cidrs")},
         {"name": "apiServerCIDRs", "expression": _param("destinations", D, "api_server_cidrs")},
         {"name": "allowLoopback", "expression": _param("destinations", D, "allow_loopback")},
+        {"name": "internalDomains", "expression": _param("destinations", D, "internal_domains")},
+        {"name": "allowedInternalHosts", "expression": _param("destinations", D, "allowed_internal_hosts")},
+        {"name": "approvalHosts", "expression": _param("approval", A, "require_for_hosts")},
+        {"name": "distinctFromCreator", "expression": _param("approval", A, "distinct_from_creator")},
         {"name": "endpoints", "expression": _param("checkpoint", C, "allowed_endpoints")},
         {"name": "uriPrefixes", "expression": _param("checkpoint", C, "allowed_uri_prefixes")},
         {"name": "maxLaps", "expression": "params.?spec.?budget.?maxLaps.orValue(0)"},
@@ -160,8 +177,15 @@ def variables() -> list[dict[str, str]]:
             "string(x.name) + '].http.url', 'v': string(x.http.url)})"},
         {"name": "dests", "expression": f"variables.urls.map(u, {url_info})"},
         {"name": "urlViolations", "expression": f"variables.dests.map(d, {_url_message()}).filter(m, m != '')"},
+        {"name": "endpointDests", "expression":
+            f"!has({spec}.checkpoint) || !has({ep}) ? [] : [{{'f': 'spec.checkpoint.endpoint', 'v': string({ep}), "
+            f"'s': '', 'h': isURL({ep}) ? {ep_host} : '', 'k': variables.endpoints.exists(e, e == {origin}) ? "
+            "'listed' : 'any'}]"},
+        {"name": "endpointViolations", "expression":
+            f"variables.endpointDests.map(d, {_url_message()}).filter(m, m != '')"},
         {"name": "checkpointViolations", "expression":
-            f"(!has({spec}.checkpoint) || !has({ep}) || variables.endpoints.exists(e, e == '*' || e == {origin}) "
+            f"(size(variables.endpointViolations) > 0 ? variables.endpointViolations : "
+            f"!has({spec}.checkpoint) || !has({ep}) || variables.endpoints.exists(e, e == '*' || e == {origin}) "
             "? [] : ["
             + _msg("'spec.checkpoint.endpoint'", ep,
                    f"'is at ' + {_q(origin)} + ', not an allowed checkpoint endpoint (the operator connects to it)'",
@@ -182,9 +206,19 @@ def variables() -> list[dict[str, str]]:
             + f"] : double({spec}.budget.maxCostUSD) > double(variables.maxCost) ? ["
             + _msg("'spec.budget.maxCostUSD'", f"{spec}.budget.maxCostUSD",
                    "'is above the ceiling ' + variables.maxCost + ' USD'", "budget.maxCostUSD") + "] : [])"},
+        {"name": "approvalViolations", "expression":
+            f"{tools}.filter(x, !x.?requiresApproval.orValue(false) && "
+            + _host_match(TOOL_HOST, "variables.approvalHosts") + ").map(x, "
+            + _msg("'spec.agent.tools[' + string(x.name) + '].requiresApproval'", "'false'",
+                   "'must be true: calls to host ' + " + _q(TOOL_HOST) + " + ' need approval'",
+                   "approval.requireForHosts") + ") + "
+            f"(variables.distinctFromCreator && !{spec}.?approval.?distinctFromCreator.orValue(false) ? ["
+            + _msg("'spec.approval.distinctFromCreator'", "'false'",
+                   "'must be true: the policy requires that a run\\'s creator not decide its approvals'",
+                   "approval.distinctFromCreator") + "] : [])"},
         {"name": "violations", "expression":
             "variables.imageViolations + variables.secretViolations + variables.urlViolations + "
-            "variables.checkpointViolations + variables.budgetViolations"},
+            "variables.checkpointViolations + variables.budgetViolations + variables.approvalViolations"},
         {"name": "text", "expression": "variables.violations.join('; ')"},
     ]
 

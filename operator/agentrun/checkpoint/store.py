@@ -36,6 +36,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from agentrun.api import contract
 from agentrun.api.contract import Env
+from agentrun.api.tenancy import AddressRefusal
 from agentrun.api.types import redact_url
 from agentrun.checkpoint import s3get
 from agentrun.checkpoint.codec import (
@@ -392,6 +393,9 @@ class CheckpointStore:
                 f"S3 {op} {key}: no usable credentials found by the standard AWS credential chain", key
             ) from None
         except BotoCoreError as e:
+            refused = getattr(e, "kwargs", {}).get("error")
+            if isinstance(refused, AddressRefusal):  # the lap's connect-time check: nothing was sent
+                raise StoreConfigError(f"S3 {op} {key}: {refused}", key) from None
             where = redact_url(self.config.endpoint_url or "AWS S3")
             raise StoreUnavailable(
                 f"S3 {op} {key}: cannot reach the store at {where} ({type(e).__name__})", key

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from agentrun.api.contract import TERMINATION_MESSAGE_PATH, Env, tool_headers_env
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import StoreLocation
+from agentrun.api.tenancy import AddressRules
 from agentrun.api.types import parse_duration, redact_url
 
 from .config import OperatorConfig
@@ -162,10 +163,13 @@ def build_env(
     store: StoreLocation | None = None,
     spec_text: str | None = None,
     image: str | None = None,
+    address_rules: AddressRules | None = None,
 ) -> list[dict[str, Any]]:
     """The lap container's environment, per docs/contracts.md. ``store``: the run's pinned store
     (status.store); without it, the store a new run would resolve to. ``spec_text``:
-    :func:`spec_json` of ``spec``, when the caller has it already."""
+    :func:`spec_json` of ``spec``, when the caller has it already. ``address_rules``: those of the
+    AgentRunPolicies that apply to the run (the tenancy re-check's), for the lap's connect-time
+    check; None when none is known (the lap applies the always-denied ranges)."""
     ck = spec.checkpoint
     store = store or resolve_store(spec, config)
     uri = store.uri
@@ -210,6 +214,8 @@ def build_env(
             env.append(_value_env(Env.APPROVAL_ARGUMENTS_SHA256, approval.arguments_sha256))
         if approval.target_sha256:
             env.append(_value_env(Env.APPROVAL_TARGET_SHA256, approval.target_sha256))
+    if address_rules is not None:
+        env.append(_value_env(Env.ADDRESS_RULES, address_rules.to_env()))
     return env
 
 
@@ -229,8 +235,9 @@ def build_job(
     image: str | None = None,
     store: StoreLocation | None = None,
     spec_text: str | None = None,
+    address_rules: AddressRules | None = None,
 ) -> dict[str, Any]:
-    """The batch/v1 Job of one lap attempt (``spec_text``: as :func:`build_env`)."""
+    """The batch/v1 Job of one lap attempt (``spec_text``, ``address_rules``: as :func:`build_env`)."""
     name = job_name(run.name, run.uid, lap, attempt)
     labels = {
         LABEL_RUN: label_value(run.name),
@@ -254,7 +261,8 @@ def build_job(
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "command": list(config.lap_command),
-        "env": build_env(run, spec, lap, attempt, agent_version, config, approval, store, spec_text, image),
+        "env": build_env(run, spec, lap, attempt, agent_version, config, approval, store, spec_text, image,
+                         address_rules),
         "resources": resources,
         # the runner writes a failure's cause there; the log tail when it could not (a crash)
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,

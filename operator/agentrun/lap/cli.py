@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
+from urllib.parse import urlsplit
 
 from agentrun.api.contract import (
     FAILURE_LOG_ERROR_FIELD,
@@ -27,6 +28,7 @@ from agentrun.lap.config import log_format, parse_env, parse_identity
 from agentrun.lap.errors import LapError
 from agentrun.lap.logs import LapLogger, redact
 from agentrun.lap.models import API_KEY_ENV
+from agentrun.lap.netguard import guard_store_connections, rules_from_env
 from agentrun.lap.runner import EXIT_PERMANENT, execute_lap, exit_for, report_failure
 
 CRASH_ENV = Env.TEST_CRASH_AT
@@ -85,6 +87,8 @@ def _run(env: Mapping[str, str]) -> tuple[int, str]:
     try:
         cfg = parse_env(env)
         ck = cfg.spec.checkpoint
+        if ck.endpoint:  # the run's own store: its connections under the run's rules (lap/netguard.py)
+            guard_store_connections(urlsplit(ck.endpoint).hostname or "", rules_from_env(env))
         store = CheckpointStore(StoreConfig.from_env(
             env, snapshot_every=ck.snapshot_every, max_lap_bytes=ck.max_lap_bytes, max_run_bytes=ck.max_run_bytes))
     except (LapError, CheckpointError) as e:

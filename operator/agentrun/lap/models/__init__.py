@@ -21,5 +21,6 @@ def make_model(spec: AgentRunSpec, env: Mapping[str, str]) -> Model:
 
         return ScriptedModel.from_spec(model, env.get(SCRIPT_FILE_ENV) or None)
     from agentrun.lap.models.openai import OpenAIModel
+    from agentrun.lap.netguard import rules_from_env
 
-    return OpenAIModel.from_spec(model, env.get(API_KEY_ENV) or None)
+    return OpenAIModel.from_spec(model, env.get(API_KEY_ENV) or None, rules_from_env(env))

@@ -30,12 +30,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from agentrun.api.spec import ModelSpec, ToolSpec
+from agentrun.api.tenancy import AddressRules
 from agentrun.api.types import parse_duration, redact_url
 from agentrun.checkpoint.schema import Message, Usage
 from agentrun.lap.errors import ConfigError, PermanentLapError, RetryableLapError
 from agentrun.lap.httpx_lite import httpx
 from agentrun.lap.interfaces import ModelCall, ModelRequest, ModelResponse
 from agentrun.lap.keys import normalize_call_ids
+from agentrun.lap.netguard import AddressRefused, guarded_client
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
 ERROR_BODY_CHARS = 300
@@ -134,16 +136,18 @@ def parse_response(body: Any, endpoint: str = "the model endpoint") -> ModelResp
         ) from None
 
 
-def http_client_for(url: str) -> httpx.Client:
+def http_client_for(url: str, rules: AddressRules | None = None) -> httpx.Client:
     """The HTTP client of the model endpoint ``url``. ``httpx.Client()`` loads the CA bundle into a
     TLS context (~20 ms of CPU at every lap start) even when it will never speak TLS. For an
     ``http://`` endpoint with no proxy in the environment it never does (one fixed URL, redirects
     not followed), so that client gets a TLS context with no CA at all, which would refuse every
     certificate (it still requires one and checks the host name): nothing is trusted that was
-    trusted before. Any other endpoint, or any proxy variable set, gets ``httpx.Client()``."""
+    trusted before. Any other endpoint, or any proxy variable set, gets ``httpx.Client()``. Either
+    checks the address of every connection against ``rules`` (``lap/netguard.py``)."""
+    rules = rules or AddressRules()
     if urlsplit(url).scheme == "http" and not urllib.request.getproxies():
-        return httpx.Client(verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
-    return httpx.Client()
+        return guarded_client(rules, verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
+    return guarded_client(rules)
 
 
 class OpenAIModel:
@@ -151,7 +155,7 @@ class OpenAIModel:
 
     def __init__(
         self, spec: ModelSpec, api_key: str | None, client: httpx.Client | None = None,
-        max_response_bytes: int = MAX_RESPONSE_BYTES,
+        max_response_bytes: int = MAX_RESPONSE_BYTES, rules: AddressRules | None = None,
     ) -> None:
         if not spec.base_url:
             raise ConfigError("spec.agent.model.baseURL is required for provider openai")
@@ -161,11 +165,11 @@ class OpenAIModel:
         self._max_bytes = max_response_bytes
         self._api_key = api_key
         self._timeout = parse_duration(spec.request_timeout)
-        self._client = client or http_client_for(self._url)
+        self._client = client or http_client_for(self._url, rules)
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, api_key: str | None) -> OpenAIModel:
-        return cls(spec, api_key)
+    def from_spec(cls, spec: ModelSpec, api_key: str | None, rules: AddressRules | None = None) -> OpenAIModel:
+        return cls(spec, api_key, rules=rules)
 
     def payload(self, request: ModelRequest) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self._spec.name, "messages": [wire_message(m) for m in request.messages]}
@@ -221,6 +225,8 @@ class OpenAIModel:
             ) as r:
                 status, content_type = r.status_code, r.headers.get("Content-Type", "")
                 data = self._read(r, deadline)
+        except AddressRefused as e:
+            raise AddressRefused(f"model endpoint {ep}: {e}") from None
         except httpx.TimeoutException:
             raise RetryableLapError(
                 f"model call to {ep} timed out after {self._spec.request_timeout} (spec.agent.model.requestTimeout)"

@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from agentrun.api.contract import TOOL_HEADERS_PREFIX, tool_headers_env
 from agentrun.api.spec import ToolSpec
+from agentrun.api.tenancy import AddressRules
 from agentrun.api.types import parse_duration
 from agentrun.lap.errors import ConfigError, RetryableLapError
 from agentrun.lap.interfaces import ToolOutcome
+from agentrun.lap.netguard import AddressRefused, guarded_client, rules_from_env
 
 if TYPE_CHECKING:
     import httpx
@@ -94,7 +96,10 @@ class HTTPToolRunner:
     """Runs ``http`` tools with httpx; retries transient failures with the same key.
 
     httpx is imported and the client (its TLS context) created on the first call, not at
-    construction: a lap whose response asks for no tool call never pays for them."""
+    construction: a lap whose response asks for no tool call never pays for them. The client
+    checks the address of every connection against ``rules`` (``lap/netguard.py``): a refused
+    address fails the lap permanently, naming the tool, the host, the address and the rule, with
+    no request sent."""
 
     def __init__(
         self,
@@ -104,8 +109,10 @@ class HTTPToolRunner:
         backoff_seconds: float = 0.5,
         client: httpx.Client | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        rules: AddressRules | None = None,
     ) -> None:
         self._headers = headers or {}
+        self._rules = rules or AddressRules()
         self._tries = max(1, tries)
         self._backoff = backoff_seconds
         self._client = client
@@ -117,9 +124,7 @@ class HTTPToolRunner:
 
     def _http(self) -> httpx.Client:
         if self._client is None:
-            from agentrun.lap.httpx_lite import httpx
-
-            self._client = httpx.Client(follow_redirects=False)
+            self._client = guarded_client(self._rules, follow_redirects=False)
         return self._client
 
     def call(self, tool: ToolSpec, arguments: dict[str, Any], idempotency_key: str) -> ToolOutcome:
@@ -131,6 +136,8 @@ class HTTPToolRunner:
                 self._sleep(self._backoff * 2 ** (attempt - 2))
             try:
                 status_code, body, truncated, total = self._send(tool, arguments, idempotency_key)
+            except AddressRefused as e:
+                raise AddressRefused(f"tool '{tool.name}': {e}") from None
             except httpx.TimeoutException:
                 last = f"timed out after {tool.http.timeout}"
                 continue
@@ -167,4 +174,4 @@ class HTTPToolRunner:
 
     @classmethod
     def from_env(cls, tools: list[ToolSpec], env: Mapping[str, str] = os.environ) -> HTTPToolRunner:
-        return cls(tool_headers_from_env(tools, env))
+        return cls(tool_headers_from_env(tools, env), rules=rules_from_env(env))
