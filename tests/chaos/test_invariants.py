@@ -145,6 +145,8 @@ def test_a_correct_record_passes():
     ev = good()
     assert ev.tool["totals"] == {"requests": 5, "executions": 4, "replays": 1, "conflicts": 0, "badRequests": 0}
     assert inv.check_all(ev) == []
+    ev.replicas = 2  # its op-1 -> op-2 takeover (rv 30) is bounded by ticks: the leadership check is not vacuous
+    assert inv.check_all(ev) == []
 
 
 def _tool_key(ev: inv.Evidence, key: str, **changes: int) -> None:
@@ -220,6 +222,13 @@ BROKEN = {
     "no Pending ever observed (a vacuous approval check)": (
         lambda ev: ev.status_writes.pop(0), "approval check vacuous"),
     "a Lease taken from a holder that renewed a second before": (lambda ev: _quick_take(ev), "less than the 3s lease"),
+    "two replicas but no takeover observed (a vacuous leadership check)": (
+        lambda ev: (setattr(ev, "replicas", 2), ev.lease_writes.__setitem__(slice(None), [
+            inv.LeaseWrite(rv=5, holder="op-1"), inv.LeaseWrite(rv=16, holder="op-1")])),
+        "leadership check vacuous"),
+    "two replicas, a takeover but no tick after it": (
+        lambda ev: (setattr(ev, "replicas", 2), ev.ticks.__setitem__(slice(None), [t for t in ev.ticks if t.rv < 30])),
+        "leadership check vacuous"),
 }
 
 
