@@ -97,8 +97,12 @@ SECTIONS: dict[str, tuple[str, bool, list[str], list[str]]] = {
                          ["bench_operator_overhead.py", "--laps", "500"], ["bench_operator_overhead.py", "--laps", "50"]),
     "checkpoint_store": ("checkpoint store alone", False,
                          ["bench_checkpoints.py", "--laps", "500"], ["bench_checkpoints.py", "--laps", "50"]),
+    "test_stress": ("`make test` beside a CPU hog (make test-stress; its log in bench/stress/)", True,
+                    ["bench_test_stress.py"], ["bench_test_stress.py", "--make-args", "PYTEST_ARGS=tests/bench"]),
 }
 TEXT_ONLY = {"checkpoint_store"}  # prints its own table; no JSON figures
+#: Sections measured only when --only names them (a whole `make test`, 30+ min: not part of make bench).
+OPT_IN = {"test_stress"}
 
 #: section -> why it may be committed with a non-zero exit. Every reason must be repeated, word for
 #: word, in README's "Limitations" (tests/bench/test_figures.py). Any other failed section is
@@ -353,9 +357,11 @@ def render(res: dict[str, Any], analysis: str | None = None) -> str:
         by_run.setdefault(sec["run"], []).append(name)
     for run_id, run in sorted((res.get("runs") or {}).items()):
         md.append(_run_line(run_id, run, by_run.get(run_id, [])))
-    missing = [n for n in SECTIONS if n not in (res.get("sections") or {})]
+    missing = [n for n in SECTIONS if n not in (res.get("sections") or {}) and n not in OPT_IN]
     if missing:
         md.append(f"\nNot in results.json, so not below: {', '.join(missing)} (`make bench` measures them).")
+    if "test_stress" not in (res.get("sections") or {}):
+        md.append("\nNot in results.json: test_stress (`make test-stress` measures it: `make test` beside a CPU hog).")
     md.append("")
     cl = _data(res, "operator_cluster") or {}
     ov, sc = cl.get("overhead"), cl.get("scale")
@@ -745,13 +751,13 @@ def main() -> None:
         write_outputs(old, out, Path(args.analysis))
         print(f"rendered {out} from {results}")
         return
-    names = [n for n in SECTIONS if not (args.skip_cluster and SECTIONS[n][1])]
+    names = [n for n in SECTIONS if not (args.skip_cluster and SECTIONS[n][1]) and n not in OPT_IN]
     if args.only:
         wanted = [n.strip() for n in args.only.split(",") if n.strip()]
         unknown = [n for n in wanted if n not in SECTIONS]
         if unknown:
             sys.exit(f"unknown section(s) {unknown}: one of {', '.join(SECTIONS)}")
-        names = [n for n in names if n in wanted]
+        names = [n for n in SECTIONS if n in wanted and not (args.skip_cluster and SECTIONS[n][1])]
     run = run_record(sys.argv[1:])
     run_id = run["started"]
     tmp = Path(tempfile.mkdtemp(prefix="agentrun-bench-"))
