@@ -5,9 +5,16 @@ Prints bytes written per lap (at laps 5, 50, 500; lap objects alone and with sna
 amortized), time per put_lap, objects read and wall time of load_state at the end, and checks:
 
 * lap 500's bytes are within 1.5x of lap 5's (checkpoint cost per lap stays flat);
-* resuming at lap 500 reads at most K+1 objects (counted by the store and by GET requests seen).
+* resuming at lap 500 reads at most K+1 objects (counted by the store and by GET requests seen);
+* the state ``load_state`` resumes from equals the state folded while writing, its storage count
+  included, and that count equals the bytes and objects listed under the run's prefix.
 
-Exit code 0 when both hold, 1 otherwise.  Usage: python bench/bench_checkpoints.py [--laps 500]
+Each record carries the run's storage before it, as the lap runner writes it (``record.storage`` =
+the storage of the state the lap started from); the state a lap starts from counts the snapshot
+written after the lap before, as ``load_state`` does (a snapshot lap's state is folded through its
+record, and its snapshot is stored after it).
+
+Exit code 0 when all three hold, 1 otherwise.  Usage: python bench/bench_checkpoints.py [--laps 500]
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from agentrun.checkpoint.schema import (
     Message,
     Outcome,
     RunRef,
+    Storage,
     Timings,
     ToolCall,
     ToolCallRecord,
@@ -132,17 +140,26 @@ def main() -> int:
 def run_bench(store: CheckpointStore, n: int, k: int, payload: int) -> int:
     lap_bytes: dict[int, int] = {}
     put_seconds: dict[int, float] = {}
+    snap_bytes: dict[int, int] = {}
     state, prev = initial_state(RUN), None
     for lap in range(1, n + 1):
-        record = scripted_record(lap, prev, payload, k)
+        # the run's storage before this record, as the lap runner sets it (lap/runner.py)
+        record = scripted_record(lap, prev, payload, k).model_copy(update={"storage": state.storage})
         t = time.perf_counter()
         stored = store.put_lap(record, state_before=state)
         put_seconds[lap] = time.perf_counter() - t
         lap_bytes[lap] = stored.size
-        state = fold(state, record, stored.sha256)
+        state = fold(state, record, stored.sha256, stored.size)
         prev = stored.sha256
-
-    snap_bytes = {lap: store._head(store.snapshot_key(RUN, lap)).size for lap in range(k, n + 1, k)}  # type: ignore[union-attr]
+        if lap % k == 0:  # put_lap stored the snapshot after this lap: the next lap's state counts it
+            snap = store._head(store.snapshot_key(RUN, lap))
+            assert snap is not None, f"no snapshot after lap {lap}"
+            snap_bytes[lap] = snap.size
+            state = state.model_copy(update={"storage": Storage(
+                bytes=state.storage.bytes + snap.size, objects=state.storage.objects + 1)})
+    listed = [o for page in store.client.get_paginator("list_objects_v2").paginate(
+        Bucket=store.config.bucket, Prefix=store.run_prefix(RUN)) for o in page.get("Contents", [])]
+    stored_total = Storage(bytes=sum(o["Size"] for o in listed), objects=len(listed))
     gets: list[str] = []
     store.client.meta.events.register("before-send.s3.GetObject", lambda request, **_: gets.append(request.url))
     if store.lean_get is not None:  # the store's lean GETs (checkpoint/s3get.py)
@@ -195,11 +212,18 @@ def run_bench(store: CheckpointStore, n: int, k: int, payload: int) -> int:
     flat = lap_bytes[n] <= 1.5 * lap_bytes[min(5, n)]
     bounded = max(reads_n, gets_n, reads_w, gets_w) <= k + 1
     correct = loaded == state and latest == n
+    counted = loaded.storage == stored_total
     print(f"[{'PASS' if flat else 'FAIL'}] lap {n} bytes {lap_bytes[n]} within 1.5x of lap 5 bytes {lap_bytes[min(5, n)]} "
           f"(ratio {lap_bytes[n] / lap_bytes[min(5, n)]:.3f})")
     print(f"[{'PASS' if bounded else 'FAIL'}] resume reads at most K+1 = {k + 1} objects")
     print(f"[{'PASS' if correct else 'FAIL'}] loaded state equals the state folded while writing; latest_lap = {n}")
-    return 0 if flat and bounded and correct else 1
+    print(f"[{'PASS' if counted else 'FAIL'}] the loaded state's storage ({loaded.storage.bytes} B in "
+          f"{loaded.storage.objects} objects) is what the run's prefix lists ({stored_total.bytes} B in "
+          f"{stored_total.objects} objects)")
+    if not correct:
+        diff = sorted(f for f in type(state).model_fields if getattr(loaded, f) != getattr(state, f))
+        print(f"       fields that differ: {diff}; storage loaded {loaded.storage}, folded {state.storage}")
+    return 0 if flat and bounded and correct and counted else 1
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """python -m e2e.chaos --schedule ci|full|smoke|new|soak [--seed N] [--only NAME ...] [--dir DIR]
 
 The seed defaults to $CHAOS_SEED, else one derived from the git commit (schedule.default_seed), so
-every run of a commit injects the same plan; it is printed first so a failure can be replayed with
-CHAOS_SEED=N. ``--schedule soak --runs N --laps L --minutes M``:
+every run of a commit injects the same plan, else (no .git) a random one; it is printed first so a
+failure can be replayed with CHAOS_SEED=N. ``--schedule soak --runs N --laps L --minutes M``:
 waves of N runs of up to L laps with random faults, until M minutes have passed."""
 
 from __future__ import annotations

@@ -35,7 +35,39 @@ from e2e.chaos.world import GROUP, PLURAL, REQ_TIMEOUT, VERSION, Watcher, World,
 TERMINAL = ("Succeeded", "Failed", "BudgetExceeded")
 #: How long the garbage collector may take per kept Job (and its pod) once the runs are deleted.
 CLEANUP_SECONDS_PER_JOB = 0.5
-STALL_SECONDS = 240.0  # no lap checkpointed for this long while runs are active: fail early, with a diagnosis
+#: The stall check (the only bound on a scenario without ``timeout``, the ci schedule's): the
+#: scenario fails, with a diagnosis, when no step of progress (a lap checkpointed, a run terminal)
+#: came for STALL_SECONDS or STALL_FACTOR times the longest gap between two steps measured so far in
+#: the scenario, whichever is longer: a box slowed down by load widens its own bound.
+STALL_SECONDS = 240.0
+STALL_FACTOR = 10.0
+
+
+def stall_bound(gaps: list[float]) -> float:
+    """Seconds without progress after which a scenario is stalled, from the gaps measured so far."""
+    return max(STALL_SECONDS, STALL_FACTOR * max(gaps, default=0.0))
+
+
+def probe_refused(request: Any) -> bool:
+    """True when ``request()`` (one API request) fails: the apiserver was really away. Any error
+    counts (refused, reset, timed out, a 5xx while it starts); a request that succeeds means the
+    restart did not take the API away."""
+    try:
+        request()
+    except Exception:  # noqa: BLE001
+        return True
+    return False
+
+
+def apiserver_restart_landed(old_pid: int | None, new_pid: int | None, refused_while_down: bool) -> tuple[bool, str]:
+    """Whether an apiserver restart landed, and what was seen: the process was replaced (a new pid)
+    and a request made while it was down failed. (The time it took is no evidence: it is > 0 always.)"""
+    seen = []
+    if not old_pid or old_pid == new_pid:
+        seen.append(f"the apiserver pid did not change ({old_pid} -> {new_pid})")
+    if not refused_while_down:
+        seen.append("a request made while it was stopped was answered")
+    return not seen, "; ".join(seen)
 
 
 class ScenarioFailed(AssertionError):
@@ -87,6 +119,12 @@ class ScenarioRun:
         done = sum(min((r.get("status") or {}).get("lap") or 0, self.plans[n].laps) for n, r in self.runs.items()
                    if n in self.plans)
         return done / max(1, self.scn.expected_laps)
+
+    def steps(self) -> int:
+        """Steps of progress so far: laps checkpointed, and runs in a terminal phase."""
+        laps = sum(min((r.get("status") or {}).get("lap") or 0, self.plans[n].laps) for n, r in self.runs.items()
+                   if n in self.plans)
+        return laps + sum(1 for r in self.runs.values() if (r.get("status") or {}).get("phase") in TERMINAL)
 
     def poll(self) -> bool:
         try:
@@ -218,9 +256,14 @@ class ScenarioRun:
             f.note = f"apiserver restart at {el:.0f}s"
 
             def restart() -> None:
-                took = w.cluster.restart_apiserver(down_seconds=f.down_seconds)
-                f.landed = took > 0
-                f.note += f", unavailable {took:.1f}s"
+                old_pid = w.cluster.pids.get("apiserver")
+                refused: list[bool] = []
+
+                def while_down() -> None:  # the API is really away: a request now must fail
+                    refused.append(probe_refused(lambda: w.core.get_api_resources(_request_timeout=5)))
+                took = w.cluster.restart_apiserver(down_seconds=f.down_seconds, while_down=while_down)
+                f.landed, why = apiserver_restart_landed(old_pid, w.cluster.pids.get("apiserver"), any(refused))
+                f.note += f", unavailable {took:.1f}s" + (f" ({why})" if why else ", a request while down was refused")
             self.background(f.kind, restart)
         elif f.kind == ETCD_RESTART:
             f.note = f"etcd restart at {el:.0f}s ({f.down_seconds}s down, data dir kept)"
@@ -379,7 +422,7 @@ class ScenarioRun:
             f"{', '.join(f'{f.kind}@{f.at:.0%}' for f in sorted(scn.faults, key=lambda f: f.at))}")
         w.new_namespace(self.ns)
         held = [f for f in scn.faults if f.target]  # fired when their call is held (fire_held)
-        w.new_tool_record(holds={f.target for f in held if f.target})
+        w.new_tool_record(holds={f.target for f in held if f.target}, count_before_dedup=scn.count_before_dedup)
         self.refused0 = w.proxy.refused
         self.watcher = Watcher(w, self.ns)
         self.watcher.start()
@@ -392,12 +435,13 @@ class ScenarioRun:
         self.create_runs()
         pending = sorted((f for f in scn.faults if f.at != AT_BURST and not f.target), key=lambda f: f.at) \
             + [f for f in scn.faults if f.at == AT_BURST]
-        deadline = self.t0 + scn.timeout
+        deadline = self.t0 + scn.timeout if scn.timeout is not None else None
         last_print = 0.0
-        last_progress = [0.0, time.time()]  # [progress, when it last grew]
+        last_step = [0, time.time()]  # [steps of progress (laps done + runs terminal), when the last came]
+        gaps: list[float] = []  # seconds between two steps of progress, measured in this scenario
         while True:
             now = time.time()
-            if now > deadline:
+            if deadline is not None and now > deadline:
                 self.errors.append(f"timed out after {scn.timeout:.0f}s")
                 break
             for t in [t for t in self.timers if t[0] <= now]:
@@ -413,10 +457,14 @@ class ScenarioRun:
                 time.sleep(1)
                 continue
             prog = self.progress()
-            if prog > last_progress[0]:
-                last_progress[:] = [prog, now]
-            elif prog < 1.0 and now - last_progress[1] > STALL_SECONDS:
-                self.errors.append(f"stalled: no lap checkpointed for {STALL_SECONDS:.0f}s (progress {prog:.0%})")
+            steps = self.steps()
+            if steps > last_step[0]:
+                gaps.append(now - last_step[1])
+                last_step[:] = [steps, now]
+            elif now - last_step[1] > stall_bound(gaps):
+                self.errors.append(f"stalled: no lap checkpointed and no run ended for {now - last_step[1]:.0f}s, "
+                                   f"over {stall_bound(gaps):.0f}s (the longest gap so far: "
+                                   f"{max(gaps, default=0):.0f}s; progress {prog:.0%})")
                 break
             for f in [f for f in held if self.fire_held(f)]:
                 held.remove(f)
@@ -513,7 +561,7 @@ class ScenarioRun:
             plans=self.scn.runs, runs=runs, tool=w.tool_record(), jobs=list(jobs.values()),
             status_writes=list(wt.status_writes), ticks=list(wt.ticks), lease_writes=list(wt.lease_writes),
             kills=dict(w.kills), faults=self.scn.faults, events=w.event_reasons(self.ns),
-            s3_refused=w.proxy.refused - self.refused0, watched=bool(wt.ticks))
+            s3_refused=w.proxy.refused - self.refused0, watched=bool(wt.ticks), replicas=self.scn.replicas)
 
     def wait_holder(self, identity: str, timeout: float = 120) -> None:
         end = time.time() + timeout

@@ -204,11 +204,12 @@ class World:
     def tool_record(self) -> dict:
         return self.tools.recorder.record()
 
-    def new_tool_record(self, holds: set[str] | frozenset[str] = frozenset()) -> None:
+    def new_tool_record(self, holds: set[str] | frozenset[str] = frozenset(), *,
+                        count_before_dedup: bool = False) -> None:
         """A fresh record for the next scenario (the previous scenario's runs are gone); the first
         request of each call named in ``holds`` (its ``order`` argument) is held in flight until
-        released (holds.HoldingRecorder)."""
-        self.tools.recorder = HoldingRecorder(holds)
+        released (holds.HoldingRecorder); ``count_before_dedup``: executions counted at arrival."""
+        self.tools.recorder = HoldingRecorder(holds, count_before_dedup=count_before_dedup)
 
     def raw_laps(self, run: dict) -> list[rawstore.RawLap]:
         """The run's lap objects, raw, from the S3 server itself (not the proxy, not CheckpointStore)."""

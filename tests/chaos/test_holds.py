@@ -92,3 +92,77 @@ def test_release_before_arrival_cancels_the_hold(server):
     srv, url = server
     srv.recorder.release("r/1/1")
     assert _post(url, "r/1/1", "k1")["ok"] and srv.recorder.let_go == {}
+
+
+# ------------------------------------------------------------------ count_before_dedup (issue 36)
+
+
+def _post_slow(url: str, order: str, key: str, out: list) -> None:
+    """A call that takes 0.5 s at the tool (its ``sleepSeconds``), so a second one can overlap it."""
+    req = urllib.request.Request(f"{url}/note", data=json.dumps({"order": order, "sleepSeconds": 0.5}).encode(),
+                                 headers={"Idempotency-Key": key, "Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        out.append(json.load(r))
+
+
+def _twice_at_once(recorder: HoldingRecorder, key: str = "k9") -> dict:
+    """The same key sent twice concurrently (what a lap sending a call twice, or two Jobs of one
+    lap, would do) to a real server; that key's entry of the record."""
+    srv = tool_server.serve(0, None, recorder=recorder)
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        out: list = []
+        first = threading.Thread(target=_post_slow, args=(url, "r/9/1", key, out), daemon=True)
+        first.start()
+        _until(lambda: any(e["idempotencyKey"] == key for e in recorder.inflight))
+        _post_slow(url, "r/9/1", key, out)
+        first.join(30)
+        assert len(out) == 2
+        return recorder.record()
+    finally:
+        srv.shutdown()
+
+
+def test_counting_before_dedup_shows_a_key_sent_twice_concurrently_as_executed_twice():
+    """The negative control of "executions per key == 1" (issue 36): the plain server deduplicates
+    under its lock after the call's work, so it executes the key once and the invariant cannot see
+    the double send; counted at arrival (the ci schedule's mode), the invariant fires."""
+    from e2e.chaos import invariants as inv
+
+    plain = _twice_at_once(HoldingRecorder())
+    assert (plain["keys"]["k9"]["executions"], plain["keys"]["k9"]["replays"]) == (1, 1)
+    counted = _twice_at_once(HoldingRecorder(count_before_dedup=True))
+    k9 = counted["keys"]["k9"]
+    assert (k9["requests"], k9["executions"], k9["replays"], k9["executionsAtDedup"]) == (2, 2, 0, 1)
+    assert counted["totals"]["requests"] == counted["totals"]["executions"] + counted["totals"]["replays"]
+    ev = inv.Evidence(plans=[], runs={}, tool=counted)
+    assert any("key k9: executed 2 times" in v for v in inv.check_side_effects(ev)), inv.check_side_effects(ev)
+    ev.tool = plain
+    assert not any("executed 2 times" in v for v in inv.check_side_effects(ev))
+
+
+def test_counting_before_dedup_leaves_sequential_retries_and_a_fault_victims_call_alone():
+    """A retry after the first call was answered is a replay, not an execution; a retry arriving while
+    the held call of a fault's victim (its lap killed) is still at the tool is the one call in flight
+    at a crash, left to the tool's Idempotency-Key handling: counted apart, not as an execution."""
+    rec = HoldingRecorder({"r/1/1"}, max_seconds=30, count_before_dedup=True)
+    srv = tool_server.serve(0, None, recorder=rec)
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        _post(url, "r/0/1", "k0")
+        assert _post(url, "r/0/1", "k0")["replayed"]
+        held: list = []
+        t = threading.Thread(target=_post, args=(url, "r/1/1", "k1", held), daemon=True)
+        t.start()
+        _until(lambda: "r/1/1" in rec.held())
+        assert _post(url, "r/1/1", "k1")["ok"]  # the retried attempt, while the victim's call is still held
+        rec.release("r/1/1")
+        t.join(30)
+        got = rec.record()
+    finally:
+        rec.release_all()
+        srv.shutdown()
+    assert (got["keys"]["k0"]["executions"], got["keys"]["k0"]["replays"]) == (1, 1)
+    k1 = got["keys"]["k1"]
+    assert (k1["requests"], k1["executions"], k1["overlapsAbandoned"]) == (2, 1, 1), k1
+    assert got["mode"] == "count-before-dedup" and got["totals"]["overlapsAbandoned"] == 1

@@ -145,6 +145,8 @@ def test_a_correct_record_passes():
     ev = good()
     assert ev.tool["totals"] == {"requests": 5, "executions": 4, "replays": 1, "conflicts": 0, "badRequests": 0}
     assert inv.check_all(ev) == []
+    ev.replicas = 2  # its op-1 -> op-2 takeover (rv 30) is bounded by ticks: the leadership check is not vacuous
+    assert inv.check_all(ev) == []
 
 
 def _tool_key(ev: inv.Evidence, key: str, **changes: int) -> None:
@@ -162,6 +164,14 @@ def _quick_take(ev: inv.Evidence) -> None:
     t = ev.ticks[-1].answered + 100
     ev.ticks += [inv.Tick(sent=t, answered=t + 0.1, rv=40), inv.Tick(sent=t + 1, answered=t + 1.1, rv=44)]
     ev.lease_writes += [inv.LeaseWrite(rv=41, holder="op-2"), inv.LeaseWrite(rv=42, holder="op-1")]
+
+
+def _rewrite_lap(ev, i: int, **fields) -> None:
+    """Lap object ``i`` rewritten with ``fields`` changed and a sha256 that matches its new bytes
+    (a consistent object that says something else)."""
+    x = ev.runs[NAME].laps[i]
+    data = canonical_json({**x.doc, **fields})
+    ev.runs[NAME].laps[i] = rawstore.read_lap(x.key, data, {"sha256": sha256_hex(data)})
 
 
 def _set_status(ev, **kw):
@@ -220,6 +230,34 @@ BROKEN = {
     "no Pending ever observed (a vacuous approval check)": (
         lambda ev: ev.status_writes.pop(0), "approval check vacuous"),
     "a Lease taken from a holder that renewed a second before": (lambda ev: _quick_take(ev), "less than the 3s lease"),
+    # the branches no entry above reached (issue 36: each violation branch shown to fire)
+    "a run that is gone": (lambda ev: ev.runs.pop(NAME), "the AgentRun is gone"),
+    "status.lap not the store's laps": (lambda ev: _set_status(ev, lap=2), "laps: store 3, script 3, status 2"),
+    "a record holding another lap than its key": (lambda ev: _rewrite_lap(ev, 1, lap=3), "holds lap 3"),
+    "a record of another run uid": (lambda ev: _rewrite_lap(ev, 1, run={**ev.runs[NAME].laps[1].doc["run"],
+                                                                        "uid": "0" * 36}),
+                                    "belongs to run uid " + "0" * 36),
+    "running totals that do not add up": (lambda ev: _rewrite_lap(ev, 2, totals={
+        **ev.runs[NAME].laps[2].doc["totals"], "inputTokens": 1}), "lap 3 totals 3/1/"),
+    "a schema version the decoder does not know": (lambda ev: _rewrite_lap(ev, 0, schemaVersion=99),
+                                                   "unknown to the chaos decoder"),
+    "a Job without lap/attempt labels": (lambda ev: (setattr(ev.jobs[3], "lap", None)), "no lap/attempt labels"),
+    "a lap's attempts not 1..a": (lambda ev: (setattr(ev.jobs[1], "attempt", 3),
+                                             setattr(ev.jobs[1], "name", job_name(NAME, UID, 1, 3))),
+                                  "lap 1 Job attempts [1, 3] not 1..3"),
+    "a bad request at the tool server": (lambda ev: ev.tool["totals"].update(
+        badRequests=1, requests=ev.tool["totals"]["requests"] + 1), "1 bad request(s) at the tool server"),
+    "more requests than every attempt could send": (lambda ev: _tool_key(ev, K_C, requests=2, replays=2),
+                                                    "the attempts that could send them"),
+    "the status watch and the ticker did not run": (lambda ev: setattr(ev, "watched", False),
+                                                    "the status watch and the ticker did not run"),
+    "two replicas but no takeover observed (a vacuous leadership check)": (
+        lambda ev: (setattr(ev, "replicas", 2), ev.lease_writes.__setitem__(slice(None), [
+            inv.LeaseWrite(rv=5, holder="op-1"), inv.LeaseWrite(rv=16, holder="op-1")])),
+        "leadership check vacuous"),
+    "two replicas, a takeover but no tick after it": (
+        lambda ev: (setattr(ev, "replicas", 2), ev.ticks.__setitem__(slice(None), [t for t in ev.ticks if t.rv < 30])),
+        "leadership check vacuous"),
 }
 
 

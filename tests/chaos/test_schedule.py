@@ -44,7 +44,40 @@ def test_default_seed_reads_chaos_seed(monkeypatch):
     assert sch.default_seed() == (4242, "CHAOS_SEED")
     monkeypatch.delenv("CHAOS_SEED")
     seed, source = sch.default_seed()  # without it: derived from the git commit, the same for every run
-    assert isinstance(seed, int) and sch.default_seed() == (seed, source)
+    from pathlib import Path
+    if (Path(sch.__file__).resolve().parents[2] / ".git").exists():
+        assert source.startswith("commit ") and sch.default_seed() == (seed, source)
+    else:  # a tarball: a random seed each time (the next test)
+        assert source.startswith("no git commit found: a random seed")
+
+
+def test_without_git_the_seed_is_random_and_named_never_a_fixed_zero(monkeypatch, tmp_path):
+    """A source tree without .git (a tarball): outside any repository, with git on PATH and without
+    it, each call takes a fresh random seed and says so (issue 36: it silently became 0)."""
+    monkeypatch.delenv("CHAOS_SEED", raising=False)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # git must not find a repository above
+    seeds = set()
+    for path in ("", None):
+        if path is None:
+            monkeypatch.setenv("PATH", str(tmp_path))  # no git at all
+        for _ in range(3):
+            seed, source = sch.default_seed(cwd=tmp_path)
+            assert 0 < seed < 10**6 and source == f"no git commit found: a random seed, replay with CHAOS_SEED={seed}"
+            seeds.add(seed)
+    assert len(seeds) > 1  # random, not a fixed default
+
+
+def test_the_cli_prints_the_random_seed_first(monkeypatch, tmp_path, capsys):
+    from e2e.chaos import __main__ as cli
+
+    monkeypatch.delenv("CHAOS_SEED", raising=False)
+    monkeypatch.setattr(cli, "default_seed", lambda: sch.default_seed(cwd=tmp_path))
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    ran: list = []
+    monkeypatch.setattr(cli, "run_schedule", lambda schedule, seed, *a, **kw: ran.append(seed))
+    assert cli.main(["--schedule", "smoke", "--dir", str(tmp_path)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"chaos seed {ran[0]} (no git commit found: a random seed, replay with CHAOS_SEED={ran[0]})"
 
 
 def test_soak_waves_stay_recoverable():

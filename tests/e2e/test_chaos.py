@@ -100,7 +100,10 @@ def test_kubelet_pod_watch_survives_bookmarks(world, tmp_path, caplog):
     assert not failures, failures
 
 
-@pytest.mark.timeout(1200)  # its measured times: docs/chaos.md, Measured; the scenarios time out on their own first
+# No wall-clock bound (issue 36): the ci scenarios have no deadline; each ends when its runs are
+# terminal, or fails with a diagnosis when nothing progresses for a bound derived from the pace it
+# measured (runner.stall_bound). pytest-timeout's default would be such a bound: off for this test.
+@pytest.mark.timeout(0)
 def test_chaos_ci_schedule(world, tmp_path):
     seed, source = default_seed()  # fixed per commit; CHAOS_SEED overrides
     print(f"chaos seed {seed} ({source}): replay with CHAOS_SEED={seed}", flush=True)

@@ -160,9 +160,24 @@ def test_unreadable_checkpoint_stops_failed_store_untouched_no_crash_loop(env, d
     if damage == "foreign-run":  # another run of the namespace, whose lap 1 is copied over ours below
         env.apply(env.run_doc("donor", [{"content": "done"}]))
         assert env.wait_phase("donor", "Succeeded", "Failed")["phase"] == "Succeeded"
-    env.apply(env.run_doc(name, [_note(f"{name}1", sleepSeconds=3), _note(f"{name}2"), {"content": "done"}]))
-    _wait("lap 1 running", lambda: env.status(name).get("activeJob"))
+    # lap 1's call is held at a gate until the operator has seen spec.suspend (observedGeneration),
+    # so the run stops after lap 1 however slow the box is (it was a 3 s tool sleep to beat)
+    gate = ToolGate(env.tool_url, hold=lambda args: isinstance(args, dict) and args.get("order") == f"{name}1")
+    try:
+        _unreadable_checkpoint(env, damage, name, gate)
+    finally:
+        gate.close()
+
+
+def _unreadable_checkpoint(env, damage: str, name: str, gate: ToolGate) -> None:
+    env.apply(_gated(env.run_doc(name, [_note(f"{name}1"), _note(f"{name}2"), {"content": "done"}]), gate))
+    _wait("lap 1's tool call held at the gate", lambda: gate.arrived(f"{name}1"), timeout=180)
     env.kubectl("patch", "agentrun", name, "-n", env.ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    generation = env.get(name)["metadata"]["generation"]
+    _wait("the operator to see spec.suspend while lap 1 is in flight",
+          lambda: (env.status(name).get("observedGeneration") or 0) >= generation, timeout=180)
+    assert env.status(name).get("lap", 0) == 0 and env.status(name).get("activeJob"), env.status(name)
+    gate.open()
     st = env.wait_phase(name, "Suspended", "Failed", "Succeeded")
     assert st["phase"] == "Suspended" and st["lap"] == 1, st
     key = st["checkpoint"]["key"]
