@@ -36,6 +36,7 @@ import yaml
 
 from . import approval as ap
 from .crdgen import GROUP, PLURAL, _Dumper, openapi_schema
+from .policy_version import stamped
 
 OPERATE_VERB: Final = "operate"
 """Custom RBAC verb on ``agentruns/status`` that identifies the operator: status fields other than
@@ -346,11 +347,12 @@ def _map_binding(name: str) -> dict[str, Any]:
 
 
 def validating_documents() -> list[dict[str, Any]]:
-    return [decisions_policy(), _vap_binding(VAP_DECISIONS), status_policy(), _vap_binding(VAP_STATUS)]
+    return stamped([decisions_policy(), _vap_binding(VAP_DECISIONS), status_policy(), _vap_binding(VAP_STATUS)])
 
 
 def mutating_documents() -> list[dict[str, Any]]:
-    return [stamp_annotation_policy(), _map_binding(MAP_ANNOTATION), stamp_status_policy(), _map_binding(MAP_STATUS)]
+    return stamped([stamp_annotation_policy(), _map_binding(MAP_ANNOTATION), stamp_status_policy(),
+                    _map_binding(MAP_STATUS)])
 
 
 FILES: Final = {
