@@ -122,6 +122,8 @@ class World:
     """A DeleteRun was applied (the run is then deleting)."""
     policy_check: PolicyCheck | None = None
     """The tenancy re-check the shell reads (Observed.policy_check); None: not enforced."""
+    admission: d.AdmissionProblem | None = None
+    """The admission policy check's verdict (Observed.admission); None: in place."""
 
     def observed(self, checkpoint=None, attempt_failure=None, fork=None) -> d.Observed:
         return d.Observed(
@@ -131,7 +133,7 @@ class World:
             checkpoint=checkpoint, attempt_failure=attempt_failure, fork=fork,
             resolved_store=self.resolved_store, store_probe=self.probe,
             store_error=None if self.resolved_store else "no store configured for the test",
-            policy_check=self.policy_check,
+            policy_check=self.policy_check, admission=self.admission,
         )
 
     def reconcile(self) -> d.Decision:
