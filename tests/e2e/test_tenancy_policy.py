@@ -31,7 +31,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "bad-input"))
 import bad_input_table as bt  # noqa: E402
-from e2e.cluster import API_MANIFESTS, install_api, sa_kubeconfig  # noqa: E402
+from e2e.cluster import ADMISSION_APIS, API_MANIFESTS, install_api, sa_kubeconfig  # noqa: E402
 from e2e_support import wait_for  # noqa: E402
 
 from agentrun.api import tenancy as t  # noqa: E402
@@ -230,7 +230,8 @@ def _helm_docs(*args: str) -> list[dict]:
     """The chart rendered by the real helm (tools/install-helm.sh) with these arguments."""
     helm = subprocess.run([str(ROOT / "tools" / "install-helm.sh")], check=True, capture_output=True,
                           text=True).stdout.strip().splitlines()[-1]
-    out = subprocess.run([helm, "template", "agentrun-operator", str(ROOT / "helm" / "agentrun-operator"), *args],
+    out = subprocess.run([helm, "template", "agentrun-operator", str(ROOT / "helm" / "agentrun-operator"),
+                          *ADMISSION_APIS, *args],
                          check=True, capture_output=True, text=True).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
