@@ -333,11 +333,13 @@ def expected_tenancy_reader(run_ns: str) -> dict[str, set[str]]:
 #: The admission policy check (controller/policycheck.py; ClusterRole <release>-admission-reader): a get
 #: of each of the operator's own policies and bindings, by name.
 EXPECTED_ADMISSION_READER = {
-    f"{res}.admissionregistration.k8s.io [{names}]": {"get"}
-    for res, names in (("validatingadmissionpolicies", "agentrun-decisions agentrun-status-owner agentrun-tenancy"),
-                       ("validatingadmissionpolicybindings", "agentrun-decisions agentrun-status-owner agentrun-tenancy"),
-                       ("mutatingadmissionpolicies", "agentrun-stamp-decider agentrun-stamp-decider-status"),
-                       ("mutatingadmissionpolicybindings", "agentrun-stamp-decider agentrun-stamp-decider-status"))
+    f"{res}.admissionregistration.k8s.io [{name}]": {"get"}
+    for res, names in (("validatingadmissionpolicies", ("agentrun-decisions", "agentrun-status-owner", "agentrun-tenancy")),
+                       ("validatingadmissionpolicybindings", ("agentrun-decisions", "agentrun-status-owner",
+                                                              "agentrun-tenancy")),
+                       ("mutatingadmissionpolicies", ("agentrun-stamp-decider", "agentrun-stamp-decider-status")),
+                       ("mutatingadmissionpolicybindings", ("agentrun-stamp-decider", "agentrun-stamp-decider-status")))
+    for name in names
 }
 
 
