@@ -24,7 +24,7 @@ test: install lint
 
 # mypy --strict on the typed layers, and the import-linter contracts of .importlinter
 TYPED = operator/agentrun/api operator/agentrun/checkpoint operator/agentrun/controller operator/agentrun/lap \
-	operator/agentrun/metrics operator/agentrun/cli operator/agentrun/inbox operator/agentrun/notify
+	operator/agentrun/metrics operator/agentrun/cli operator/agentrun/inbox operator/agentrun/notify operator/agentrun/testfault
 
 lint:
 	$(PYTHON) -m ruff check operator tests bench e2e tools

@@ -244,6 +244,38 @@ def check_side_effects(ev: Evidence) -> list[str]:
     return out
 
 
+def check_journaled(ev: Evidence) -> list[str]:
+    """A lap journals each tool result before it sends its next call (lap/step.py), so a call
+    answered before a later call of its lap was sent is never sent again: a retried attempt reuses
+    the journaled result. Checked where it is certain, on the laps of the held victim calls
+    (schedule.assign_targets): the victim's attempt sent the calls before it, had their results
+    journaled, sent the victim and died with it held. So no call before the victim in its lap may
+    be requested after the victim's first request (the tool server's clock, one host). A lap that
+    does not journal its results (the ``skip-journal`` test fault) sends them again there."""
+    out = []
+    keys: dict[str, dict] = ev.tool.get("keys") or {}
+    for f in ev.faults:
+        if not f.target or not f.landed:
+            continue
+        for plan, s, step in ((p, s, st) for p in ev.plans for s, st in enumerate(p.steps)):
+            calls = step.get("toolCalls") or []
+            orders = [(c.get("arguments") or {}).get("order") for c in calls]
+            run = ev.runs.get(plan.name)
+            if f.target not in orders or run is None:
+                continue
+            name, ref = plan.name, RunRef(namespace=run.namespace, name=plan.name, uid=run.uid)
+            ids = normalize_call_ids([c.get("id") for c in calls])
+            ks = [idempotency_key(ref, s + 1, c["name"], cid) for c, cid in zip(calls, ids)]
+            i = orders.index(f.target)
+            victim = (keys.get(ks[i]) or {}).get("firstRequestAt")
+            for c, k in zip(calls[:i], ks[:i]):
+                last = (keys.get(k) or {}).get("lastRequestAt")
+                if c["name"] not in APPROVAL_TOOLS and victim is not None and last is not None and last > victim:
+                    out.append(f"{name}: key {k} sent again {last - victim:.1f}s after the next call of its lap "
+                               f"({f.target}) was sent: its answer was not reused from the lap's journal")
+    return out
+
+
 def check_store(ev: Evidence) -> list[str]:
     out = []
     for plan in ev.plans:
@@ -448,7 +480,7 @@ def check_leadership(ev: Evidence) -> list[str]:
 
 
 def check_all(ev: Evidence) -> list[str]:
-    return (check_phases(ev) + check_side_effects(ev) + check_store(ev) + check_jobs(ev)
+    return (check_phases(ev) + check_side_effects(ev) + check_journaled(ev) + check_store(ev) + check_jobs(ev)
             + check_faults_landed(ev) + check_approvals(ev) + check_leadership(ev))
 
 

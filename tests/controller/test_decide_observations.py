@@ -128,9 +128,22 @@ def test_a_permanent_failure_without_report_takes_the_pods_cause():
     ("key AKIAABCDEFGHIJKLMNOP refused", "key [REDACTED] refused"),
     ("x" * 1000, "x" * 299 + "…"),
     ("bell\x07 and \x1b[2J", "bell\\x07 and \\x1b[2J"),
+    # a lap killed mid-way: its last line is the runner's progress, no cause
+    ('{"ts": "2030-01-01T00:00:00Z", "level": "info", "msg": "lap starting", "lap": 1}\n', None),
+    ('Traceback\nMemoryError\n{"msg": "lap starting"}\n', "MemoryError"),
 ])
 def test_lap_cause_is_one_bounded_redacted_line(text, cause):
     assert d.lap_cause(text) == cause
+
+
+def test_a_lap_killed_by_a_signal_says_so_not_its_last_log_line():
+    w = World(make_spec())
+    w.reconcile()
+    w.fail_job(137, "Error", termination_message='{"ts": "2030-01-01T00:00:00Z", "msg": "lap starting", "lap": 1}')
+    w.reconcile()
+    retry = w.status.retries[-1]
+    assert retry.last_reason == "killed by SIGKILL (exit code 137)"
+    assert "lap starting" not in (w.status.message or "")
 
 
 # ---------------------------------------------------------------------------------- metrics

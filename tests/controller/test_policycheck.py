@@ -58,9 +58,9 @@ def _installed(files: tuple[str, ...] = ("agentrun.dev_admission-policies.yaml",
 def test_the_committed_files_carry_the_marker_the_code_computes():
     wants = wanted(ALL)
     assert sorted((w.set, w.kind, w.name) for w in wants) == sorted([
-        *(("approvals", k, n) for n in (admission.VAP_DECISIONS, admission.VAP_STATUS)
+        *(("approvals", k, n) for n in (admission.VAP_DECISIONS, admission.VAP_STATUS, admission.VAP_GUARD)
           for k in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")),
-        *(("stamping", k, n) for n in (admission.MAP_ANNOTATION, admission.MAP_STATUS)
+        *(("stamping", k, n) for n in (admission.MAP_ANNOTATION, admission.MAP_STATUS, admission.MAP_CREATOR)
           for k in ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")),
         ("tenancy", "ValidatingAdmissionPolicy", "agentrun-tenancy"),
         ("tenancy", "ValidatingAdmissionPolicyBinding", "agentrun-tenancy"),
@@ -118,6 +118,24 @@ def test_a_changed_spec_under_the_current_marker_is_outdated_naming_the_field():
     got[("ValidatingAdmissionPolicy", "agentrun-tenancy")]["spec"]["failurePolicy"] = "Ignore"
     p = verdict(wanted(ALL), got)
     assert p is not None and "spec.failurePolicy" in p.message
+
+
+def test_the_operator_name_the_chart_writes_per_release_is_not_a_difference():
+    got = _installed()
+    policies = [(k, n) for (k, n), o in got.items() if k == "ValidatingAdmissionPolicy"
+                and any(v["name"] == admission.OPERATOR_USERNAMES_VAR for v in o["spec"].get("variables") or [])]
+    assert policies  # the chart sets it in these (templates/admission-policies.yaml)
+    for key in policies:
+        for v in got[key]["spec"]["variables"]:
+            if v["name"] == admission.OPERATOR_USERNAMES_VAR:
+                v["expression"] = '["system:serviceaccount:agentrun-system:agentrun-operator"]'
+    assert verdict(wanted(ALL), got) is None
+    for bad in ('["system:serviceaccount:a:b", "mallory"]', "true", '["mallory"]'):
+        for v in got[policies[0]]["spec"]["variables"]:
+            if v["name"] == admission.OPERATOR_USERNAMES_VAR:
+                v["expression"] = bad
+        p = verdict(wanted(ALL), got)
+        assert p is not None and p.reason == "AdmissionPoliciesOutdated" and ".expression is not what" in p.message, bad
 
 
 def test_the_charts_tenancy_binding_is_checked_by_its_fields_not_a_marker():
@@ -185,7 +203,8 @@ def test_read_gets_each_object_by_name_and_skips_kinds_not_served():
     api = FakeAPI(_installed(), served={"validatingadmissionpolicies", "validatingadmissionpolicybindings"})
     wants = wanted(ALL)
     got = asyncio.run(read(api.call, wants))
-    assert api.requests[0] == GROUP_VERSION and len(api.requests) == 1 + 6  # the mutating ones not asked for
+    validating = [w for w in wants if w.set != "stamping"]
+    assert api.requests[0] == GROUP_VERSION and len(api.requests) == 1 + len(validating)  # no mutating one asked for
     assert all(got[(w.kind, w.name)] is NOT_SERVED for w in wants if w.set == "stamping")
     assert verdict(wants, got) is None
     del api.objects[("ValidatingAdmissionPolicyBinding", "agentrun-tenancy")]

@@ -8,7 +8,11 @@ people made here as ServiceAccounts who sign in with their tokens (TokenReview):
 * bob (may get/list/watch/patch agentruns, not approve) sees it read-only, and a forged POST with
   his session is sent on and refused by the API server's admission policy;
 * a decision made with ``kubectl annotate`` while a page is open shows up without reload, and the
-  card below keeps its place (no layout shift under the pointer).
+  card below keeps its place (no layout shift under the pointer);
+* the card shows what the call will run and "N of M approvals" (issue 29);
+* a sign-in link (``/login#token=``) fills the form but signs in only on a click; a token session
+  ends at the token's expiry and, when the token is revoked, at the next TokenReview; audiences;
+* proxy mode answers only its proxy (shared secret) and impersonates only the listed groups.
 
 The inbox runs as a subprocess with a kubeconfig of its own ServiceAccount, bound to the chart's
 inbox ClusterRole (rendered by the real helm): it may only impersonate and create TokenReviews.
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -37,6 +42,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "agentrun-operator"
+PROXY_SECRET = secrets.token_urlsafe(32)
+FROM_PROXY = {"X-Agentrun-Proxy-Secret": PROXY_SECRET}
 CHROMIUM = os.environ.get("AGENTRUN_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
 
@@ -70,20 +77,31 @@ class Inbox:
         self.procs: list[subprocess.Popen] = []
         self.url = self.spawn("token")
 
-    def spawn(self, auth: str) -> str:
-        """Start an inbox (``--auth token`` or ``proxy``) as the inbox's ServiceAccount; its URL."""
-        port_file = self.tmp / f"inbox-{auth}.port"
+    def spawn(self, auth: str, *extra: str) -> str:
+        """Start an inbox (``--auth token`` or ``proxy``) as the inbox's ServiceAccount; its URL. In
+        proxy mode the proxy proves itself with PROXY_SECRET and only the group finance is taken."""
+        port_file = self.tmp / f"inbox-{auth}-{len(self.procs)}.port"
+        if auth == "proxy":
+            secret_file = self.tmp / "proxy-secret"
+            secret_file.write_text(PROXY_SECRET + "\n")
+            extra = ("--proxy-secret-file", str(secret_file), "--proxy-groups", "finance", *extra)
         penv = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTRUN_", "AWS_", "KUBECONFIG"))}
         penv.update({"AWS_ACCESS_KEY_ID": self.env.s3.access_key, "AWS_SECRET_ACCESS_KEY": self.env.s3.secret_key,
                      "AWS_DEFAULT_REGION": self.env.s3.region, "AGENTRUN_INBOX_SESSION_KEY": secrets.token_urlsafe(32)})
         proc = subprocess.Popen(
             [sys.executable, "-m", "agentrun.cli.main", "inbox", "--listen", "127.0.0.1", "--port", "0", "--auth", auth,
-             "--port-file", str(port_file), "--namespaces", self.env.ns, "--kubeconfig", self.kubeconfig],
+             "--port-file", str(port_file), "--namespaces", self.env.ns, "--kubeconfig", self.kubeconfig, *extra],
             env=penv, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append(proc)
         wait_for("the inbox's port file", lambda: port_file.exists() or proc.poll() is not None, timeout=60)
         assert proc.poll() is None, self.log.read_text()
         return f"http://127.0.0.1:{port_file.read_text().strip()}"
+
+    def proxy(self) -> str:
+        """One proxy-mode inbox for the tests that need it."""
+        if not getattr(self, "_proxy_url", None):
+            self._proxy_url = self.spawn("proxy")
+        return self._proxy_url
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -100,6 +118,7 @@ def inbox(env, tmp_path_factory):  # noqa: F811
     log = i.log.read_text()
     for token in i.tokens.values():  # no secret in the logs
         assert token not in log
+    assert PROXY_SECRET not in log
 
 
 @pytest.fixture(scope="module")
@@ -297,9 +316,10 @@ def test_behind_an_auth_proxy_the_forwarded_user_decides(inbox, browser):
     e = inbox.env
     e.kubectl("create", "rolebinding", "finance-approves", "-n", e.ns, "--clusterrole=agentrun-approver",
               "--group=finance")
-    url = inbox.spawn("proxy")
+    url = inbox.proxy()
     waiting_run(e, "inbox-proxy")
-    ctx = browser.new_context(extra_http_headers={"X-Forwarded-User": "carol", "X-Forwarded-Groups": "finance"})
+    ctx = browser.new_context(extra_http_headers={**FROM_PROXY, "X-Forwarded-User": "carol",
+                                                  "X-Forwarded-Groups": "finance"})
     page = ctx.new_page()
     page.goto(f"{url}/")
     assert page.text_content("#user") == "carol"
@@ -311,10 +331,16 @@ def test_behind_an_auth_proxy_the_forwarded_user_decides(inbox, browser):
     assert final["phase"] == "Succeeded" and final["approval"]["decidedBy"] == "carol", final
     ctx.close()
     # without the proxy's header: not signed in (the inbox must be reachable only through the proxy)
-    anon = browser.new_context()
+    anon = browser.new_context(extra_http_headers=FROM_PROXY)
     page = anon.new_page()
     assert page.goto(f"{url}/").status == 401
     anon.close()
+    # not from the proxy (no shared secret): refused whoever the headers name
+    direct = browser.new_context(extra_http_headers={"X-Forwarded-User": "carol", "X-Forwarded-Groups": "finance"})
+    page = direct.new_page()
+    r = page.goto(f"{url}/")
+    assert r.status == 401 and "only its auth proxy" in page.text_content("main")
+    direct.close()
 
 
 def test_behind_an_auth_proxy_a_forged_system_masters_group_is_refused(inbox):
@@ -324,9 +350,12 @@ def test_behind_an_auth_proxy_a_forged_system_masters_group_is_refused(inbox):
     import httpx
 
     e = inbox.env
-    url = inbox.spawn("proxy")
+    url = inbox.proxy()
     st = waiting_run(e, "inbox-forged")
     forged = {"X-Forwarded-User": "mallory", "X-Forwarded-Groups": "system:masters"}
+    r = httpx.get(f"{url}/fragment", headers=forged)  # not from the proxy: 401 before anything else
+    assert r.status_code == 401 and "X-Agentrun-Proxy-Secret" in r.text and "inbox-forged" not in r.text, r.text
+    forged = {**FROM_PROXY, **forged}  # from the proxy (as if the proxy passed a client's header on)
     r = httpx.get(f"{url}/fragment", headers=forged)
     assert r.status_code == 403 and "system:masters" in r.text and "inbox-forged" not in r.text, r.text
     fields = {"namespace": e.ns, "name": "inbox-forged", "callId": st["approval"]["callId"],
@@ -336,8 +365,118 @@ def test_behind_an_auth_proxy_a_forged_system_masters_group_is_refused(inbox):
     r = httpx.get(f"{url}/fragment", headers={**forged, "X-Forwarded-User": "system:admin", "X-Forwarded-Groups": ""})
     assert r.status_code == 403 and "system:admin" in r.text
     # the same person without the system: group is signed in (as herself, who may see nothing here)
-    r = httpx.get(f"{url}/fragment", headers={"X-Forwarded-User": "mallory"})
+    r = httpx.get(f"{url}/fragment", headers={**FROM_PROXY, "X-Forwarded-User": "mallory"})
     assert r.status_code == 200 and "inbox-forged" not in r.text
     assert "refused: the auth proxy's headers name the group system:masters" in inbox.log.read_text()
     assert ANN_APPROVED not in annotations(e, "inbox-forged")
     assert e.status("inbox-forged")["phase"] == "AwaitingApproval"
+
+
+def test_behind_an_auth_proxy_a_group_not_listed_is_not_impersonated(inbox):
+    """Proxy mode impersonates only the groups of --proxy-groups (here: finance). A forwarded
+    group that holds power (kubeadm:cluster-admins, bound here to the approver role) is dropped:
+    the API server sees mallory without it and refuses her decision."""
+    import httpx
+
+    e = inbox.env
+    e.kubectl("create", "rolebinding", "kubeadm-admins-approve", "-n", e.ns, "--clusterrole=agentrun-approver",
+              "--group=kubeadm:cluster-admins")
+    url = inbox.proxy()
+    st = waiting_run(e, "inbox-unlisted")
+    who = {**FROM_PROXY, "X-Forwarded-User": "mallory", "X-Forwarded-Groups": "kubeadm:cluster-admins"}
+    r = httpx.get(f"{url}/fragment", headers=who)
+    assert r.status_code == 200 and "inbox-unlisted" not in r.text  # without the group she may not even list
+    fields = {"namespace": e.ns, "name": "inbox-unlisted", "callId": st["approval"]["callId"],
+              "sha256": st["approval"]["argumentsSha256"], "decision": "approve", "reason": "as an unlisted group"}
+    csrf_page = httpx.get(f"{url}/", headers=who)
+    cookie = csrf_page.cookies.get("agentrun_inbox")
+    csrf = re.search(r'data-csrf="([^"]+)"', csrf_page.text)[1]
+    r = httpx.post(f"{url}/decide", headers={**who, "Accept": "application/json"}, data={**fields, "csrf": csrf},
+                   cookies={"agentrun_inbox": cookie})
+    assert r.status_code in (403, 404), r.text  # read as mallory without the group: forbidden
+    assert ANN_APPROVED not in annotations(e, "inbox-unlisted")
+    assert e.status("inbox-unlisted")["phase"] == "AwaitingApproval"
+
+
+def test_the_card_shows_what_the_call_will_run_and_n_of_m_approvals(inbox, browser, shots):
+    """The target and "1 of 2" on the card (issue 29). The operator's part (status.approval.target,
+    targetSha256, approvalsRequired, approvedBy) is written here as the admin, as an operator would,
+    with a status patch; the approval itself still sends the call id and arguments digest."""
+    e = inbox.env
+    st = waiting_run(e, "inbox-target")
+    fields = {"target": {"method": "POST", "url": "https://pay.example/wire", "headersSecret": "pay-creds"},
+              "targetSha256": "a" * 64, "approvalsRequired": 2,
+              "approvedBy": [{"user": "alice", "at": "2026-12-01T10:00:00Z", "reason": "first pair of eyes"}]}
+    e.kubectl("patch", "agentrun", "inbox-target", "-n", e.ns, "--subresource=status", "--type=merge",
+              "-p", json.dumps({"status": {"approval": fields}}))
+    written = e.status("inbox-target")["approval"]
+    assert written.get("target") == fields["target"], ("the CRD pruned status.approval.target: the operator's "
+                                                       "fields (issue 29, Deliver 1/3) are not in this CRD", written)
+    page = sign_in(browser, inbox, "bob")
+    c = card(page, e, "inbox-target")
+    c.wait_for()
+    assert c.locator("code.target").text_content() == "POST https://pay.example/wire · headers from Secret pay-creds"
+    assert c.locator(".approvals").text_content() == "1 of 2 approvals (alice)"
+    page.screenshot(path=str(shots / "inbox-target.png"), full_page=True)
+    page.context.close()
+    page = sign_in(browser, inbox, "alice")
+    c = card(page, e, "inbox-target")
+    c.wait_for()
+    assert c.locator("input[name=callId]").get_attribute("value") == st["approval"]["callId"]
+    assert c.locator("input[name=sha256]").get_attribute("value") == st["approval"]["argumentsSha256"]
+    assert c.locator("input[name=targetSha256]").get_attribute("value") == "a" * 64
+    page.context.close()
+
+
+def test_a_sign_in_link_fills_the_form_but_signs_in_only_on_a_click(inbox, browser):
+    """/login#token= (make dev's link) used to submit itself: a link from someone else signed the
+    person in as that someone (login CSRF). Now it fills the form and waits for a click."""
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    page.goto(f"{inbox.url}/login#token={inbox.tokens['bob']}")
+    page.locator("#from-link").wait_for()
+    page.wait_for_timeout(1500)  # time for a submit that must not happen
+    assert page.url == f"{inbox.url}/login" and page.locator("#user").count() == 0
+    assert not [c for c in ctx.cookies() if c["name"] == "agentrun_inbox"]
+    assert page.input_value("#token") == inbox.tokens["bob"]
+    page.click("#login-form button[type=submit]")
+    page.wait_for_selector("#user")
+    assert page.text_content("#user") == inbox.users["bob"]
+    # a form posted from elsewhere (no sign-in cookie of this page, no CSRF token): refused
+    r = ctx.request.post(f"{inbox.url}/login", form={"token": inbox.tokens["bob"]})
+    assert r.status == 403 and "sign-in form" in r.text()
+    ctx.close()
+
+
+def test_a_token_session_ends_at_the_tokens_expiry_and_at_its_revocation(inbox):
+    """Against the API server's own TokenReview: a 10-minute token gives a session of at most 10
+    minutes (not --session-ttl); the token is checked again every --session-recheck, so deleting
+    its ServiceAccount ends the session; --token-audience is checked (a token for the inbox's
+    audience signs in, a token for the API server's default audience does not)."""
+    import httpx
+
+    e = inbox.env
+    c = e.cluster
+    c.kubectl_run("create", "serviceaccount", "carl", "-n", e.ns)
+    token = c.kubectl_run("create", "token", "carl", "-n", e.ns, "--duration=10m",
+                          "--audience=agentrun-inbox").stdout.strip()
+    plain = c.kubectl_run("create", "token", "carl", "-n", e.ns, "--duration=10m").stdout.strip()
+    url = inbox.spawn("token", "--session-recheck", "2s", "--token-audience", "agentrun-inbox")
+
+    def sign_in_with(tok: str) -> tuple[httpx.Client, httpx.Response]:
+        client = httpx.Client(base_url=url, timeout=30)
+        csrf = re.search(r'name="csrf" value="([^"]+)"', client.get("/login").text)[1]
+        return client, client.post("/login", data={"token": tok, "csrf": csrf})
+
+    _, r = sign_in_with(plain)
+    assert r.status_code == 401, r.text  # not for the inbox's audience
+    client, r = sign_in_with(token)
+    assert r.status_code == 303, r.text
+    max_age = int(re.search(r"agentrun_inbox=[^;]*; Path=/; Max-Age=(\d+)", r.headers["set-cookie"])[1])
+    assert max_age <= 600, r.headers["set-cookie"]  # the token's exp, not the 8 h session ttl
+    assert token not in r.headers["set-cookie"]
+    assert client.get("/fragment").status_code == 200
+    c.kubectl_run("delete", "serviceaccount", "carl", "-n", e.ns)  # revokes its tokens
+    r = wait_for("the session to end", lambda: (x := client.get("/fragment")).status_code == 401 and x, timeout=30)
+    assert "session ended" in r.json()["message"]
+    inbox.tokens["carl"] = token  # checked absent from the inbox's log at the end

@@ -59,6 +59,16 @@ def test_token_mode_may_only_impersonate_and_review_tokens(helm):
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
 
 
+def test_token_mode_rechecks_sessions_and_bounds_half_sent_requests(helm):
+    env = _env(_one(template(helm, *ON)[1], "Deployment"))
+    assert (env["AGENTRUN_INBOX_SESSION_RECHECK"], env["AGENTRUN_INBOX_REQUEST_TIMEOUT"],
+            env["AGENTRUN_INBOX_MAX_PENDING"]) == ("5m", "10s", "64")
+    assert not [k for k in env if k.startswith("AGENTRUN_INBOX_PROXY_")]  # token mode: no proxy settings
+    env = _env(_one(template(helm, *ON, "--set", "inbox.sessionRecheck=90s", "--set", "inbox.maxPending=8")[1],
+                    "Deployment"))
+    assert env["AGENTRUN_INBOX_SESSION_RECHECK"] == "90s" and env["AGENTRUN_INBOX_MAX_PENDING"] == "8"
+
+
 def test_proxy_mode_with_sidecar_listens_on_loopback_and_has_no_tokenreview(helm):
     _, docs = template(helm, *ON, "--set", "inbox.auth=proxy", "--set", "inbox.proxy.sidecar.name=oauth2-proxy",
                        "--set", "inbox.proxy.sidecar.image=quay.io/oauth2-proxy/oauth2-proxy:v7.6.0",
@@ -94,6 +104,12 @@ def test_s3_credentials_default_to_the_checkpoint_secret(helm):
     (["--set", "inbox.cookieSecure=yes"], ["/inbox/cookieSecure"]),
     (["--set", "inbox.proxy.userHeader=X User"], ["/inbox/proxy/userHeader"]),
     (["--set", "inbox.port=80"], ["/inbox", "'port' not allowed"]),
+    (["--set", "inbox.sessionRecheck=10m"], ["/inbox/sessionRecheck"]),
+    (["--set", "inbox.sessionRecheck=0s"], ["/inbox/sessionRecheck"]),
+    (["--set", "inbox.maxPending=0"], ["/inbox/maxPending"]),
+    (["--set", "inbox.proxy.allowedGroups={a\\,b}"], ["/inbox/proxy/allowedGroups/0"]),
+    (["--set", "inbox.proxy.auth.secret=x"], ["/inbox/proxy/auth", "'secret' not allowed"]),
+    (["--set", "inbox.tls.secretName=Bad_Name"], ["/inbox/tls/secretName"]),
 ])
 def test_invalid_inbox_values_are_refused_naming_the_path(helm, flags, expect):
     proc, _ = template(helm, *ON, *flags, check=False)
@@ -264,3 +280,62 @@ def test_invalid_proxy_and_policy_values_are_refused(helm, flags, expect):
     assert proc.returncode != 0
     for text in expect:
         assert text in proc.stderr, proc.stderr
+
+
+# --- proxy mode: the proxy proves itself, only the listed groups (issue 29) ---
+
+def _volumes(dep):
+    return {v["name"]: v for v in dep["spec"]["template"]["spec"].get("volumes", [])}
+
+
+def _mounts(dep):
+    return {m["name"]: m["mountPath"] for m in dep["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+
+
+def test_proxy_mode_has_a_shared_secret_and_the_allowed_groups(helm):
+    _, docs = template(helm, *PROXY, *SIDECAR, "--set", "inbox.proxy.allowedGroups={finance,ops}")
+    dep = _one(docs, "Deployment")
+    env = _env(dep)
+    assert env["AGENTRUN_INBOX_PROXY_GROUPS"] == "finance,ops"
+    assert env["AGENTRUN_INBOX_PROXY_SECRET_HEADER"] == "X-Agentrun-Proxy-Secret"
+    path = env["AGENTRUN_INBOX_PROXY_SECRET_FILE"]
+    secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-inbox-proxy"))
+    assert len(secret["data"]["proxy-secret"]) >= 44
+    vol = _volumes(dep)["proxy-secret"]["secret"]
+    assert vol["secretName"] == secret["metadata"]["name"] and vol["items"] == [{"key": "proxy-secret",
+                                                                                 "path": "proxy-secret"}]
+    assert path == _mounts(dep)["proxy-secret"] + "/proxy-secret"
+    assert "AGENTRUN_INBOX_PROXY_CLIENT_CA" not in env
+    # a Secret of your own: the chart makes none
+    _, docs = template(helm, *PROXY, *SIDECAR, "--set", "inbox.proxy.auth.secretName=proxy-shared")
+    assert not [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-inbox-proxy")]
+    assert _volumes(_one(docs, "Deployment"))["proxy-secret"]["secret"]["secretName"] == "proxy-shared"
+    # token mode: no proxy secret
+    _, docs = template(helm, *ON)
+    assert not [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-inbox-proxy")]
+    assert "proxy-secret" not in _volumes(_one(docs, "Deployment"))
+
+
+def test_proxy_mode_with_mtls_serves_tls_and_verifies_the_proxys_certificate(helm):
+    _, docs = template(helm, *PROXY, *SIDECAR, "--set", "inbox.proxy.auth.sharedSecret=false",
+                       "--set", "inbox.proxy.auth.clientCASecretName=proxy-ca", "--set", "inbox.tls.secretName=inbox-tls")
+    dep = _one(docs, "Deployment")
+    env = _env(dep)
+    assert env["AGENTRUN_INBOX_PROXY_CLIENT_CA"] == _mounts(dep)["proxy-ca"] + "/ca.crt"
+    assert env["AGENTRUN_INBOX_TLS_CERT"] == _mounts(dep)["tls"] + "/tls.crt"
+    assert env["AGENTRUN_INBOX_TLS_KEY"] == _mounts(dep)["tls"] + "/tls.key"
+    assert _volumes(dep)["proxy-ca"]["secret"]["secretName"] == "proxy-ca"
+    assert "AGENTRUN_INBOX_PROXY_SECRET_FILE" not in env and "proxy-secret" not in _volumes(dep)
+    _, docs = template(helm, *ON, "--set", "inbox.tls.secretName=inbox-tls")
+    c = _one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+
+
+@pytest.mark.parametrize("flags, expect", [
+    (["--set", "inbox.proxy.auth.sharedSecret=false"], "inbox.proxy.auth.sharedSecret=true and/or"),
+    (["--set", "inbox.proxy.auth.clientCASecretName=ca"], "inbox.proxy.auth.clientCASecretName needs inbox.tls.secretName"),
+    (["--set", "inbox.proxy.allowedGroups={finance,system:masters}"], "must not list system:masters"),
+])
+def test_proxy_mode_without_proof_of_the_proxy_or_with_system_groups_is_refused(helm, flags, expect):
+    proc, _ = template(helm, *PROXY, *SIDECAR, *flags, check=False)
+    assert proc.returncode != 0 and expect in proc.stderr, proc.stderr

@@ -56,10 +56,63 @@ def test_names_that_cannot_be_impersonated_are_refused(name, groups, what):
 
 def test_proxy_headers():
     h = {"x-forwarded-user": "carol@example.com", "x-forwarded-groups": "finance, ops,,finance"}
-    assert identity.proxy_user(h, "X-Forwarded-User", "X-Forwarded-Groups") == User("carol@example.com",
-                                                                                    ("finance", "ops"))
-    assert identity.proxy_user({}, "X-Forwarded-User", "X-Forwarded-Groups") is None
-    assert identity.proxy_user(h, "X-Forwarded-User", None) == User("carol@example.com")
+    allowed = frozenset({"finance", "ops"})
+    assert identity.proxy_user(h, "X-Forwarded-User", "X-Forwarded-Groups", allowed) == User("carol@example.com",
+                                                                                             ("finance", "ops"))
+    assert identity.proxy_user({}, "X-Forwarded-User", "X-Forwarded-Groups", allowed) is None
+    assert identity.proxy_user(h, "X-Forwarded-User", None, allowed) == User("carol@example.com")
+
+
+def test_only_allowed_groups_are_taken_from_proxy_headers():
+    """A forwarded group nobody listed (kubeadm:cluster-admins) is dropped, not impersonated."""
+    h = {"x-forwarded-user": "carol", "x-forwarded-groups": "finance,kubeadm:cluster-admins,ops"}
+    user = identity.proxy_user(h, "X-Forwarded-User", "X-Forwarded-Groups", frozenset({"finance"}))
+    assert user == User("carol", ("finance",))
+    assert identity.proxy_user(h, "X-Forwarded-User", "X-Forwarded-Groups") == User("carol")  # none listed: none
+    with pytest.raises(identity.ReservedIdentity):  # system: is refused even when not listed
+        identity.proxy_user({**h, "x-forwarded-groups": "finance,system:masters"}, "X-Forwarded-User",
+                            "X-Forwarded-Groups", frozenset({"finance"}))
+
+
+def test_the_proxy_secret_is_compared_whole():
+    secret = b"s3cret-of-the-proxy-0123456789"
+    assert identity.proxy_secret_ok(secret.decode(), secret)
+    for sent in (None, "", secret.decode()[:-1], secret.decode() + "x", "é" * 30):
+        assert not identity.proxy_secret_ok(sent, secret)
+
+
+def _jwt(claims: dict) -> str:
+    import base64
+    import json
+
+    def b64(d: dict) -> str:
+        return base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=").decode()
+    return f"{b64({'alg': 'RS256'})}.{b64(claims)}.c2ln"
+
+
+def test_a_token_session_ends_at_the_tokens_expiry_and_keeps_the_token_only_sealed():
+    token = _jwt({"sub": "alice", "exp": int(NOW) + 600})
+    s = identity.new_session(User("alice"), NOW, 8 * 3600, token=token, key=KEY)
+    assert s.expires == int(NOW) + 600 and s.checked == int(NOW)
+    value = identity.encode_session(s, KEY)
+    assert token not in value and token.split(".")[1] not in value
+    back = identity.decode_session(value, KEY, NOW + 10)
+    assert back == s and identity.open_token(back.sealed, KEY) == token
+    assert identity.open_token(back.sealed, b"x" * 32) != token  # another key opens nothing useful
+    assert identity.decode_session(value, KEY, NOW + 600) is None  # the token's expiry ends it
+    # a token without exp (or not a JWT): the session ttl
+    assert identity.new_session(User("a"), NOW, 60, token="opaque", key=KEY).expires == int(NOW) + 60
+    assert identity.token_expiry(_jwt({"exp": "soon"})) is None and identity.token_expiry("a.b") is None
+    # a re-check keeps the nonce (the page's CSRF token stays valid) and the expiry
+    again = identity.rechecked(s, User("alice", ("g",)), NOW + 300)
+    assert (again.nonce, again.expires, again.checked, again.sealed) == (s.nonce, s.expires, int(NOW) + 300, s.sealed)
+
+
+def test_the_login_csrf_token_is_bound_to_its_nonce():
+    t = identity.login_csrf(KEY, "n1")
+    assert identity.login_csrf_ok(KEY, "n1", t)
+    assert not identity.login_csrf_ok(KEY, "n2", t) and not identity.login_csrf_ok(KEY, None, t)
+    assert not identity.login_csrf_ok(KEY, "n1", None) and not identity.login_csrf_ok(b"y" * 32, "n1", t)
 
 
 def test_cookie_flags():
@@ -90,7 +143,7 @@ _NAMES = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E, 
 def test_no_system_identity_ever_comes_from_proxy_headers(name, groups):
     h = {"x-forwarded-user": name, "x-forwarded-groups": ",".join(groups)}
     try:
-        user = identity.proxy_user(h, "X-Forwarded-User", "X-Forwarded-Groups")
+        user = identity.proxy_user(h, "X-Forwarded-User", "X-Forwarded-Groups", frozenset(g.strip() for g in groups))
     except identity.ReservedIdentity as e:
         assert e.value.startswith("system:") and "system:" in str(e)
         return

@@ -118,14 +118,39 @@ def test_where_the_inbox_looks_for_runs():
 
 # --- proxy mode: system: identities are never taken from headers (docs/inbox.md "Trust") ---
 
+PROXY_SECRET = b"the-proxy-secret-0123456789abcdef"
+FROM_PROXY = {"X-Agentrun-Proxy-Secret": PROXY_SECRET.decode()}
+
+
+def serve(app):
+    srv = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+
+
 @pytest.fixture(scope="module")
 def proxy_url():
-    srv = make_server(Inbox(NoApi(), Settings(auth="proxy", key=KEY, secure_cookies=False)), "127.0.0.1", 0)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv, url = serve(Inbox(NoApi(), Settings(auth="proxy", key=KEY, secure_cookies=False, proxy_secret=PROXY_SECRET)))
+    yield url
     srv.shutdown()
     srv.server_close()
+
+
+class ProxyClient:
+    """httpx as the auth proxy: every request carries the proxy's secret header."""
+
+    def __init__(self, url):
+        self.url = url
+
+    def get(self, path, headers=(), **kw):
+        return httpx.get(f"{self.url}{path}", headers=[*FROM_PROXY.items(), *_pairs(headers)], **kw)
+
+    def post(self, path, headers=(), **kw):
+        return httpx.post(f"{self.url}{path}", headers=[*FROM_PROXY.items(), *_pairs(headers)], **kw)
+
+
+def _pairs(headers):
+    return list(headers.items()) if isinstance(headers, dict) else list(headers)
 
 
 @pytest.mark.parametrize("headers, what", [
@@ -137,11 +162,12 @@ def proxy_url():
 ])
 def test_system_users_and_groups_from_proxy_headers_are_refused_before_the_api_server(proxy_url, headers, what, caplog):
     caplog.set_level("WARNING", logger="agentrun.inbox")
+    proxy = ProxyClient(proxy_url)
     for path in ("/", "/fragment", "/events"):
-        r = httpx.get(f"{proxy_url}{path}", headers=headers)
+        r = proxy.get(path, headers=headers)
         assert r.status_code == 403, (path, r.status_code, r.text)
         assert what in r.text and "system:" in r.text and "set-cookie" not in r.headers
-    r = httpx.post(f"{proxy_url}/decide", headers={**headers, "Accept": "application/json"},
+    r = proxy.post("/decide", headers={**headers, "Accept": "application/json"},
                    data={"namespace": "a", "name": "b", "decision": "approve"})
     assert r.status_code == 403 and what in r.json()["message"]
     assert any(what in m and "refused" in m for m in caplog.messages), caplog.messages
@@ -149,17 +175,19 @@ def test_system_users_and_groups_from_proxy_headers_are_refused_before_the_api_s
 
 def test_a_refused_proxy_identity_is_bounded_in_the_answer_and_the_log(proxy_url, caplog):
     caplog.set_level("WARNING", logger="agentrun.inbox")
-    r = httpx.get(f"{proxy_url}/fragment", headers={"X-Forwarded-User": "u", "X-Forwarded-Groups": "system:" + "x" * 240})
+    r = ProxyClient(proxy_url).get("/fragment", headers={"X-Forwarded-User": "u",
+                                                         "X-Forwarded-Groups": "system:" + "x" * 240})
     assert r.status_code == 403 and "x" * 100 not in r.text
     assert all("x" * 100 not in m for m in caplog.messages)
 
 
 def test_a_repeated_identity_header_is_refused(proxy_url):
     # a proxy that appends its header after the client's: which one is the proxy's cannot be told
-    r = httpx.get(f"{proxy_url}/fragment", headers=[("X-Forwarded-User", "mallory"), ("X-Forwarded-User", "carol")])
+    proxy = ProxyClient(proxy_url)
+    r = proxy.get("/fragment", headers=[("X-Forwarded-User", "mallory"), ("X-Forwarded-User", "carol")])
     assert r.status_code == 400 and "more than once" in r.text
-    r = httpx.get(f"{proxy_url}/fragment", headers=[("X-Forwarded-User", "carol"), ("X-Forwarded-Groups", "a"),
-                                                   ("X-Forwarded-Groups", "b")])
+    r = proxy.get("/fragment", headers=[("X-Forwarded-User", "carol"), ("X-Forwarded-Groups", "a"),
+                                        ("X-Forwarded-Groups", "b")])
     assert r.status_code == 400 and "X-Forwarded-Groups" in r.text
 
 

@@ -88,3 +88,44 @@ def test_no_buttons_when_the_call_cannot_be_bound():
     assert c.sha256 is None
     html = view.card_html(c, "tok")
     assert "<form" not in html and "cannot be bound" in html
+
+
+TARGET = {"method": "post", "url": "https://pay.example/wire", "headersSecret": "pay-creds"}
+
+
+def test_the_card_shows_what_the_call_will_run_and_how_many_approvals_it_has():
+    """status.approval.target / approvalsRequired / approvedBy (issue 29): shown, escaped, and the
+    decision still carries exactly the call binding (call id, arguments sha256)."""
+    r = run(target=TARGET, targetSha256="ab" * 32, approvalsRequired=2,
+            approvedBy=[{"user": "alice", "at": "2026-12-01T11:58:00Z", "reason": "ok"}])
+    c = view.card(r, NOW, StoredCall(arguments=ARGS, call_id="call_1", lap=3), [], None, can_decide=True)
+    assert c.target == "POST https://pay.example/wire · headers from Secret pay-creds"
+    assert c.approvals == "1 of 2 approvals (alice)"
+    html = view.card_html(c, "tok")
+    assert '<code class="target">POST https://pay.example/wire · headers from Secret pay-creds</code>' in html
+    assert '<span class="approvals">1 of 2 approvals (alice)</span>' in html
+    assert 'name="callId" value="call_1"' in html and f'name="sha256" value="{arguments_sha256(ARGS)}"' in html
+    assert f'name="targetSha256" value="{"ab" * 32}"' in html
+    with_image = view.card(run(target={**TARGET, "image": "ghcr.io/x/agent:1"}), NOW, StoredCall(), [], None, True)
+    assert with_image.target.endswith(" · image ghcr.io/x/agent:1") and with_image.approvals is None
+
+
+def test_a_run_from_before_targets_renders_as_before():
+    c = view.card(run(), NOW, StoredCall(arguments=ARGS, call_id="call_1", lap=3), [], None, can_decide=True)
+    assert c.target is None and c.approvals is None and c.target_sha256 is None
+    html = view.card_html(c, "tok")
+    assert "Will run" not in html and "approvals" not in html and "targetSha256" not in html
+
+
+def test_target_and_approvers_from_the_run_are_escaped_and_bounded():
+    evil = {"method": "GET<script>", "url": "https://x.example/" + "a" * 5000 + "\u202e<img src=x>",
+            "headersSecret": "<b>s</b>"}
+    by = [{"user": f"<i>u{i}</i>\n"} for i in range(9)] + [{"user": 7}, "junk"]
+    c = view.card(run(target=evil, approvalsRequired=True, approvedBy=by, targetSha256="<x>"), NOW, StoredCall(),
+                  [], None, True)
+    html = view.card_html(c, "tok")
+    assert "<script>" not in html and "<img" not in html and "<b>s" not in html and "<i>" not in html
+    assert "\u202e" not in html
+    assert len(c.target) < 1200 and "a" * 600 not in html
+    assert c.approvals.startswith("9 of 1 approvals (") and "(4 more)" in c.approvals and "\n" not in c.approvals
+    assert c.target_sha256 is None and "targetSha256" not in html

@@ -16,15 +16,26 @@ admission, no webhook server. What each policy guarantees, and where, is in docs
   operator may change only ``status.approval`` :data:`USER_STATUS_FIELDS`; every other status field
   (cost, retries, phase, checkpoint, lap, ...; the list is generated from the status model, so a
   new field is protected the day it is added) is the operator's.
+* :data:`VAP_GUARD` (ValidatingAdmissionPolicy): a spec change that would change what an approved
+  or a future gated call does needs the approve verb (a gated tool's ``requiresApproval`` turned
+  off, its ``http`` url/method/headersSecretRef, ``parameters`` or ``sideEffects`` changed, the tool
+  removed; ``spec.agent.image``; ``spec.approval.owner``; ``approvers`` lowered;
+  ``distinctFromCreator`` turned off); the creator annotation :data:`~agentrun.api.approval.ANN_CREATED_BY`
+  is the requesting user at CREATE and never changes afterwards.
 * :data:`MAP_ANNOTATION` / :data:`MAP_STATUS` (MutatingAdmissionPolicy, Kubernetes >= 1.36):
   stamp the authenticated user into the decider field whenever a decision is set, overwriting
   whatever the client sent; so ``kubectl annotate agentrun X approved=true`` works as typed and
   records the real user. A namespace labelled :data:`NO_STAMP_LABEL`\\ ``=``\\ :data:`NO_STAMP_VALUE`
   is left out of the stamping (it gets the validating-only behaviour of clusters < 1.36).
+  :data:`MAP_CREATOR` stamps the creator (:data:`~agentrun.api.approval.ANN_CREATED_BY`) at CREATE.
 
-"The operator" is recognized by permission, not by name: the custom verb :data:`OPERATE_VERB` on
-``agentruns/status``, which the chart grants only to the operator's ServiceAccount (cluster-admin,
-``system:masters``, passes every authorizer check and is trusted like the operator).
+"The operator" is recognized by permission: the custom verb :data:`OPERATE_VERB` on
+``agentruns/status``, which the chart grants only to the operator's ServiceAccount; and, where the
+chart renders the policies, by name too: the variable :data:`OPERATOR_USERNAMES_VAR` of the
+validating policies is ``[]`` in ``crds/`` (any holder of the verb is the operator; cluster-admin,
+``system:masters``, passes every authorizer check) and the chart sets it to the ServiceAccount's
+user name (``system:serviceaccount:NS:SA``), so a tenant holding ``*`` (and so ``operate``) is not
+the operator there. Why both: docs/security.md.
 """
 
 from __future__ import annotations
@@ -46,8 +57,16 @@ APPROVER_CLUSTERROLE: Final = "agentrun-approver"
 
 VAP_DECISIONS: Final = "agentrun-decisions"
 VAP_STATUS: Final = "agentrun-status-owner"
+VAP_GUARD: Final = "agentrun-approval-guard"
 MAP_ANNOTATION: Final = "agentrun-stamp-decider"
 MAP_STATUS: Final = "agentrun-stamp-decider-status"
+MAP_CREATOR: Final = "agentrun-stamp-creator"
+
+OPERATOR_USERNAMES_VAR: Final = "operatorUsernames"
+"""Variable of :data:`VAP_DECISIONS` and :data:`VAP_STATUS`: a CEL list of the operator's user names.
+``[]`` as generated (the ``operate`` verb alone identifies the operator); the chart's
+templates/admission-policies.yaml sets it to ``["system:serviceaccount:<release ns>:<operator SA>"]``,
+and then the operator is a requester with that name AND the verb."""
 
 NO_STAMP_LABEL: Final = "agentrun.dev/decider-stamping"
 NO_STAMP_VALUE: Final = "disabled"
@@ -88,9 +107,19 @@ _AUTHZ = (f"authorizer.group({_lit(GROUP)}).resource({_lit(PLURAL)}).namespace(r
 CAN_APPROVE = f"{_AUTHZ}.check({_lit(ap.APPROVE_VERB)}).allowed()"
 IS_OPERATOR = (f"authorizer.group({_lit(GROUP)}).resource({_lit(PLURAL)}).subresource('status')"
                f".namespace(request.namespace).name(request.name).check({_lit(OPERATE_VERB)}).allowed()")
+IS_OPERATOR_NAMED = (f"(size(variables.{OPERATOR_USERNAMES_VAR}) == 0 || "
+                     f"{_USER} in variables.{OPERATOR_USERNAMES_VAR}) && {IS_OPERATOR}")
+"""The operator: the operate verb, and its user name where the chart names it (:data:`OPERATOR_USERNAMES_VAR`)."""
+OPERATOR_VARIABLES: list[dict[str, str]] = [
+    {"name": OPERATOR_USERNAMES_VAR, "expression": "[]"},
+    {"name": "isOperator", "expression": IS_OPERATOR_NAMED},
+]
 
 # Annotations whose setting or change is a decision (the decider annotation is the API server's).
 _DECISION_KEYS = tuple(k for k in ap.DECISION_ANNOTATIONS if k != ap.ANN_DECIDED_BY)
+# Annotations that qualify a decision (who, which call, why): removing one beside a pending
+# `approved` changes that decision, so it needs the approve verb too.
+_QUALIFIER_KEYS = tuple(k for k in ap.DECISION_ANNOTATIONS if k != ap.ANN_APPROVED)
 
 _NEW_ANN = "object.metadata.?annotations.orValue({})"
 _OLD_ANN = "oldObject == null ? {} : oldObject.metadata.?annotations.orValue({})"
@@ -128,11 +157,27 @@ STATUS_VARIABLES: list[dict[str, str]] = [
 ]
 
 
+def _needs_approve(what: str) -> str:
+    """CEL text of ``what`` (a CEL string expression) followed by the approve-verb requirement."""
+    return (f"{what} + ' needs the \"{ap.APPROVE_VERB}\" verb on {RESOURCE} in namespace ' + request.namespace + "
+            f"' (role {APPROVER_CLUSTERROLE}); patch alone is not enough'")
+
+
 def permission_message() -> str:
     """messageExpression of a decision refused for lack of the approve verb."""
-    return (f"'user \"' + {_USER} + '\" may not decide the approval of agentrun ' + request.namespace + '/' + "
-            f"request.name + ': deciding an approval needs the \"{ap.APPROVE_VERB}\" verb on {RESOURCE} in "
-            f"namespace ' + request.namespace + ' (role {APPROVER_CLUSTERROLE}); patch alone is not enough'")
+    return _needs_approve(f"'user \"' + {_USER} + '\" may not decide the approval of agentrun ' + "
+                          "request.namespace + '/' + request.name + ': deciding an approval'")
+
+
+CHANGES_THE_CALL: Final = "that changes what an approved or a future gated call does"
+CHANGES_WHO_DECIDES: Final = "that changes who may approve its calls"
+
+
+def guard_message(field: str, what: str, why: str = CHANGES_THE_CALL) -> str:
+    """messageExpression of a spec change refused for lack of the approve verb: ``field`` (CEL string
+    expression) names the field, ``what`` (plain text) says what the change does, ``why`` why it matters."""
+    return _needs_approve(f"{field} + ': ' + 'user \"' + {_USER} + '\" may not {what} in agentrun ' + "
+                          f"request.namespace + '/' + request.name + ': {why} and'")
 
 
 # ------------------------------------------------------------------------------- the policies
@@ -151,13 +196,48 @@ def _rules(resources: list[str]) -> dict[str, Any]:
     }]}
 
 
+_PREFIX_LEN = len(OWNER_GROUP_PREFIX)
+# The owner in force before the request: the old spec's (the new one on CREATE), and the owner
+# recorded with the pending call (status.approval.owner, copied from the spec when the call started
+# waiting). A decider must be a member of every one of them that names a group.
+_OWNER_BEFORE = "(oldObject == null ? object : oldObject).spec.?approval.?owner.orValue('')"
+_OWNER_PENDING = ("(oldObject == null ? '' : (oldObject.?status.?approval.?state.orValue('') == 'Pending' ? "
+                  "oldObject.?status.?approval.?owner.orValue('') : ''))")
+_CREATED_BY = _lit(ap.ANN_CREATED_BY)
+
+DECISION_VARIABLES: list[dict[str, str]] = [
+    {"name": "ownerGroups",
+     "expression": f"[{_OWNER_BEFORE}, {_OWNER_PENDING}].filter(o, o.startsWith({_lit(OWNER_GROUP_PREFIX)}))"
+                   f".map(o, o.substring({_PREFIX_LEN}))"},
+    {"name": "missingGroups",
+     "expression": "variables.ownerGroups.filter(g, !(g in request.userInfo.?groups.orValue([])))"},
+    {"name": "ownerChanged",
+     "expression": "oldObject != null && object.spec.?approval.?owner.orValue('') != "
+                   "oldObject.spec.?approval.?owner.orValue('')"},
+    # a decision by someone other than the operator (the operator copying one into status is not deciding)
+    {"name": "decides",
+     "expression": f"(({ON_MAIN}) && variables.decisionAnnSet) || "
+                   f"(({ON_STATUS}) && variables.statusDecisionSet && !variables.isOperator)"},
+    # the four-eyes rule and the creator of the run, both as they were before the request
+    {"name": "distinctFromCreator",
+     "expression": "(oldObject == null ? object : oldObject).spec.?approval.?distinctFromCreator.orValue(false)"},
+    {"name": "creator",
+     "expression": f"oldObject == null ? {_USER} : variables.oldAnn[?{_CREATED_BY}].orValue('')"},
+    {"name": "qualifiersRemoved",
+     "expression": f"({_lit(ap.ANN_APPROVED)} in variables.oldAnn && {_lit(ap.ANN_APPROVED)} in variables.newAnn) ? "
+                   f"{_list(_QUALIFIER_KEYS)}.filter(k, k in variables.oldAnn && !(k in variables.newAnn)) : []"},
+]
+
+
 def decisions_policy() -> dict[str, Any]:
     """Who may decide, and that the recorded decider is the authenticated user."""
     ann_route, st_route = ON_MAIN, ON_STATUS
     decider = _lit(ap.ANN_DECIDED_BY)
+    missing = "variables.missingGroups[0]"
     group_msg = (f"'agentrun ' + request.namespace + '/' + request.name + ' is decided by the members of group ' + "
-                 f"variables.ownerGroup + ' (spec.approval.owner \"{OWNER_GROUP_PREFIX}' + variables.ownerGroup + "
-                 f"'\"); user \"' + {_USER} + '\" is not one'")
+                 f"{missing} + ' (' + ({_OWNER_BEFORE} == {_lit(OWNER_GROUP_PREFIX)} + {missing} ? "
+                 "'spec.approval.owner' : 'status.approval.owner of the pending call') + "
+                 f"' \"{OWNER_GROUP_PREFIX}' + {missing} + '\"); user \"' + {_USER} + '\" is not one'")
     validations = [
         {
             "expression": f"!({ann_route}) || !variables.decisionAnnSet || variables.canApprove",
@@ -168,6 +248,15 @@ def decisions_policy() -> dict[str, Any]:
             "expression": f"!({st_route}) || !variables.statusDecisionSet || variables.isOperator || "
                           "variables.canApprove",
             "messageExpression": permission_message(),
+            "reason": "Forbidden",
+        },
+        {
+            # removing who/which call/why beside a pending approved=true changes that decision
+            "expression": f"!({ann_route}) || size(variables.qualifiersRemoved) == 0 || variables.canApprove",
+            "messageExpression": _needs_approve(
+                f"'user \"' + {_USER} + '\" may not remove the annotation ' + variables.qualifiersRemoved.join(', ') + "
+                f"' of the pending decision {ap.ANN_APPROVED}=' + variables.oldAnn[{_lit(ap.ANN_APPROVED)}] + "
+                "' on agentrun ' + request.namespace + '/' + request.name + ': changing a decision'"),
             "reason": "Forbidden",
         },
         {
@@ -200,11 +289,30 @@ def decisions_policy() -> dict[str, Any]:
             "reason": "Forbidden",
         },
         {
-            # spec.approval.owner "group:NAME": only its members decide (the operator copying one is not deciding)
-            "expression": f"variables.ownerGroup == '' || !((({ann_route}) && variables.decisionAnnSet) || "
-                          f"(({st_route}) && variables.statusDecisionSet)) || variables.isOperator || "
-                          "variables.ownerGroup in request.userInfo.?groups.orValue([])",
+            # who may decide is read from the owner before the request, so the two cannot come together
+            "expression": f"!({ann_route}) || !variables.decisionAnnSet || !variables.ownerChanged",
+            "message": "a decision (annotation approved, reason or call binding) and a change of spec.approval.owner "
+                       "cannot be made in one request: who may decide is read from the owner before the request; "
+                       f"change the owner first (that needs the \"{ap.APPROVE_VERB}\" verb), then decide",
+            "reason": "Forbidden",
+        },
+        {
+            # spec.approval.owner "group:NAME" (as it was before the request, and as recorded with the
+            # pending call): only its members decide
+            "expression": "!variables.decides || size(variables.missingGroups) == 0",
             "messageExpression": group_msg,
+            "reason": "Forbidden",
+        },
+        {
+            # four eyes: the creator may not decide
+            "expression": "!variables.decides || !variables.distinctFromCreator || (variables.creator != '' && "
+                          f"variables.creator != {_USER})",
+            "messageExpression": f"variables.creator == '' ? 'spec.approval.distinctFromCreator: the creator of "
+                                 "agentrun ' + request.namespace + '/' + request.name + ' is not recorded (annotation "
+                                 f"{ap.ANN_CREATED_BY}), so no decision can be told apart from one by the creator' : "
+                                 "'spec.approval.distinctFromCreator: the creator of agentrun ' + request.namespace + "
+                                 f"'/' + request.name + ' may not decide its approvals (four eyes); user \"' + {_USER} + "
+                                 f"'\" created it (annotation {ap.ANN_CREATED_BY})'",
             "reason": "Forbidden",
         },
     ]
@@ -218,12 +326,148 @@ def decisions_policy() -> dict[str, Any]:
             "variables": [
                 *ANNOTATION_VARIABLES,
                 *STATUS_VARIABLES,
-                {"name": "ownerGroup",
-                 "expression": f"object.spec.?approval.?owner.orValue('').startsWith({_lit(OWNER_GROUP_PREFIX)}) ? "
-                               f"object.spec.approval.owner.substring({len(OWNER_GROUP_PREFIX)}) : ''"},
                 {"name": "canApprove", "expression": CAN_APPROVE},
-                {"name": "isOperator", "expression": IS_OPERATOR},
+                *OPERATOR_VARIABLES,
+                *DECISION_VARIABLES,
             ],
+            "validations": validations,
+        },
+    }
+
+
+# What decides what a gated call does (issue 29): changing one of these on a tool that has
+# requiresApproval true in the old object needs the approve verb. (CEL comparing the old tool t with
+# the new tool n of the same name; the field's name as shown in the refusal; what the change does.)
+# timeout, maxResultBytes and description are left out: they bound or describe the call, they do not
+# change what it does or where it goes.
+GATED_TOOL_FIELDS: Final = (
+    ("requiresApproval", "!n.?requiresApproval.orValue(false)", "turn approval off (true to false)"),
+    ("http.url", "n.http.url != t.http.url", "change the URL of a tool with requiresApproval"),
+    ("http.method", "n.http.?method.orValue('POST') != t.http.?method.orValue('POST')",
+     "change the method of a tool with requiresApproval"),
+    ("http.headersSecretRef", "has(n.http.headersSecretRef) != has(t.http.headersSecretRef) || "
+     "(has(t.http.headersSecretRef) && n.http.headersSecretRef != t.http.headersSecretRef)",
+     "change the headers Secret of a tool with requiresApproval"),
+    ("parameters", "has(n.parameters) != has(t.parameters) || (has(t.parameters) && n.parameters != t.parameters)",
+     "change the parameters of a tool with requiresApproval"),
+    ("sideEffects", "n.?sideEffects.orValue(true) != t.?sideEffects.orValue(true)",
+     "change sideEffects of a tool with requiresApproval"),
+)
+
+
+def _gated_var(field: str) -> str:
+    """The variable listing the gated tools whose ``field`` changed: ``http.url`` -> ``gatedHttpUrl``."""
+    return "gated" + "".join(p[0].upper() + p[1:] for p in field.split("."))
+
+
+def guard_policy() -> dict[str, Any]:
+    """Spec changes that would change what an approved or a future gated call does need the approve
+    verb; the creator annotation is the API server's."""
+    k = _CREATED_BY
+    new_has, old_has = f"{k} in variables.newAnn", f"{k} in variables.oldAnn"
+    tools_changed = ("oldObject != null && object.spec.agent.?tools.orValue([]) != "
+                     "oldObject.spec.agent.?tools.orValue([])")
+    variables: list[dict[str, str]] = [
+        *ANNOTATION_VARIABLES[:2],
+        {"name": "canApprove", "expression": CAN_APPROVE},
+        {"name": "oldGated",
+         "expression": f"!({tools_changed}) ? [] : "
+                       "oldObject.spec.agent.?tools.orValue([]).filter(t, t.?requiresApproval.orValue(false))"},
+        {"name": "newTools", "expression": "object.spec.agent.?tools.orValue([])"},
+        {"name": "gatedRemoved",
+         "expression": "variables.oldGated.filter(t, !variables.newTools.exists(n, n.name == t.name)).map(t, t.name)"},
+    ]
+    for field, changed, _ in GATED_TOOL_FIELDS:
+        variables.append({
+            "name": _gated_var(field),
+            "expression": f"variables.oldGated.filter(t, variables.newTools.exists(n, n.name == t.name && ({changed})))"
+                          ".map(t, t.name)",
+        })
+    old_owner = "oldObject.spec.?approval.?owner.orValue('')"
+    variables += [
+        {"name": "ownerChanged",
+         "expression": f"oldObject != null && object.spec.?approval.?owner.orValue('') != {old_owner}"},
+        {"name": "oldOwnerGroup",
+         "expression": f"oldObject != null && {old_owner}.startsWith({_lit(OWNER_GROUP_PREFIX)}) ? "
+                       f"{old_owner}.substring({_PREFIX_LEN}) : ''"},
+    ]
+
+    def rule(expr: str, field: str, what: str, why: str = CHANGES_THE_CALL) -> dict[str, Any]:
+        return {"expression": f"variables.canApprove || {expr}", "messageExpression": guard_message(field, what, why),
+                "reason": "Forbidden"}
+
+    validations: list[dict[str, Any]] = [
+        {
+            # where the creator is stamped this holds trivially (the mutating policy ran first)
+            "expression": f"oldObject != null || !({new_has}) || variables.newAnn[{k}] == {_USER}",
+            "messageExpression": f"'the annotation {ap.ANN_CREATED_BY} must be your authenticated user name \"' + "
+                                 f"{_USER} + '\" when you create an AgentRun: the API server records who created "
+                                 "the run (leave it out where it is stamped, Kubernetes >= 1.36)'",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": f"oldObject == null || (({old_has}) == ({new_has}) && "
+                          f"(!({old_has}) || variables.oldAnn[{k}] == variables.newAnn[{k}]))",
+            "message": f"the annotation {ap.ANN_CREATED_BY} is recorded by the API server when the run is created "
+                       "and cannot be added, changed or removed afterwards",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": f"!object.spec.?approval.?distinctFromCreator.orValue(false) || {new_has}",
+            "message": f"spec.approval.distinctFromCreator needs the creator recorded in the annotation "
+                       f"{ap.ANN_CREATED_BY} at creation (stamped by the API server on Kubernetes >= 1.36; "
+                       "elsewhere set it to your own user name when you create the run); this run has none",
+            "reason": "Forbidden",
+        },
+        rule("size(variables.gatedRemoved) == 0",
+             "variables.gatedRemoved.map(n, 'spec.agent.tools[' + n + ']').join(', ')",
+             "remove a tool with requiresApproval"),
+    ]
+    for field, _, what in GATED_TOOL_FIELDS:
+        var = f"variables.{_gated_var(field)}"
+        validations.append(rule(f"size({var}) == 0", f"{var}.map(n, 'spec.agent.tools[' + n + '].{field}').join(', ')",
+                                what))
+    validations += [
+        rule("oldObject == null || object.spec.agent.?image.orValue('') == oldObject.spec.agent.?image.orValue('')",
+             "'spec.agent.image'", "change the lap image"),
+        rule("!variables.ownerChanged", "'spec.approval.owner'", "change who decides", CHANGES_WHO_DECIDES),
+        rule("oldObject == null || object.spec.?approval.?approvers.orValue(1) >= "
+             "oldObject.spec.?approval.?approvers.orValue(1)",
+             "'spec.approval.approvers'", "lower the number of approvers", CHANGES_WHO_DECIDES),
+        rule("oldObject == null || !oldObject.spec.?approval.?distinctFromCreator.orValue(false) || "
+             "object.spec.?approval.?distinctFromCreator.orValue(false)",
+             "'spec.approval.distinctFromCreator'", "turn four eyes off (true to false)",
+             CHANGES_WHO_DECIDES),
+        {
+            # four eyes cannot be turned off by the one person it keeps from deciding
+            "expression": "oldObject == null || !oldObject.spec.?approval.?distinctFromCreator.orValue(false) || "
+                          f"object.spec.?approval.?distinctFromCreator.orValue(false) || "
+                          f"variables.oldAnn[?{k}].orValue('') != {_USER}",
+            "messageExpression": f"'spec.approval.distinctFromCreator: user \"' + {_USER} + '\" created agentrun ' + "
+                                 "request.namespace + '/' + request.name + ' and may not turn four eyes off for it "
+                                 f"(annotation {ap.ANN_CREATED_BY}); another approver can'",
+            "reason": "Forbidden",
+        },
+        {
+            # a group owner is handed on only by one of its members (the approve verb alone is not enough)
+            "expression": "!variables.ownerChanged || variables.oldOwnerGroup == '' || "
+                          "variables.oldOwnerGroup in request.userInfo.?groups.orValue([])",
+            "messageExpression": f"'spec.approval.owner: agentrun ' + request.namespace + '/' + request.name + "
+                                 f"' is decided by the members of group ' + variables.oldOwnerGroup + "
+                                 f"' (spec.approval.owner \"{OWNER_GROUP_PREFIX}' + variables.oldOwnerGroup + "
+                                 f"'\"); only they may change its owner, and user \"' + {_USER} + '\" is not one'",
+            "reason": "Forbidden",
+        },
+    ]
+    return {
+        "apiVersion": VAP_API,
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": _meta(VAP_GUARD),
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": _rules([PLURAL]),
+            "matchConditions": [{"name": "main-resource", "expression": ON_MAIN}],
+            "variables": variables,
             "validations": validations,
         },
     }
@@ -251,7 +495,7 @@ def status_policy() -> dict[str, Any]:
     validations = []
     for path in [*top, *(f"approval.{f}" for f in approval)]:
         validations.append({
-            "expression": _unchanged(path),
+            "expression": f"variables.isOperator || {_unchanged(path)}",
             "messageExpression": f"'status.{path} is written only by the agentrun operator (the \"{OPERATE_VERB}\" "
                                  f"verb on {PLURAL}/status, which the chart grants to its ServiceAccount); user \"' + "
                                  f"{_USER} + '\" may change only {allowed}'",
@@ -266,8 +510,10 @@ def status_policy() -> dict[str, Any]:
             "matchConstraints": _rules([f"{PLURAL}/status"]),
             "matchConditions": [
                 {"name": "status-subresource", "expression": ON_STATUS},
-                {"name": "not-the-operator", "expression": "!" + IS_OPERATOR},
             ],
+            # the operator is recognized in variables (matchConditions cannot read them), so that the
+            # chart can name its ServiceAccount in one place (OPERATOR_USERNAMES_VAR)
+            "variables": OPERATOR_VARIABLES,
             "validations": validations,
         },
     }
@@ -332,6 +578,28 @@ def stamp_status_policy() -> dict[str, Any]:
     }
 
 
+def stamp_creator_policy() -> dict[str, Any]:
+    """Stamp the authenticated user into the creator annotation at CREATE, overwriting what the client sent."""
+    return {
+        "apiVersion": MAP_API,
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": _meta(MAP_CREATOR),
+        "spec": {
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "IfNeeded",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["CREATE"], "resources": [PLURAL],
+            }]},
+            "mutations": [{
+                "patchType": "ApplyConfiguration",
+                "applyConfiguration": {
+                    "expression": f"Object{{metadata: Object.metadata{{annotations: {{{_CREATED_BY}: {_USER}}}}}}}",
+                },
+            }],
+        },
+    }
+
+
 def _map_binding(name: str) -> dict[str, Any]:
     return {
         "apiVersion": MAP_API,
@@ -347,12 +615,13 @@ def _map_binding(name: str) -> dict[str, Any]:
 
 
 def validating_documents() -> list[dict[str, Any]]:
-    return stamped([decisions_policy(), _vap_binding(VAP_DECISIONS), status_policy(), _vap_binding(VAP_STATUS)])
+    return stamped([decisions_policy(), _vap_binding(VAP_DECISIONS), status_policy(), _vap_binding(VAP_STATUS),
+                    guard_policy(), _vap_binding(VAP_GUARD)])
 
 
 def mutating_documents() -> list[dict[str, Any]]:
     return stamped([stamp_annotation_policy(), _map_binding(MAP_ANNOTATION), stamp_status_policy(),
-                    _map_binding(MAP_STATUS)])
+                    _map_binding(MAP_STATUS), stamp_creator_policy(), _map_binding(MAP_CREATOR)])
 
 
 FILES: Final = {

@@ -38,6 +38,13 @@ ANN_DECIDED_BY: Final = "agentrun.dev/decided-by"
 (a value sent by a client is overwritten; on clusters without it, a ValidatingAdmissionPolicy
 requires it to equal the requesting user)."""
 
+ANN_CREATED_BY: Final = "agentrun.dev/created-by"
+"""The authenticated user who created the run, stamped at CREATE by the MutatingAdmissionPolicy
+(a value sent by a client is overwritten; on clusters without it, a ValidatingAdmissionPolicy
+requires it to equal the requesting user). Nobody may add, change or remove it afterwards. With
+``spec.approval.distinctFromCreator: true`` that user may not decide the run's approvals. Not a
+decision annotation: the operator never removes it."""
+
 DECISION_ANNOTATIONS: Final = (
     ANN_APPROVED, ANN_REASON, ANN_REASON_SHORT, ANN_CALL_ID, ANN_ARGUMENTS_SHA256, ANN_DECIDED_BY,
 )

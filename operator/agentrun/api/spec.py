@@ -265,6 +265,14 @@ class ApprovalSpec(APIModel):
             "(recorded as TimedOut, distinct from Rejected); \"fail\" ends the run Failed."
         ),
     )
+    distinct_from_creator: bool = Field(
+        default=False,
+        description=(
+            "Four eyes: when true, the user who created the run (annotation agentrun.dev/created-by, "
+            "recorded by the API server) may not decide its approvals; the API server refuses their "
+            "decision. Turning it off again needs the approve verb (docs/security.md)."
+        ),
+    )
 
 
 class BackoffSpec(APIModel):

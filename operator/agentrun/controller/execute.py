@@ -35,6 +35,11 @@ from .kube import EVENTS, GROUP, JOBS, RUNS, VERSION, Kube, path
 from .logs import run_logger
 from .observe import SpecMemo
 
+try:  # the test-fault switch (docs/chaos.md, "Negative control"): not in the wheel, so absent from the image
+    from agentrun import testfault
+except ImportError:  # the product: every hook below is inert
+    testfault = None  # type: ignore[assignment]
+
 log = logging.getLogger("agentrun.controller")
 
 
@@ -317,12 +322,15 @@ class Executor:
                     raise
         status = decision.status
         for a in decision.of(d.CreateJob):
+            a = testfault.create_job(a) if testfault else a  # tests only: lose-decision
             alog = run_logger(ns, name, a.lap, a.attempt)
             assert spec is not None
             try:
                 job = build_job(RunIdentity(ns, name, o.uid), spec, a.lap, a.attempt, a.agent_version, self.config,
                                 approval=a.approval, store=a.store, spec_text=self.spec_text(key, spec))
                 await self.write("jobs", (ns, a.name), "POST", path(JOBS, ns), body=job)
+                if testfault and (dup := testfault.second_job(job)):  # tests only: double-job
+                    await self.write("jobs", (ns, dup["metadata"]["name"]), "POST", path(JOBS, ns), body=dup)
                 out.wrote = True
                 alog.info("created lap Job %s (agent %s)", a.name, a.agent_version)
             except ApiException as exc:

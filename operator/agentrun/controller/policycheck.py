@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -113,7 +114,7 @@ def verdict(wants: Iterable[Wanted], got: Mapping[tuple[str, str], Any]) -> Admi
             shown = one_line(str(have), 16) if have else "none"
             outdated.append(f"{w.kind} {w.name} (version {shown}, this operator expects {w.marker[:12]})")
             continue
-        diff = holds(obj.get("spec"), w.spec)
+        diff = holds(_release_specific(obj.get("spec"), w.spec), w.spec)
         if diff is not None:
             outdated.append(f"{w.kind} {w.name} ({diff} is not what this operator expects)")
     if not missing and not outdated:
@@ -126,6 +127,27 @@ def verdict(wants: Iterable[Wanted], got: Mapping[tuple[str, str], Any]) -> Admi
     reason = Reason.ADMISSION_POLICIES_MISSING if missing else Reason.ADMISSION_POLICIES_OUTDATED
     return AdmissionProblem(str(reason), f"the operator's admission policies are not in place ({'; '.join(parts)}); "
                                          f"{HINT}")
+
+
+#: The one value the chart writes per release (templates/admission-policies.yaml): the variable
+#: admission.OPERATOR_USERNAMES_VAR, ``[]`` as generated, ``["system:serviceaccount:NS:SA"]`` as rendered.
+_OPERATOR_USERNAMES = re.compile(r'^\[("system:serviceaccount:[a-z0-9.-]+:[a-z0-9.-]+")?\]$')
+
+
+def _release_specific(stored: Any, spec: Mapping[str, Any]) -> Any:
+    """``stored`` with the release-specific operator name in place of the generated value, when it
+    has that form (anything else stays, and then differs)."""
+    variables = stored.get("variables") if isinstance(stored, dict) else None
+    generated = {v.get("name"): v.get("expression") for v in spec.get("variables") or [] if isinstance(v, dict)}
+    if not isinstance(variables, list) or admission.OPERATOR_USERNAMES_VAR not in generated:
+        return stored
+    out = dict(stored)
+    out["variables"] = [
+        {**v, "expression": generated[admission.OPERATOR_USERNAMES_VAR]}
+        if isinstance(v, dict) and v.get("name") == admission.OPERATOR_USERNAMES_VAR
+        and _OPERATOR_USERNAMES.match(str(v.get("expression", ""))) else v
+        for v in variables]
+    return out
 
 
 def unreadable(what: str, exc: BaseException) -> AdmissionProblem:

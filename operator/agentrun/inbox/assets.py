@@ -19,6 +19,8 @@ h3 { font-size: 1.05rem; margin: 0 0 0.5rem; overflow-wrap: anywhere; }
 .card.gone { opacity: 0.75; }
 .facts { display: grid; grid-template-columns: repeat(auto-fill, minmax(9.5rem, 1fr)); gap: 0.25rem 1rem; margin: 0 0 0.5rem; }
 .facts div { min-width: 0; }
+.facts div.wide { grid-column: 1 / -1; }
+code.target { overflow-wrap: anywhere; font-weight: 600; }
 .facts dt { font-size: 0.8rem; color: var(--muted); }
 .facts dd { margin: 0; overflow-wrap: anywhere; }
 .countdown { font-variant-numeric: tabular-nums; display: inline-block; min-width: 9ch; }
@@ -67,12 +69,15 @@ form.inline { display: inline; }
 JS = r"""
 (function () {
   "use strict";
-  // sign-in link of `make dev` (/login#token=...): the token never reaches the server's logs as a URL
+  // sign-in link of `make dev` (/login#token=...): the token never reaches the server's logs as a
+  // URL. It is filled in, never submitted: signing in takes a click (a link must not sign anyone
+  // in as whoever made it: login CSRF)
   var tokenInput = document.getElementById("token");
   if (tokenInput && location.hash.indexOf("#token=") === 0) {
     tokenInput.value = decodeURIComponent(location.hash.slice(7));
     history.replaceState(null, "", location.pathname);
-    document.getElementById("login-form").submit();
+    document.getElementById("from-link").hidden = false;
+    document.querySelector("#login-form button[type=submit]").focus();
     return;
   }
   var main = document.getElementById("main");

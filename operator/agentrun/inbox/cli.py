@@ -14,10 +14,14 @@ import click
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 
 
-def _seconds(text: str) -> int:
+MAX_RECHECK = 300  # the token is checked again at least every 5 minutes
+MIN_PROXY_SECRET = 16
+
+
+def _seconds(text: str, hint: str = "--session-ttl") -> int:
     m = _DURATION.match(text.strip())
     if not m:
-        raise click.BadParameter("a duration such as 30m, 8h or 1d", param_hint="--session-ttl")
+        raise click.BadParameter("a duration such as 30m, 8h or 1d", param_hint=hint)
     return int(m[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m[2]]
 
 
@@ -28,6 +32,19 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _proxy_secret(path: str) -> bytes:
+    """The shared secret of the auth proxy, from a file (a mounted Secret); never logged."""
+    try:
+        with open(path, "rb") as fh:
+            secret = fh.read().strip()
+    except OSError as e:
+        raise click.BadParameter(f"cannot read it: {e.strerror}", param_hint="--proxy-secret-file") from None
+    if len(secret) < MIN_PROXY_SECRET:
+        raise click.BadParameter(f"the secret must be at least {MIN_PROXY_SECRET} characters",
+                                 param_hint="--proxy-secret-file")
+    return secret
 
 
 @click.command("inbox", short_help="Serve the approval inbox (a web page for approvers).")
@@ -50,14 +67,33 @@ def _loopback(host: str) -> bool:
               help="auto: Secure cookies unless serving plain HTTP on a loopback address (development).")
 @click.option("--tls-cert", default=None, envvar="AGENTRUN_INBOX_TLS_CERT", help="Serve HTTPS with this certificate.")
 @click.option("--tls-key", default=None, envvar="AGENTRUN_INBOX_TLS_KEY")
-@click.option("--token-audience", "audiences", multiple=True, help="Audiences a sign-in token must carry.")
+@click.option("--token-audience", "audiences", multiple=True,
+              help="Audiences a sign-in token must carry (the TokenReview answer must name one).")
+@click.option("--session-recheck", default="5m", show_default=True, envvar="AGENTRUN_INBOX_SESSION_RECHECK",
+              help="Token mode: check the session's token again (TokenReview) this often; at most 5m.")
+@click.option("--proxy-groups", default="", envvar="AGENTRUN_INBOX_PROXY_GROUPS",
+              help="Proxy mode: comma-separated groups taken from the groups header; others are dropped "
+                   "(empty: none). system: groups are refused.")
+@click.option("--proxy-secret-file", default=None, envvar="AGENTRUN_INBOX_PROXY_SECRET_FILE",
+              help="Proxy mode: a file holding the secret the proxy sends in --proxy-secret-header.")
+@click.option("--proxy-secret-header", default="X-Agentrun-Proxy-Secret", show_default=True,
+              envvar="AGENTRUN_INBOX_PROXY_SECRET_HEADER")
+@click.option("--proxy-client-ca", default=None, envvar="AGENTRUN_INBOX_PROXY_CLIENT_CA",
+              help="Proxy mode: the CA (PEM) of the proxy's client certificate (mTLS; needs --tls-cert).")
+@click.option("--request-timeout", default="10s", show_default=True, envvar="AGENTRUN_INBOX_REQUEST_TIMEOUT",
+              help="A connection must send its whole request (and TLS handshake) within this.")
+@click.option("--max-pending", default=64, show_default=True, type=click.IntRange(1, 10000),
+              envvar="AGENTRUN_INBOX_MAX_PENDING",
+              help="Connections that have not sent a whole request yet, at most (a new one closes the oldest).")
 @click.option("--laps", default=3, show_default=True, type=click.IntRange(1, 20),
               help="Recent laps shown per pending approval.")
 @click.option("--kubeconfig", default=None, help="Kubeconfig of the inbox itself (default: in-cluster, KUBECONFIG).")
 @click.option("--context", default=None)
 def inbox_command(listen: str, port: int, port_file: str | None, auth: str, user_header: str, groups_header: str,
                   namespaces: str, session_ttl: str, cookie_secure: str, tls_cert: str | None, tls_key: str | None,
-                  audiences: tuple[str, ...], laps: int, kubeconfig: str | None, context: str | None) -> None:
+                  audiences: tuple[str, ...], session_recheck: str, proxy_groups: str, proxy_secret_file: str | None,
+                  proxy_secret_header: str, proxy_client_ca: str | None, request_timeout: str, max_pending: int,
+                  laps: int, kubeconfig: str | None, context: str | None) -> None:
     """Serve the approval inbox: pending approvals, Approve/Reject, recent decisions, live.
 
     Every read and decision goes to the API server impersonating the signed-in person, so the
@@ -76,20 +112,43 @@ def inbox_command(listen: str, port: int, port_file: str | None, auth: str, user
     if bool(tls_cert) != bool(tls_key):
         raise click.BadParameter("give both --tls-cert and --tls-key", param_hint="--tls-cert")
     secure = {"always": True, "never": False}.get(cookie_secure, bool(tls_cert) or not _loopback(listen))
+    recheck = _seconds(session_recheck, "--session-recheck")
+    if not 1 <= recheck <= MAX_RECHECK:
+        raise click.BadParameter("between 1s and 5m: a revoked token must end its session within 5 minutes",
+                                 param_hint="--session-recheck")
+    groups = tuple(g.strip() for g in proxy_groups.split(",") if g.strip())
+    for g in groups:
+        if g.startswith("system:"):
+            raise click.BadParameter(f"{g!r}: system: groups are never taken from proxy headers",
+                                     param_hint="--proxy-groups")
+    secret = _proxy_secret(proxy_secret_file) if proxy_secret_file else None
+    if auth == "proxy" and secret is None and not proxy_client_ca:
+        raise click.UsageError("--auth proxy needs --proxy-secret-file and/or --proxy-client-ca: the auth proxy must "
+                               "prove to the inbox that it is the proxy (docs/inbox.md \"Trust in proxy mode\")")
+    if proxy_client_ca and not tls_cert:
+        raise click.BadParameter("needs --tls-cert and --tls-key (client certificates are a TLS thing)",
+                                 param_hint="--proxy-client-ca")
     settings = Settings(auth=auth, user_header=user_header, groups_header=groups_header or None,
                         namespaces=tuple(n.strip() for n in namespaces.split(",") if n.strip()),
                         session_ttl=_seconds(session_ttl), secure_cookies=secure, token_audiences=audiences,
-                        laps=laps)
+                        laps=laps, session_recheck=recheck, proxy_groups=groups, proxy_secret=secret,
+                        proxy_secret_header=proxy_secret_header, proxy_mtls=bool(proxy_client_ca),
+                        request_timeout=float(_seconds(request_timeout, "--request-timeout")), max_pending=max_pending)
     if key_text:
         settings.key = key_text.encode()
     kube = Kube(load_connection(kubeconfig, context))
-    srv = make_server(Inbox(kube, settings), listen, port)
+    ctx = None
     scheme = "http"
     if tls_cert:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(tls_cert, tls_key)
-        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+        if proxy_client_ca:
+            ctx.load_verify_locations(cafile=proxy_client_ca)
+            # optional at the handshake, required by every request: a connection without one gets a 401
+            # that says why, not a bare handshake failure
+            ctx.verify_mode = ssl.CERT_OPTIONAL
         scheme = "https"
+    srv = make_server(Inbox(kube, settings), listen, port, tls=ctx)
     bound = srv.server_address[1]
     if port_file:
         with open(port_file + ".tmp", "w") as fh:
@@ -99,12 +158,12 @@ def inbox_command(listen: str, port: int, port_file: str | None, auth: str, user
         "serving the approval inbox on %s://%s:%s (auth %s, %s, secure cookies %s)", scheme, listen, bound, auth,
         "namespaces " + ",".join(settings.namespaces) if settings.namespaces else "every namespace the person sees",
         secure)
-    if auth == "proxy" and not _loopback(listen):
-        logging.getLogger("agentrun.inbox").warning(
-            "proxy mode on %s: the inbox believes the %s/%s headers of whatever reaches this port, so only the "
-            "auth proxy may reach it (a sidecar on 127.0.0.1, or an ingress NetworkPolicy: docs/inbox.md, "
-            "\"Trust in proxy mode\"); system: users and groups are refused whatever it sends", listen,
-            user_header[:64], (groups_header or "-")[:64])
+    if auth == "proxy":
+        logging.getLogger("agentrun.inbox").info(
+            "proxy mode: requests must carry %s; groups taken from %s: %s; system: users and groups are refused",
+            " and ".join(([proxy_secret_header[:64]] if secret is not None else [])
+                         + (["a client certificate of the proxy CA"] if proxy_client_ca else [])),
+            (groups_header or "-")[:64], ",".join(groups)[:300] or "none")
     try:
         srv.serve_forever()
     except KeyboardInterrupt:

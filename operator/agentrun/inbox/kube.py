@@ -182,7 +182,9 @@ class Kube:
 
     def token_review(self, token: str, audiences: list[str] | None = None) -> User | None:
         """The person a bearer token belongs to (TokenReview as the inbox), or None if the API
-        server does not authenticate it. The token is never logged nor kept."""
+        server does not authenticate it. With ``audiences``, the answer's ``status.audiences`` must
+        name one of them (an authenticator that ignores the requested audiences answers none:
+        refused, AudienceRefused). The token is never logged nor kept here."""
         spec: dict[str, Any] = {"token": token}
         if audiences:
             spec["audiences"] = audiences
@@ -196,4 +198,18 @@ class Kube:
         name = info.get("username") or ""
         if not name:
             return None
+        if audiences:
+            answered = [a for a in (st.get("audiences") or []) if isinstance(a, str)]
+            if not set(answered) & set(audiences):
+                raise AudienceRefused(audiences, answered)
         return User(name=name, groups=tuple(info.get("groups") or ()))
+
+
+class AudienceRefused(Exception):
+    """A TokenReview authenticated the token but its answer names none of the audiences the inbox
+    requires (``--token-audience``)."""
+
+    def __init__(self, wanted: list[str], answered: list[str]) -> None:
+        self.wanted, self.answered = wanted, answered
+        super().__init__(f"the API server's TokenReview answer names the audiences {answered[:8]!r}, none of "
+                         f"{wanted[:8]!r} (--token-audience)")

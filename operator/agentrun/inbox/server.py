@@ -17,6 +17,8 @@ import logging
 import queue
 import re
 import secrets
+import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,12 +27,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import httpx
+
 from agentrun.api.approval import MAX_CALL_ID_CHARS, MAX_REASON_CHARS, SHA256_HEX_CHARS
 from agentrun.api.crdgen import PLURAL
 from agentrun.api.text import one_line
 from agentrun.cli.approvals import AWAITING, binding, decision_patch, queue_rows, refusal
 from agentrun.inbox import assets, identity, view
-from agentrun.inbox.kube import RUNS, ApiError, Kube, User
+from agentrun.inbox.kube import RUNS, ApiError, AudienceRefused, Kube, User
 from agentrun.inbox.laps import LapReader
 
 log = logging.getLogger("agentrun.inbox")
@@ -41,6 +45,10 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _NS = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SHA = re.compile(f"^[0-9a-f]{{{SHA256_HEX_CHARS}}}$")
 _CALL = re.compile(f"^[A-Za-z0-9_.:-]{{1,{MAX_CALL_ID_CHARS}}}$")
+SESSION_ENDED = ("Your session ended: the API server no longer accepts the token you signed in with (revoked, or "
+                 "expired). Sign in again.")
+LOGIN_CSRF_REFUSED = ("The sign-in form expired or was not sent from this inbox's own page: sign in again from the "
+                      "form below.")
 LISTABLE_TTL = 600.0  # how long the namespaces a page load could list narrow that person's watches
 
 SECURITY_HEADERS = {
@@ -71,12 +79,26 @@ class Settings:
     max_watches: int = 1000  # API watches (one thread each), all streams together
     max_watches_per_stream: int = 20  # more scopes than this: the stream polls instead of watching
     poll_seconds: int = 30  # a polling stream's "change" interval
+    session_recheck: int = 300  # token mode: the token is checked again (TokenReview) this often
+    # proxy mode: the groups taken from the proxy's groups header (others are dropped)
+    proxy_groups: tuple[str, ...] = ()
+    # proxy mode: how the proxy proves it is the proxy (at least one; both when both are set)
+    proxy_secret: bytes | None = None  # the value of proxy_secret_header, compared in constant time
+    proxy_secret_header: str = "X-Agentrun-Proxy-Secret"
+    proxy_mtls: bool = False  # a client certificate verified against the CA of the server's TLS context
+    # before a request is in: its request line, headers and body must arrive within request_timeout,
+    # and at most max_pending connections wait for theirs (the oldest is closed to make room)
+    request_timeout: float = 10.0
+    max_pending: int = 64
+    io_timeout: float = 30.0  # any one read or write on a connection
 
 
 class Inbox:
     """The application: state shared by the request threads."""
 
     def __init__(self, kube: Kube, settings: Settings, reader: LapReader | None = None) -> None:
+        if settings.auth == "proxy" and settings.proxy_secret is None and not settings.proxy_mtls:
+            raise ValueError("proxy mode needs proxy_secret and/or proxy_mtls: the auth proxy must prove it is the proxy")
         self.kube, self.settings = kube, settings
         self.reader = reader or LapReader()
         self._can: dict[tuple[str, tuple[str, ...], str], tuple[float, bool]] = {}
@@ -184,6 +206,9 @@ class Inbox:
         _, current_sha, _ = binding(run, stored)
         if current_sha != sha:
             return 409, "The arguments of this call are not the ones shown (sha256 differs): look at it again."
+        shown_target = form.get("targetSha256", "")
+        if shown_target and ap.get("targetSha256") != shown_target:
+            return 409, "What this call will run is not what was shown (its target changed): look at it again."
         patch = decision_patch(decision == "approve", reason or None, run["metadata"].get("resourceVersion"),
                                call_id=call_id, sha256=sha, decided_by=user.name)
         try:
@@ -273,25 +298,48 @@ def _offer(out: queue.Queue[dict[str, Any]], item: dict[str, Any]) -> None:
         pass
 
 
+Headers = dict[str, str] | list[tuple[str, str]]
+
+
 class Handler(BaseHTTPRequestHandler):
     server_version = "agentrun-inbox"
     sys_version = ""
     app: Inbox  # set on the subclass by make_server
+    server: InboxServer
     protocol_version = "HTTP/1.1"
+    _user: User | None = None  # the person of this request, for the log line
 
     # --- plumbing ---------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        super().setup()  # sets the socket's timeout to ``timeout`` (Settings.io_timeout, set by make_server)
+        if isinstance(self.connection, ssl.SSLSocket):
+            self.connection.do_handshake()  # here, in this connection's thread, under the request deadline
+
+    def handle_one_request(self) -> None:
+        self.server.waiting(self.connection)  # until the whole request is in (parse_request, do_POST)
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        if ok and self.command != "POST":
+            self.server.received(self.connection)
+        return ok
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
         pass  # one line per request is logged by _send, without query strings or bodies
 
     def _send(self, status: int, body: bytes | str, ctype: str = "text/html; charset=utf-8",
-              headers: dict[str, str] | None = None) -> None:
+              headers: Headers | None = None) -> None:
         data = body.encode() if isinstance(body, str) else body
         self.send_response(status)
-        for k, v in {**SECURITY_HEADERS, **(headers or {})}.items():
+        extra = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
+        for k, v in [*SECURITY_HEADERS.items(), *extra]:
             self.send_header(k, v)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
@@ -302,14 +350,18 @@ class Handler(BaseHTTPRequestHandler):
         who = user.name[:64] if user is not None else "-"
         log.info("%s %s %s %s", self.command, urlsplit(self.path).path[:200], status, who)
 
-    def _json(self, status: int, doc: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    def _json(self, status: int, doc: dict[str, Any], headers: Headers | None = None) -> None:
         self._send(status, json.dumps(doc), "application/json", headers)
 
-    def _redirect(self, where: str, headers: dict[str, str] | None = None) -> None:
-        self._send(303, "", headers={"Location": where, **(headers or {})})
+    def _redirect(self, where: str, headers: Headers | None = None) -> None:
+        extra = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
+        self._send(303, "", headers=[("Location", where), *extra])
 
     def _wants_json(self) -> bool:
         return "application/json" in (self.headers.get("Accept") or "")
+
+    def _api_path(self) -> bool:
+        return self._wants_json() or self.path.startswith(("/fragment", "/events", "/decide"))
 
     def _headers_lower(self) -> dict[str, str]:
         return {k.lower(): v for k, v in self.headers.items()}
@@ -325,26 +377,65 @@ class Handler(BaseHTTPRequestHandler):
         return urlsplit(origin).netloc == host and origin != "null"
 
     def _form(self) -> dict[str, str] | None:
+        """The urlencoded body (at most MAX_BODY bytes, read within the request deadline), or None
+        (too large, or not a plain Content-Length body: the connection is then closed, so the
+        unread rest is never taken for the next request)."""
         try:
             n = int(self.headers.get("Content-Length") or 0)
         except ValueError:
-            return None
-        if n < 0 or n > MAX_BODY:
+            n = -1
+        if n < 0 or n > MAX_BODY or self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
             return None
         raw = self.rfile.read(n).decode("utf-8", errors="replace")
         return {k: v[0] for k, v in parse_qs(raw, keep_blank_values=True).items()}
 
     # --- who is asking ----------------------------------------------------------------------
 
-    def _session(self) -> tuple[identity.Session | None, dict[str, str], tuple[int, str] | None]:
-        """The session, Set-Cookie headers to send with the answer (proxy mode), and a refusal
-        (HTTP status, message) when the proxy's headers name someone the inbox will not act as."""
+    def _proxy_refusal(self) -> str | None:
+        """Proxy mode: why this request is not from the auth proxy (None: it is). The proxy proves
+        itself with the shared secret header and/or a client certificate (docs/inbox.md "Trust")."""
+        s = self.app.settings
+        if s.auth != "proxy":
+            return None
+        if s.proxy_mtls:
+            cert = self.connection.getpeercert() if isinstance(self.connection, ssl.SSLSocket) else None
+            if not cert:
+                return ("Refused: the inbox answers only its auth proxy, and this connection has no client "
+                        "certificate signed by the proxy CA (--proxy-client-ca).")
+        if s.proxy_secret is not None:
+            sent = self.headers.get_all(s.proxy_secret_header) or []
+            if len(sent) != 1 or not identity.proxy_secret_ok(sent[0], s.proxy_secret):
+                return (f"Refused: the inbox answers only its auth proxy, and this request does not carry the "
+                        f"proxy's {s.proxy_secret_header} header (or carries a wrong one).")
+        return None
+
+    def _refuse_unauthenticated_proxy(self) -> bool:
+        why = self._proxy_refusal()
+        if why is None:
+            return False
+        self._user = None
+        self.close_connection = True
+        log.warning("refused: a request not from the auth proxy (%s)",
+                    "no client certificate" if "certificate" in why else f"no or wrong {self.app.settings.proxy_secret_header}")
+        if self._api_path() or self.command == "POST":
+            self._json(401, {"message": why})
+        else:
+            self._send(401, view.message_html("Not from the auth proxy", why))
+        return True
+
+    def _session(self) -> tuple[identity.Session | None, Headers, tuple[int, str] | None]:
+        """The session, Set-Cookie headers to send with the answer, and a refusal (HTTP status,
+        message): in proxy mode when the proxy's headers name someone the inbox will not act as,
+        in token mode when the re-check of the token (TokenReview) ends the session."""
         s = self.app.settings
         now = time.time()
         cookie = identity.parse_cookies(self.headers.get("Cookie")).get(identity.COOKIE)
         session = identity.decode_session(cookie, s.key, now)
         if s.auth != "proxy":
-            return session, {}, None
+            if session is None or now - session.checked < s.session_recheck:
+                return session, {}, None
+            return self._recheck(session, now)
         for name in (s.user_header, s.groups_header):
             # a client's own header next to the proxy's (a proxy that appends instead of replacing):
             # which one is the proxy's cannot be told, so neither is taken
@@ -353,7 +444,8 @@ class Handler(BaseHTTPRequestHandler):
                 return None, {}, (400, f"The request carries the header {name} more than once: the auth proxy in "
                                        "front of the inbox must replace it, not append to it.")
         try:
-            user = identity.proxy_user(self._headers_lower(), s.user_header, s.groups_header)
+            user = identity.proxy_user(self._headers_lower(), s.user_header, s.groups_header,
+                                       frozenset(s.proxy_groups))
         except identity.ReservedIdentity as e:
             log.warning("refused: the auth proxy's headers name the %s %s (system: identities are never taken "
                         "from proxy headers)", e.what, one_line(e.value, 80))
@@ -371,20 +463,55 @@ class Handler(BaseHTTPRequestHandler):
         value = identity.encode_session(session, s.key)
         return session, {"Set-Cookie": identity.cookie_header(value, s.session_ttl, s.secure_cookies)}, None
 
-    def _signed_in(self) -> tuple[identity.Session | None, dict[str, str]]:
+    def _recheck(self, session: identity.Session, now: float) -> tuple[identity.Session | None, Headers,
+                                                                         tuple[int, str] | None]:
+        """Token mode: TokenReview of the session's token again (every ``session_recheck``). A token
+        the API server no longer accepts (revoked: its ServiceAccount or bound object deleted, or a
+        webhook's answer) ends the session; an API server that does not answer refuses this request
+        and keeps the cookie (the next request tries again)."""
+        s = self.app.settings
+        ended = {"Set-Cookie": identity.cookie_header("", 0, s.secure_cookies)}
+        who = session.user.name[:64]
+        token = identity.open_token(session.sealed, s.key)
+        if token is None:
+            log.info("session of %s ended: it holds no token to check again", who)
+            return None, ended, (401, SESSION_ENDED)
+        try:
+            user = self.app.kube.token_review(token, list(s.token_audiences) or None)
+        except AudienceRefused as e:
+            log.info("session of %s ended: %s", who, one_line(str(e), 300))
+            user = None
+        except (ApiError, httpx.HTTPError) as e:
+            log.warning("re-check of the session of %s: TokenReview failed: %s", who, one_line(str(e), 300))
+            return None, {}, (502, "The API server could not check your sign-in again (TokenReview): try again shortly.")
+        finally:
+            del token
+        if user is None or user.name != session.user.name:
+            log.info("session of %s ended: the API server no longer accepts its token", who)
+            return None, ended, (401, SESSION_ENDED)
+        try:
+            fresh = identity.rechecked(session, identity.checked_user(user.name, user.groups), now)
+            value = identity.encode_session(fresh, s.key)
+        except identity.IdentityError as e:
+            return None, ended, (401, f"Your session ended: {e}")
+        return fresh, {"Set-Cookie": identity.cookie_header(value, fresh.expires - int(now), s.secure_cookies)}, None
+
+    def _signed_in(self) -> tuple[identity.Session | None, Headers]:
         session, headers, refused = self._session()
         self._user = session.user if session else None
         if refused is not None:
             status, message = refused
-            if self._wants_json() or self.path.startswith(("/fragment", "/events", "/decide")):
-                self._json(status, {"message": message})
+            if self._api_path():
+                self._json(status, {"message": message}, headers)
+            elif self.app.settings.auth == "token" and status == 401:
+                self._send_login(message, status, headers)
             else:
-                self._send(status, view.message_html("Not signed in", message))
+                self._send(status, view.message_html("Not signed in", message), headers=headers)
         elif session is None:
             if self.app.settings.auth == "proxy":
                 self._send(401, view.message_html("Not signed in", "The auth proxy in front of the inbox sent no "
                                                   "user: the inbox is reachable only through it."))
-            elif self._wants_json() or self.path.startswith(("/fragment", "/events", "/decide")):
+            elif self._api_path():
                 self._json(401, {"message": "not signed in"})
             else:
                 self._redirect("/login")
@@ -398,16 +525,18 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
         try:
-            if path == "/favicon.ico":
-                return self._send(204, "", "image/x-icon")
             if path == "/healthz":
                 return self._send(200, "ok", "text/plain")
+            if self._refuse_unauthenticated_proxy():
+                return None
+            if path == "/favicon.ico":
+                return self._send(204, "", "image/x-icon")
             if path == "/static/app.css":
                 return self._send(200, assets.CSS, "text/css; charset=utf-8")
             if path == "/static/app.js":
                 return self._send(200, assets.JS, "text/javascript; charset=utf-8")
             if path == "/login":
-                return self._send(200, view.login_html(None, self._proxy_note()))
+                return self._send_login(None)
             if path not in ("/", "/fragment", "/events"):
                 return self._send(404, view.message_html("Not found", "There is no such page."))
             session, headers = self._signed_in()
@@ -415,7 +544,7 @@ class Handler(BaseHTTPRequestHandler):
                 return None
             csrf = session.csrf(self.app.settings.key)
             if path == "/events":
-                return self._events(session.user)
+                return self._events(session, headers)
             main = self.app.main_html(session.user, csrf)
             if path == "/fragment":
                 return self._send(200, main, headers=headers)
@@ -429,19 +558,23 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         path = urlsplit(self.path).path
         try:
+            form = self._form()  # the whole request is in: no longer counted as waiting for it
+            self.server.received(self.connection)
+            if self._refuse_unauthenticated_proxy():
+                return None
             if not self._same_origin():
                 self._user = None
                 return self._json(403, {"message": "cross-site request refused"})
+            if form is None:
+                self._user = None
+                return self._json(413, {"message": f"the request body must be a form of at most {MAX_BODY} bytes"})
             if path == "/login":
-                return self._login()
+                return self._login(form)
             if path not in ("/decide", "/logout"):
                 return self._send(404, view.message_html("Not found", "There is no such page."))
             session, headers = self._signed_in()
             if session is None:
                 return None
-            form = self._form()
-            if form is None:
-                return self._json(413, {"message": "request body too large"})
             token = form.get("csrf") or self.headers.get("X-CSRF-Token")
             if not session.csrf_ok(self.app.settings.key, token):
                 return self._json(403, {"message": "missing or wrong CSRF token: reload the page"})
@@ -463,37 +596,72 @@ class Handler(BaseHTTPRequestHandler):
             return "This inbox signs people in through the auth proxy in front of it; a token is not accepted here."
         return None
 
-    def _login(self) -> None:
+    def _send_login(self, error: str | None, status: int = 200, headers: Headers | None = None) -> None:
+        """The sign-in page. In token mode its form carries a CSRF token bound to a fresh nonce in
+        a cookie of its own (SameSite=Strict, Path=/login): a form posted from anywhere else (login
+        CSRF: signing someone in as the attacker) has neither."""
+        s = self.app.settings
+        extra = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
+        if s.auth != "token":
+            return self._send(status, view.login_html(error, self._proxy_note()), headers=extra)
+        nonce = secrets.token_urlsafe(16)
+        extra.append(("Set-Cookie", identity.cookie_header(nonce, identity.LOGIN_FORM_SECONDS, s.secure_cookies,
+                                                           name=identity.LOGIN_COOKIE, path="/login")))
+        self._send(status, view.login_html(error, None, identity.login_csrf(s.key, nonce)), headers=extra)
+
+    def _login(self, form: dict[str, str]) -> None:
         s = self.app.settings
         self._user = None
         if s.auth != "token":
             return self._send(400, view.login_html("Sign-in by token is off: use the auth proxy.", self._proxy_note()))
-        form = self._form()
-        token = (form or {}).get("token", "").strip()
+        nonce = identity.parse_cookies(self.headers.get("Cookie")).get(identity.LOGIN_COOKIE)
+        if not identity.login_csrf_ok(s.key, nonce, form.get("csrf")):
+            log.warning("sign-in refused: the form's CSRF token is missing or not the one of its cookie")
+            return self._send_login(LOGIN_CSRF_REFUSED, 403)
+        token = form.get("token", "").strip()
         if not token or len(token) > MAX_TOKEN:
-            return self._send(400, view.login_html("Paste a token."))
+            return self._send_login("Paste a token.", 400)
         try:
             user = self.app.kube.token_review(token, list(s.token_audiences) or None)
+        except AudienceRefused as e:
+            log.warning("sign-in refused: %s", one_line(str(e), 300))
+            return self._send_login("This token is not meant for this inbox: the API server's answer names none of "
+                                    "the audiences the inbox requires.", 401)
         except ApiError as e:
             log.warning("TokenReview failed: HTTP %s: %s", e.status, e.message[:300])
-            return self._send(502, view.login_html("The API server could not check the token (TokenReview)."))
-        del token
+            return self._send_login("The API server could not check the token (TokenReview).", 502)
         if user is None:
-            return self._send(401, view.login_html("The API server did not accept this token."))
+            return self._send_login("The API server did not accept this token.", 401)
+        now = time.time()
         try:
             user = identity.checked_user(user.name, user.groups)
-            value = identity.encode_session(identity.new_session(user, time.time(), s.session_ttl), s.key)
+            session = identity.new_session(user, now, s.session_ttl, token=token, key=s.key)
+            value = identity.encode_session(session, s.key)
         except identity.IdentityError as e:
-            return self._send(400, view.login_html(f"Cannot sign in: {e}"))
+            return self._send_login(f"Cannot sign in: {e}", 400)
+        finally:
+            del token
+        if session.expires <= now:
+            return self._send_login("This token has expired.", 401)
         self._user = user
-        self._redirect("/", {"Set-Cookie": identity.cookie_header(value, s.session_ttl, s.secure_cookies)})
+        self._redirect("/", [
+            ("Set-Cookie", identity.cookie_header(value, session.expires - int(now), s.secure_cookies)),
+            ("Set-Cookie", identity.cookie_header("", 0, s.secure_cookies, name=identity.LOGIN_COOKIE, path="/login")),
+        ])
 
-    def _events(self, user: User) -> None:
+    def _events(self, session: identity.Session, headers: Headers) -> None:
         """Server-sent events: ``change`` on each watch event of the person's agentruns, a comment
         every 15 s, closed after ``sse_seconds`` (the browser reconnects and the page refreshes).
         At most ``max_watches_per_stream`` watches (one thread each) per stream and ``max_watches``
-        in all; beyond either, the stream sends a ``change`` every ``poll_seconds`` instead."""
+        in all; beyond either, the stream sends a ``change`` every ``poll_seconds`` instead. It ends
+        no later than the session, and in token mode when the token is due to be checked again
+        (the browser reconnects, and that request checks it)."""
         app = self.app
+        user = session.user
+        now = time.time()
+        left = session.expires - now
+        if app.settings.auth == "token":
+            left = min(left, session.checked + app.settings.session_recheck - now)
         if not app.streams.acquire(blocking=False):
             return self._json(503, {"message": "too many live connections"})
         stop = threading.Event()
@@ -516,6 +684,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
             self.send_header("X-Accel-Buffering", "no")
+            for k, v in (list(headers.items()) if isinstance(headers, dict) else headers):
+                self.send_header(k, v)
             self.end_headers()
             self.close_connection = True
             self._log(200)
@@ -526,7 +696,7 @@ class Handler(BaseHTTPRequestHandler):
                 held -= 1  # the thread releases its own
             self.wfile.write(b"retry: 2000\n\n")
             self.wfile.flush()
-            end = time.monotonic() + app.settings.sse_seconds
+            end = time.monotonic() + max(1.0, min(float(app.settings.sse_seconds), left))
             wait = 15 if scopes is not None else min(15, app.settings.poll_seconds)
             next_poll = time.monotonic() + app.settings.poll_seconds
             while time.monotonic() < end:
@@ -558,8 +728,91 @@ class Handler(BaseHTTPRequestHandler):
             self.app.watches.release()
 
 
-def make_server(app: Inbox, host: str, port: int) -> ThreadingHTTPServer:
-    handler = type("InboxHandler", (Handler,), {"app": app})
-    srv = ThreadingHTTPServer((host, port), handler)
-    srv.daemon_threads = True
-    return srv
+class InboxServer(ThreadingHTTPServer):
+    """``ThreadingHTTPServer`` (a thread per connection) that bounds what a connection that has
+    not yet sent a whole request can hold: it must send it (request line, headers, body; and the
+    TLS handshake) within ``request_timeout`` or it is closed, and at most ``max_pending`` such
+    connections are kept: a new one closes the oldest. Half-sent requests, however many, hold at
+    most ``max_pending`` threads, and a real request still gets in. TLS (``tls``) is set up per
+    connection in its own thread, never in the accepting one."""
+
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 128  # the listen backlog (the standard library's 5 makes a burst of connections wait on SYN retries)
+
+    def __init__(self, address: tuple[str, int], handler: type[Handler], settings: Settings,
+                 tls: ssl.SSLContext | None = None) -> None:
+        self.tls = tls
+        self.request_timeout, self.max_pending = settings.request_timeout, max(1, settings.max_pending)
+        self._pending: dict[Any, float] = {}  # connection -> deadline, oldest first
+        self._plock = threading.Lock()
+        self._closed = threading.Event()
+        super().__init__(address, handler)
+        threading.Thread(target=self._reap, daemon=True, name="inbox-reaper").start()
+
+    def get_request(self) -> tuple[Any, Any]:
+        sock, addr = self.socket.accept()
+        if self.tls is not None:
+            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, addr
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.waiting(request)
+        super().process_request(request, client_address)
+
+    def waiting(self, conn: Any) -> None:
+        """``conn`` waits for (the rest of) a request: from now on it has ``request_timeout``."""
+        evicted = None
+        with self._plock:
+            self._pending.pop(conn, None)
+            if len(self._pending) >= self.max_pending:
+                evicted = next(iter(self._pending))
+                del self._pending[evicted]
+            self._pending[conn] = time.monotonic() + self.request_timeout
+        if evicted is not None:
+            _drop(evicted)
+
+    def received(self, conn: Any) -> None:
+        with self._plock:
+            self._pending.pop(conn, None)
+
+    def pending(self) -> int:
+        with self._plock:
+            return len(self._pending)
+
+    def shutdown_request(self, request: Any) -> None:
+        self.received(request)
+        super().shutdown_request(request)
+
+    def _reap(self) -> None:
+        while not self._closed.wait(0.25):
+            now = time.monotonic()
+            with self._plock:
+                late = [c for c, deadline in self._pending.items() if deadline <= now]
+                for c in late:
+                    del self._pending[c]
+            for c in late:
+                _drop(c)
+
+    def server_close(self) -> None:
+        self._closed.set()
+        super().server_close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a connection closed by the deadline, a failed TLS handshake, a client gone: one line, no traceback
+        import sys
+
+        log.debug("connection ended: %s", type(sys.exc_info()[1]).__name__)
+
+
+def _drop(conn: Any) -> None:
+    """End a connection whose thread is blocked reading it (its read returns at once)."""
+    try:
+        socket.socket.shutdown(conn, socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def make_server(app: Inbox, host: str, port: int, tls: ssl.SSLContext | None = None) -> InboxServer:
+    handler = type("InboxHandler", (Handler,), {"app": app, "timeout": app.settings.io_timeout})
+    return InboxServer((host, port), handler, app.settings, tls)

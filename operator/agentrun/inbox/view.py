@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agentrun.api.approval import MAX_REASON_CHARS
+from agentrun.api.text import one_line
 from agentrun.api.types import parse_time
 from agentrun.cli.approvals import AWAITING, StoredCall, binding, queue_rows
 from agentrun.cli.output import human_duration
@@ -23,6 +24,8 @@ MAX_TASK = 2000
 MAX_ARGUMENTS = 256 * 1024  # characters of pretty JSON shown; beyond: cut, with the sha256 of all of it
 MAX_FIELD = 256
 MAX_HISTORY = 50
+MAX_URL = 512  # characters of a call's target URL shown
+MAX_APPROVERS_SHOWN = 5
 
 
 def esc(value: object, limit: int = MAX_FIELD) -> str:
@@ -57,6 +60,9 @@ class Card:
     warnings: tuple[str, ...] = ()
     laps: tuple[LapSummary, ...] = ()
     laps_error: str | None = None
+    target: str | None = None  # what the call will run: "POST https://... · headers from Secret x"
+    target_sha256: str | None = None
+    approvals: str | None = None  # "1 of 2 approvals (alice)"
 
     @property
     def key(self) -> str:
@@ -65,6 +71,42 @@ class Card:
     @property
     def dom_id(self) -> str:
         return f"run-{self.namespace}.{self.name}"
+
+
+def target_text(ap: dict[str, Any]) -> str | None:
+    """What the pending call will run, from ``status.approval.target`` (written by the operator when
+    the call starts waiting: method, URL without credentials, the headers Secret's name, the
+    image), one line, control characters escaped, bounded; None when the run has no target (runs
+    from before it was recorded)."""
+    t = ap.get("target")
+    if not isinstance(t, dict):
+        return None
+    call = " ".join(p for p in (one_line(str(t.get("method") or ""), 16).upper(),
+                                one_line(str(t.get("url") or ""), MAX_URL)) if p)
+    parts = [call] if call else []
+    if t.get("headersSecret"):
+        parts.append(f"headers from Secret {one_line(str(t['headersSecret']), 253)}")
+    if t.get("image"):
+        parts.append(f"image {one_line(str(t['image']), 300)}")
+    return " · ".join(parts) or None
+
+
+def approvals_text(ap: dict[str, Any]) -> str | None:
+    """"N of M approvals (who)" from ``status.approval.approvalsRequired`` and ``approvedBy``; None
+    when the run has neither (runs from before four eyes)."""
+    required, by = ap.get("approvalsRequired"), ap.get("approvedBy")
+    if required is None and not by:
+        return None
+    users: list[str] = []
+    for entry in by if isinstance(by, list) else []:
+        u = entry.get("user") if isinstance(entry, dict) else None
+        if isinstance(u, str) and u and u not in users:
+            users.append(u)
+    m = required if isinstance(required, int) and not isinstance(required, bool) and required > 0 else 1
+    shown = ", ".join(one_line(u, 64) for u in users[:MAX_APPROVERS_SHOWN])
+    if len(users) > MAX_APPROVERS_SHOWN:
+        shown += f", … ({len(users) - MAX_APPROVERS_SHOWN} more)"
+    return f"{len(users)} of {m} approvals" + (f" ({shown})" if shown else "")
 
 
 def waiting(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -98,7 +140,13 @@ def card(run: dict[str, Any], now: datetime, stored: StoredCall, laps: list[LapS
         requested_at=row["requestedAt"], deadline=row["deadline"], age_seconds=row["ageSeconds"],
         seconds_left=row["secondsLeft"], on_timeout=row["onTimeout"], arguments=args, arguments_source=source,
         sha256=sha, can_decide=can_decide, warnings=tuple(warnings), laps=tuple(laps), laps_error=laps_error,
+        target=target_text(ap), target_sha256=_hex(ap.get("targetSha256")), approvals=approvals_text(ap),
     )
+
+
+def _hex(value: object) -> str | None:
+    return value if isinstance(value, str) and 0 < len(value) <= 128 and all(c in "0123456789abcdef" for c in value) \
+        else None
 
 
 def history_rows(runs: list[dict[str, Any]], limit: int = MAX_HISTORY) -> list[dict[str, Any]]:
@@ -159,7 +207,12 @@ def card_html(c: Card, csrf: str) -> str:
                      f'data-deadline="{esc(c.deadline or "")}">{esc(deadline_text(c.seconds_left))}</time>'),
         ("On timeout", esc(c.on_timeout)),
     ]
+    if c.approvals:
+        facts.append(("Approvals", f'<span class="approvals">{esc(c.approvals, 600)}</span>'))
     dl = "".join(f"<div><dt>{k}</dt><dd>{v}</dd></div>" for k, v in facts)
+    if c.target:  # first and full width: where the call goes is what an approver must see
+        dl = ('<div class="wide"><dt>Will run</dt><dd><code class="target">'
+              f"{esc(c.target, MAX_URL + 700)}</code></dd></div>") + dl
     warn = "".join(f"<li>{esc(w, 600)}</li>" for w in c.warnings)
     if c.can_decide and not (c.call_id and c.sha256):
         action = ('<p class="readonly">This call cannot be bound to what is shown (its call id or arguments digest '
@@ -172,7 +225,8 @@ def card_html(c: Card, csrf: str) -> str:
             f'<input type="hidden" name="name" value="{esc(c.name)}">'
             f'<input type="hidden" name="callId" value="{esc(c.call_id or "")}">'
             f'<input type="hidden" name="sha256" value="{esc(c.sha256 or "")}">'
-            f'<label for="{rid}-reason">Reason <span class="note">(required to reject)</span></label>'
+            + (f'<input type="hidden" name="targetSha256" value="{esc(c.target_sha256)}">' if c.target_sha256 else "")
+            + f'<label for="{rid}-reason">Reason <span class="note">(required to reject)</span></label>'
             f'<textarea id="{rid}-reason" name="reason" rows="2" maxlength="{MAX_REASON_CHARS}"></textarea>'
             '<div class="buttons">'
             '<button type="submit" name="decision" value="approve" class="approve">Approve</button>'
@@ -252,16 +306,25 @@ def page_html(user: str, main: str, csrf: str) -> str:
     ))
 
 
-def login_html(error: str | None, proxy_note: str | None = None) -> str:
+def login_html(error: str | None, proxy_note: str | None = None, csrf: str | None = None) -> str:
+    """The sign-in page. ``csrf``: the form's token (bound to the sign-in cookie); without it (proxy
+    mode) there is no form. A token in the link (``/login#token=``, ``make dev``) is filled in by
+    the script, never sent by it: signing in takes a click (no login CSRF by link)."""
     err = f'<p class="error" role="alert">{esc(error, 300)}</p>' if error else ""
+    form = (
+        '<p>Paste a Kubernetes bearer token (for example <code>kubectl create token NAME</code>, or your '
+        'OIDC ID token). The API server checks it (TokenReview), now and every few minutes; the inbox keeps '
+        'your name and groups, and the token only encrypted in a signed cookie.</p>'
+        '<form method="post" action="/login" id="login-form">'
+        f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
+        '<label for="token">Token</label>'
+        '<input id="token" name="token" type="password" autocomplete="off" required maxlength="16384">'
+        '<p id="from-link" class="notice" hidden>A token from the link you opened is filled in. Sign in only '
+        'if you asked for this link yourself: whoever made it chooses who you are signed in as.</p>'
+        '<button type="submit">Sign in</button></form>'
+    ) if csrf else ""
     body = (
-        '<header><h1>Approval inbox</h1></header><main id="login"><h2>Sign in</h2>' + err
-        + ('<p>Paste a Kubernetes bearer token (for example <code>kubectl create token NAME</code>, or your '
-           'OIDC ID token). The API server checks it (TokenReview); the inbox keeps only your name and groups '
-           'in a signed cookie, never the token.</p>'
-           '<form method="post" action="/login" id="login-form"><label for="token">Token</label>'
-           '<input id="token" name="token" type="password" autocomplete="off" required maxlength="16384">'
-           '<button type="submit">Sign in</button></form>')
+        '<header><h1>Approval inbox</h1></header><main id="login"><h2>Sign in</h2>' + err + form
         + (f'<p class="note">{esc(proxy_note, 300)}</p>' if proxy_note else "") + "</main>"
     )
     return _shell("Sign in · agentrun inbox", body)

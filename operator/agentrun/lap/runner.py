@@ -39,6 +39,11 @@ from agentrun.lap.step import Effects, LapContext, run_lap
 from agentrun.lap.tools.http import HTTPToolRunner
 from agentrun.lap.tools.validate import check_tool_schemas
 
+try:  # the test-fault switch (docs/chaos.md, "Negative control"): not in the wheel, so absent from the image
+    from agentrun import testfault
+except ImportError:  # the product: every hook below is inert
+    testfault = None  # type: ignore[assignment]
+
 # The exit codes and reasons are the operator <-> lap contract (agentrun.api.contract); these
 # names stay for the callers (bench, tests) that import them from here.
 EXIT_OK = ExitCode.OK
@@ -109,6 +114,8 @@ class StoreJournal:
         return entry.body
 
     def put(self, name: str, body: dict[str, Any]) -> bool:
+        if testfault and testfault.skip_journal(name):  # tests only: a lap that skips its journal
+            return True
         stored, written = self.store.put_journal_entry(self.run, self.lap, name, body, agent_version=self.agent_version)
         if written:
             self.sizes[name] = stored.size
@@ -278,6 +285,7 @@ def _execute_lap(
         agent_version=cfg.agent_version, decision=cfg.decision, key_scheme=key_scheme,
     )
     journal = StoreJournal(store, cfg.run, cfg.lap, cfg.agent_version, already_read)
+    tools = testfault.lap_tools(tools, cfg.attempt) if testfault else tools  # tests only: rekey
     fx = Effects(model=model, tools=tools, journal=journal, crash=crash, log=log)
     record = run_lap(ctx, state, fx)
     record = record.model_copy(update={"storage": state.storage})  # its journal is deleted once it is stored

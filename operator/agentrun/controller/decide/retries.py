@@ -15,7 +15,7 @@ from agentrun.api.types import parse_duration
 from .actions import Decision, LapFinished, LapRetried
 from .context import Ctx
 from .observed import ObservedJob
-from .text import cause_text, lap_cause
+from .text import cause_text, lap_cause, signal_name
 
 MAX_RETRY_ENTRIES = 20
 MAX_LAST_REASON_CHARS = 512
@@ -49,6 +49,8 @@ def classify_failure(job: ObservedJob) -> tuple[RetryReason, str]:
     (``RetryableError``, ``DeadlineExceeded: ...``, ``OOMKilled``, ``exit code 137``) and its cause
     (``RetryableError: model endpoint http://m:8080/v1 unreachable (ConnectError)``)."""
     head = job.reason or (f"exit code {job.exit_code}" if job.exit_code is not None else "Failed")
+    if job.exit_code is not None and job.exit_code > 128 and head in ("Error", f"exit code {job.exit_code}"):
+        head = f"killed by {signal_name(job.exit_code - 128)} (exit code {job.exit_code})"
     first = head.split(":", 1)[0].strip()
     if first == "DeadlineExceeded":
         kind = RetryReason.TIMEOUT

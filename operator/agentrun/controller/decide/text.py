@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from typing import Any
 
 from agentrun.api.approval import MAX_DECIDED_BY_CHARS, MAX_REASON_CHARS, SHA256_HEX_CHARS
@@ -105,6 +106,25 @@ def cause_text(text: Any, limit: int = MAX_CAUSE_CHARS) -> str | None:
     return truncate(escape_controls(redact_secrets(first))[0], limit)
 
 
+def signal_name(number: int) -> str:
+    """``SIGKILL`` for 9: the name of the signal a container's exit code 128+N says it died of."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _runner_log_line(line: str) -> bool:
+    """Whether ``line`` is one of the runner's structured log lines (JSON with ``msg``)."""
+    if not line.startswith("{"):
+        return False
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(entry, dict) and "msg" in entry
+
+
 def lap_cause(termination_message: str | None, limit: int = MAX_CAUSE_CHARS) -> str | None:
     """The cause of a failed lap from its pod's termination message, for status, Events and
     ``agentrun runs``: the runner's own ``error`` of its last "lap failed" line when there is one
@@ -115,6 +135,13 @@ def lap_cause(termination_message: str | None, limit: int = MAX_CAUSE_CHARS) -> 
     lines = [ln.strip() for ln in termination_message.splitlines() if ln.strip()]
     if not lines:
         return None
-    cause = next((e for e in map(_runner_error, reversed(lines)) if e), None) or lines[-1]
+    cause = next((e for e in map(_runner_error, reversed(lines)) if e), None)
+    if cause is None:
+        # the runner's own progress lines ("lap starting", ...) are no cause: a lap killed mid-way
+        # leaves one as its last line; the crash's text is the last line that is not one
+        others = [ln for ln in lines if not _runner_log_line(ln)]
+        if not others:
+            return None
+        cause = others[-1]
     cause = cause.strip().splitlines()[0] if cause.strip() else lines[-1]
     return truncate(escape_controls(redact_secrets(cause))[0], limit)
