@@ -39,7 +39,7 @@ HEADER = "Idempotency-Key"
 """The header the lap sends a side-effecting tool's key in (lap/tools/http.py)."""
 KEY_PATTERN = re.compile(r"^[\x21-\x7e]{1,255}$")
 """A key the toolkit accepts: 1-255 visible ASCII characters. The lap's keys
-(``r_<32 hex>:<lap>:<tool>:<callId>``) are at most ~190."""
+(``r_<32 hex>:<lap>:<tool>:<callId>``) are at most 173."""
 NOT_STORED_STATUS = frozenset({408, 409, 425, 429})
 """Statuses (with every 5xx) that mean "try again": the lap retries them with the same key
 (``RETRYABLE_STATUS`` in lap/tools/http.py), so they are not stored."""
