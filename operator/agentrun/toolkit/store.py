@@ -148,6 +148,9 @@ class SQLiteStore:
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        # SQLite has one writer at a time; threads of this process queue on a lock instead of on
+        # SQLite's busy handler, whose sleeps (up to 100 ms each) would make the tail latency
+        self._write = threading.Lock()
         self._conn().execute(
             f"CREATE TABLE IF NOT EXISTS {table} ("
             " key TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, token TEXT NOT NULL, started_at REAL NOT NULL,"
@@ -173,14 +176,18 @@ class SQLiteStore:
         return Record(row[0], row[1], row[2], float(row[3]), resp)
 
     def claim(self, key: str, fingerprint: str, token: str, now: float, lease_seconds: float | None) -> Record | None:
+        with self._write:
+            return self._claim(key, fingerprint, token, now, lease_seconds)
+
+    def _claim(self, key: str, fingerprint: str, token: str, now: float, lease_seconds: float | None) -> Record | None:
         c = self._conn()
         cur = c.execute(f"INSERT INTO {self._table} (key, fingerprint, token, started_at) VALUES (?, ?, ?, ?)"
                         " ON CONFLICT(key) DO NOTHING", (key, fingerprint, token, now))
         if cur.rowcount == 1:
             return None
         rec = self._row(c, key)
-        if rec is None:  # released between the two statements: try once more
-            return self.claim(key, fingerprint, token, now, lease_seconds)
+        if rec is None:  # released between the two statements (by another process): try once more
+            return self._claim(key, fingerprint, token, now, lease_seconds)
         if rec.fingerprint == fingerprint and _stale(rec, now, lease_seconds):
             cur = c.execute(f"UPDATE {self._table} SET token = ?, started_at = ?"
                             " WHERE key = ? AND token = ? AND status IS NULL", (token, now, key, rec.token))
@@ -193,18 +200,21 @@ class SQLiteStore:
         return self._row(self._conn(), key)
 
     def complete(self, key: str, token: str, response: StoredResponse, now: float) -> bool:
-        cur = self._conn().execute(
-            f"UPDATE {self._table} SET completed_at = ?, status = ?, content_type = ?, body = ?, size = ?"
-            " WHERE key = ? AND token = ? AND status IS NULL",
-            (now, response.status, response.content_type, response.body, response.size, key, token))
+        with self._write:
+            cur = self._conn().execute(
+                f"UPDATE {self._table} SET completed_at = ?, status = ?, content_type = ?, body = ?, size = ?"
+                " WHERE key = ? AND token = ? AND status IS NULL",
+                (now, response.status, response.content_type, response.body, response.size, key, token))
         return cur.rowcount == 1
 
     def release(self, key: str, token: str) -> None:
-        self._conn().execute(f"DELETE FROM {self._table} WHERE key = ? AND token = ? AND status IS NULL",
-                             (key, token))
+        with self._write:
+            self._conn().execute(f"DELETE FROM {self._table} WHERE key = ? AND token = ? AND status IS NULL",
+                                 (key, token))
 
     def purge(self, completed_before: float) -> int:
-        cur = self._conn().execute(f"DELETE FROM {self._table} WHERE completed_at < ?", (completed_before,))
+        with self._write:
+            cur = self._conn().execute(f"DELETE FROM {self._table} WHERE completed_at < ?", (completed_before,))
         return cur.rowcount
 
     def close(self) -> None:
