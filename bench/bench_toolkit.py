@@ -7,12 +7,13 @@ SQLiteStore (WAL, ``synchronous=FULL``: every stored response fsync'd before it 
 ``kit_normal`` with ``synchronous=NORMAL`` (durable across a crash of the process, not of the host).
 The client (this process, httpx) sends rounds of ``--concurrency`` requests at once, each with a new
 key (a first execution: the kit's costly path, one INSERT and one UPDATE), to the three servers in
-turn; the latency of each call is measured from send to the end of the body. Added latency = the
+turn; the latency of each call is measured from send to the end of the body. Then ``--sequential``
+calls one at a time to each server (no queue in front of it: the kit's own cost per call). Added latency = the
 kit's percentile minus the plain one's. Then every key of the last round is sent again (a repeat,
 answered from the store). Each server counts its handler's executions: a kit server that executed
 a key twice fails the benchmark (exit 1).
 
-    python bench/bench_toolkit.py [--concurrency 100] [--rounds 20] [--json out.json]
+    python bench/bench_toolkit.py [--concurrency 100] [--rounds 20] [--sequential 300] [--json out.json]
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def measure(concurrency: int, rounds: int) -> dict[str, Any]:
+def measure(concurrency: int, rounds: int, sequential: int) -> dict[str, Any]:
     import anyio
     import httpx
 
@@ -77,6 +78,7 @@ def measure(concurrency: int, rounds: int) -> dict[str, Any]:
         urls[v] = f"http://127.0.0.1:{port}"
     lat: dict[str, list[float]] = {v: [] for v in VARIANTS}
     repeat: list[float] = []
+    seq: dict[str, list[float]] = {v: [] for v in VARIANTS}
     try:
         for v, url in urls.items():
             deadline = time.monotonic() + 30
@@ -116,6 +118,10 @@ def measure(concurrency: int, rounds: int) -> dict[str, Any]:
                 async with anyio.create_task_group() as tg:
                     for i, k in enumerate(last):
                         tg.start_soon(one, client, urls["kit"], k, i, repeat)
+                # one call at a time (no queue in front of the server): the kit's own cost per call
+                for i in range(sequential):
+                    for v in VARIANTS:
+                        await one(client, urls[v], None if v == "plain" else f"seq:{uuid.uuid4().hex}", i, seq[v])
             return last
 
         anyio.run(run)
@@ -125,10 +131,11 @@ def measure(concurrency: int, rounds: int) -> dict[str, Any]:
             p.terminate()
         for p in procs:
             p.wait(10)
-    expected = (rounds + 1) * concurrency
+    expected = (rounds + 1) * concurrency + sequential
     return {"concurrency": concurrency, "rounds": rounds, "latency_seconds": {v: [round(x, 6) for x in lat[v]]
                                                                             for v in VARIANTS},
             "repeat_latency_seconds": [round(x, 6) for x in repeat], "executions": counts,
+            "sequential_latency_seconds": {v: [round(x, 6) for x in seq[v]] for v in VARIANTS},
             "expected_executions": expected, "cpus": os.cpu_count(), "load": list(os.getloadavg())}
 
 
@@ -136,6 +143,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--sequential", type=int, default=300, help="then this many calls one at a time per server")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--serve", choices=VARIANTS, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -146,7 +154,7 @@ def main() -> int:
         return 0
     from benchlib import fmt_ms, markdown_table, summary
 
-    data = measure(args.concurrency, args.rounds)
+    data = measure(args.concurrency, args.rounds, args.sequential)
     s = {v: summary(data["latency_seconds"][v]) for v in VARIANTS}
     rep = summary(data["repeat_latency_seconds"])
     data["added_seconds"] = {v: {"p50": s[v]["p50"] - s["plain"]["p50"], "p99": s[v]["p99"] - s["plain"]["p99"]}
@@ -156,6 +164,13 @@ def main() -> int:
              "-" if v == "plain" else fmt_ms(data["added_seconds"][v]["p99"])] for v in VARIANTS]
     rows.append(["kit, repeated key (answered from the store)", rep["n"], fmt_ms(rep["p50"]), fmt_ms(rep["p99"]),
                  "-", "-"])
+    q = {v: summary(data["sequential_latency_seconds"][v]) for v in VARIANTS}
+    data["sequential_added_seconds"] = {v: {"p50": q[v]["p50"] - q["plain"]["p50"],
+                                            "p99": q[v]["p99"] - q["plain"]["p99"]} for v in VARIANTS if v != "plain"}
+    for v in VARIANTS:
+        rows.append([f"{v}, one call at a time", q[v]["n"], fmt_ms(q[v]["p50"]), fmt_ms(q[v]["p99"]),
+                     "-" if v == "plain" else fmt_ms(data["sequential_added_seconds"][v]["p50"]),
+                     "-" if v == "plain" else fmt_ms(data["sequential_added_seconds"][v]["p99"])])
     print(f"{args.concurrency} concurrent calls per round, each with a new key, {args.rounds} rounds per server, "
           f"one uvicorn worker each, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
     print(markdown_table(["server", "calls", "latency p50", "p99", "added p50", "added p99"], rows))

@@ -99,7 +99,7 @@ SECTIONS: dict[str, tuple[str, bool, list[str], list[str]]] = {
                          ["bench_checkpoints.py", "--laps", "500"], ["bench_checkpoints.py", "--laps", "50"]),
     "toolkit": ("the tool authors' kit (agentrun.toolkit): overhead per call at 100 concurrent keys, SQLite", False,
                 ["bench_toolkit.py", "--concurrency", "100", "--rounds", "20"],
-                ["bench_toolkit.py", "--concurrency", "100", "--rounds", "3"]),
+                ["bench_toolkit.py", "--concurrency", "100", "--rounds", "3", "--sequential", "50"]),
     "test_stress": ("`make test` beside a CPU hog (make test-stress; its log in bench/stress/)", True,
                     ["bench_test_stress.py"], ["bench_test_stress.py", "--make-args", "PYTEST_ARGS=tests/bench"]),
 }
@@ -595,7 +595,18 @@ def render(res: dict[str, Any], analysis: str | None = None) -> str:
         r = summary(tk["repeat_latency_seconds"])
         rows.append(["kit, a repeated key (answered from the store)", r["n"], fmt_ms(r["p50"]), fmt_ms(r["p99"]),
                      fmt_ms(r["p50"] - plain["p50"]), fmt_ms(r["p99"] - plain["p99"])])
+        seq = tk.get("sequential_latency_seconds")
+        if seq:
+            sp = summary(seq["plain"])
+            for v, what in (("plain", "without the kit"), ("kit", "kit, FULL"), ("kit_normal", "kit, NORMAL")):
+                s = summary(seq[v])
+                rows.append([f"one call at a time: {what}", s["n"], fmt_ms(s["p50"]), fmt_ms(s["p99"]),
+                             "-" if v == "plain" else fmt_ms(s["p50"] - sp["p50"]),
+                             "-" if v == "plain" else fmt_ms(s["p99"] - sp["p99"])])
         md.append(markdown_table(["server", "calls", "latency p50", "p99", "added p50", "added p99"], rows))
+        md.append("\nAt 100 concurrent calls the latencies are mostly the queue in front of one uvicorn worker on a "
+                  "shared 2-CPU machine (the client runs on it too): the kit's cost per call times the calls ahead. "
+                  "The rows *one call at a time* are its own cost per call, without a queue.\n")
     if analysis:
         md.append("\n## Analysis\n")
         md.append(analysis)
