@@ -44,6 +44,12 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+class _Disconnected(Exception):
+    pass
+
+
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 
 
@@ -93,7 +99,10 @@ class IdempotencyMiddleware:
             check_key(key)
         except IdempotencyError as e:
             return await self._send_all(send, _json_response(e.status, e.body()))
-        body = await self._read_body(receive)
+        try:
+            body = await self._read_body(receive)
+        except _Disconnected:
+            return  # the client went away before its request was read: nothing was claimed
         if body is None:
             msg = (f'{{"error":{{"code":"request-too-large","message":"request body over the idempotency '
                    f'middleware\'s limit of {self.max_request_bytes} bytes (max_request_bytes)"}}}}').encode()
@@ -116,8 +125,8 @@ class IdempotencyMiddleware:
         size = 0
         while True:
             msg = await receive()
-            if msg["type"] != "http.request":  # disconnect before the body was read
-                raise anyio.get_cancelled_exc_class()()
+            if msg["type"] != "http.request":  # http.disconnect before the body was read
+                raise _Disconnected
             part = msg.get("body", b"")
             size += len(part)
             if size > self.max_request_bytes:
