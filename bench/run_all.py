@@ -97,6 +97,9 @@ SECTIONS: dict[str, tuple[str, bool, list[str], list[str]]] = {
                          ["bench_operator_overhead.py", "--laps", "500"], ["bench_operator_overhead.py", "--laps", "50"]),
     "checkpoint_store": ("checkpoint store alone", False,
                          ["bench_checkpoints.py", "--laps", "500"], ["bench_checkpoints.py", "--laps", "50"]),
+    "toolkit": ("the tool authors' kit (agentrun.toolkit): overhead per call at 100 concurrent keys, SQLite", False,
+                ["bench_toolkit.py", "--concurrency", "100", "--rounds", "20"],
+                ["bench_toolkit.py", "--concurrency", "100", "--rounds", "3", "--sequential", "50"]),
     "test_stress": ("`make test` beside a CPU hog (make test-stress; its log in bench/stress/)", True,
                     ["bench_test_stress.py"], ["bench_test_stress.py", "--make-args", "PYTEST_ARGS=tests/bench"]),
 }
@@ -568,6 +571,43 @@ def render(res: dict[str, Any], analysis: str | None = None) -> str:
             ["flat across the run: reconcile cost, status size",
              f"{'yes' if dc['flat_reconcile'] else '**no**'}, {'yes' if dc['flat_status'] else '**no**'}"],
         ]))
+    tk = _data(res, "toolkit")
+    if tk:
+        lat = tk["latency_seconds"]
+        md.append("\n## 6. The tool authors' kit: overhead per call\n")
+        md.append(
+            f"`bench/bench_toolkit.py`: the same Starlette handler (a JSON echo, so that the kit's part is not hidden "
+            f"behind a tool's own work) served by uvicorn (one worker) without the kit and behind "
+            f"`IdempotencyMiddleware` with the SQLite store, `synchronous=FULL` (the default: each stored response is "
+            f"fsync'd before it is answered) and `NORMAL`; rounds of {tk['concurrency']} concurrent calls, each with a "
+            f"new key (a first execution: the kit's costly path), {tk['rounds']} rounds per server, the servers in "
+            f"turn; latency from send to the end of the body, measured by the client (httpx, same machine). Added = "
+            f"the kit's percentile minus the plain server's. Executions counted by each server: "
+            + ", ".join(f"{v} {n}" for v, n in tk["executions"].items())
+            + f", for {tk['expected_executions']} distinct calls each (a key executed twice fails the benchmark).\n")
+        plain = summary(lat["plain"])
+        rows = []
+        for v, what in (("plain", "without the kit"), ("kit", "kit, SQLite synchronous=FULL (default)"),
+                        ("kit_normal", "kit, SQLite synchronous=NORMAL")):
+            s = summary(lat[v])
+            rows.append([what, s["n"], fmt_ms(s["p50"]), fmt_ms(s["p99"]),
+                         "-" if v == "plain" else fmt_ms(s["p50"] - plain["p50"]),
+                         "-" if v == "plain" else fmt_ms(s["p99"] - plain["p99"])])
+        r = summary(tk["repeat_latency_seconds"])
+        rows.append(["kit, the last round's keys sent again at once (answered from the store)", r["n"],
+                     fmt_ms(r["p50"]), fmt_ms(r["p99"]), "-", "-"])
+        seq = tk.get("sequential_latency_seconds")
+        if seq:
+            sp = summary(seq["plain"])
+            for v, what in (("plain", "without the kit"), ("kit", "kit, FULL"), ("kit_normal", "kit, NORMAL")):
+                s = summary(seq[v])
+                rows.append([f"one call at a time: {what}", s["n"], fmt_ms(s["p50"]), fmt_ms(s["p99"]),
+                             "-" if v == "plain" else fmt_ms(s["p50"] - sp["p50"]),
+                             "-" if v == "plain" else fmt_ms(s["p99"] - sp["p99"])])
+        md.append(markdown_table(["server", "calls", "latency p50", "p99", "added p50", "added p99"], rows))
+        md.append("\nAt 100 concurrent calls the latencies are mostly the queue in front of one uvicorn worker on a "
+                  "shared 2-CPU machine (the client runs on it too): the kit's cost per call times the calls ahead. "
+                  "The rows *one call at a time* are its own cost per call, without a queue.\n")
     if analysis:
         md.append("\n## Analysis\n")
         md.append(analysis)

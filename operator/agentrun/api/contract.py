@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from enum import IntEnum, StrEnum
+from typing import Final
 
 
 class ExitCode(IntEnum):
@@ -89,6 +90,12 @@ APPROVAL_DECISIONS: tuple[str, ...] = ("approved", "rejected", "timed-out")
 def tool_headers_env(tool: str) -> str:
     """``AGENTRUN_TOOL_HEADERS_<TOOL>`` of a tool's ``http.headersSecretRef``: upper-cased, ``-`` -> ``_``."""
     return TOOL_HEADERS_PREFIX + tool.upper().replace("-", "_")
+
+
+MCP_IDEMPOTENCY_META_KEY: Final = "agentrun.dev/idempotency-key"
+"""The ``_meta`` key of an MCP ``tools/call`` request that carries the call's idempotency key (the same
+value the ``Idempotency-Key`` HTTP header carries): the lap sends it, ``agentrun.toolkit.mcp`` reads it
+(docs/tools.md)."""
 
 
 CALL_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
