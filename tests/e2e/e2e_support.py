@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
 
 
 def wait_for(what: str, fn: Callable[[], Any], timeout: float = 60, interval: float = 0.5) -> Any:
@@ -17,6 +17,36 @@ def wait_for(what: str, fn: Callable[[], Any], timeout: float = 60, interval: fl
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+class _World(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> list[str]: ...
+
+
+W = TypeVar("W", bound=_World)
+
+
+def running_world(world: W) -> Iterator[W]:
+    """The body of a module fixture holding a chaos world (e2e/chaos/world.py ``World`` or a
+    subclass): ``yield from running_world(World(tmp))``. The world is started, yielded, and stopped
+    even when starting it failed; what its stop reports (processes left behind) fails the fixture."""
+    try:
+        world.start()
+        yield world
+    finally:
+        problems = world.stop()
+    assert not problems, problems
+
+
+def delete_team_policy(cluster: Any, pname: str) -> None:
+    """Delete the AgentRunPolicy ``pname`` and its binding (``agentrun.api.tenancy.VAP_NAME-<pname>``,
+    as ``tenancy_admission.binding`` names a team's), whichever of them exists."""
+    from agentrun.api.tenancy import VAP_NAME
+
+    cluster.kubectl_run("delete", "validatingadmissionpolicybinding", f"{VAP_NAME}-{pname}", "--ignore-not-found")
+    cluster.kubectl_run("delete", "agentrunpolicy", pname, "--ignore-not-found")
 
 
 class ToolGate:

@@ -20,20 +20,14 @@ from e2e.chaos.runner import run_schedule
 from e2e.chaos.schedule import default_seed
 from e2e.chaos.world import World
 from e2e.proc_kubelet import ProcKubelet
-from e2e_support import wait_for
+from e2e_support import running_world, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    w = World(tmp_path_factory.mktemp("chaos"))
-    try:
-        w.start()
-        yield w
-    finally:
-        problems = w.stop()
-    assert not problems, problems
+    yield from running_world(World(tmp_path_factory.mktemp("chaos")))
 
 
 def _pod_phase(world: World, ns: str, name: str) -> str:

@@ -8,19 +8,14 @@ from __future__ import annotations
 
 import pytest
 from e2e.chaos.negative import CASES, FaultWorld, run_case
+from e2e_support import running_world
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    w = FaultWorld(tmp_path_factory.mktemp("chaos-negative"))
-    try:
-        w.start()
-        yield w
-    finally:
-        problems = w.stop()
-    assert not problems, problems
+    yield from running_world(FaultWorld(tmp_path_factory.mktemp("chaos-negative")))
 
 
 @pytest.mark.timeout(900)  # each scenario is bounded by negative.TIMEOUT (180 s); ~30-60 s each when idle

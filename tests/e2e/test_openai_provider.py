@@ -29,7 +29,7 @@ import pytest
 from e2e.openai_server import TOOL, ClerkModelServer
 from e2e.proc_kubelet import pid_has_marker
 from e2e_support import ToolGate, wait_for
-from test_operator_e2e import Env, _diagnostics_on_failure  # noqa: F401
+from test_operator_e2e import Env, _diagnostics_on_failure, running_env  # noqa: F401
 
 from agentrun.checkpoint.codec import inflate
 
@@ -51,14 +51,7 @@ DESCRIPTION = "Book one invoice into the ledger."
 
 @pytest.fixture(scope="module")
 def env(cluster, s3, tmp_path_factory):
-    e = Env(cluster, s3, tmp_path_factory.mktemp("openai-provider"))
-    e.prepare_namespace()
-    e.start_operator()
-    yield e
-    e.kill_operator()
-    e.tools.shutdown()
-    if os.environ.get("AGENTRUN_E2E_KEEP") is None:
-        cluster.kubectl_run("delete", "namespace", e.ns, "--wait=false", check=False)
+    yield from running_env(Env(cluster, s3, tmp_path_factory.mktemp("openai-provider")))
 
 
 def _doc(env: Env, base_url: str, tool_url: str) -> dict:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -126,16 +127,22 @@ class Env:
         return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name}, "spec": body}
 
 
-@pytest.fixture(scope="module")
-def env(cluster, s3, tmp_path_factory):
-    e = Env(cluster, s3, tmp_path_factory.mktemp("operator"))
+def running_env(e: Env) -> Iterator[Env]:
+    """The body of a module's ``env`` fixture: ``yield from running_env(Env(cluster, s3, tmp))``. The
+    namespace is prepared and the operator started; afterwards the operator is killed, the tool
+    server stopped and the namespace deleted (kept, to look at, when AGENTRUN_E2E_KEEP is set)."""
     e.prepare_namespace()
     e.start_operator()
     yield e
     e.kill_operator()
     e.tools.shutdown()
     if os.environ.get("AGENTRUN_E2E_KEEP") is None:
-        cluster.kubectl_run("delete", "namespace", e.ns, "--wait=false", check=False)
+        e.cluster.kubectl_run("delete", "namespace", e.ns, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def env(cluster, s3, tmp_path_factory):
+    yield from running_env(Env(cluster, s3, tmp_path_factory.mktemp("operator")))
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import socket
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,8 +26,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "bad-input"))
+sys.path.insert(0, str(ROOT / "tests" / "lap"))
 from e2e.cluster import install_api  # noqa: E402
-from e2e_support import wait_for  # noqa: E402
+from e2e_support import delete_team_policy, wait_for  # noqa: E402
+from lap_helpers import Listener  # noqa: E402  (the counting listener of tests/lap/test_netguard.py)
 
 from agentrun.api import tenancy as t  # noqa: E402
 from agentrun.api import tenancy_admission as ta  # noqa: E402
@@ -116,34 +117,6 @@ def test_the_local_policy_still_admits_its_loopback_tools_and_store(cluster, loc
 
 # ------------------------------------------------------------------------------ connect time
 
-class Listener:
-    """Counts the TCP connections made to (host, port) and answers each with a 200 JSON body."""
-
-    def __init__(self, host: str) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            with conn:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n"
-                             b"Connection: close\r\n\r\n{\"ok\": true}")
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @pytest.fixture
 def rebinding_name() -> Iterator[str]:
     """A host name that resolves to 127.0.0.2 through /etc/hosts (the tests run as root), as a
@@ -213,7 +186,5 @@ def test_a_name_resolving_to_a_denied_address_is_refused_at_connect_time_with_no
         e.kill_operator()
         e.tools.shutdown()
         cluster.kubectl_run("delete", "namespace", e.ns, "--wait=false", check=False)
-        cluster.kubectl_run("delete", "validatingadmissionpolicybinding", f"{t.VAP_NAME}-{pname}",
-                            "--ignore-not-found")
-        cluster.kubectl_run("delete", "agentrunpolicy", pname, "--ignore-not-found")
+        delete_team_policy(cluster, pname)
         cluster.kubectl_run("apply", "-f", str(ROOT / "crds" / "agentrun.dev_tenancy-policy.yaml"))

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "bad-input"))
 import bad_input_table as bt  # noqa: E402
 from e2e.cluster import ADMISSION_APIS, API_MANIFESTS, install_api, sa_kubeconfig  # noqa: E402
-from e2e_support import wait_for  # noqa: E402
+from e2e_support import delete_team_policy, wait_for  # noqa: E402
 
 from agentrun.api import tenancy as t  # noqa: E402
 from agentrun.api import tenancy_admission as ta  # noqa: E402
@@ -79,8 +79,7 @@ def strict(cluster):
         and _apply(cluster, good, ns=ns, flags=("--dry-run=server",)).returncode == 0), timeout=90, interval=1)
     yield ns, pname
     cluster.kubectl_run("delete", "namespace", ns, "--wait=false", check=False)
-    cluster.kubectl_run("delete", "validatingadmissionpolicybinding", team["metadata"]["name"], "--ignore-not-found")
-    cluster.kubectl_run("delete", "agentrunpolicy", pname, "--ignore-not-found")
+    delete_team_policy(cluster, pname)
     cluster.kubectl_run("apply", "-f", str(DEFAULT_BINDING))  # the default binding without the exclusion
 
 
@@ -181,9 +180,7 @@ def test_the_largest_run_against_the_largest_policy_stays_within_the_cel_budget(
         cluster.kubectl_run("delete", "namespace", big_ns, "--wait=false", check=False)
         _apply(cluster, ta.binding(namespace_selector={"matchExpressions": [
             {"key": t.NAMESPACE_LABEL, "operator": "NotIn", "values": [strict[1]]}]}))
-        cluster.kubectl_run("delete", "validatingadmissionpolicybinding", f"{t.VAP_NAME}-{pname}",
-                            "--ignore-not-found")
-        cluster.kubectl_run("delete", "agentrunpolicy", pname, "--ignore-not-found")
+        delete_team_policy(cluster, pname)
 
 
 # URLs where URL parsers are known to disagree (userinfo, backslashes, fragments, trailing dots,
@@ -432,6 +429,4 @@ def test_a_policy_tightened_after_apply_stops_the_run_before_its_next_call(clust
         e.kill_operator()
         e.tools.shutdown()
         cluster.kubectl_run("delete", "namespace", e.ns, "--wait=false", check=False)
-        cluster.kubectl_run("delete", "validatingadmissionpolicybinding", f"{t.VAP_NAME}-{pname}",
-                            "--ignore-not-found")
-        cluster.kubectl_run("delete", "agentrunpolicy", pname, "--ignore-not-found")
+        delete_team_policy(cluster, pname)

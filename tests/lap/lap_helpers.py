@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -130,6 +131,41 @@ class ChatServer:
     def __exit__(self, *exc: Any) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+# ------------------------------------------------------------------------ counting TCP listener
+
+
+class Listener:
+    """A TCP listener on ``host`` (an IPv4 or IPv6 address, port chosen free) that accepts, counts
+    (``accepted``) and answers every connection with a 200 JSON body ``{}``: "no request was sent"
+    to an address is observed, not assumed (Linux routes all of 127.0.0.0/8 to lo). Used by
+    tests/lap/test_netguard.py and tests/e2e/test_tenancy_hardening.py."""
+
+    def __init__(self, host: str = "127.0.0.2") -> None:
+        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+                             b"Connection: close\r\n\r\n{}")
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def chat_reply(content: str | None, calls: list[tuple[str, str, str]] = (), prompt: int = 10, completion: int = 5) -> dict[str, Any]:

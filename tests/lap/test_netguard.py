@@ -6,14 +6,12 @@ request was sent" is observed, not assumed (Linux routes all of 127.0.0.0/8 to l
 from __future__ import annotations
 
 import contextlib
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from lap_helpers import ChatServer, chat_reply, spec_doc, spec_of, tool
+from lap_helpers import ChatServer, Listener, chat_reply, spec_doc, spec_of, tool
 
 from agentrun.api import tenancy as t
 from agentrun.api.contract import Env
@@ -26,35 +24,6 @@ from agentrun.lap.netguard import AddressRefused, guarded_client, rules_from_env
 from agentrun.lap.tools.http import HTTPToolRunner
 
 DENY_127_0_0_2 = t.AddressRules(denied=(("127.0.0.2/32", "AgentRunPolicy local rule destinations.deniedCIDRs"),))
-
-
-class Listener:
-    """A TCP listener that accepts, counts and answers every connection with a 200 JSON body."""
-
-    def __init__(self, host: str = "127.0.0.2") -> None:
-        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            with conn:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
-                             b"Connection: close\r\n\r\n{}")
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.fixture

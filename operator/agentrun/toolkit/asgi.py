@@ -14,7 +14,6 @@ answer will see the same answer again. Meant for request/response tools, not str
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-import anyio.to_thread
+import anyio
 
 from agentrun.toolkit.core import (
     HEADER,
@@ -33,6 +32,7 @@ from agentrun.toolkit.core import (
     canonical_json,
     check_key,
     fingerprint,
+    off_loop,
     storable,
 )
 from agentrun.toolkit.store import Store, StoredResponse, open_store
@@ -51,10 +51,6 @@ class _Disconnected(Exception):
 
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
-
-
-async def _off_loop(fn: Callable[..., Any], *args: Any) -> Any:
-    return await anyio.to_thread.run_sync(functools.partial(fn, *args))
 
 
 def _json_response(status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> list[Message]:
@@ -110,7 +106,7 @@ class IdempotencyMiddleware:
         fp = request_fingerprint(scope.get("method", "GET"), scope.get("path", ""), scope.get("query_string", b""),
                                  body)
         try:
-            token, stored = await begin_async(self.store, key, fp, self.policy, _off_loop)
+            token, stored = await begin_async(self.store, key, fp, self.policy, off_loop)
         except KeyInProgress as e:
             return await self._send_all(send, _json_response(e.status, e.body(), [(b"retry-after", b"1")]))
         except IdempotencyError as e:
@@ -167,11 +163,11 @@ class IdempotencyMiddleware:
             await self.app(scope, replay_receive, capture)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await _off_loop(self.store.release, key, token)
+                await off_loop(self.store.release, key, token)
             raise
         if start is None:
             with anyio.CancelScope(shield=True):
-                await _off_loop(self.store.release, key, token)
+                await off_loop(self.store.release, key, token)
             raise RuntimeError("the app returned without sending a response")
         out = b"".join(parts)
         status = int(start["status"])
@@ -180,10 +176,10 @@ class IdempotencyMiddleware:
                          "application/octet-stream")
             resp = StoredResponse(status, ctype, out[: self.policy.max_body_bytes], len(out))
             with anyio.CancelScope(shield=True):
-                await _off_loop(self.store.complete, key, token, resp, time.time())
+                await off_loop(self.store.complete, key, token, resp, time.time())
         else:
             with anyio.CancelScope(shield=True):
-                await _off_loop(self.store.release, key, token)
+                await off_loop(self.store.release, key, token)
         await self._send_all(send, [start, {"type": "http.response.body", "body": out}])
 
     @staticmethod

@@ -19,6 +19,7 @@ next request with K executes again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -29,8 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import anyio.to_thread
 
-from agentrun.toolkit.store import Store, StoredResponse
+from agentrun.toolkit.store import Record, Store, StoredResponse
 
 __all__ = ["HEADER", "IdempotencyError", "KeyInProgress", "KeyInvalid", "KeyReused", "Policy", "ResultNotStored",
            "canonical_json", "fingerprint", "storable"]
@@ -147,52 +149,95 @@ def fingerprint(*parts: bytes) -> str:
     return h.hexdigest()
 
 
-def _answer(rec_fp: str, fp: str, key: str) -> None:
-    if rec_fp != fp:
+Begun = tuple[str | None, StoredResponse | None]
+"""What :func:`begin_sync`/:func:`begin_async` return: ``(token, None)`` or ``(None, stored response)``."""
+
+
+def _settled(rec: Record | None, key: str, fp: str, token: str, deadline: float) -> Begun | None:
+    """The outcome for the key's row ``rec`` (after a claim or a look), or None to wait and look
+    again: no row means ours was inserted (execute); another fingerprint is refused; a stored
+    response is answered; an in-progress row past ``deadline`` is refused as in progress."""
+    if rec is None:
+        return token, None
+    if rec.fingerprint != fp:
         raise KeyReused(key)
+    if rec.response is not None:
+        return None, rec.response
+    if time.monotonic() >= deadline:
+        raise KeyInProgress(key, rec.started_at)
+    return None
+
+
+def _claimable(rec: Record | None, policy: Policy) -> bool:
+    """Whether to claim the key again after a look: its row is gone (released) or has been in
+    progress longer than ``lease_seconds`` (its executor died mid-call)."""
+    return rec is None or (rec.response is None and policy.lease_seconds is not None
+                           and rec.started_at < time.time() - policy.lease_seconds)
+
+
+async def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a worker thread: a store's methods block, the event loop must not."""
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args))
 
 
 async def begin_async(store: Store, key: str, fp: str, policy: Policy,
-                      call: Callable[..., Awaitable[Any]]) -> tuple[str | None, StoredResponse | None]:
+                      call: Callable[..., Awaitable[Any]]) -> Begun:
     """(token, None): execute and then ``complete``/``release`` with the token; (None, response):
     answer the stored response. ``call(fn, *args)`` runs a store method off the event loop."""
     token = uuid.uuid4().hex
     deadline = time.monotonic() + policy.wait_seconds
     delay = 0.002
     rec = await call(store.claim, key, fp, token, time.time(), policy.lease_seconds)
-    while True:
-        if rec is None:
-            return token, None
-        _answer(rec.fingerprint, fp, key)
-        if rec.response is not None:
-            return None, rec.response
-        if time.monotonic() >= deadline:
-            raise KeyInProgress(key, rec.started_at)
+    while (done := _settled(rec, key, fp, token, deadline)) is None:
         await anyio.sleep(delay)
         delay = min(delay * 2, 0.05)
         rec = await call(store.get, key)
-        if rec is None or (rec.response is None and policy.lease_seconds is not None
-                           and rec.started_at < time.time() - policy.lease_seconds):
+        if _claimable(rec, policy):
             rec = await call(store.claim, key, fp, token, time.time(), policy.lease_seconds)
+    return done
 
 
-def begin_sync(store: Store, key: str, fp: str, policy: Policy) -> tuple[str | None, StoredResponse | None]:
+def begin_sync(store: Store, key: str, fp: str, policy: Policy) -> Begun:
     """:func:`begin_async` for synchronous callers."""
     token = uuid.uuid4().hex
     deadline = time.monotonic() + policy.wait_seconds
     delay = 0.002
     rec = store.claim(key, fp, token, time.time(), policy.lease_seconds)
-    while True:
-        if rec is None:
-            return token, None
-        _answer(rec.fingerprint, fp, key)
-        if rec.response is not None:
-            return None, rec.response
-        if time.monotonic() >= deadline:
-            raise KeyInProgress(key, rec.started_at)
+    while (done := _settled(rec, key, fp, token, deadline)) is None:
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
         rec = store.get(key)
-        if rec is None or (rec.response is None and policy.lease_seconds is not None
-                           and rec.started_at < time.time() - policy.lease_seconds):
+        if _claimable(rec, policy):
             rec = store.claim(key, fp, token, time.time(), policy.lease_seconds)
+    return done
+
+
+def execute_sync(store: Store, key: str, token: str, call: Callable[[], Any],
+                 encode: Callable[[Any], StoredResponse]) -> Any:
+    """Run the call :func:`begin_sync` let through with ``token`` and return its value, stored
+    under ``key`` as ``encode(value)``; when the call or ``encode`` raises, the key is released
+    (the next request with it executes again) and the exception goes on."""
+    try:
+        value = call()
+        resp = encode(value)
+    except BaseException:
+        store.release(key, token)
+        raise
+    store.complete(key, token, resp, time.time())
+    return value
+
+
+async def execute_async(store: Store, key: str, token: str, call: Callable[[], Awaitable[Any]],
+                        encode: Callable[[Any], StoredResponse]) -> Any:
+    """:func:`execute_sync` for async callers: the store is written off the event loop and shielded
+    from cancellation, so a cancelled call still leaves its key released (or stored)."""
+    try:
+        value = await call()
+        resp = encode(value)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await off_loop(store.release, key, token)
+        raise
+    with anyio.CancelScope(shield=True):
+        await off_loop(store.complete, key, token, resp, time.time())
+    return value

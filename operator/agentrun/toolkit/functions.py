@@ -21,12 +21,9 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
-
-import anyio.to_thread
 
 from agentrun.toolkit.core import (
     Policy,
@@ -35,7 +32,10 @@ from agentrun.toolkit.core import (
     begin_sync,
     canonical_json,
     check_key,
+    execute_async,
+    execute_sync,
     fingerprint,
+    off_loop,
 )
 from agentrun.toolkit.store import Store, StoredResponse, open_store
 
@@ -56,10 +56,6 @@ def decode_result(key: str, r: StoredResponse, limit: int) -> Any:
     return json.loads(r.body)
 
 
-async def _off_loop(fn: Callable[..., Any], *args: Any) -> Any:
-    return await anyio.to_thread.run_sync(functools.partial(fn, *args))
-
-
 def idempotent(store: Store | str | Path | None = None, *, wait_seconds: float = 10.0,
                lease_seconds: float | None = 300.0, max_body_bytes: int = Policy.max_body_bytes) -> Callable[[F], F]:
     """Make a function run once per ``idempotency_key`` (see the module's text)."""
@@ -72,26 +68,20 @@ def idempotent(store: Store | str | Path | None = None, *, wait_seconds: float =
         def fp(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
             return fingerprint(name, canonical_json({"args": list(args), "kwargs": kwargs}))
 
+        def encode(value: Any) -> StoredResponse:
+            return encode_result(value, policy.max_body_bytes)
+
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def awrapper(*args: Any, idempotency_key: str | None = None, **kwargs: Any) -> Any:
                 if idempotency_key is None:
                     return await fn(*args, **kwargs)
                 check_key(idempotency_key)
-                token, stored = await begin_async(st, idempotency_key, fp(args, kwargs), policy, _off_loop)
+                token, stored = await begin_async(st, idempotency_key, fp(args, kwargs), policy, off_loop)
                 if token is None:
                     assert stored is not None
                     return decode_result(idempotency_key, stored, policy.max_body_bytes)
-                try:
-                    value = await fn(*args, **kwargs)
-                    resp = encode_result(value, policy.max_body_bytes)
-                except BaseException:
-                    with anyio.CancelScope(shield=True):
-                        await _off_loop(st.release, idempotency_key, token)
-                    raise
-                with anyio.CancelScope(shield=True):
-                    await _off_loop(st.complete, idempotency_key, token, resp, time.time())
-                return value
+                return await execute_async(st, idempotency_key, token, lambda: fn(*args, **kwargs), encode)
 
             awrapper.store = st  # type: ignore[attr-defined]
             return awrapper  # type: ignore[return-value]
@@ -105,14 +95,7 @@ def idempotent(store: Store | str | Path | None = None, *, wait_seconds: float =
             if token is None:
                 assert stored is not None
                 return decode_result(idempotency_key, stored, policy.max_body_bytes)
-            try:
-                value = fn(*args, **kwargs)
-                resp = encode_result(value, policy.max_body_bytes)
-            except BaseException:
-                st.release(idempotency_key, token)
-                raise
-            st.complete(idempotency_key, token, resp, time.time())
-            return value
+            return execute_sync(st, idempotency_key, token, lambda: fn(*args, **kwargs), encode)
 
         wrapper.store = st  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,7 +46,9 @@ from agentrun.toolkit.core import (
     begin_async,
     canonical_json,
     check_key,
+    execute_async,
     fingerprint,
+    off_loop,
 )
 from agentrun.toolkit.functions import decode_result, encode_result
 from agentrun.toolkit.store import Store, open_store
@@ -55,10 +56,6 @@ from agentrun.toolkit.store import Store, open_store
 __all__ = ["MCP_IDEMPOTENCY_META_KEY", "idempotent_tool", "key_from_context"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-async def _off_loop(fn: Callable[..., Any], *args: Any) -> Any:
-    return await anyio.to_thread.run_sync(functools.partial(fn, *args))
 
 
 def key_from_context(ctx: Any) -> str | None:
@@ -107,22 +104,14 @@ def idempotent_tool(store: Store | str | Path | None = None, *, wait_seconds: fl
                 check_key(key)
                 args = {k: v for k, v in kwargs.items() if k != ctx_name}
                 fp = fingerprint(name, canonical_json(to_jsonable_python(args, fallback=repr)))
-                token, stored = await begin_async(st, key, fp, policy, _off_loop)
+                token, stored = await begin_async(st, key, fp, policy, off_loop)
                 if token is None:
                     assert stored is not None
                     return decode_result(key, stored, policy.max_body_bytes)
             except IdempotencyError as e:
                 raise ToolError(e.message) from None
-            try:
-                value = await run(kwargs)
-                resp = encode_result(to_jsonable_python(value), policy.max_body_bytes)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await _off_loop(st.release, key, token)
-                raise
-            with anyio.CancelScope(shield=True):
-                await _off_loop(st.complete, key, token, resp, time.time())
-            return value
+            return await execute_async(st, key, token, lambda: run(kwargs),
+                                       lambda value: encode_result(to_jsonable_python(value), policy.max_body_bytes))
 
         wrapper.store = st  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
