@@ -180,8 +180,13 @@ def test_the_creator_is_stamped_at_create_and_never_changes():
     assert approval.ANN_CREATED_BY not in approval.DECISION_ANNOTATIONS  # the operator never removes it
     stamp = admission.stamp_creator_policy()
     assert stamp["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
-    assert stamp["spec"]["mutations"][0]["applyConfiguration"]["expression"] == (
-        f'Object{{metadata: Object.metadata{{annotations: {{"{approval.ANN_CREATED_BY}": request.userInfo.username}}}}}}')
+    # a JSON patch (an apply configuration converts the object to the schema's types first and would
+    # answer a malformed run with this policy's conversion error instead of the field's message)
+    mutation = stamp["spec"]["mutations"][0]
+    assert mutation["patchType"] == "JSONPatch" and "applyConfiguration" not in mutation
+    expr = mutation["jsonPatch"]["expression"]
+    assert f'jsonpatch.escapeKey("{approval.ANN_CREATED_BY}"), value: request.userInfo.username' in expr
+    assert f'value: {{"{approval.ANN_CREATED_BY}": request.userInfo.username}}' in expr
     assert "matchConditions" not in stamp["spec"]  # every create, whatever the client sent
     guard = admission.guard_policy()
     forged = _rule(guard, "when you create an AgentRun")

@@ -590,10 +590,18 @@ def stamp_creator_policy() -> dict[str, Any]:
             "matchConstraints": {"resourceRules": [{
                 "apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["CREATE"], "resources": [PLURAL],
             }]},
+            # A JSON patch, not an apply configuration: the API server applies one to the object as
+            # sent, while an apply configuration first converts it to the schema's types and so
+            # answers a malformed AgentRun (maxLaps: "ten") with this policy's conversion error
+            # instead of the schema's message naming the field.
             "mutations": [{
-                "patchType": "ApplyConfiguration",
-                "applyConfiguration": {
-                    "expression": f"Object{{metadata: Object.metadata{{annotations: {{{_CREATED_BY}: {_USER}}}}}}}",
+                "patchType": "JSONPatch",
+                "jsonPatch": {
+                    "expression": (
+                        f"has(object.metadata.annotations) ? [JSONPatch{{op: 'add', path: '/metadata/annotations/' + "
+                        f"jsonpatch.escapeKey({_CREATED_BY}), value: {_USER}}}] : [JSONPatch{{op: 'add', "
+                        f"path: '/metadata/annotations', value: {{{_CREATED_BY}: {_USER}}}}}]"
+                    ),
                 },
             }],
         },
