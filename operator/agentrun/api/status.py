@@ -280,6 +280,16 @@ class LifecycleStatus(APIModel):
     last_retry_from_lap: int | None = Field(
         default=None, description="The lap the last retry rewound to (annotation agentrun.dev/retry-from-lap), if any.",
     )
+    retried_lap: int | None = Field(
+        default=None, description="The lap the last retry started again (status.lap + 1 then).",
+    )
+    attempts_before_retry: int = Field(
+        default=0,
+        description=(
+            "Attempts of retriedLap made before the last retry: attempt numbers go on from there (Job names "
+            "stay distinct) while spec.retry.attemptsPerLap counts the attempts since the retry."
+        ),
+    )
     cancelled_by: str | None = Field(
         default=None, max_length=MAX_DECIDED_BY_CHARS,
         description="Who cancelled the run (annotation agentrun.dev/cancelled-by, stamped by the API server).",

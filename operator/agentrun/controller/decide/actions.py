@@ -26,6 +26,9 @@ class CreateJob:
 @dataclass(frozen=True)
 class DeleteJob:
     name: str
+    grace_seconds: int | None = None
+    """gracePeriodSeconds of its pod (a cancel or a passed deadline: SIGTERM, then the lap finishes
+    the journal write in flight); None: the pod's own terminationGracePeriodSeconds."""
 
 
 @dataclass(frozen=True)

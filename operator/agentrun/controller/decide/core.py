@@ -13,6 +13,7 @@ from .context import Ctx, StatusWriter
 from .finish import expire
 from .fork import apply_fork
 from .laps import adopt, next_step, observe_active, successors
+from .lifecycle import take_cancel, take_deadline, take_retry
 from .observed import Observed
 from .retries import next_lap_attempt
 from .store import check_store_probe, pin_store
@@ -32,6 +33,15 @@ def decide(o: Observed) -> Decision:
         c.act(AddFinalizer())
     elif spec.checkpoint.retention == "Retain" and FINALIZER in o.finalizers:
         c.act(RemoveFinalizer())
+
+    # The lifecycle first: a retry re-opens a finished run; a cancel or a passed deadline ends a
+    # live one before any decision or Job of it is applied.
+    retried = take_retry(c)
+    if retried is not None:
+        return retried
+    stopped = take_cancel(c) or take_deadline(c)
+    if stopped is not None:
+        return stopped
 
     terminal = st.phase in TERMINAL_PHASES
     # The store is pinned in status (write-ahead) before anything of a live run touches it.

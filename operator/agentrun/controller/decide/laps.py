@@ -26,6 +26,7 @@ from .actions import (
 from .approvals import adoption_mismatch, apply_timeout, approval_env, bind_target
 from .context import MAX_CONDITION_MESSAGE_CHARS, Ctx, condition
 from .finish import apply_outcome, record_checkpoint
+from .lifecycle import attempts_allowed
 from .observed import CheckpointRead, ObservedJob
 from .retries import classify_failure, job_cause, next_lap_attempt, record_retry
 from .store import store_unavailable
@@ -232,7 +233,7 @@ def next_step(c: Ctx) -> Decision:
         c.act(RequeueAfter(max(0.5, (st.next_attempt_at - o.now).total_seconds())))
         return c.finish()
 
-    if attempt > spec.retry.attempts_per_lap:
+    if attempt > attempts_allowed(st, spec, lap):
         return c.fail(Reason.RETRIES_EXHAUSTED, f"lap {lap} already failed {attempt - 1} attempt(s)")
     if lap > spec.budget.max_laps:
         return c.fail(
