@@ -207,6 +207,14 @@ def take_cancel(c: Ctx) -> Decision | None:
     return _stop(c, PHASE_CANCELLED, Reason.CANCELLED, msg, f"the run was cancelled{who}")
 
 
+def requeue_at_deadline(c: Ctx) -> None:
+    """Come back when spec.activeDeadline passes (the run has started)."""
+    st, spec = c.st, c.spec
+    if spec.active_deadline is not None and st.started_at is not None:
+        end = st.started_at + timedelta(seconds=parse_duration(spec.active_deadline))
+        c.act(RequeueAfter(max(0.5, (end - c.o.now).total_seconds())))
+
+
 def take_deadline(c: Ctx) -> Decision | None:
     """``spec.activeDeadline`` passed since status.startedAt: stop the run DeadlineExceeded; before
     it, come back exactly then (no polling)."""
