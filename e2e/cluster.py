@@ -528,6 +528,10 @@ API_MANIFESTS = ("agentrun.dev_agentruns.yaml", "agentrun.dev_admission-policies
                  "agentrun.dev_admission-mutating.yaml", "agentrun.dev_tenancy-policy.yaml",
                  "../e2e/tenancy-local-policy.yaml")
 TENANCY_CRD = "agentrun.dev_agentrunpolicies.yaml"
+#: ``helm template`` arguments saying that the local control plane serves both admission kinds (plain
+#: `helm template` cannot tell, and the chart then fails: docs/operations.md#admission-policies).
+ADMISSION_APIS = ["--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+                  "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"]
 
 
 def install_api(cluster: Cluster) -> None:

@@ -41,6 +41,8 @@ def render(helm: str, extra_args: list[str] | None = None) -> str:
         [helm, "template", "agentrun-operator", str(CHART), "--namespace", "agentrun-system",
          "--set", "prometheusRule.enabled=true",
          "--api-versions", "monitoring.coreos.com/v1/PrometheusRule",
+         # the admission kinds: plain `helm template` cannot tell (docs/operations.md#admission-policies)
+         "--set", "admissionPolicies.validating=true", "--set", "admissionPolicies.mutating=true",
          "--show-only", "templates/prometheusrule.yaml", *(extra_args or [])],
         check=True, capture_output=True, text=True,
     ).stdout

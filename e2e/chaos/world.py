@@ -27,7 +27,15 @@ from e2e.chaos import rawstore
 from e2e.chaos.holds import HoldingRecorder, tool_server  # holds puts examples/ on sys.path for it
 from e2e.chaos.invariants import JobFacts, LeaseWrite, StatusWrite, Tick
 from e2e.chaos.proxy import CuttableProxy
-from e2e.cluster import Cluster, leftover_processes, operator_env, restart_etcd, start_restartable_cluster, start_s3
+from e2e.cluster import (
+    Cluster,
+    install_api,
+    leftover_processes,
+    operator_env,
+    restart_etcd,
+    start_restartable_cluster,
+    start_s3,
+)
 from e2e.proc_kubelet import pid_has_marker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,8 +90,7 @@ class World:
                                 aws_access_key_id=self.s3.access_key, aws_secret_access_key=self.s3.secret_key)
         self.store = CheckpointStore(StoreConfig(uri=f"s3://{self.s3.bucket}/{PREFIX}", endpoint_url=self.s3.endpoint_url,
                                                  region=self.s3.region, path_style=True), client=self.s3c)
-        self.kubectl("apply", "-f", str(ROOT / "crds" / "agentrun.dev_agentruns.yaml"))
-        self.kubectl("wait", "--for=condition=Established", "crd/agentruns.agentrun.dev", "--timeout=60s")
+        install_api(self.cluster)  # the CRDs and the admission policies: without them the operator starts no lap
 
     def stop(self) -> list[str]:
         """Stop everything; return problems (processes left behind)."""

@@ -231,6 +231,7 @@ def test_the_chart_names_its_service_account_as_the_operator():
     out = subprocess.run([helm, "template", "rel", str(ROOT / "helm" / "agentrun-operator"), "--namespace", "ops",
                           "--set", "serviceAccount.name=op-sa",
                           "--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+                          "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy",
                           "--show-only", "templates/admission-policies.yaml"],
                          check=True, capture_output=True, text=True).stdout
     vaps = {d["metadata"]["name"]: d for d in yaml.safe_load_all(out) if d and d["kind"] == "ValidatingAdmissionPolicy"}

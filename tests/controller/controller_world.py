@@ -124,6 +124,8 @@ class World:
     """The tenancy re-check the shell reads (Observed.policy_check); None: not enforced."""
     lap_image: str = "registry.example/agentrun:1"
     """The operator's default lap image (Observed.lap_image)."""
+    admission: d.AdmissionProblem | None = None
+    """The admission policy check's verdict (Observed.admission); None: in place."""
 
     def observed(self, checkpoint=None, attempt_failure=None, fork=None) -> d.Observed:
         return d.Observed(
@@ -133,7 +135,7 @@ class World:
             checkpoint=checkpoint, attempt_failure=attempt_failure, fork=fork,
             resolved_store=self.resolved_store, store_probe=self.probe,
             store_error=None if self.resolved_store else "no store configured for the test",
-            policy_check=self.policy_check, lap_image=self.lap_image,
+            policy_check=self.policy_check, lap_image=self.lap_image, admission=self.admission,
         )
 
     def reconcile(self) -> d.Decision:

@@ -20,6 +20,7 @@ from agentrun.controller import decide as d
 from agentrun.controller import reconciler
 from agentrun.controller.config import OperatorConfig
 from agentrun.controller.execute import Executor, Outcome, RetryWithBackoff
+from agentrun.controller.policycheck import PolicyCheck
 from agentrun.controller.reconciler import Controller
 
 KEY = ("ns", "run")
@@ -325,6 +326,11 @@ def test_the_operator_is_ready_only_once_its_cache_synced_and_live_while_it_sync
     c._synced.set()
     assert not ready() and not live()  # synced, and the Lease loop does not tick: broken
     c.elector.last_tick = __import__("time").monotonic()  # type: ignore[union-attr]
+    assert not ready() and live()  # the admission policies not checked yet (policycheck.py)
+    c.admission = PolicyCheck(("approvals",), False, call=None)  # type: ignore[arg-type]
+    c.admission._record(d.AdmissionProblem("AdmissionPoliciesMissing", "missing: x"))
+    assert not ready() and live()  # checked: missing
+    c.admission._record(None)
     assert ready() and live()
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e.cluster import sa_kubeconfig
+from e2e.cluster import ADMISSION_APIS, sa_kubeconfig
 from e2e_support import wait_for
 from test_operator_e2e import _diagnostics_on_failure, env  # noqa: F401
 
@@ -55,7 +55,7 @@ def approver_clusterrole(cluster) -> None:
     """The chart's agentrun-approver ClusterRole, rendered by the real helm and applied."""
     helm = subprocess.run([str(ROOT / "tools" / "install-helm.sh")], check=True, capture_output=True,
                           text=True).stdout.strip().splitlines()[-1]
-    out = subprocess.run([helm, "template", "agentrun-operator", str(CHART), "--show-only",
+    out = subprocess.run([helm, "template", "agentrun-operator", str(CHART), *ADMISSION_APIS, "--show-only",
                           "templates/approver-rbac.yaml"], check=True, capture_output=True, text=True).stdout
     doc = yaml.safe_load(out)
     assert doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == admission.APPROVER_CLUSTERROLE

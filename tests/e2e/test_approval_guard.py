@@ -331,7 +331,8 @@ def test_a_tenant_holding_star_is_not_the_operator_where_the_operator_is_named(g
     # the chart's rendering for a release in `ns` whose operator ServiceAccount is `sa`
     out = subprocess.run([_helm(), "template", "agentrun", str(ROOT / "helm" / "agentrun-operator"), "--namespace", ns,
                           "--set", f"serviceAccount.name={sa}", "--api-versions",
-                          "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+                          "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy", "--api-versions",
+                          "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy",
                           "--show-only", "templates/admission-policies.yaml"],
                          check=True, capture_output=True, text=True).stdout
     policy = next(d for d in yaml.safe_load_all(out)

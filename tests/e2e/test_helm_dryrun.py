@@ -14,7 +14,7 @@ import sys
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "helm"))
-from helm_support import CHART, MONITORING_APIS, ROOT  # noqa: E402
+from helm_support import ADMISSION_APIS, CHART, MONITORING_APIS, ROOT  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -46,10 +46,13 @@ def prepared(cluster):
     stubs = STUB.format(kind="ServiceMonitor", plural="servicemonitors", singular="servicemonitor") + "---\n" + \
         STUB.format(kind="PrometheusRule", plural="prometheusrules", singular="prometheusrule")
     cluster.kubectl_run("apply", "-f", "-", input=stubs)
+    # the chart renders the admission policies (the cluster serves both kinds) and the AgentRunPolicy "default"
+    cluster.kubectl_run("apply", "-f", str(ROOT / "crds" / "agentrun.dev_agentrunpolicies.yaml"))
     for ns in ("agentrun-system", "team-a", "team-b"):
         cluster.kubectl_run("create", "namespace", ns, check=False)
     cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s",
-                        "crd/servicemonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com")
+                        "crd/servicemonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com",
+                        "crd/agentrunpolicies.agentrun.dev")
     return cluster
 
 
@@ -57,7 +60,7 @@ def prepared(cluster):
 def test_rendered_chart_passes_server_side_dry_run(helm, prepared, values):
     rendered = subprocess.run(
         [helm, "template", "agentrun-operator", str(CHART), "--namespace", "agentrun-system",
-         "-f", str(values), *MONITORING_APIS],
+         "-f", str(values), *MONITORING_APIS, *ADMISSION_APIS],
         check=True, capture_output=True, text=True).stdout
     proc = prepared.kubectl_run("apply", "--dry-run=server", "-f", "-", input=rendered, check=False, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -77,7 +80,7 @@ def test_server_refuses_a_broken_manifest(helm, prepared):
     """The dry-run can fail: a Deployment with a bad replica count is refused by the server."""
     rendered = subprocess.run(
         [helm, "template", "agentrun-operator", str(CHART), "--namespace", "agentrun-system",
-         "--show-only", "templates/deployment.yaml"], check=True, capture_output=True, text=True).stdout
+         *ADMISSION_APIS, "--show-only", "templates/deployment.yaml"], check=True, capture_output=True, text=True).stdout
     broken = rendered.replace("replicas: 1", "replicas: -3")
     proc = prepared.kubectl_run("apply", "--dry-run=server", "-f", "-", input=broken, check=False)
     assert proc.returncode != 0 and "replicas" in proc.stderr

@@ -331,6 +331,18 @@ def expected_tenancy_reader(run_ns: str) -> dict[str, set[str]]:
     }
 
 
+#: The admission policy check (controller/policycheck.py; ClusterRole <release>-admission-reader): a get
+#: of each of the operator's own policies and bindings, by name.
+VALIDATING_NAMES = ("agentrun-approval-guard", "agentrun-decisions", "agentrun-status-owner", "agentrun-tenancy")
+MUTATING_NAMES = ("agentrun-stamp-creator", "agentrun-stamp-decider", "agentrun-stamp-decider-status")
+EXPECTED_ADMISSION_READER = {
+    f"{res}.admissionregistration.k8s.io [{name}]": {"get"}
+    for res, names in (("validatingadmissionpolicies", VALIDATING_NAMES), ("validatingadmissionpolicybindings", VALIDATING_NAMES),
+                       ("mutatingadmissionpolicies", MUTATING_NAMES), ("mutatingadmissionpolicybindings", MUTATING_NAMES))
+    for name in names
+}
+
+
 def test_rbac_is_exactly_what_the_operator_uses(henv, diag):
     sa_user = f"system:serviceaccount:{henv.sys_ns}:{OPERATOR_SA}"
     # baseline: a user with only the groups every service account has, and no bindings
@@ -344,15 +356,16 @@ def test_rbac_is_exactly_what_the_operator_uses(henv, diag):
         rules, defaults = parse_can_i(text), parse_can_i(base)
         extra = {k: v - defaults.get(k, set()) for k, v in rules.items()}
         extra = {k: v for k, v in extra.items() if v}
-        expected = {**(EXPECTED_RUN_NS if ns == henv.ns else EXPECTED_RELEASE_NS), **expected_tenancy_reader(henv.ns)}
+        expected = {**(EXPECTED_RUN_NS if ns == henv.ns else EXPECTED_RELEASE_NS), **expected_tenancy_reader(henv.ns),
+                    **EXPECTED_ADMISSION_READER}
         assert extra == expected, f"{label}: granted beyond the defaults: {extra}"
         assert not any("*" in k or "*" in v for k, v in rules.items() if not k.startswith("url:")), rules
         assert not any(k.startswith("secrets") for k in rules), rules
     for verb in ("get", "list", "watch"):
         r = henv.kubectl("auth", "can-i", verb, "secrets", f"--as={sa_user}", "--all-namespaces", check=False)
         assert r.stdout.strip() == "no", (verb, r.stdout, r.stderr)
-    # nothing cluster-scoped but the re-check's three reads: no CRD access, no listing of namespaces,
-    # one ClusterRoleBinding (the tenancy reader)
+    # nothing cluster-scoped but the re-check's three reads and the admission check's gets by name: no
+    # CRD access, no listing of namespaces, two ClusterRoleBindings (the tenancy and admission readers)
     for verb, res in (("list", "customresourcedefinitions.apiextensions.k8s.io"),
                       ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
                       ("list", "namespaces"), ("list", "agentruns.agentrun.dev")):
@@ -361,7 +374,7 @@ def test_rbac_is_exactly_what_the_operator_uses(henv, diag):
     crbs = json.loads(henv.kubectl("get", "clusterrolebindings", "-o", "json").stdout)["items"]
     assert [b["roleRef"]["name"] for b in crbs
             if any(sj.get("name") == OPERATOR_SA and sj.get("namespace") == henv.sys_ns
-                   for sj in b.get("subjects") or [])] == [f"{RELEASE}-tenancy-reader"]
+                   for sj in b.get("subjects") or [])] == [f"{RELEASE}-admission-reader", f"{RELEASE}-tenancy-reader"]
     # leases in the watched namespace or another name: no
     r = henv.kubectl("auth", "can-i", "update", "leases/someone-else", f"--as={sa_user}", "-n", henv.sys_ns,
                      check=False)

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e.cluster import sa_kubeconfig
+from e2e.cluster import ADMISSION_APIS, sa_kubeconfig
 from e2e_support import wait_for
 from test_approval_authz import PERMISSION, annotations, approver_clusterrole, waiting_run
 from test_operator_e2e import _diagnostics_on_failure, env  # noqa: F401
@@ -58,7 +58,7 @@ class Inbox:
                               text=True).stdout.strip().splitlines()[-1]
         release = f"inbox-{ns}"
         rbac = subprocess.run([helm, "template", release, str(CHART), "--namespace", ns, "--set", "inbox.enabled=true",
-                               "--show-only", "templates/inbox-rbac.yaml"], check=True, capture_output=True,
+                               *ADMISSION_APIS, "--show-only", "templates/inbox-rbac.yaml"], check=True, capture_output=True,
                               text=True).stdout
         c.kubectl_run("apply", "-f", "-", input=rbac)
         self.kubeconfig = sa_kubeconfig(c, ns, f"{release}-agentrun-operator-inbox", tmp / "inbox.kubeconfig")

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e.cluster import operator_env
+from e2e.cluster import install_api, operator_env
 from e2e.s3_shim import S3Shim
 from e2e_support import wait_for
 
@@ -88,10 +88,8 @@ def _client(s3: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def env(cluster, s3, tmp_path_factory):
-    root = Path(__file__).resolve().parents[2]
     e = Env(cluster, s3, tmp_path_factory.mktemp("lifecycle"))
-    cluster.kubectl_run("apply", "-f", str(root / "crds" / "agentrun.dev_agentruns.yaml"))
-    cluster.kubectl_run("wait", "--for=condition=Established", "crd/agentruns.agentrun.dev", "--timeout=60s")
+    install_api(cluster)  # the CRDs and the admission policies: without them the operator starts no lap
     cluster.kubectl_run("create", "namespace", e.ns)
     cluster.kubectl_run("create", "serviceaccount", "agentrun-lap", "-n", e.ns)
     cluster.kubectl_run("create", "secret", "generic", "s3-creds", "-n", e.ns,

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e.cluster import _free_port, sa_kubeconfig
+from e2e.cluster import ADMISSION_APIS, _free_port, sa_kubeconfig
 from test_operator_e2e import ROOT, _diagnostics_on_failure, _gated, _one_job_per_attempt, _wait  # noqa: F401
 from test_operator_failures import FailEnv, _note, gate  # noqa: F401 (the gate fixture)
 
@@ -45,7 +45,7 @@ def chart_rbac(ns: str) -> str:
     helm = subprocess.run([str(ROOT / "tools" / "install-helm.sh")], check=True, capture_output=True,
                           text=True).stdout.strip().splitlines()[-1]
     return subprocess.run([helm, "template", RELEASE, str(CHART), "--namespace", ns, "--set", f"watchNamespaces={{{ns}}}",
-                           "--show-only", "templates/rbac.yaml"], check=True, capture_output=True, text=True).stdout
+                           *ADMISSION_APIS, "--show-only", "templates/rbac.yaml"], check=True, capture_output=True, text=True).stdout
 
 
 class StepEnv(FailEnv):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from helm_support import CHART, ROOT, template
+from helm_support import CHART, CLUSTER_WITHOUT_ADMISSION, ROOT, template
 
 from agentrun.api import admission, approval
 
@@ -75,13 +75,23 @@ def test_policies_are_the_generated_ones_where_the_api_exists(helm):
 
 
 @pytest.mark.parametrize("args, kinds", [
-    ([], set()),  # neither API served (helm template's defaults here): nothing rendered
-    (VAP, {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}),  # Kubernetes 1.30-1.35
+    # Kubernetes 1.30-1.35 (a cluster: Helm knows its kinds)
+    (CLUSTER_WITHOUT_ADMISSION + VAP, {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}),
     (VAP + MAP, POLICY_KINDS),  # >= 1.36
     (VAP + MAP + ["--set", "approvals.admissionPolicies.mutating=false"],
      {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}),
     (VAP + MAP + ["--set", "approvals.admissionPolicies.enabled=false"], set()),
-], ids=["no-api", "validating-only-api", "both-apis", "mutating-off", "all-off"])
+    # said by values, no cluster needed
+    (["--set", "admissionPolicies.validating=true", "--set", "admissionPolicies.mutating=true"], POLICY_KINDS),
+    (["--set", "admissionPolicies.validating=true", "--set", "admissionPolicies.mutating=false"],
+     {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}),
+    (["--set-string", "admissionPolicies.validating=false", "--set-string", "admissionPolicies.mutating=false"], set()),
+    # an explicit opt-out wins over what the cluster serves
+    (VAP + MAP + ["--set", "admissionPolicies.validating=false"], set()),
+    (VAP + MAP + ["--set", "admissionPolicies.mutating=false"],
+     {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}),
+], ids=["validating-only-cluster", "both-apis", "mutating-off", "all-off", "values-true", "values-validating-only",
+        "values-false-strings", "validating-opt-out", "mutating-opt-out"])
 def test_policies_render_only_where_served_and_enabled(helm, args, kinds):
-    _, docs = template(helm, *args)
+    _, docs = template(helm, *args, admission_apis=False)
     assert {d["kind"] for d in _by_kind(docs, *POLICY_KINDS)} == kinds

@@ -71,7 +71,17 @@ def test_rbac_least_privilege(helm, values):
         ("pods", "list"),  # read on demand (controller/reconciler.py), not watched
         # no CRD list/watch: Kopf's scanning is disabled in every mode (rbac.crdWatch, deprecated, is off)
         *{("leases", v) for v in ("create", "get", "update", "patch")},
+        # the tenancy re-check's watches (tenancy.operatorRecheck)
+        *{("namespaces", v) for v in ("get", "list", "watch")},
+        *{("validatingadmissionpolicybindings", v) for v in ("list", "watch")},
+        *{("agentrunpolicies", v) for v in ("list", "watch")},
+        # the admission policy check (controller/policycheck.py): its own policies, by name
+        *{(res, "get") for res in ("validatingadmissionpolicies", "validatingadmissionpolicybindings",
+                                   "mutatingadmissionpolicies", "mutatingadmissionpolicybindings")},
     }
+    admission_rules = [r for _, _, r in rules if "validatingadmissionpolicies" in r["resources"]
+                       or "mutatingadmissionpolicies" in r["resources"]]
+    assert admission_rules and all(r.get("resourceNames") and r["verbs"] == ["get"] for r in admission_rules)
     lease_rules = [r for _, ns, r in rules if "leases" in r["resources"]]
     assert all(ns == "agentrun-system" for _, ns, r in rules if "leases" in r["resources"])
     assert any(r.get("resourceNames") == ["agentrun-operator"] for r in lease_rules)
@@ -91,7 +101,8 @@ def test_cluster_wide_vs_namespaced_rbac(helm):
     assert crds not in one(docs, "ClusterRole", "agentrun-operator")["rules"]  # nothing watches CRDs
     assert one(docs, "ClusterRoleBinding", "agentrun-operator")["subjects"][0]["name"] == "agentrun-operator"
     assert [d["metadata"]["name"] for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")] == [
-        "agentrun-approver", "agentrun-operator", "agentrun-operator"]
+        "agentrun-approver", "agentrun-operator", "agentrun-operator-admission-reader", "agentrun-operator-tenancy-reader",
+        "agentrun-operator", "agentrun-operator-admission-reader", "agentrun-operator-tenancy-reader"]
     _, docs = template(helm, "--set", "rbac.crdWatch=true")  # deprecated, still honoured
     assert crds in one(docs, "ClusterRole", "agentrun-operator")["rules"]
     _, docs = template(helm)
@@ -104,8 +115,11 @@ def test_cluster_wide_vs_namespaced_rbac(helm):
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     bindings = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "agentrun-operator"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
-    # nothing cluster-scoped: no ClusterRole(Binding), not even CRD read access (Kopf scanning is off)
-    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")], kinds(docs)
+    # nothing cluster-scoped but the read-only readers of cluster-scoped objects (the admission policy
+    # check's gets by name, the tenancy re-check's watches), not even CRD read access (Kopf scanning is off)
+    assert sorted(d["metadata"]["name"] for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")) == [
+        "agentrun-operator-admission-reader", "agentrun-operator-admission-reader",
+        "agentrun-operator-tenancy-reader", "agentrun-operator-tenancy-reader"], kinds(docs)
     assert "customresourcedefinitions" not in yaml.safe_dump_all(docs)
     env = {e["name"]: e.get("value") for e in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["AGENTRUN_NAMESPACES"] == "team-a,team-b"

@@ -125,14 +125,15 @@ def _notify_env(helm, tmp_path, *flags, check=True):
     import subprocess
 
     import yaml
-    from helm_support import CHART
+    from helm_support import ADMISSION_APIS, CHART
 
     chart = tmp_path / "chart"
     shutil.copytree(CHART, chart)
     (chart / "templates" / "zz-notify-probe.yaml").write_text(
         'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: probe}\ndata:\n  env: |\n'
         '    {{- include "agentrun.notifyEnv" . | nindent 4 }}\n')
-    proc = subprocess.run([helm, "template", "x", str(chart), "--show-only", "templates/zz-notify-probe.yaml", *flags],
+    proc = subprocess.run([helm, "template", "x", str(chart), *ADMISSION_APIS, "--show-only", "templates/zz-notify-probe.yaml",
+                           *flags],
                           capture_output=True, text=True)
     if not check:
         return proc, None

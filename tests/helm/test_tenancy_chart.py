@@ -124,10 +124,14 @@ def test_with_watch_namespaces_the_reader_lists_and_watches_only_those_namespace
     assert all("resourceNames" not in r for r in reader["rules"] if r is not ns_rule)
 
 
-@pytest.mark.parametrize("args", [[], VAP + ["--set", "tenancy.enabled=false"]], ids=["api-not-served", "disabled"])
-def test_tenancy_renders_only_where_served_and_enabled(helm, args):
+@pytest.mark.parametrize("args, reader", [
+    (["--set", "admissionPolicies.validating=false"], True),  # you install them: the re-check still reads them
+    (VAP + ["--set", "tenancy.enabled=false"], False),
+], ids=["validating-opt-out", "disabled"])
+def test_tenancy_renders_only_where_served_and_enabled(helm, args, reader):
     _, docs = template(helm, *args)
     assert _tenancy(docs) == []
+    assert bool([d for d in docs if d["metadata"]["name"].endswith("-tenancy-reader")]) == reader
 
 
 def test_values_schema_holds_the_generated_policy_schema():

@@ -47,6 +47,7 @@ import yaml
 
 from . import approval as ap
 from .crdgen import GROUP, PLURAL, _Dumper, openapi_schema
+from .policy_version import stamped
 
 OPERATE_VERB: Final = "operate"
 """Custom RBAC verb on ``agentruns/status`` that identifies the operator: status fields other than
@@ -614,13 +615,13 @@ def _map_binding(name: str) -> dict[str, Any]:
 
 
 def validating_documents() -> list[dict[str, Any]]:
-    return [decisions_policy(), _vap_binding(VAP_DECISIONS), status_policy(), _vap_binding(VAP_STATUS),
-            guard_policy(), _vap_binding(VAP_GUARD)]
+    return stamped([decisions_policy(), _vap_binding(VAP_DECISIONS), status_policy(), _vap_binding(VAP_STATUS),
+                    guard_policy(), _vap_binding(VAP_GUARD)])
 
 
 def mutating_documents() -> list[dict[str, Any]]:
-    return [stamp_annotation_policy(), _map_binding(MAP_ANNOTATION), stamp_status_policy(), _map_binding(MAP_STATUS),
-            stamp_creator_policy(), _map_binding(MAP_CREATOR)]
+    return stamped([stamp_annotation_policy(), _map_binding(MAP_ANNOTATION), stamp_status_policy(),
+                    _map_binding(MAP_STATUS), stamp_creator_policy(), _map_binding(MAP_CREATOR)])
 
 
 FILES: Final = {

@@ -78,6 +78,10 @@ class Reason(StrEnum):
     # the shell's own
     CHECKPOINT_DELETE_FAILED = "CheckpointDeleteFailed"
     STATUS_UPDATE_REFUSED = "StatusUpdateRefused"
+    # the operator's admission policies (controller/policycheck.py): no lap starts until they are in place
+    ADMISSION_POLICIES_MISSING = "AdmissionPoliciesMissing"
+    ADMISSION_POLICIES_OUTDATED = "AdmissionPoliciesOutdated"
+    ADMISSION_POLICIES_UNKNOWN = "AdmissionPoliciesUnknown"
     # the reasons of a condition that is not the phase's own (Kubernetes: every condition has a reason)
     NOT_PROGRESSING = "NotProgressing"
     NO_APPROVAL_PENDING = "NoApprovalPending"

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from . import tenancy as t
 from .crdgen import GROUP, PLURAL, _Dumper, structural, undocumented_fields
+from .policy_version import stamped
 
 VAP_API: Final = "admissionregistration.k8s.io/v1"
 GENERATED_BY: Final = "agentrun crd --tenancy (operator/agentrun/api/tenancy_admission.py)"
@@ -271,6 +272,11 @@ def binding(name: str = t.VAP_NAME, param: str = t.DEFAULT_POLICY,
     return {"apiVersion": VAP_API, "kind": "ValidatingAdmissionPolicyBinding", "metadata": _meta(name), "spec": spec}
 
 
+def policy_documents() -> list[dict[str, Any]]:
+    """The policy and its default binding, stamped with their version marker (api/policy_version.py)."""
+    return stamped([policy(), binding()])
+
+
 # ----------------------------------------------------------------------------- the param CRD
 
 def crd() -> dict[str, Any]:
@@ -350,7 +356,7 @@ def render(kind: str) -> str:
         return header + _dump([crd()])
     if kind == "policy":
         return (header + "# Needs Kubernetes >= 1.30 and the AgentRunPolicy CRD; the binding uses the AgentRunPolicy "
-                f"\"{t.DEFAULT_POLICY}\" (docs/security.md).\n" + _dump([policy(), binding()]))
+                f"\"{t.DEFAULT_POLICY}\" (docs/security.md).\n" + _dump(policy_documents()))
     if kind == "local":
         return header + _dump([policy_object(t.DEFAULT_POLICY, LOCAL_POLICY,
                                              "local control plane: loopback tool servers and S3 are intended")])

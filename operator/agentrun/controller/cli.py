@@ -51,9 +51,10 @@ def operator_command(namespaces: tuple[str, ...], metrics_port: int | None, log_
 
         metrics.set_health_check("healthz", live)
         # ready: started, the watch cache listed everything (else it never campaigns), the Lease loop
-        # ticks, and the API server has not taken its list access away since (else it stepped down)
+        # ticks, the API server has not taken its list access away since (else it stepped down), and
+        # the admission policies are in place (else it starts no lap: policycheck.py)
         metrics.set_health_check("readyz", lambda: controller.ready and controller.synced and live()
-                                 and controller.cannot_lead() is None)
+                                 and controller.cannot_lead() is None and controller.admission_ready)
         metrics.start_server(cfg.metrics_port)
     logging.getLogger("agentrun.controller").info(
         "starting agentrun operator %s (pid %d), namespaces=%s", cfg.identity, os.getpid(),

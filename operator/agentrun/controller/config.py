@@ -16,6 +16,18 @@ from agentrun.checkpoint.switch import enabled as lean_get_enabled
 
 #: The values of AGENTRUN_EVENT_LOOP (controller/eventloop.py makes the loop).
 EVENT_LOOPS = ("uvloop", "asyncio")
+#: The admission policy sets of AGENTRUN_ADMISSION_POLICIES (controller/policycheck.py).
+POLICY_SETS = ("approvals", "stamping", "tenancy")
+
+
+def parse_sets(raw: str) -> tuple[str, ...]:
+    """AGENTRUN_ADMISSION_POLICIES: comma-separated names of POLICY_SETS."""
+    names = tuple(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
+    bad = [n for n in names if n not in POLICY_SETS]
+    if bad:
+        raise ValueError(f"unknown policy set {', '.join(bad)}: expected a comma-separated list of "
+                         f"{', '.join(POLICY_SETS)}")
+    return names
 
 
 def _bool(value: str | None, default: bool) -> bool:
@@ -94,6 +106,14 @@ class OperatorConfig:
     per watch and period."""
     event_loop: str = "uvloop"
     """AGENTRUN_EVENT_LOOP: uvloop (less CPU per lap; asyncio where it is not installed) or asyncio."""
+    admission_policies: tuple[str, ...] = ("approvals", "stamping", "tenancy")
+    """AGENTRUN_ADMISSION_POLICIES (comma-separated: approvals, stamping, tenancy; the chart sets the
+    sets it installs; empty: all three): the admission policies checked at start and every resync before any lap
+    starts (controller/policycheck.py, docs/operations.md#admission-policies); ``stamping`` only where
+    the API server serves MutatingAdmissionPolicy."""
+    allow_missing_policies: bool = False
+    """AGENTRUN_ALLOW_MISSING_POLICIES (true/false): start laps even while those policies are missing
+    or outdated (logged as a warning). Anyone who may patch a run then decides its approvals."""
     identity: str = ""
     """AGENTRUN_IDENTITY (or POD_NAME): this replica's name in the Lease (default host-pid)."""
 
@@ -173,6 +193,8 @@ class OperatorConfig:
         parse("AGENTRUN_TENANCY_RECHECK", lambda v: _bool(v, True), "tenancy_recheck")
         parse("AGENTRUN_WATCH_TIMEOUT_SECONDS", watch_seconds, "watch_timeout_seconds")
         parse("AGENTRUN_EVENT_LOOP", event_loop, "event_loop")
+        parse("AGENTRUN_ADMISSION_POLICIES", parse_sets, "admission_policies")
+        parse("AGENTRUN_ALLOW_MISSING_POLICIES", lambda v: _bool(v, False), "allow_missing_policies")
         parse("POD_NAME", str, "identity")
         parse("AGENTRUN_IDENTITY", str, "identity")
         if not kw.get("identity"):

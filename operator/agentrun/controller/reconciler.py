@@ -67,6 +67,7 @@ from .observe import (
 )
 from .podreads import PodReads
 from .podreads import selector as pod_selector
+from .policycheck import PolicyCheck
 from .queue import WorkQueue
 from .tenancy import KINDS as TENANCY_KINDS
 from .tenancy import NAMESPACES, PolicyStore
@@ -161,6 +162,7 @@ class Controller:
         self._not_leader_timer: asyncio.TimerHandle | None = None  # their recheck, while there are some
         self.policies: PolicyStore | None = None  # the tenancy re-check's watched policies (None: off)
         self.notifier: Any = None  # approval notifications (agentrun.notify), when configured
+        self.admission: PolicyCheck | None = None  # the check of the admission policies (made in start)
         self.ready = False
 
     # ---------------------------------------------------------------- lifecycle
@@ -190,6 +192,10 @@ class Controller:
         self.executor = Executor(cfg, self.kube, self.cache, self.akube, self._specs)
         loop = self._loop = asyncio.get_running_loop()
         self._tasks.append(asyncio.ensure_future(loop.run_in_executor(None, self.executor.warm)))
+        # the admission policies: checked now and every resync (policycheck.py); no lap before the first verdict
+        self.admission = PolicyCheck(cfg.admission_policies, cfg.allow_missing_policies, self.executor.call,
+                                     on_change=self._admission_changed)
+        self._tasks.append(asyncio.create_task(self.admission.run(cfg.resync_seconds)))
         if cfg.tenancy_recheck:
             self.policies = PolicyStore(on_change=self._policies_changed)
             for kind, resource in TENANCY_KINDS.items():
@@ -352,6 +358,16 @@ class Controller:
                     and ((run.get("status") or {}).get("phase")) not in TERMINAL_PHASES:
                 self.cache.enqueue(key, "policy changed")
 
+    def _admission_changed(self) -> None:
+        """The admission policies' verdict changed: every live run is looked at again (a lap held
+        back starts; a run about to start one says why it does not)."""
+        self._policies_changed(None)
+
+    @property
+    def admission_ready(self) -> bool:
+        """For /readyz: the admission policies were checked and are in place (or allowed to be missing)."""
+        return self.admission is not None and self.admission.ready
+
     def _approval_pending(self, key: Key) -> None:
         if self.notifier is not None and self._allowed(key[0]):
             self.notifier.wake()
@@ -398,6 +414,8 @@ class Controller:
 
     async def _worker(self) -> None:
         await self._synced.wait()
+        if self.admission is not None:
+            await self.admission.checked.wait()
         while True:
             key = await self.queue.get()
             if key is None:
@@ -465,6 +483,9 @@ class Controller:
                     and o.status.phase not in TERMINAL_PHASES:
                 check = await self._tenancy_check(ns, body.get("spec") or {})
                 o = dataclasses.replace(o, policy_check=check)
+            held = self.admission.blocking if self.admission is not None else None
+            if held is not None:  # rare: no copy of Observed while the policies are in place
+                o = dataclasses.replace(o, admission=held)
             run = RunRef(namespace=ns, name=name, uid=uid)
             decision = d.decide(o)
             for _ in range(3):

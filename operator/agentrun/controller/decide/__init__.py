@@ -75,6 +75,7 @@ from .context import CONDITION_TYPES, Ctx, StatusWriter, conditions_for, deferre
 from .core import decide
 from .laps import POD_CONFIG_ERRORS, pod_config_problem
 from .observed import (
+    AdmissionProblem,
     AttemptFailureRead,
     CheckpointRead,
     ForkRead,
@@ -95,7 +96,7 @@ _truncate = truncate
 
 __all__ = [
     "CONDITION_TYPES", "FINALIZER", "MAX_CAUSE_CHARS", "MAX_RETRY_ENTRIES", "POD_CONFIG_ERRORS",
-    "Action", "AddFinalizer", "ApprovalEnv", "AttemptFailureRead", "CheckpointRead", "CreateJob", "Ctx", "Decision",
+    "Action", "AddFinalizer", "AdmissionProblem", "ApprovalEnv", "AttemptFailureRead", "CheckpointRead", "CreateJob", "Ctx", "Decision",
     "DeleteCheckpoints", "DeleteJob", "DeleteRun", "Event", "ForkCheckpoint", "ForkRead", "JobState", "LapFinished",
     "LapRetried", "Observed", "ObservedJob", "PatchStatus", "ProbeStore", "ReadAttemptFailure", "ReadCheckpoint",
     "RemoveAnnotations", "RemoveFinalizer", "RequeueAfter", "StatusWriter", "StoreProbeRead",

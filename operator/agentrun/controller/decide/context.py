@@ -192,9 +192,16 @@ def deferred_status(o: Observed, reason: str, message: str) -> AgentRunStatus:
     refused for a ResourceQuota or a busy API server, retried with backoff): ``message`` and a
     ``Progressing`` condition False with ``reason`` and ``message``; the phase and the other
     conditions as they are. The decision that gets through sets its phase and conditions again."""
-    st = StatusWriter(o).st
+    w = StatusWriter(o)
+    hold(w, reason, message)
+    return w.st
+
+
+def hold(w: StatusWriter, reason: str, message: str) -> None:
+    """``w``'s status saying that nothing progresses, and why: ``message`` and a ``Progressing``
+    condition False with ``reason`` and ``message``; the phase and the other conditions as they are."""
+    st, o = w.st, w.o
     progressing = _condition(ConditionType.PROGRESSING, "False", reason, message, o.generation, o.now,
                              condition(st, ConditionType.PROGRESSING))
     st.conditions = [progressing] + [c for c in st.conditions if c.type != ConditionType.PROGRESSING]
     st.message = one_line(message, MAX_MESSAGE_CHARS)
-    return st

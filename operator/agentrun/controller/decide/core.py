@@ -8,6 +8,7 @@ from agentrun.api.status import TERMINAL_PHASES
 
 from ..jobs import job_name
 from .actions import FINALIZER, AddFinalizer, Decision, DeleteCheckpoints, DeleteJob, RemoveFinalizer
+from .admission import hold_decision
 from .approvals import consume_annotation, take_decision
 from .context import Ctx, StatusWriter
 from .finish import expire
@@ -48,6 +49,11 @@ def decide(o: Observed) -> Decision:
     if not terminal and st.store is None:
         return pin_store(c)
 
+    # A decision made while the admission policies are not in place was checked by nobody: not taken.
+    if o.admission is not None and not terminal:
+        held = hold_decision(c)
+        if held is not None:
+            return held
     stop, waiting = take_decision(c)
     if stop is not None:
         return stop

@@ -23,6 +23,7 @@ from .actions import (
     ReadCheckpoint,
     RequeueAfter,
 )
+from .admission import hold_lap
 from .approvals import adoption_mismatch, apply_timeout, approval_env, bind_target
 from .context import MAX_CONDITION_MESSAGE_CHARS, Ctx, condition
 from .finish import apply_outcome, record_checkpoint
@@ -249,6 +250,11 @@ def next_step(c: Ctx) -> Decision:
 
     if o.policy_check is not None and not o.policy_check.ok:
         return c.fail(Reason.POLICY_VIOLATION, f"lap {lap} not started: {o.policy_check.message}")
+
+    # The operator's admission policies are not in place: no lap starts (the shell queues the run
+    # again when they are).
+    if o.admission is not None:
+        return hold_lap(c, lap, attempt)
 
     version = spec.agent.version
     # Write-ahead: the Job is created only once the API server holds what it executes (the decision

@@ -105,6 +105,17 @@ class AttemptFailureRead:
 
 
 @dataclass(frozen=True)
+class AdmissionProblem:
+    """The operator's admission policies are not in place (``controller/policycheck.py``, checked by
+    the shell at start and every resync, never per reconcile): ``reason`` is
+    ``AdmissionPoliciesMissing``, ``AdmissionPoliciesOutdated`` or ``AdmissionPoliciesUnknown``,
+    ``message`` names the policies and bindings. While it stands no lap starts."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Observed:
     namespace: str
     name: str
@@ -140,3 +151,7 @@ class Observed:
     """The tenancy re-check of the stored spec against the AgentRunPolicies of its namespace
     (controller/tenancy.py), read by the shell for a live run; None: not read or not enforced
     (the operator may not read the policies)."""
+    admission: AdmissionProblem | None = None
+    """The operator's admission policies are missing or not the version its code expects (the
+    shell's check, ``controller/policycheck.py``); None: in place (or allowed to be missing). While
+    set, decide starts no lap Job and takes no approval decision."""
