@@ -101,8 +101,8 @@ def test_cluster_wide_vs_namespaced_rbac(helm):
     assert crds not in one(docs, "ClusterRole", "agentrun-operator")["rules"]  # nothing watches CRDs
     assert one(docs, "ClusterRoleBinding", "agentrun-operator")["subjects"][0]["name"] == "agentrun-operator"
     assert [d["metadata"]["name"] for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")] == [
-        "agentrun-approver", "agentrun-operator", "agentrun-operator-admission-reader", "agentrun-operator-tenancy-reader",
-        "agentrun-retrier", "agentrun-operator", "agentrun-operator-admission-reader", "agentrun-operator-tenancy-reader"]
+        "agentrun-approver", "agentrun-operator", "agentrun-operator-admission-reader", "agentrun-retrier",
+        "agentrun-operator-tenancy-reader", "agentrun-operator", "agentrun-operator-admission-reader", "agentrun-operator-tenancy-reader"]
     _, docs = template(helm, "--set", "rbac.crdWatch=true")  # deprecated, still honoured
     assert crds in one(docs, "ClusterRole", "agentrun-operator")["rules"]
     _, docs = template(helm)
