@@ -30,8 +30,8 @@ from agentrun.api.lifecycle import (
     retry_request_value,
 )
 from agentrun.api.reasons import Reason
-from agentrun.api.status import TERMINAL_PHASES, AgentRunStatus, LapRetries, LifecycleStatus
 from agentrun.api.spec import AgentRunSpec
+from agentrun.api.status import TERMINAL_PHASES, AgentRunStatus, LapRetries, LifecycleStatus
 from agentrun.api.types import parse_duration
 
 from .actions import Decision, DeleteJob, RemoveAnnotations, RequeueAfter
@@ -182,7 +182,7 @@ def _stop(c: Ctx, phase: str, reason: Reason, message: str, why: str) -> Decisio
             c.act(DeleteJob(aj.name, grace_seconds=CANCEL_GRACE_SECONDS))
     ap = st.approval
     if ap is not None and ap.state == "Pending":
-        ap.state = APPROVAL_WITHDRAWN  # type: ignore[assignment]
+        ap.state = APPROVAL_WITHDRAWN
         c.event("Normal", Reason.APPROVAL_WITHDRAWN,
                 f"the approval of call {ap.call_id} of tool {ap.tool} (lap {ap.lap}) is withdrawn: {why}")
     c.phase(phase, reason, message)
