@@ -257,3 +257,38 @@ def test_bad_input_doc_quotes_the_new_refusals():
         assert message in doc, message
     for _, _, what in admission.GATED_TOOL_FIELDS:
         assert f"may not {what} in agentrun team-a/x: {admission.CHANGES_THE_CALL} and` NEEDS" in doc, what
+
+
+def test_the_lifecycle_policy_takes_its_literals_from_lifecycle_py_and_names_the_retry_verb():
+    from agentrun.api import lifecycle
+
+    text = admission.render("validating") + admission.render("mutating")
+    for literal in (lifecycle.ANN_RETRY, lifecycle.ANN_RETRY_FROM_LAP, lifecycle.ANN_RETRY_REQUESTED_BY,
+                    lifecycle.ANN_CANCELLED_BY):
+        assert f'"{literal}"' in text, literal
+    assert f'check("{lifecycle.RETRY_VERB}")' in text
+    policy = admission.lifecycle_policy()
+    first = policy["spec"]["validations"][0]
+    assert first["expression"] == "!variables.retrySet || variables.canRetry"
+    assert f'needs the "{lifecycle.RETRY_VERB}" verb on agentruns.agentrun.dev' in first["messageExpression"]
+    assert f"(role {lifecycle.RETRIER_CLUSTERROLE}); patch alone is not enough" in first["messageExpression"]
+    # the requester and the canceller are stamped by the API server, on the main resource only
+    for doc, key in ((admission.stamp_retry_policy(), lifecycle.ANN_RETRY_REQUESTED_BY),
+                     (admission.stamp_cancel_policy(), lifecycle.ANN_CANCELLED_BY)):
+        assert doc["spec"]["matchConditions"][0]["expression"] == admission.ON_MAIN
+        assert f'"{key}": request.userInfo.username' in doc["spec"]["mutations"][0]["applyConfiguration"]["expression"]
+    # a retry's stamping fires on either retry annotation; a cancel's only when spec.cancel appears
+    assert lifecycle.ANN_RETRY_FROM_LAP in admission.stamp_retry_policy()["spec"]["matchConditions"][1]["expression"]
+    assert admission.stamp_cancel_policy()["spec"]["matchConditions"][1]["expression"] == (
+        "has(object.spec.cancel) && (oldObject == null || !has(oldObject.spec.cancel))")
+
+
+def test_status_lifecycle_is_the_operators():
+    top, _ = admission.operator_status_fields()
+    assert "lifecycle" in top  # retries, who retried or cancelled, the outcome announced: never a user's
+
+
+def test_bad_input_doc_quotes_the_lifecycle_refusals():
+    doc = (ROOT / "docs" / "bad-input.md").read_text()
+    fixed = [v["message"] for v in admission.lifecycle_policy()["spec"]["validations"] if "message" in v]
+    assert fixed and all(m in doc for m in fixed), fixed
