@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 from controller_world import T0, World, make_spec
@@ -234,3 +235,14 @@ def test_lifecycle_never_runs_two_jobs_or_reuses_an_attempt(ops):
             assert w.status.active_job is None
         assert not set(RETRY_ANNOTATIONS) & set(w.annotations)
 
+
+
+def test_a_retry_of_a_run_whose_spec_cannot_be_used_is_refused_once():
+    w = World(make_spec())
+    w.status = w.status.model_copy(update={"phase": "Failed"})
+    obs = dataclasses.replace(w.observed(), spec=None, spec_error="spec.agent: field required",
+                              annotations={ANN_RETRY: "1", ANN_RETRY_REQUESTED_BY: "alice"})
+    dec = d.decide(obs)
+    assert [e.reason for e in dec.of(d.Event)] == ["RetryRefused"]
+    assert "spec.agent: field required" in dec.of(d.Event)[0].message
+    assert dec.of(d.RemoveAnnotations) == [d.RemoveAnnotations(RETRY_ANNOTATIONS, before_status=True)]

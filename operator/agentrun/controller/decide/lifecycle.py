@@ -35,7 +35,7 @@ from agentrun.api.status import TERMINAL_PHASES, AgentRunStatus, LapRetries, Lif
 from agentrun.api.types import parse_duration
 
 from .actions import Decision, DeleteJob, RemoveAnnotations, RequeueAfter
-from .context import Ctx
+from .context import Ctx, StatusWriter
 from .retries import MAX_RETRY_ENTRIES, next_lap_attempt
 from .text import bounded_decider, bounded_reason, shown
 
@@ -72,8 +72,7 @@ def take_retry(c: Ctx) -> Decision | None:
         return c.finish()
     problem = retry_problem(c, raw, n, done)
     if problem is not None:
-        c.act(RemoveAnnotations(RETRY_ANNOTATIONS, before_status=True))
-        c.event("Warning", Reason.RETRY_REFUSED, f"retry of agentrun {o.namespace}/{o.name} refused: {problem}")
+        refuse_retry(c, problem)
         return c.finish()
     assert n is not None
     lap, attempt = next_lap_attempt(st)
@@ -111,6 +110,13 @@ def take_retry(c: Ctx) -> Decision | None:
     c.act(RemoveAnnotations(RETRY_ANNOTATIONS))
     c.act(RequeueAfter(0.0))  # write-ahead: the retry is in status before its Job
     return c.finish()
+
+
+def refuse_retry(c: StatusWriter, problem: str) -> None:
+    """ONE Warning Event naming why, and the request's annotations removed before any status write."""
+    o = c.o
+    c.act(RemoveAnnotations(RETRY_ANNOTATIONS, before_status=True))
+    c.event("Warning", Reason.RETRY_REFUSED, f"retry of agentrun {o.namespace}/{o.name} refused: {problem}")
 
 
 def retry_problem(c: Ctx, raw: str, n: int | None, done: int) -> str | None:
