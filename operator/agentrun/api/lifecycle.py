@@ -75,8 +75,10 @@ MAX_RETRIES: Final = 1000
 """Most retries in place of one run (a runaway retry loop stops; fork for a new history)."""
 
 CANCEL_GRACE_SECONDS: Final = 30
-"""gracePeriodSeconds of the lap pod when its Job is deleted by a cancel: SIGTERM, then the lap
-finishes the journal write in flight and exits :data:`~agentrun.api.contract.ExitCode.TERMINATED`."""
+"""gracePeriodSeconds of the DELETE of a lap Job stopped by a cancel or a passed deadline. Its pod is
+then deleted by the garbage collector with the pod's own terminationGracePeriodSeconds (30 s by
+default): SIGTERM, the lap finishes the journal write in flight and exits
+:data:`~agentrun.api.contract.ExitCode.TERMINATED`, SIGKILL past the grace."""
 
 
 def retry_request_value(retries_so_far: int) -> str:
