@@ -27,8 +27,9 @@ class CreateJob:
 class DeleteJob:
     name: str
     grace_seconds: int | None = None
-    """gracePeriodSeconds of its pod (a cancel or a passed deadline: SIGTERM, then the lap finishes
-    the journal write in flight); None: the pod's own terminationGracePeriodSeconds."""
+    """gracePeriodSeconds of the Job's DELETE (a cancel or a passed deadline); its pod then goes with
+    its own terminationGracePeriodSeconds: SIGTERM, the lap finishes the journal write in flight.
+    None: the API server's default."""
 
 
 @dataclass(frozen=True)
