@@ -622,7 +622,8 @@ def _map_binding(name: str) -> dict[str, Any]:
 
 _RETRY_KEYS = (lc.ANN_RETRY, lc.ANN_RETRY_FROM_LAP)
 CAN_RETRY = f"{_AUTHZ}.check({_lit(lc.RETRY_VERB)}).allowed()"
-_CANCEL_SET = "has(object.spec.cancel) && (oldObject == null || !has(oldObject.spec.cancel))"
+_CANCEL_SET = ("object.?spec.?cancel.hasValue() && "
+               "(oldObject == null || !oldObject.?spec.?cancel.hasValue())")
 
 LIFECYCLE_VARIABLES: list[dict[str, str]] = [
     {"name": "newAnn", "expression": _NEW_ANN},
@@ -668,7 +669,7 @@ def lifecycle_policy() -> dict[str, Any]:
             "reason": "Forbidden",
         },
         {
-            "expression": "!variables.retrySet || !has(object.spec.cancel)",
+            "expression": "!variables.retrySet || !object.?spec.?cancel.hasValue()",
             "message": f"spec.cancel: a retry ({lc.ANN_RETRY}) of a cancelled run removes spec.cancel in the same "
                        "patch (agentrun retry does)",
             "reason": "Invalid",
