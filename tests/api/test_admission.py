@@ -240,7 +240,7 @@ def test_the_chart_names_its_service_account_as_the_operator():
                           "--show-only", "templates/admission-policies.yaml"],
                          check=True, capture_output=True, text=True).stdout
     vaps = {d["metadata"]["name"]: d for d in yaml.safe_load_all(out) if d and d["kind"] == "ValidatingAdmissionPolicy"}
-    assert set(vaps) == {admission.VAP_DECISIONS, admission.VAP_STATUS, admission.VAP_GUARD}
+    assert set(vaps) == {admission.VAP_DECISIONS, admission.VAP_STATUS, admission.VAP_GUARD, admission.VAP_LIFECYCLE}
     for name in (admission.VAP_DECISIONS, admission.VAP_STATUS):
         assert _vars(vaps[name])[admission.OPERATOR_USERNAMES_VAR] == '["system:serviceaccount:ops:op-sa"]'
         # nothing else differs from the generated policy
@@ -262,3 +262,39 @@ def test_bad_input_doc_quotes_the_new_refusals():
         assert message in doc, message
     for _, _, what in admission.GATED_TOOL_FIELDS:
         assert f"may not {what} in agentrun team-a/x: {admission.CHANGES_THE_CALL} and` NEEDS" in doc, what
+
+
+def test_the_lifecycle_policy_takes_its_literals_from_lifecycle_py_and_names_the_retry_verb():
+    from agentrun.api import lifecycle
+
+    text = admission.render("validating") + admission.render("mutating")
+    for literal in (lifecycle.ANN_RETRY, lifecycle.ANN_RETRY_FROM_LAP, lifecycle.ANN_RETRY_REQUESTED_BY,
+                    lifecycle.ANN_CANCELLED_BY):
+        assert f'"{literal}"' in text, literal
+    assert f'check("{lifecycle.RETRY_VERB}")' in text
+    policy = admission.lifecycle_policy()
+    first = policy["spec"]["validations"][0]
+    assert first["expression"] == "!variables.retrySet || variables.canRetry"
+    assert f'needs the "{lifecycle.RETRY_VERB}" verb on agentruns.agentrun.dev' in first["messageExpression"]
+    assert f"(role {lifecycle.RETRIER_CLUSTERROLE}); patch alone is not enough" in first["messageExpression"]
+    # the requester and the canceller are stamped by the API server, on the main resource only
+    for doc, key in ((admission.stamp_retry_policy(), lifecycle.ANN_RETRY_REQUESTED_BY),
+                     (admission.stamp_cancel_policy(), lifecycle.ANN_CANCELLED_BY)):
+        assert doc["spec"]["matchConditions"][0]["expression"] == admission.ON_MAIN
+        assert f'"{key}": request.userInfo.username' in doc["spec"]["mutations"][0]["applyConfiguration"]["expression"]
+    # a retry's stamping fires on either retry annotation; a cancel's only when spec.cancel appears
+    assert lifecycle.ANN_RETRY_FROM_LAP in admission.stamp_retry_policy()["spec"]["matchConditions"][1]["expression"]
+    # (optional fields: a malformed object without spec still gets the schema's error, not this one's)
+    assert admission.stamp_cancel_policy()["spec"]["matchConditions"][1]["expression"] == (
+        "object.?spec.?cancel.hasValue() && (oldObject == null || !oldObject.?spec.?cancel.hasValue())")
+
+
+def test_status_lifecycle_is_the_operators():
+    top, _ = admission.operator_status_fields()
+    assert "lifecycle" in top  # retries, who retried or cancelled, the outcome announced: never a user's
+
+
+def test_bad_input_doc_quotes_the_lifecycle_refusals():
+    doc = (ROOT / "docs" / "bad-input.md").read_text()
+    fixed = [v["message"] for v in admission.lifecycle_policy()["spec"]["validations"] if "message" in v]
+    assert fixed and all(m in doc for m in fixed), fixed

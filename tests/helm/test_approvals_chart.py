@@ -58,7 +58,7 @@ def test_policies_are_the_generated_ones_where_the_api_exists(helm):
     _, docs = template(helm, *VAP, *MAP)
     got = _by_kind(docs, *POLICY_KINDS)
     want = [d for kind in ("validating", "mutating") for d in yaml.safe_load_all(admission.render(kind)) if d]
-    assert len(got) == len(want) == 12
+    assert len(got) == len(want) == 18
     want_by = {(w["kind"], w["metadata"]["name"]): w for w in want}
     for g in got:
         w = want_by.pop((g["kind"], g["metadata"]["name"]))
@@ -95,3 +95,14 @@ def test_policies_are_the_generated_ones_where_the_api_exists(helm):
 def test_policies_render_only_where_served_and_enabled(helm, args, kinds):
     _, docs = template(helm, *args, admission_apis=False)
     assert {d["kind"] for d in _by_kind(docs, *POLICY_KINDS)} == kinds
+
+
+def test_the_retrier_role_grants_the_retry_verb_and_is_optional(helm):
+    from agentrun.api import lifecycle
+    _, docs = template(helm)
+    roles = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == lifecycle.RETRIER_CLUSTERROLE]
+    assert len(roles) == 1
+    verbs = {v for r in roles[0]["rules"] if "agentruns" in r["resources"] for v in r["verbs"]}
+    assert lifecycle.RETRY_VERB in verbs and "patch" in verbs
+    _, docs = template(helm, "--set", "lifecycle.retrierRole=false")
+    assert not [d for d in docs if d["metadata"]["name"] == lifecycle.RETRIER_CLUSTERROLE]

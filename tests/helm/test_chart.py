@@ -44,9 +44,9 @@ def test_every_scenario_renders(helm, values):
 
 
 def all_rules(docs):
-    """The operator's rules (the approver role, for people, is tested in test_approvals_chart.py)."""
+    """The operator's rules (the approver and retrier roles, for people, are tested in test_approvals_chart.py)."""
     return [(d["kind"], d["metadata"].get("namespace"), r) for d in docs if d["kind"] in ("Role", "ClusterRole")
-            and d["metadata"]["name"] != "agentrun-approver" for r in d["rules"]]
+            and d["metadata"]["name"] not in ("agentrun-approver", "agentrun-retrier") for r in d["rules"]]
 
 
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
@@ -101,8 +101,8 @@ def test_cluster_wide_vs_namespaced_rbac(helm):
     assert crds not in one(docs, "ClusterRole", "agentrun-operator")["rules"]  # nothing watches CRDs
     assert one(docs, "ClusterRoleBinding", "agentrun-operator")["subjects"][0]["name"] == "agentrun-operator"
     assert [d["metadata"]["name"] for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")] == [
-        "agentrun-approver", "agentrun-operator", "agentrun-operator-admission-reader", "agentrun-operator-tenancy-reader",
-        "agentrun-operator", "agentrun-operator-admission-reader", "agentrun-operator-tenancy-reader"]
+        "agentrun-approver", "agentrun-operator", "agentrun-operator-admission-reader", "agentrun-retrier",
+        "agentrun-operator-tenancy-reader", "agentrun-operator", "agentrun-operator-admission-reader", "agentrun-operator-tenancy-reader"]
     _, docs = template(helm, "--set", "rbac.crdWatch=true")  # deprecated, still honoured
     assert crds in one(docs, "ClusterRole", "agentrun-operator")["rules"]
     _, docs = template(helm)

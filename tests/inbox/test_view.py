@@ -129,3 +129,13 @@ def test_target_and_approvers_from_the_run_are_escaped_and_bounded():
     assert len(c.target) < 1200 and "a" * 600 not in html
     assert c.approvals.startswith("9 of 1 approvals (") and "(4 more)" in c.approvals and "\n" not in c.approvals
     assert c.target_sha256 is None and "targetSha256" not in html
+
+
+def test_a_request_withdrawn_by_a_cancel_is_shown_withdrawn_with_who_and_why():
+    r = run("w", "Cancelled", state="Withdrawn")
+    r["status"]["lifecycle"] = {"cancelledBy": "carol", "cancelReason": "wrong <i>customer</i>",
+                                "cancelledAt": "2026-12-01T12:00:00Z"}
+    rows = view.history_rows([r])
+    assert [(x["state"], x["decidedBy"], x["decidedAt"]) for x in rows] == [("Withdrawn", "carol", "2026-12-01T12:00:00Z")]
+    html = view.history_html(rows)
+    assert 'class="state-withdrawn">Withdrawn' in html and "carol" in html and "<i>" not in html

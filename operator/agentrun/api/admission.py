@@ -46,6 +46,7 @@ from typing import Any, Final
 import yaml
 
 from . import approval as ap
+from . import lifecycle as lc
 from .crdgen import GROUP, PLURAL, _Dumper, openapi_schema
 from .policy_version import stamped
 
@@ -61,6 +62,9 @@ VAP_GUARD: Final = "agentrun-approval-guard"
 MAP_ANNOTATION: Final = "agentrun-stamp-decider"
 MAP_STATUS: Final = "agentrun-stamp-decider-status"
 MAP_CREATOR: Final = "agentrun-stamp-creator"
+VAP_LIFECYCLE: Final = "agentrun-lifecycle"
+MAP_RETRY: Final = "agentrun-stamp-retry-requester"
+MAP_CANCEL: Final = "agentrun-stamp-canceller"
 
 OPERATOR_USERNAMES_VAR: Final = "operatorUsernames"
 """Variable of :data:`VAP_DECISIONS` and :data:`VAP_STATUS`: a CEL list of the operator's user names.
@@ -622,14 +626,131 @@ def _map_binding(name: str) -> dict[str, Any]:
     }
 
 
+# ------------------------------------------------------------------ the lifecycle (issue 31)
+
+_RETRY_KEYS = (lc.ANN_RETRY, lc.ANN_RETRY_FROM_LAP)
+CAN_RETRY = f"{_AUTHZ}.check({_lit(lc.RETRY_VERB)}).allowed()"
+_CANCEL_SET = ("object.?spec.?cancel.hasValue() && "
+               "(oldObject == null || !oldObject.?spec.?cancel.hasValue())")
+
+LIFECYCLE_VARIABLES: list[dict[str, str]] = [
+    {"name": "newAnn", "expression": _NEW_ANN},
+    {"name": "oldAnn", "expression": _OLD_ANN},
+    {"name": "retrySet",
+     "expression": _list(_RETRY_KEYS) + ".exists(k, k in variables.newAnn && (!(k in variables.oldAnn) || "
+                   "variables.oldAnn[k] != variables.newAnn[k]))"},
+    {"name": "requesterSet", "expression": _ann_set(lc.ANN_RETRY_REQUESTED_BY)},
+    {"name": "cancelSet", "expression": _CANCEL_SET},
+    {"name": "cancellerSet", "expression": _ann_set(lc.ANN_CANCELLED_BY)},
+]
+
+
+def retry_permission_message() -> str:
+    """messageExpression of a retry refused for lack of the retry verb."""
+    return (f"'user \"' + {_USER} + '\" may not retry agentrun ' + request.namespace + '/' + request.name + "
+            f"': annotation {lc.ANN_RETRY} needs the \"{lc.RETRY_VERB}\" verb on {RESOURCE} in namespace ' + "
+            f"request.namespace + ' (role {lc.RETRIER_CLUSTERROLE}); patch alone is not enough'")
+
+
+def lifecycle_policy() -> dict[str, Any]:
+    """A retry needs the retry verb and records the requester; a cancel records who cancelled."""
+    requester, canceller = _lit(lc.ANN_RETRY_REQUESTED_BY), _lit(lc.ANN_CANCELLED_BY)
+    validations = [
+        {
+            "expression": "!variables.retrySet || variables.canRetry",
+            "messageExpression": retry_permission_message(),
+            "reason": "Forbidden",
+        },
+        {
+            # checked once the permission holds, so an unauthorized user sees one message
+            "expression": f"!variables.retrySet || !variables.canRetry || "
+                          f"variables.newAnn[?{requester}].orValue('') == {_USER}",
+            "messageExpression": f"'the annotation {lc.ANN_RETRY_REQUESTED_BY} must be your authenticated user name \"' + "
+                                 f"{_USER} + '\" when you set {lc.ANN_RETRY}: the API server records who retries "
+                                 f"(agentrun retry sets it for you)'",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": "!variables.requesterSet || variables.retrySet",
+            "messageExpression": f"'the annotation {lc.ANN_RETRY_REQUESTED_BY} is recorded by the API server with "
+                                 f"{lc.ANN_RETRY}; user \"' + {_USER} + '\" may not set or change it on its own'",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": "!variables.retrySet || !object.?spec.?cancel.hasValue()",
+            "message": f"spec.cancel: a retry ({lc.ANN_RETRY}) of a cancelled run removes spec.cancel in the same "
+                       "patch (agentrun retry does)",
+            "reason": "Invalid",
+        },
+        {
+            "expression": f"!variables.cancelSet || variables.newAnn[?{canceller}].orValue('') == {_USER}",
+            "messageExpression": f"'spec.cancel: the annotation {lc.ANN_CANCELLED_BY} must be your authenticated user "
+                                 f"name \"' + {_USER} + '\" when you set spec.cancel: the API server records who "
+                                 "cancels (agentrun cancel sets it for you)'",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": "!variables.cancellerSet || variables.cancelSet",
+            "messageExpression": f"'the annotation {lc.ANN_CANCELLED_BY} is recorded by the API server when spec.cancel "
+                                 f"is set; user \"' + {_USER} + '\" may not set or change it on its own'",
+            "reason": "Forbidden",
+        },
+    ]
+    return {
+        "apiVersion": VAP_API,
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": _meta(VAP_LIFECYCLE),
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": _rules([PLURAL]),
+            "matchConditions": [{"name": "main-resource", "expression": ON_MAIN}],
+            "variables": [*LIFECYCLE_VARIABLES, {"name": "canRetry", "expression": CAN_RETRY}],
+            "validations": validations,
+        },
+    }
+
+
+def _stamp(name: str, condition: str, key: str) -> dict[str, Any]:
+    return {
+        "apiVersion": MAP_API,
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": _meta(name),
+        "spec": {
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "IfNeeded",
+            "matchConstraints": _rules([PLURAL]),
+            "matchConditions": [{"name": "main-resource", "expression": ON_MAIN},
+                                {"name": "requested", "expression": condition}],
+            "mutations": [{
+                "patchType": "ApplyConfiguration",
+                "applyConfiguration": {
+                    "expression": f"Object{{metadata: Object.metadata{{annotations: {{{_lit(key)}: {_USER}}}}}}}",
+                },
+            }],
+        },
+    }
+
+
+def stamp_retry_policy() -> dict[str, Any]:
+    """Stamp the authenticated user into the retry requester annotation when a retry is requested."""
+    cond = " || ".join(_ann_set(k, f"({_NEW_ANN})", f"({_OLD_ANN})") for k in _RETRY_KEYS)
+    return _stamp(MAP_RETRY, cond, lc.ANN_RETRY_REQUESTED_BY)
+
+
+def stamp_cancel_policy() -> dict[str, Any]:
+    """Stamp the authenticated user into the canceller annotation when spec.cancel appears."""
+    return _stamp(MAP_CANCEL, _CANCEL_SET, lc.ANN_CANCELLED_BY)
+
+
 def validating_documents() -> list[dict[str, Any]]:
     return stamped([decisions_policy(), _vap_binding(VAP_DECISIONS), status_policy(), _vap_binding(VAP_STATUS),
-                    guard_policy(), _vap_binding(VAP_GUARD)])
+                    guard_policy(), _vap_binding(VAP_GUARD), lifecycle_policy(), _vap_binding(VAP_LIFECYCLE)])
 
 
 def mutating_documents() -> list[dict[str, Any]]:
     return stamped([stamp_annotation_policy(), _map_binding(MAP_ANNOTATION), stamp_status_policy(),
-                    _map_binding(MAP_STATUS), stamp_creator_policy(), _map_binding(MAP_CREATOR)])
+                    _map_binding(MAP_STATUS), stamp_creator_policy(), _map_binding(MAP_CREATOR),
+                    stamp_retry_policy(), _map_binding(MAP_RETRY), stamp_cancel_policy(), _map_binding(MAP_CANCEL)])
 
 
 FILES: Final = {

@@ -29,6 +29,9 @@ class ExitCode(IntEnum):
     the message is in the attempt report."""
     ALREADY_CHECKPOINTED = 3
     """Another writer had checkpointed the lap (conditional put refused): read it, not a failure."""
+    TERMINATED = 143
+    """SIGTERM (the Job deleted: a cancel, a drain): the journal write in flight finished, nothing
+    checkpointed; like any signal, retryable."""
     RETRYABLE = 75
     """Transient (model/tool timeout, 5xx, store unavailable): the operator retries with backoff."""
 

@@ -42,6 +42,11 @@ class Reason(StrEnum):
     POLICY_VIOLATION = "PolicyViolation"  # agentrun.api.tenancy.CONDITION_REASON
     INVALID_CONFIGURATION = "InvalidConfiguration"
     TTL_EXPIRED = "TTLExpired"
+    CANCELLED = "Cancelled"  # spec.cancel (agentrun.api.lifecycle)
+    DEADLINE_EXCEEDED = "DeadlineExceeded"  # spec.activeDeadline
+    # retries in place (annotation agentrun.dev/retry)
+    RETRIED = "Retried"
+    RETRY_REFUSED = "RetryRefused"
     # the store
     STORE_PINNED = "StorePinned"
     STORE_UNAVAILABLE = "StoreUnavailable"
@@ -61,6 +66,7 @@ class Reason(StrEnum):
     APPROVAL_RECORDED = "ApprovalRecorded"  # one of N approvals (spec.approval.approvers)
     APPROVAL_DUPLICATE_APPROVER = "ApprovalDuplicateApprover"
     APPROVAL_CREATOR_REFUSED = "ApprovalCreatorRefused"
+    APPROVAL_WITHDRAWN = "ApprovalWithdrawn"  # the run was cancelled or ran out of time while it waited
     # suspension
     SUSPENDED = "Suspended"
     RESUMED = "Resumed"

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints, model_validator
 
+from .lifecycle import ANN_CANCELLED_BY, MAX_CANCEL_REASON_CHARS, OUTCOMES, Outcome
 from .types import (
     DNS_LABEL_PATTERN,
     QUANTITY_PATTERN,
@@ -399,6 +400,29 @@ class ForkFromSpec(APIModel):
     lap: int = Field(ge=1, description="The source's checkpointed lap to continue from; this run starts at lap+1.")
 
 
+class CancelSpec(APIModel):
+    """A cancel: present means the run is stopped for good (phase Cancelled) until a retry removes it."""
+
+    reason: str = Field(
+        default="", max_length=MAX_CANCEL_REASON_CHARS,
+        description="Why the run is cancelled; shown in status.lifecycle.cancelReason and the Event (control characters escaped).",
+    )
+
+
+class NotifySpec(APIModel):
+    """Which outcomes of the run the operator's webhooks announce (generic, Slack, Teams)."""
+
+    outcomes: list[Outcome] = Field(
+        default_factory=list,
+        max_length=len(OUTCOMES),
+        description=(
+            "Terminal phases to announce, each once per outcome (status.lifecycle.notified): any of "
+            + ", ".join(OUTCOMES) + ". Empty: none (the operator's values may add a default)."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+
 class AgentRunSpec(APIModel):
     """Desired state of an AgentRun: the task, the agent, and the policies of the run."""
 
@@ -422,12 +446,31 @@ class AgentRunSpec(APIModel):
             "it cannot be added, changed or removed after creation."
         ),
     )
+    cancel: CancelSpec | None = Field(
+        default=None,
+        description=(
+            "Cancel the run: a lap in flight is stopped (its Job deleted with a grace period; the lap "
+            "journals what finished), a pending approval is withdrawn, and the phase becomes Cancelled. "
+            "Who cancelled is recorded by the API server (annotation " + ANN_CANCELLED_BY + "). "
+            "`agentrun retry` removes it and continues the run in place."
+        ),
+    )
+    active_deadline: Duration | None = Field(
+        default=None,
+        description=(
+            "Most wall-clock time the run may take, counted from status.startedAt (approval waits "
+            "included); past it the run ends DeadlineExceeded. Unset: no deadline."
+        ),
+    )
+    notify: NotifySpec | None = Field(
+        default=None, description="Webhook announcements of the run's outcome (besides approvals).",
+    )
     ttl_seconds_after_finished: int | None = Field(
         default=None,
         ge=0,
         le=2147483647,
         description=(
-            "Seconds after the run finished (Succeeded, Failed or BudgetExceeded; status.completedAt) "
+            "Seconds after the run finished (a terminal phase; status.completedAt) "
             "when the operator deletes the AgentRun, like a Job's ttlSecondsAfterFinished. "
             "spec.checkpoint.retention then decides whether its checkpoints go too. Unset: never deleted "
             "automatically; 0: deleted as soon as it finished."

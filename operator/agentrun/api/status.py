@@ -33,8 +33,10 @@ Phase = Literal[
     "Succeeded",  # the agent finished (terminal)
     "Failed",  # a permanent error (terminal)
     "BudgetExceeded",  # the next lap would pass maxLaps or maxCostUSD (terminal)
+    "Cancelled",  # spec.cancel is set (terminal; a retry continues it)
+    "DeadlineExceeded",  # spec.activeDeadline passed since status.startedAt (terminal)
 ]
-TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "BudgetExceeded"})
+TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "BudgetExceeded", "Cancelled", "DeadlineExceeded"})
 
 
 class Condition(APIModel):
@@ -123,7 +125,9 @@ class ApprovalVote(APIModel):
 class ApprovalStatus(APIModel):
     """A pending or decided human approval."""
 
-    state: Literal["Pending", "Approved", "Rejected", "TimedOut"] = Field(description="State of the approval.")
+    state: Literal["Pending", "Approved", "Rejected", "TimedOut", "Withdrawn"] = Field(
+        description="State of the approval; Withdrawn: the run was cancelled (or ran out of time) while it waited.",
+    )
     lap: int = Field(description="Lap that asked for the approval.")
     tool: str = Field(description="Tool whose call waits for the decision.")
     call_id: str = Field(description="Id of the pending call.")
@@ -253,6 +257,52 @@ class LapRetries(APIModel):
     last_reason: str | None = Field(default=None, description="Why the last attempt failed.")
 
 
+class OutcomeNotified(APIModel):
+    """The outcome the operator's notifier announced (exactly once per outcome of the run)."""
+
+    phase: str = Field(max_length=32, description="The terminal phase announced.")
+    retries: int = Field(default=0, description="status.lifecycle.retries when it was announced (a retried run's next outcome is announced again).")
+    at: datetime = Field(description="When the message was delivered to the webhook.")
+
+
+class LifecycleStatus(APIModel):
+    """Retries in place, the cancel and the outcome announcement of the run."""
+
+    retries: int = Field(default=0, description="Retries in place so far (annotation agentrun.dev/retry).")
+    last_retry_by: str | None = Field(
+        default=None, max_length=MAX_DECIDED_BY_CHARS,
+        description="Who requested the last retry (stamped by the API server: annotation agentrun.dev/retry-requested-by).",
+    )
+    last_retry_at: datetime | None = Field(default=None, description="When the operator applied the last retry.")
+    last_retry_from_phase: str | None = Field(
+        default=None, max_length=32, description="The terminal phase the last retry continued from.",
+    )
+    last_retry_from_lap: int | None = Field(
+        default=None, description="The lap the last retry rewound to (annotation agentrun.dev/retry-from-lap), if any.",
+    )
+    retried_lap: int | None = Field(
+        default=None, description="The lap the last retry started again (status.lap + 1 then).",
+    )
+    attempts_before_retry: int = Field(
+        default=0,
+        description=(
+            "Attempts of retriedLap made before the last retry: attempt numbers go on from there (Job names "
+            "stay distinct) while spec.retry.attemptsPerLap counts the attempts since the retry."
+        ),
+    )
+    cancelled_by: str | None = Field(
+        default=None, max_length=MAX_DECIDED_BY_CHARS,
+        description="Who cancelled the run (annotation agentrun.dev/cancelled-by, stamped by the API server).",
+    )
+    cancel_reason: str | None = Field(
+        default=None, max_length=MAX_REASON_CHARS, description="spec.cancel.reason (control characters escaped).",
+    )
+    cancelled_at: datetime | None = Field(default=None, description="When the operator stopped the run for the cancel.")
+    notified: OutcomeNotified | None = Field(
+        default=None, description="The outcome announcement delivered (spec.notify.outcomes); written by the operator.",
+    )
+
+
 class AgentRunStatus(APIModel):
     """Observed state of an AgentRun."""
 
@@ -261,7 +311,9 @@ class AgentRunStatus(APIModel):
         description=(
             "Summary of the run's state, for humans: Pending (no lap started yet, or the lap pod cannot start, "
             "e.g. a missing Secret: see conditions), Running, Retrying (backoff before the next attempt), "
-            "AwaitingApproval, Suspended, and the terminal Succeeded, Failed, BudgetExceeded."
+            "AwaitingApproval, Suspended, and the terminal Succeeded, Failed, BudgetExceeded, Cancelled "
+            "(spec.cancel) and DeadlineExceeded (spec.activeDeadline). A retry in place (annotation "
+            "agentrun.dev/retry) continues a Failed, BudgetExceeded, Cancelled or DeadlineExceeded run."
         ),
     )
     message: str | None = Field(default=None, max_length=4096, description="Details of the phase.")
@@ -296,6 +348,9 @@ class AgentRunStatus(APIModel):
             "counted; the snapshot of the last lap counts from the next lap on; attempt reports are not "
             "counted). Compare with spec.checkpoint.maxRunBytes."
         ),
+    )
+    lifecycle: LifecycleStatus | None = Field(
+        default=None, description="Retries in place, the cancel and the outcome announcement of the run.",
     )
     started_at: datetime | None = Field(default=None, description="When the first lap started.")
     completed_at: datetime | None = Field(default=None, description="When the run reached a terminal phase.")

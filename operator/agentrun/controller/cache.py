@@ -39,6 +39,8 @@ import time
 from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from agentrun.notify.plan import outcome_due
+
 from .jobs import LABEL_RUN_UID
 from .kube import JOBS, PODS, RUNS, Kube, path
 from .observe import job_state
@@ -144,6 +146,10 @@ class Cache:
         self.on_job_gone = on_job_gone  # a Job left the cache (deleted, or not listed again): drop what is kept of it
         #: The runs waiting on an approval (phase AwaitingApproval, state Pending): key -> callId.
         self.awaiting: dict[Key, str] = {}
+        #: The runs whose outcome is due to be announced (agentrun.notify.plan.outcome_due): key -> its idempotency key.
+        self.outcomes_due: dict[Key, str] = {}
+        #: The notifier's default outcomes (its Settings.outcomes); None: no notifier, nothing indexed.
+        self.notify_outcomes: tuple[str, ...] | None = None
         self.runs: dict[Key, dict[str, Any]] = {}
         self.jobs: dict[Key, dict[str, Any]] = {}
         self.pods: dict[Key, dict[str, Any]] = {}
@@ -191,6 +197,12 @@ class Cache:
         """The runs waiting on an approval, by key. The dicts are the cached ones: a change
         replaces a cached object, never mutates it, so another thread may read them."""
         return [self.runs[k] for k in sorted(self.awaiting) if k in self.runs]
+
+    def notifiable_runs(self) -> list[dict[str, Any]]:
+        """The runs the notifier has something to announce about: waiting on an approval, or an
+        outcome due (same sharing rule as :meth:`awaiting_runs`)."""
+        keys = sorted(set(self.awaiting) | set(self.outcomes_due))
+        return [self.runs[k] for k in keys if k in self.runs]
 
     # ------------------------------------------------------------------ write-through (own writes)
 
@@ -285,6 +297,14 @@ class Cache:
                     self.on_awaiting(key)
             else:
                 self.awaiting.pop(key, None)
+            due = outcome_due(obj, self.notify_outcomes) if self.notify_outcomes is not None else None
+            if due is not None:
+                before = self.outcomes_due.get(key)
+                self.outcomes_due[key] = due.idempotency_key
+                if before != due.idempotency_key and self.on_awaiting is not None:
+                    self.on_awaiting(key)
+            else:
+                self.outcomes_due.pop(key, None)
         elif kind == "jobs":
             uid = (meta.get("labels") or {}).get(LABEL_RUN_UID)
             if uid:
@@ -300,6 +320,7 @@ class Cache:
             if self._run_by_uid.get(meta.get("uid", "")) == key:
                 del self._run_by_uid[meta["uid"]]
             self.awaiting.pop(key, None)
+            self.outcomes_due.pop(key, None)
         elif kind == "jobs":
             uid = (meta.get("labels") or {}).get(LABEL_RUN_UID)
             keys = self._jobs_by_uid.get(uid or "")

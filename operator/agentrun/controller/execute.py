@@ -314,8 +314,10 @@ class Executor:
         # Jobs first: a lost status write is repaired by adopting the Job (deterministic name).
         for a in decision.of(d.DeleteJob):
             try:
-                await self.call("DELETE", path(JOBS, ns, a.name),
-                                 body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"})
+                opts: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+                if a.grace_seconds is not None:
+                    opts["gracePeriodSeconds"] = a.grace_seconds
+                await self.call("DELETE", path(JOBS, ns, a.name), body=opts)
                 rlog.info("deleted stray Job %s", a.name)
             except ApiException as exc:
                 if exc.status != 404:

@@ -209,6 +209,7 @@ class Controller:
         self.notifier = notify_from_env(None, active=lambda: self.is_leader, runs=self._notifier_runs,
                                         patch_status=self._notifier_patch)
         if self.notifier is not None:
+            self.cache.notify_outcomes = self.notifier.settings.outcomes  # before the informers fill the cache
             self.notifier.start()
         for ns in watch_ns:
             for kind, selector in (("runs", None), ("jobs", LABEL_RUN_UID)):  # pods: read on demand
@@ -378,9 +379,10 @@ class Controller:
         return asyncio.run_coroutine_threadsafe(fn(*args), self._loop).result(NOTIFIER_LOOP_TIMEOUT)
 
     def _notifier_runs(self) -> list[dict[str, Any]]:
-        """The notifier's source (called in its thread): the cached runs waiting on an approval."""
+        """The notifier's source (called in its thread): the cached runs waiting on an approval or
+        with an outcome to announce."""
         async def snapshot() -> list[dict[str, Any]]:
-            return [r for r in self.cache.awaiting_runs() if self._allowed(r["metadata"]["namespace"])]
+            return [r for r in self.cache.notifiable_runs() if self._allowed(r["metadata"]["namespace"])]
         return self._on_loop(snapshot)  # type: ignore[no-any-return]
 
     def _notifier_patch(self, namespace: str, name: str, patch: dict[str, Any]) -> None:

@@ -55,7 +55,7 @@ button.link { min-height: 0; min-width: 0; border: 0; background: none; color: v
 table { border-collapse: collapse; width: 100%; font-size: 0.9rem; }
 th { white-space: nowrap; }
 th, td { text-align: left; border-bottom: 1px solid var(--line); padding: 0.3rem 0.4rem; vertical-align: top; overflow-wrap: anywhere; }
-.state-approved { color: var(--ok); } .state-rejected, .state-timedout { color: var(--bad); }
+.state-approved { color: var(--ok); } .state-rejected, .state-timedout { color: var(--bad); } .state-withdrawn { color: var(--muted); }
 form.inline { display: inline; }
 #login form { display: grid; gap: 0.5rem; max-width: 30rem; }
 #login input { font: inherit; padding: 0.4rem; }

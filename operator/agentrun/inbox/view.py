@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agentrun.api.approval import MAX_REASON_CHARS
+from agentrun.api.lifecycle import APPROVAL_WITHDRAWN
 from agentrun.api.text import one_line
 from agentrun.api.types import parse_time
 from agentrun.cli.approvals import AWAITING, StoredCall, binding, queue_rows
@@ -155,13 +156,18 @@ def history_rows(runs: list[dict[str, Any]], limit: int = MAX_HISTORY) -> list[d
     for run in runs:
         meta = run.get("metadata") or {}
         ap = (run.get("status") or {}).get("approval") or {}
-        if ap.get("state") not in ("Approved", "Rejected", "TimedOut"):
+        if ap.get("state") not in ("Approved", "Rejected", "TimedOut", APPROVAL_WITHDRAWN):
             continue
-        at = ap.get("decidedAt")
+        at, by, reason = ap.get("decidedAt"), ap.get("decidedBy"), ap.get("reason")
+        if ap.get("state") == APPROVAL_WITHDRAWN:  # the run was cancelled (or ran out of time) while it waited
+            lc = (run.get("status") or {}).get("lifecycle") or {}
+            at, by, reason = lc.get("cancelledAt"), lc.get("cancelledBy"), lc.get("cancelReason")
+            if not lc.get("cancelledAt"):
+                reason = (run.get("status") or {}).get("message")
         rows.append({
             "namespace": meta.get("namespace", ""), "name": meta.get("name", ""), "tool": ap.get("tool", ""),
-            "callId": ap.get("callId", ""), "state": ap["state"], "decidedBy": ap.get("decidedBy") or "",
-            "reason": ap.get("reason") or "", "decidedAt": at or "",
+            "callId": ap.get("callId", ""), "state": ap["state"], "decidedBy": by or "",
+            "reason": reason or "", "decidedAt": at or "",
             "_sort": parse_time(at) or parse_time(ap.get("deadline")) or datetime.min.replace(tzinfo=UTC),
         })
     rows.sort(key=lambda r: (r["_sort"], r["namespace"], r["name"]), reverse=True)

@@ -29,7 +29,7 @@ from agentrun.lap.errors import LapError
 from agentrun.lap.logs import LapLogger, redact
 from agentrun.lap.models import API_KEY_ENV
 from agentrun.lap.netguard import guard_store_connections, rules_from_env
-from agentrun.lap.runner import EXIT_PERMANENT, execute_lap, exit_for, report_failure
+from agentrun.lap.runner import EXIT_PERMANENT, TERMINATING, execute_lap, exit_for, report_failure
 
 CRASH_ENV = Env.TEST_CRASH_AT
 """TEST HOOK: kill this process with SIGKILL at a named point of the lap (see docs/lap-runner.md)."""
@@ -65,9 +65,20 @@ def write_termination_message(message: str, path: str) -> bool:
     return True
 
 
+def install_sigterm() -> None:
+    """SIGTERM (the Job deleted with a grace period: a cancel, a passed deadline) sets
+    :data:`~agentrun.lap.runner.TERMINATING` instead of killing the process: the journal entry in
+    flight is written, then the lap exits 143. Only the main thread can install it."""
+    try:
+        signal.signal(signal.SIGTERM, lambda _sig, _frame: TERMINATING.set())
+    except ValueError:  # not the main thread (an embedding test)
+        pass
+
+
 def run_from_env(env: Mapping[str, str]) -> int:
     """Parse the environment, run the lap, return the exit code (a failure's cause also goes to the
     termination message file)."""
+    install_sigterm()
     termination_path = env.get(Env.TERMINATION_MESSAGE_PATH) or TERMINATION_MESSAGE_PATH
     code, message = _run(env)
     if code not in (ExitCode.OK, ExitCode.ALREADY_CHECKPOINTED):

@@ -23,3 +23,10 @@ class PermanentLapError(LapError):
 
 class ConfigError(PermanentLapError):
     """Bad lap configuration (environment, spec). The message names the variable or field."""
+
+
+class LapTerminated(RetryableLapError):
+    """SIGTERM arrived (the Job deleted: a cancel, a passed deadline, a drain): the journal entry in
+    flight was written, and the lap stops before its next call. Exit 143 (``ExitCode.TERMINATED``)."""
+
+    permanent = False

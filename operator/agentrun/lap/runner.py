@@ -30,7 +30,7 @@ from agentrun.checkpoint.schema import (
 )
 from agentrun.checkpoint.store import CheckpointStore, StoredObject
 from agentrun.lap.config import LapConfig
-from agentrun.lap.errors import LapError, PermanentLapError
+from agentrun.lap.errors import LapError, LapTerminated, PermanentLapError
 from agentrun.lap.interfaces import Model, ToolRunner
 from agentrun.lap.keys import MODEL_JOURNAL_NAME
 from agentrun.lap.logs import LapLogger, redact
@@ -50,6 +50,11 @@ EXIT_OK = ExitCode.OK
 EXIT_PERMANENT = ExitCode.PERMANENT
 EXIT_ALREADY = ExitCode.ALREADY_CHECKPOINTED
 EXIT_RETRYABLE = ExitCode.RETRYABLE
+
+TERMINATING = threading.Event()
+"""Set by the SIGTERM handler (``agentrun.lap.cli.install_sigterm``): the lap finishes the journal
+write in flight (a tool's result that came back is kept, so a retry never repeats the call), then
+stops with :class:`LapTerminated` before its next call."""
 CHECKPOINT_TOO_LARGE = AttemptReason.CHECKPOINT_TOO_LARGE
 S3_SECRET_ENV = Env.S3_CREDENTIALS_SECRET
 JournalRead = tuple[JournalEntry, StoredObject, int] | None
@@ -119,6 +124,8 @@ class StoreJournal:
         stored, written = self.store.put_journal_entry(self.run, self.lap, name, body, agent_version=self.agent_version)
         if written:
             self.sizes[name] = stored.size
+        if TERMINATING.is_set():
+            raise LapTerminated(f"lap {self.lap} stopped by SIGTERM after journal entry {name} (kept for the next attempt)")
         if written and name == MODEL_JOURNAL_NAME and self.store.head_lap(self.run, self.lap) is not None:
             # Our model response landed only because the lap was checkpointed by another runner,
             # which then deleted its journal: never call tools with keys derived from a second response.
@@ -149,7 +156,9 @@ def _key_scheme(state: RunState, model_entry: JournalRead) -> KeyScheme:
 
 
 def exit_for(error: BaseException) -> int:
-    """Exit code of a failure: 2 if permanent, else 75."""
+    """Exit code of a failure: 2 if permanent, 143 if terminated by SIGTERM, else 75."""
+    if isinstance(error, LapTerminated):
+        return ExitCode.TERMINATED
     return EXIT_PERMANENT if getattr(error, "permanent", False) else EXIT_RETRYABLE
 
 

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -34,6 +34,8 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from agentrun.api.reasons import LapOutcome, RetryReason
+from agentrun.api.status import TERMINAL_PHASES as _TERMINAL_PHASES
+from agentrun.api.status import Phase
 from agentrun.api.types import parse_time
 
 log = logging.getLogger(__name__)
@@ -41,17 +43,8 @@ log = logging.getLogger(__name__)
 PREFIX = "agentrun"
 
 #: Every phase of an AgentRun (agentrun.api.status.Phase); ``agentrun_runs`` always has all of them.
-PHASES: tuple[str, ...] = (
-    "Pending",
-    "Running",
-    "Retrying",
-    "AwaitingApproval",
-    "Suspended",
-    "Succeeded",
-    "Failed",
-    "BudgetExceeded",
-)
-TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "BudgetExceeded"})
+PHASES: tuple[str, ...] = tuple(get_args(Phase))
+TERMINAL_PHASES: frozenset[str] = _TERMINAL_PHASES
 WAIT_PHASES: frozenset[str] = frozenset({"AwaitingApproval", "Suspended"})
 ACTIVE_PHASES: tuple[str, ...] = tuple(p for p in PHASES if p not in TERMINAL_PHASES)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from agentrun.api.lifecycle import OUTCOMES
 from agentrun.api.text import escape_controls, one_line
 from agentrun.api.types import parse_time
 
@@ -30,6 +31,9 @@ SUMMARY_CHARS = 300
 class Settings:
     deadline_near_seconds: int = 600
     inbox_url: str = ""
+    outcomes: tuple[str, ...] = ()
+    """The outcomes announced for a run without spec.notify (AGENTRUN_NOTIFY_OUTCOMES, the chart's
+    notifications.outcomes); a run's spec.notify.outcomes replaces them."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,64 @@ class Notice:
         again for a changed target (ApprovalStale) is a new message."""
         tail = f":{self.target_sha256[:16]}" if self.target_sha256 else ""
         return f"{self.uid}:{self.call_id}:{self.kind}{tail}"
+
+    @property
+    def about(self) -> str:
+        return f"{self.kind} (call {self.call_id})"
+
+
+@dataclass(frozen=True)
+class OutcomeNotice:
+    """A run's outcome (a terminal phase), announced once per outcome: a retried run's next outcome
+    is another message (``retries`` is part of its key and of ``status.lifecycle.notified``)."""
+
+    namespace: str
+    name: str
+    uid: str
+    phase: str
+    message: str
+    retries: int
+    lap: int | None
+    cost_usd: str
+    link: str = ""
+    kind: Literal["outcome"] = "outcome"
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.uid}:outcome:{self.phase}:{self.retries}"
+
+    @property
+    def about(self) -> str:
+        return f"outcome {self.phase}"
+
+
+AnyNotice = Notice | OutcomeNotice
+
+
+def chosen_outcomes(run: dict[str, Any], defaults: tuple[str, ...]) -> tuple[str, ...]:
+    """The outcomes announced for ``run``: its spec.notify.outcomes when it has spec.notify, else ``defaults``."""
+    spec_notify = (run.get("spec") or {}).get("notify")
+    if isinstance(spec_notify, dict):
+        return tuple(o for o in spec_notify.get("outcomes") or () if o in OUTCOMES)
+    return tuple(o for o in defaults if o in OUTCOMES)
+
+
+def outcome_due(run: dict[str, Any], defaults: tuple[str, ...]) -> OutcomeNotice | None:
+    """The run's outcome message when it is due: its phase is a chosen outcome and
+    status.lifecycle.notified does not record it for this retry yet."""
+    st = run.get("status") or {}
+    phase = st.get("phase")
+    if phase not in chosen_outcomes(run, defaults):
+        return None
+    lc = st.get("lifecycle") or {}
+    retries = int(lc.get("retries") or 0)
+    done = lc.get("notified") or {}
+    if done.get("phase") == phase and int(done.get("retries") or 0) == retries:
+        return None
+    meta = run.get("metadata") or {}
+    return OutcomeNotice(namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
+                         phase=str(phase), message=one_line(str(st.get("message") or ""), 1000), retries=retries,
+                         lap=st.get("lap"), cost_usd=str((st.get("cost") or {}).get("usd") or "0.00"))
 
 
 def summary(arguments: str | None) -> str:
@@ -95,8 +157,17 @@ def teams_text(text: str) -> str:
     return _MD_LIST.sub(lambda m: m.group(1) + ("\\" + m.group(2) if m.group(2) else m.group(3) + "\\."), flat)
 
 
-def announcements(run: dict[str, Any], now: datetime, settings: Settings) -> list[Notice]:
-    """The messages due for ``run`` now, in order, none already delivered for its pending call."""
+def announcements(run: dict[str, Any], now: datetime, settings: Settings) -> list[AnyNotice]:
+    """The messages due for ``run`` now, in order, none already delivered: for its pending call, or
+    its outcome (spec.notify.outcomes, else ``settings.outcomes``)."""
+    outcome = outcome_due(run, settings.outcomes)
+    if outcome is not None:
+        return [outcome]
+    return list(approval_announcements(run, now, settings))
+
+
+def approval_announcements(run: dict[str, Any], now: datetime, settings: Settings) -> list[Notice]:
+    """The approval messages due for ``run`` now, in order, none already delivered for its pending call."""
     st = run.get("status") or {}
     ap = st.get("approval") or {}
     if st.get("phase") != "AwaitingApproval" or ap.get("state") != "Pending" or not ap.get("callId"):
@@ -134,9 +205,12 @@ def _target(ap: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def notified_patch(run: dict[str, Any], notice: Notice, at: datetime) -> dict[str, Any]:
+def notified_patch(run: dict[str, Any], notice: AnyNotice, at: datetime) -> dict[str, Any]:
     """The status merge patch recording ``notice`` as delivered (keeps what was recorded for the
     same call; starts over for another call)."""
+    if isinstance(notice, OutcomeNotice):
+        return {"status": {"lifecycle": {"notified": {
+            "phase": notice.phase, "retries": notice.retries, "at": at.isoformat().replace("+00:00", "Z")}}}}
     ap = (run.get("status") or {}).get("approval") or {}
     prev = ap.get("notified") or {}
     same = prev.get("callId") == notice.call_id and (prev.get("targetSha256") or "") == notice.target_sha256
@@ -147,14 +221,44 @@ def notified_patch(run: dict[str, Any], notice: Notice, at: datetime) -> dict[st
     return {"status": {"approval": {"notified": rec}}}
 
 
+_OUTCOME_TITLES = {"Succeeded": "Run succeeded", "Failed": "Run failed", "BudgetExceeded": "Run out of budget",
+                   "Cancelled": "Run cancelled", "DeadlineExceeded": "Run past its deadline"}
+
+
+def outcome_body(n: OutcomeNotice, fmt: Format) -> dict[str, Any]:
+    """The JSON body of an outcome message in ``fmt`` (every value escaped for it)."""
+    title = f"{_OUTCOME_TITLES.get(n.phase, n.phase)}: {n.namespace}/{n.name}"
+    facts = [("Run", f"{n.namespace}/{n.name}"), ("Phase", n.phase), ("Message", n.message or "-"),
+             ("Laps", str(n.lap if n.lap is not None else "-")), ("Cost", f"${n.cost_usd}")]
+    if n.retries:
+        facts.append(("Retries", str(n.retries)))
+    if fmt == "slack":
+        return {"text": f"*{slack_text(title)}*\n" + "\n".join(f"*{k}:* {slack_text(v)}" for k, v in facts)}
+    if fmt == "teams":
+        return {"type": "message", "attachments": [{
+            "contentType": "application/vnd.microsoft.card.adaptive",
+            "content": {
+                "$schema": "http://adaptivecards.io/schemas/adaptive-card.json", "type": "AdaptiveCard", "version": "1.4",
+                "body": [{"type": "TextBlock", "text": teams_text(title), "weight": "Bolder", "wrap": True},
+                         {"type": "FactSet", "facts": [{"title": k, "value": teams_text(v)} for k, v in facts]}],
+                "actions": [],
+            },
+        }]}
+    return {"kind": "outcome", "title": one_line(title, 1000), "namespace": n.namespace, "name": n.name, "uid": n.uid,
+            "phase": n.phase, "message": n.message, "lap": n.lap, "costUSD": n.cost_usd, "retries": n.retries,
+            "idempotencyKey": n.idempotency_key}
+
+
 def _title(n: Notice) -> str:
     if n.kind == "requested":
         return f"Approval needed: {n.tool} in {n.namespace}/{n.name}"
     return f"Deadline near: {n.tool} in {n.namespace}/{n.name} (until {n.deadline}, then {n.on_timeout})"
 
 
-def body(n: Notice, fmt: Format) -> dict[str, Any]:
+def body(n: AnyNotice, fmt: Format) -> dict[str, Any]:
     """The JSON body of one message in ``fmt``: every value escaped for it (the module's docstring)."""
+    if isinstance(n, OutcomeNotice):
+        return outcome_body(n, fmt)
     facts = [("Owner", n.owner), ("Run", f"{n.namespace}/{n.name}"), ("Tool", n.tool),
              ("Target", n.target or "-"), ("Headers Secret", n.headers_secret or "-"),
              ("Arguments", n.summary or "-"), ("Deadline", n.deadline or "-"), ("On timeout", n.on_timeout)]

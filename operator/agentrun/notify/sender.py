@@ -67,7 +67,7 @@ class Notifier:
 
         self._now: Callable[[], float] = self.clock or time.monotonic
         self._retry: dict[str, _Retry] = {}
-        self._sent: dict[str, plan.Notice] = {}  # delivered, status not yet recorded
+        self._sent: dict[str, plan.AnyNotice] = {}  # delivered, status not yet recorded
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -139,7 +139,7 @@ class Notifier:
             del self._sent[key]
         self.scans += 1
 
-    def _deliver(self, notice: plan.Notice) -> bool:
+    def _deliver(self, notice: plan.AnyNotice) -> bool:
         key = notice.idempotency_key
         r = self._retry.setdefault(key, _Retry())
         r.attempts += 1
@@ -152,17 +152,17 @@ class Notifier:
         if not ok:
             delay = min(self.max_backoff, self.backoff * 2 ** (r.attempts - 1))
             r.next_at = self._now() + delay
-            log.warning("notification %s of %s/%s (call %s) not delivered (%s, attempt %d): retry in %.0fs",
-                        notice.kind, notice.namespace, notice.name, notice.call_id, why, r.attempts, delay)
+            log.warning("notification %s of %s/%s not delivered (%s, attempt %d): retry in %.0fs",
+                        notice.about, notice.namespace, notice.name, why, r.attempts, delay)
             return False
         self._retry.pop(key, None)
         self._sent[key] = notice
         self.delivered += 1
-        log.info("notification %s of %s/%s (call %s) delivered (attempt %d)", notice.kind, notice.namespace,
-                 notice.name, notice.call_id, r.attempts)
+        log.info("notification %s of %s/%s delivered (attempt %d)", notice.about, notice.namespace,
+                 notice.name, r.attempts)
         return True
 
-    def _record(self, run: dict[str, Any], notice: plan.Notice) -> None:
+    def _record(self, run: dict[str, Any], notice: plan.AnyNotice) -> None:
         patch = plan.notified_patch(run, notice, datetime.now(UTC))
         try:
             if self.patch_status is not None:
@@ -186,6 +186,8 @@ def from_env(api: Any, env: dict[str, str] | None = None, active: Callable[[], b
     AGENTRUN_NOTIFY_WEBHOOK_URL (from a Secret), AGENTRUN_NOTIFY_FORMAT (generic, slack, teams),
     AGENTRUN_NOTIFY_DEADLINE_NEAR_SECONDS (600), AGENTRUN_NOTIFY_INTERVAL_SECONDS (10),
     AGENTRUN_NOTIFY_BACKOFF_SECONDS (1), AGENTRUN_INBOX_URL (the link in messages),
+    AGENTRUN_NOTIFY_OUTCOMES (the outcomes announced for runs without spec.notify, comma-separated:
+    any of Succeeded, Failed, BudgetExceeded, Cancelled, DeadlineExceeded; empty: none),
     AGENTRUN_NAMESPACES (the operator's; empty: all)."""
     env = dict(os.environ if env is None else env)
     url = env.get("AGENTRUN_NOTIFY_WEBHOOK_URL", "").strip()
@@ -210,11 +212,25 @@ def from_env(api: Any, env: dict[str, str] | None = None, active: Callable[[], b
     return Notifier(
         api=api, url=url, fmt=fmt,  # type: ignore[arg-type]
         settings=plan.Settings(deadline_near_seconds=int(num("AGENTRUN_NOTIFY_DEADLINE_NEAR_SECONDS", 600)),
-                               inbox_url=env.get("AGENTRUN_INBOX_URL", "")),
+                               inbox_url=env.get("AGENTRUN_INBOX_URL", ""), outcomes=outcomes_from_env(env)),
         namespaces=tuple(n.strip() for n in env.get("AGENTRUN_NAMESPACES", "").split(",") if n.strip()),
         interval=num("AGENTRUN_NOTIFY_INTERVAL_SECONDS", 10), backoff=num("AGENTRUN_NOTIFY_BACKOFF_SECONDS", 1),
         active=active, runs=runs, patch_status=patch_status,
     )
+
+
+OUTCOMES_ENV = "AGENTRUN_NOTIFY_OUTCOMES"
+
+
+def outcomes_from_env(env: dict[str, str]) -> tuple[str, ...]:
+    """AGENTRUN_NOTIFY_OUTCOMES as a tuple; ValueError naming the variable and the bad value."""
+    from agentrun.api.lifecycle import OUTCOMES
+
+    items = tuple(o.strip() for o in env.get(OUTCOMES_ENV, "").split(",") if o.strip())
+    bad = [o for o in items if o not in OUTCOMES]
+    if bad:
+        raise ValueError(f"{OUTCOMES_ENV}: {bad[0][:40]!r} is not an outcome; use any of {', '.join(OUTCOMES)}")
+    return items
 
 
 def check_env(env: dict[str, str] | None = None) -> None:

@@ -26,6 +26,10 @@ class CreateJob:
 @dataclass(frozen=True)
 class DeleteJob:
     name: str
+    grace_seconds: int | None = None
+    """gracePeriodSeconds of the Job's DELETE (a cancel or a passed deadline); its pod then goes with
+    its own terminationGracePeriodSeconds: SIGTERM, the lap finishes the journal write in flight.
+    None: the API server's default."""
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ def _own(st: AgentRunStatus, ctype: ConditionType, old: Condition | None) -> tup
         ap = st.approval
         if ap is not None and ap.state != "Pending":
             reason = {"Approved": Reason.APPROVAL_APPROVED, "Rejected": Reason.APPROVAL_REJECTED,
-                      "TimedOut": Reason.APPROVAL_TIMED_OUT}[ap.state]
+                      "TimedOut": Reason.APPROVAL_TIMED_OUT, "Withdrawn": Reason.APPROVAL_WITHDRAWN}[ap.state]
             by = f" by {ap.decided_by}" if ap.decided_by else ""
             return reason, f"call {ap.call_id} of tool {ap.tool} (lap {ap.lap}) was {ap.state.lower()}{by}"
         return Reason.NO_APPROVAL_PENDING, "no tool call waits for a decision"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agentrun.api.approval import ANN_APPROVED
+from agentrun.api.lifecycle import ANN_RETRY
 from agentrun.api.reasons import Reason
 from agentrun.api.status import TERMINAL_PHASES
 
@@ -14,6 +15,7 @@ from .context import Ctx, StatusWriter
 from .finish import expire
 from .fork import apply_fork
 from .laps import adopt, next_step, observe_active, successors
+from .lifecycle import refuse_retry, take_cancel, take_deadline, take_retry
 from .observed import Observed
 from .retries import next_lap_attempt
 from .store import check_store_probe, pin_store
@@ -33,6 +35,15 @@ def decide(o: Observed) -> Decision:
         c.act(AddFinalizer())
     elif spec.checkpoint.retention == "Retain" and FINALIZER in o.finalizers:
         c.act(RemoveFinalizer())
+
+    # The lifecycle first: a retry re-opens a finished run; a cancel or a passed deadline ends a
+    # live one before any decision or Job of it is applied.
+    retried = take_retry(c)
+    if retried is not None:
+        return retried
+    stopped = take_cancel(c) or take_deadline(c)
+    if stopped is not None:
+        return stopped
 
     terminal = st.phase in TERMINAL_PHASES
     # The store is pinned in status (write-ahead) before anything of a live run touches it.
@@ -113,6 +124,8 @@ def _without_spec(w: StatusWriter) -> Decision:
     if ANN_APPROVED in o.annotations:
         consume_annotation(w, f"the run is not awaiting approval (phase {w.st.phase})"
                            if w.st.phase != "AwaitingApproval" else "the run's spec cannot be used")
+    if ANN_RETRY in o.annotations:
+        refuse_retry(w, f"the run's spec cannot be used ({o.spec_error or 'unknown error'}); fix the spec first")
     if w.st.phase in TERMINAL_PHASES:
         return _terminal(w)
     return w.fail(Reason.INVALID_SPEC, f"the spec cannot be used: {o.spec_error or 'unknown error'}")

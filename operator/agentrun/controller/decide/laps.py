@@ -27,6 +27,7 @@ from .admission import hold_lap
 from .approvals import adoption_mismatch, apply_timeout, approval_env, bind_target
 from .context import MAX_CONDITION_MESSAGE_CHARS, Ctx, condition
 from .finish import apply_outcome, record_checkpoint
+from .lifecycle import attempts_allowed, requeue_at_deadline
 from .observed import CheckpointRead, ObservedJob
 from .retries import classify_failure, job_cause, next_lap_attempt, record_retry
 from .store import store_unavailable
@@ -233,7 +234,7 @@ def next_step(c: Ctx) -> Decision:
         c.act(RequeueAfter(max(0.5, (st.next_attempt_at - o.now).total_seconds())))
         return c.finish()
 
-    if attempt > spec.retry.attempts_per_lap:
+    if attempt > attempts_allowed(st, spec, lap):
         return c.fail(Reason.RETRIES_EXHAUSTED, f"lap {lap} already failed {attempt - 1} attempt(s)")
     if lap > spec.budget.max_laps:
         return c.fail(
@@ -271,7 +272,9 @@ def next_step(c: Ctx) -> Decision:
     c.act(CreateJob(lap=lap, attempt=attempt, agent_version=version, name=name, approval=decision_env,
                     store=o.status.store))
     st.active_job = ActiveJob(name=name, lap=lap, attempt=attempt, agent_version=version, started_at=o.now)
-    st.started_at = st.started_at or o.now
+    if st.started_at is None:
+        st.started_at = o.now
+        requeue_at_deadline(c)
     st.next_attempt_at = None
     c.phase("Running", Reason.LAP_RUNNING, f"lap {lap} attempt {attempt} running (agent {version})")
     return c.finish()

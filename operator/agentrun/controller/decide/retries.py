@@ -84,9 +84,13 @@ def record_retry(c: Ctx, lap: int, attempt: int, kind: RetryReason, reason: str,
     if started_at is not None:
         c.act(LapFinished(lap, LapOutcome.of_failure(kind), max(0.0, (o.now - started_at).total_seconds())))
     c.act(LapRetried(lap, kind))
+    lc = st.lifecycle
+    base = lc.attempts_before_retry if lc is not None and lc.retried_lap == lap else 0
     allowed = c.spec.retry.attempts_per_lap
-    if attempt >= allowed:
-        return c.fail(Reason.RETRIES_EXHAUSTED, f"lap {lap} failed {attempt} of {allowed} attempt(s); last: {reason}",
+    if attempt - base >= allowed:
+        since = f" since retry {lc.retries}" if base and lc is not None else ""
+        return c.fail(Reason.RETRIES_EXHAUSTED,
+                      f"lap {lap} failed {attempt - base} of {allowed} attempt(s){since}; last: {reason}",
                       lap=lap, attempt=attempt)
     delay = backoff_seconds(c.spec, attempt)
     st.next_attempt_at = o.now + timedelta(seconds=delay)

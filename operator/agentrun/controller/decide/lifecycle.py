@@ -1,0 +1,237 @@
+"""The run's lifecycle (issue 31, ``agentrun.api.lifecycle``): a retry in place of a finished run
+(annotation ``agentrun.dev/retry``), a cancel (``spec.cancel``) and the run deadline
+(``spec.activeDeadline``). Pure, like the rest of ``decide``.
+
+A retry keeps the run's uid, so its idempotency keys: the lap that failed starts again as its next
+attempt (the attempt numbers go on, so Job names stay distinct), and the lap answers every call its
+earlier attempts journaled from the journal (the journal of an unfinished lap is deleted only once
+that lap is checkpointed, never at a terminal phase).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+from agentrun.api.lifecycle import (
+    ANN_CANCELLED_BY,
+    ANN_RETRY,
+    ANN_RETRY_FROM_LAP,
+    ANN_RETRY_REQUESTED_BY,
+    APPROVAL_WITHDRAWN,
+    CANCEL_GRACE_SECONDS,
+    MAX_RETRIES,
+    PHASE_CANCELLED,
+    PHASE_DEADLINE_EXCEEDED,
+    RETRY_ANNOTATIONS,
+    RETRYABLE_PHASES,
+    parse_from_lap,
+    parse_retry_value,
+    retry_request_value,
+)
+from agentrun.api.reasons import Reason
+from agentrun.api.spec import AgentRunSpec
+from agentrun.api.status import TERMINAL_PHASES, AgentRunStatus, LapRetries, LifecycleStatus
+from agentrun.api.types import parse_duration
+
+from .actions import Decision, DeleteJob, RemoveAnnotations, RequeueAfter
+from .context import Ctx, StatusWriter
+from .retries import MAX_RETRY_ENTRIES, next_lap_attempt
+from .text import bounded_decider, bounded_reason, shown
+
+
+def lifecycle_of(st: AgentRunStatus) -> LifecycleStatus:
+    if st.lifecycle is None:
+        st.lifecycle = LifecycleStatus()
+    return st.lifecycle
+
+
+def attempts_allowed(st: AgentRunStatus, spec: AgentRunSpec, lap: int) -> int:
+    """The highest attempt number lap ``lap`` may run: spec.retry.attemptsPerLap, counted from the
+    last retry when that retry started this lap again."""
+    lc = st.lifecycle
+    base = lc.attempts_before_retry if lc is not None and lc.retried_lap == lap else 0
+    return spec.retry.attempts_per_lap + base
+
+
+# ------------------------------------------------------------------------------------------ retry
+
+def take_retry(c: Ctx) -> Decision | None:
+    """A retry request (annotation :data:`ANN_RETRY`): applied to a run in a retryable terminal phase
+    with headroom, else refused with ONE Warning Event naming what to change; the request's
+    annotations are removed either way. Returns the Decision to stop with, or None (no request)."""
+    o, st, spec = c.o, c.st, c.spec
+    if ANN_RETRY not in o.annotations:
+        return None
+    raw = o.annotations.get(ANN_RETRY, "")
+    n = parse_retry_value(raw)
+    done = lifecycle_of(st).retries if st.lifecycle is not None else 0
+    if n is not None and n == done and done > 0:
+        # applied already (the status was written, the removal of the annotations was lost)
+        c.act(RemoveAnnotations(RETRY_ANNOTATIONS))
+        return c.finish()
+    problem = retry_problem(c, raw, n, done)
+    if problem is not None:
+        refuse_retry(c, problem)
+        return c.finish()
+    assert n is not None
+    lap, attempt = next_lap_attempt(st)
+    # attempts of this lap that already ran (a permanent failure, a cancelled or timed-out Job) are
+    # not recorded in status.retries: the Jobs still seen name them, so no Job name is reused
+    seen = max([j.attempt for j in o.jobs if j.lap == lap] + [attempt - 1])
+    if seen >= attempt:
+        _note_attempt(st, lap, seen, None)
+    lc = lifecycle_of(st)
+    by = bounded_decider(o.annotations.get(ANN_RETRY_REQUESTED_BY))
+    was = st.phase
+    lc.retries = n
+    lc.last_retry_by, lc.last_retry_at, lc.last_retry_from_phase = by, o.now, was
+    lc.last_retry_from_lap = None
+    lc.retried_lap, lc.attempts_before_retry = lap, max(seen, attempt - 1)
+    st.completed_at = None
+    st.next_attempt_at = None
+    who = f" by {by}" if by else ""
+    ap = st.approval
+    if ap is not None and ap.state == APPROVAL_WITHDRAWN and ap.lap == st.lap:
+        # the run was cancelled while it waited: ask again, with a fresh deadline
+        ap.state, ap.decision, ap.reason, ap.decided_by, ap.decided_at = "Pending", None, None, None, None
+        ap.approved_by, ap.notified = [], None
+        ap.requested_at = o.now
+        ap.deadline = o.now + timedelta(seconds=parse_duration(spec.approval.timeout))
+        st.waiting_on = spec.approval.owner
+        msg = (f"retry {n}{who} (was {was}): call {ap.call_id} of tool {ap.tool} waits for {spec.approval.owner} "
+               f"again until {ap.deadline.isoformat()}")
+        c.phase("AwaitingApproval", Reason.RETRIED, msg)
+    else:
+        msg = (f"retry {n}{who} (was {was}): lap {lap} starts again as attempt {max(seen, attempt - 1) + 1}, "
+               "same idempotency keys; calls already executed are answered from the journal")
+        c.phase("Running", Reason.RETRIED, msg)
+    c.event("Normal", Reason.RETRIED, msg)
+    c.act(RemoveAnnotations(RETRY_ANNOTATIONS))
+    c.act(RequeueAfter(0.0))  # write-ahead: the retry is in status before its Job
+    return c.finish()
+
+
+def refuse_retry(c: StatusWriter, problem: str) -> None:
+    """ONE Warning Event naming why, and the request's annotations removed before any status write."""
+    o = c.o
+    c.act(RemoveAnnotations(RETRY_ANNOTATIONS, before_status=True))
+    c.event("Warning", Reason.RETRY_REFUSED, f"retry of agentrun {o.namespace}/{o.name} refused: {problem}")
+
+
+def retry_problem(c: Ctx, raw: str, n: int | None, done: int) -> str | None:
+    """Why a retry request cannot be applied (the text of the refusal), or None."""
+    o, st, spec = c.o, c.st, c.spec
+    if st.phase not in RETRYABLE_PHASES:
+        if st.phase == "Succeeded":
+            return "the run Succeeded; a finished success is not retried (fork it for a new history: agentrun fork)"
+        return f"the run is {st.phase}, not finished; only a {', '.join(RETRYABLE_PHASES)} run can be retried"
+    if n is None:
+        return (f"annotation {ANN_RETRY}={shown(raw, 32)} is not a retry number; set it to "
+                f"{retry_request_value(done)} (status.lifecycle.retries + 1; agentrun retry does)")
+    if n != done + 1:
+        return (f"annotation {ANN_RETRY}={n} is stale: the run has had {done} retr{'y' if done == 1 else 'ies'}, so "
+                f"the next is {done + 1}; read the run again and set {ANN_RETRY}={done + 1}")
+    if done >= MAX_RETRIES:
+        return f"the run was retried {done} times, the most one run may be; fork it for a new history"
+    if spec.cancel is not None:
+        return "spec.cancel is still set; remove spec.cancel in the same patch as the retry (agentrun retry does)"
+    if ANN_RETRY_FROM_LAP in o.annotations:
+        raw_lap = o.annotations[ANN_RETRY_FROM_LAP]
+        lap = parse_from_lap(raw_lap)
+        if lap is None:
+            return f"annotation {ANN_RETRY_FROM_LAP}={shown(raw_lap, 32)} is not a lap number"
+        if lap != st.lap:
+            return (f"annotation {ANN_RETRY_FROM_LAP}={lap}: rewinding in place to a lap before the last "
+                    f"checkpointed lap {st.lap} is not supported; retry from lap {st.lap}, or fork from lap {lap} "
+                    "for a new history (agentrun fork)")
+    lap = st.lap + 1
+    if lap > spec.budget.max_laps:
+        return (f"no headroom: lap {lap} would pass spec.budget.maxLaps={spec.budget.max_laps}; raise "
+                "spec.budget.maxLaps, then retry")
+    if spec.budget.max_cost_usd is not None and Decimal(st.cost.usd) >= Decimal(spec.budget.max_cost_usd):
+        return (f"no headroom: cost ${st.cost.usd} reached spec.budget.maxCostUSD=${spec.budget.max_cost_usd}; "
+                "raise spec.budget.maxCostUSD, then retry")
+    if spec.active_deadline is not None and st.started_at is not None:
+        end = st.started_at + timedelta(seconds=parse_duration(spec.active_deadline))
+        if o.now >= end:
+            return (f"no headroom: spec.activeDeadline={spec.active_deadline} passed at {end.isoformat()} "
+                    f"(status.startedAt {st.started_at.isoformat()}); raise spec.activeDeadline, then retry")
+    return None
+
+
+def _note_attempt(st: AgentRunStatus, lap: int, attempt: int, reason: str | None) -> None:
+    """Record that lap ``lap`` ran attempt ``attempt`` (status.retries), so its next Job is attempt+1."""
+    entries = {r.lap: r for r in st.retries}
+    entry = entries.get(lap) or LapRetries(lap=lap, retries=0)
+    entry.retries = max(entry.retries, attempt)
+    if reason is not None:
+        entry.last_reason = reason
+    entries[lap] = entry
+    st.retries = sorted(entries.values(), key=lambda r: r.lap)[-MAX_RETRY_ENTRIES:]
+
+
+# ------------------------------------------------------------------------------- cancel, deadline
+
+def _stop(c: Ctx, phase: str, reason: Reason, message: str, why: str) -> Decision:
+    """End a live run now: the Job in flight deleted with a grace period (the lap gets SIGTERM and
+    keeps what it journaled), its attempt recorded (a retry runs the next one), a pending approval
+    withdrawn."""
+    o, st = c.o, c.st
+    aj = st.active_job
+    for j in o.jobs:
+        if j.state == "active":
+            c.act(DeleteJob(j.name, grace_seconds=CANCEL_GRACE_SECONDS))
+    if aj is not None:
+        _note_attempt(st, aj.lap, aj.attempt, why)
+        if not any(j.name == aj.name and j.state == "active" for j in o.jobs):
+            c.act(DeleteJob(aj.name, grace_seconds=CANCEL_GRACE_SECONDS))
+    ap = st.approval
+    if ap is not None and ap.state == "Pending":
+        ap.state = APPROVAL_WITHDRAWN
+        c.event("Normal", Reason.APPROVAL_WITHDRAWN,
+                f"the approval of call {ap.call_id} of tool {ap.tool} (lap {ap.lap}) is withdrawn: {why}")
+    c.phase(phase, reason, message)
+    c.event("Warning", reason, message)
+    return c.finish()
+
+
+def take_cancel(c: Ctx) -> Decision | None:
+    """``spec.cancel`` on a live run: stop it, phase Cancelled, who and why in status.lifecycle."""
+    o, st, spec = c.o, c.st, c.spec
+    if spec.cancel is None or st.phase in TERMINAL_PHASES:
+        return None
+    lc = lifecycle_of(st)
+    lc.cancelled_by = bounded_decider(o.annotations.get(ANN_CANCELLED_BY))
+    lc.cancel_reason = bounded_reason(spec.cancel.reason or None)[0]
+    lc.cancelled_at = o.now
+    who = f" by {lc.cancelled_by}" if lc.cancelled_by else ""
+    why = f": {lc.cancel_reason}" if lc.cancel_reason else ""
+    stopped = f"; lap {st.active_job.lap} attempt {st.active_job.attempt} stopped (its journal is kept)" \
+        if st.active_job is not None else ""
+    msg = f"cancelled{who}{why}{stopped}; `agentrun retry` continues the run in place"
+    return _stop(c, PHASE_CANCELLED, Reason.CANCELLED, msg, f"the run was cancelled{who}")
+
+
+def requeue_at_deadline(c: Ctx) -> None:
+    """Come back when spec.activeDeadline passes (the run has started)."""
+    st, spec = c.st, c.spec
+    if spec.active_deadline is not None and st.started_at is not None:
+        end = st.started_at + timedelta(seconds=parse_duration(spec.active_deadline))
+        c.act(RequeueAfter(max(0.5, (end - c.o.now).total_seconds())))
+
+
+def take_deadline(c: Ctx) -> Decision | None:
+    """``spec.activeDeadline`` passed since status.startedAt: stop the run DeadlineExceeded; before
+    it, come back exactly then (no polling)."""
+    o, st, spec = c.o, c.st, c.spec
+    if spec.active_deadline is None or st.started_at is None or st.phase in TERMINAL_PHASES:
+        return None
+    end = st.started_at + timedelta(seconds=parse_duration(spec.active_deadline))
+    left = (end - o.now).total_seconds()
+    if left > 0:
+        c.act(RequeueAfter(left))
+        return None
+    msg = (f"spec.activeDeadline={spec.active_deadline} passed at {end.isoformat()} (the run started at "
+           f"{st.started_at.isoformat()}) after lap {st.lap}; raise spec.activeDeadline and `agentrun retry` to go on")
+    return _stop(c, PHASE_DEADLINE_EXCEEDED, Reason.DEADLINE_EXCEEDED, msg, "the run's spec.activeDeadline passed")
