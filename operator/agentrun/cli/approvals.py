@@ -21,7 +21,8 @@ import json
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -37,6 +38,7 @@ from agentrun.api.approval import (
 from agentrun.api.crdgen import GROUP, PLURAL, VERSION
 from agentrun.api.text import one_line
 from agentrun.api.types import parse_time
+from agentrun.cli.exitcodes import ExitCode
 from agentrun.cli.kube import (
     CLIError,
     api_error,
@@ -48,9 +50,9 @@ from agentrun.cli.kube import (
     kube_options,
     list_runs,
 )
-from agentrun.cli.exitcodes import ExitCode
 from agentrun.cli.output import columns, human_duration, output_option, render, run_name
 
+F = TypeVar("F", bound=Callable[..., Any])
 AWAITING = "AwaitingApproval"
 COLUMNS = ("NAMESPACE", "NAME", "OWNER", "TOOL", "TARGET", "APPROVALS", "LAP", "AGE", "DEADLINE", "ON-TIMEOUT")
 TARGET_CELL_CHARS = 60
@@ -458,7 +460,7 @@ def _decide(name: str, reason: str | None, approve: bool, output: str = "text") 
 DECISION_FORMATS = ("text", "json", "yaml", "name")
 
 
-def decision_output() -> Any:
+def decision_output() -> Callable[[F], F]:
     return output_option(DECISION_FORMATS, default="text",
                          help="text (one line), the patched AgentRun as JSON/YAML, name, or jsonpath=TEMPLATE.")
 

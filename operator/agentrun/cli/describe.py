@@ -51,7 +51,7 @@ def describe_text(run: dict[str, Any], events: list[dict[str, Any]], now: dateti
         f"  Budget:         maxLaps {_v(budget.get('maxLaps', 100))}, maxCostUSD {_v(budget.get('maxCostUSD'))}",
         f"  Approval owner: {_v(approval.get('owner'))}",
         f"  Suspend:        {'true' if spec.get('suspend') else 'false'}",
-        f"  Cancel:         " + (("reason " + _v((spec.get('cancel') or {}).get('reason'))) if spec.get("cancel") is not None
+        "  Cancel:         " + (("reason " + _v((spec.get('cancel') or {}).get('reason'))) if spec.get("cancel") is not None
                                   else "<none>"),
         f"  Active deadline: {_v(spec.get('activeDeadline'))}",
     ]

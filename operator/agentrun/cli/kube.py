@@ -37,7 +37,7 @@ class CLIError(click.ClickException):
 
     def __init__(self, message: str, code: ExitCode = ExitCode.ERROR) -> None:
         super().__init__(message)
-        self.exit_code = int(code)
+        self.exit_code = int(code)  # type: ignore[misc]  # click declares it a ClassVar; one per error here
 
     def show(self, file: IO[Any] | None = None) -> None:
         click.echo(f"agentrun: {self.format_message()}", err=True, file=file)
@@ -191,7 +191,7 @@ def _configure_client(opts: KubeOptions) -> None:
 
     timeout = opts.timeout_seconds()
 
-    class Client(client.ApiClient):  # type: ignore[misc]
+    class Client(client.ApiClient):
         def call_api(self, *args: Any, **kwargs: Any) -> Any:
             if kwargs.get("_request_timeout") is None and timeout:
                 kwargs["_request_timeout"] = timeout

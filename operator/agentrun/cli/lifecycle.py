@@ -17,7 +17,8 @@ user would write with kubectl:
 from __future__ import annotations
 
 import time
-from typing import Any, get_args
+from collections.abc import Callable
+from typing import Any, TypeVar, get_args
 
 import click
 
@@ -28,7 +29,6 @@ from agentrun.api.lifecycle import (
     ANN_RETRY_REQUESTED_BY,
     MAX_CANCEL_REASON_CHARS,
     PHASE_CANCELLED,
-
     RETRYABLE_PHASES,
     retry_request_value,
 )
@@ -38,6 +38,7 @@ from agentrun.cli.exitcodes import ExitCode, outcome_code
 from agentrun.cli.kube import CLIError, api_error, complete_runs, connect, current_options, get_run, kube_options
 from agentrun.cli.output import output_option, parse_duration, render, run_name
 
+F = TypeVar("F", bound=Callable[..., Any])
 WRITE_FORMATS = ("text", "json", "yaml", "name")
 PHASES: tuple[str, ...] = get_args(Phase)
 
@@ -110,7 +111,7 @@ def summary(run: dict[str, Any]) -> str:
     """``ns/name: Phase (lap N, $cost): message``, one bounded line."""
     meta = run.get("metadata") or {}
     st = run.get("status") or {}
-    msg = one_line(st.get("message"), 300) if st.get("message") else ""
+    msg = one_line(str(st.get("message")), 300) if st.get("message") else ""
     return (f"agentrun {meta.get('namespace')}/{meta.get('name')}: {st.get('phase') or 'Pending'} (lap "
             f"{int(st.get('lap') or 0)}, ${(st.get('cost') or {}).get('usd', '0.00')})" + (f": {msg}" if msg else ""))
 
@@ -145,7 +146,7 @@ def _echo(output: str, obj: dict[str, Any], name: str, text: str) -> None:
         click.echo(render(output, obj, names=lambda: [run_name(name)]), nl=not output.startswith("jsonpath="))
 
 
-def _write_output() -> Any:
+def _write_output() -> Callable[[F], F]:
     return output_option(WRITE_FORMATS, default="text",
                          help="text (one line), the AgentRun as JSON/YAML, name, or jsonpath=TEMPLATE.")
 

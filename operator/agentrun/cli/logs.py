@@ -42,8 +42,8 @@ def stored_lines(record: LapRecord) -> list[str]:
             out.append(f"{who}: {one_line(line, MAX_LINE_CHARS)}")
         if len(text) > MAX_TEXT_LINES:
             out.append(f"{who}: ... ({len(text) - MAX_TEXT_LINES} more lines: `agentrun trace --lap {record.lap} -o json`)")
-        for c in m.tool_calls:
-            out.append(f"{who}: calls {one_line(c.name, 128)}#{one_line(c.id, 128)}")
+        for tc in m.tool_calls:
+            out.append(f"{who}: calls {one_line(tc.name, 128)}#{one_line(tc.id, 128)}")
     for c in record.tool_calls:
         http = f" http {c.http_status}" if c.http_status is not None else ""
         out.append(f"tool {one_line(c.tool, 128)} call {one_line(c.call_id, 128)}: {c.status}{http}"

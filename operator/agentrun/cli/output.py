@@ -9,7 +9,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import yaml
@@ -70,7 +70,13 @@ def parse_duration(text: str) -> float:
 LIST_FORMATS = ("table", "wide", "json", "yaml", "name")
 
 
-class OutputFormat(click.ParamType):
+if TYPE_CHECKING:  # click >= 8.2 types ParamType as a generic; click 8.1 cannot subscript it at run time
+    _ParamType = click.ParamType[str, Any]
+else:
+    _ParamType = click.ParamType
+
+
+class OutputFormat(_ParamType):
     """``-o``: one of ``choices`` or ``jsonpath=TEMPLATE`` (kubectl's template subset, see
     :func:`jsonpath`). The value is the format's name, or ``("jsonpath", TEMPLATE)`` parsed."""
 
@@ -118,7 +124,7 @@ def render(output: str, doc: Any, table: Callable[[], str] | None = None, wide: 
         return "\n".join(names())
     if output == "wide" and wide is not None:
         return wide()
-    if table is None:
+    if table is None or output not in ("table", "wide", "text"):
         raise click.UsageError(f"-o {output} is not supported here")
     return table()
 
