@@ -146,7 +146,7 @@ def _list_store(store: Any, namespace: str | None) -> list[PrefixUsage]:
         raise CLIError(f"checkpoint store {where}: {type(e).__name__}") from None
 
 
-@click.command("gc")
+@click.command("gc", short_help="Checkpoint prefixes whose AgentRun no longer exists; --delete deletes them.")
 @kube_options()
 @click.option("--dry-run", "dry_run", is_flag=True, default=False,
               help="Only list the orphan prefixes (the default).")
