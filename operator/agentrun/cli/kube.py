@@ -142,13 +142,13 @@ def load_config(opts: KubeOptions) -> str:
             raise CLIError(f"kubeconfig {path} does not exist (from {'--kubeconfig' if opts.kubeconfig else 'KUBECONFIG'})",
                            ExitCode.USAGE)
         path = os.pathsep.join(present)
+    context = opts.context or (_first_current_context(path.split(os.pathsep)) if path else None)
     try:
-        config.load_kube_config(config_file=path, context=opts.context)
+        config.load_kube_config(config_file=path, context=context)
         try:
-            _, active = config.list_kube_config_contexts(config_file=path)
-            if opts.context:
-                contexts, _ = config.list_kube_config_contexts(config_file=path)
-                active = next((c for c in contexts if c.get("name") == opts.context), active)
+            contexts, active = config.list_kube_config_contexts(config_file=path)
+            if context:
+                active = next((c for c in contexts if c.get("name") == context), active)
             namespace = (active or {}).get("context", {}).get("namespace") or "default"
         except config.ConfigException:
             pass
@@ -169,6 +169,24 @@ def load_config(opts: KubeOptions) -> str:
     _fail_fast()
     _configure_client(opts)
     return opts.namespace or namespace
+
+
+def _first_current_context(files: list[str]) -> str | None:
+    """kubectl's rule for a KUBECONFIG list: the first file that sets current-context names it (the
+    kubernetes client's merger would take the last)."""
+    import yaml
+
+    if len(files) < 2:
+        return None
+    for f in files:
+        try:
+            with open(os.path.expanduser(f)) as fh:
+                doc = yaml.safe_load(fh)
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(doc, dict) and doc.get("current-context"):
+            return str(doc["current-context"])
+    return None
 
 
 def _fail_fast() -> None:
