@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
