@@ -227,6 +227,6 @@ def test_trace_follow_exits_by_the_runs_outcome(monkeypatch, phase, code):
 def test_trace_follow_without_a_cluster_exits_by_the_last_laps_outcome():
     with CliRunner().isolation():
         with pytest.raises(SystemExit) as e:
-            tr._follow(Store([make_record(1, outcome="failed")]), RUN, None, RUN.namespace, RUN.name, 1, None, "text",
+            tr._follow(Store([make_record(1, outcome="failed")]), RUN, None, RUN.namespace, RUN.name, 1, None, "json",
                        100, 0.1, None)
     assert e.value.code == ExitCode.FAILED
