@@ -140,8 +140,8 @@ def logs_command(run: str, lap: int | None, follow: bool, interval: float) -> No
     if pods:
         newest = pods[-1]
         done.add(newest.metadata.name)
-        if not _print_pod(ns, newest, follow) and lap is not None:
-            _print_stored(obj, lap)
+        if not _print_pod(ns, newest, follow) and pod_key(newest)[0]:
+            _print_stored(obj, pod_key(newest)[0])  # the pod's log is gone (or not served): the stored output
     else:
         at = lap or int((obj.get("status") or {}).get("lap") or 0)
         if at:
