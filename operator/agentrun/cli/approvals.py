@@ -340,8 +340,10 @@ def _whoami() -> str | None:
     authentication.k8s.io/v1, Kubernetes >= 1.28), or None when it cannot be asked."""
     from kubernetes import client
 
-    try:
-        review = client.AuthenticationV1Api().create_self_subject_review(
+    from agentrun.cli.kube import api_client
+
+    try:  # on the configured client: with --as, the impersonated user (whom the API server stamps too)
+        review = client.AuthenticationV1Api(api_client()).create_self_subject_review(
             client.V1SelfSubjectReview(api_version="authentication.k8s.io/v1", kind="SelfSubjectReview"))
     except Exception:
         return None
