@@ -208,24 +208,29 @@ def test_approve_a_waiting_run_patches_the_annotations(fake):
 
 def test_reject_uses_approved_false(fake):
     r = invoke("reject", "old", "-n", "team-b")
+    assert r.exit_code == 2 and "--reason" in r.output and fake.patches == []  # like the top-level reject
+    r = invoke("reject", "old", "-n", "team-b", "--reason", " ")
+    assert r.exit_code == 2 and "must not be empty" in r.output and fake.patches == []
+    r = invoke("reject", "old", "-n", "team-b", "--reason", "dup")
     assert r.exit_code == 0, r.output
     # no store and no status digest: bound by call id only, and it says why
     assert fake.patches[0][2]["metadata"]["annotations"] == {
-        "approved": "false", "agentrun.dev/call-id": "call-old", "agentrun.dev/decided-by": "alice"}
+        "approved": "false", "agentrun.dev/reason": "dup", "agentrun.dev/call-id": "call-old",
+        "agentrun.dev/decided-by": "alice"}
     assert "rejected" in r.output and "full arguments not read from the checkpoint store: no store" in r.output
 
 
 @pytest.mark.parametrize("verb", ["approve", "reject"])
 def test_decision_on_a_run_not_waiting_is_refused_without_a_patch(fake, verb):
     r = invoke(verb, "busy", "--reason", "early")
-    assert r.exit_code == 1
+    assert r.exit_code == 5  # ExitCode.CONFLICT: not in the phase the verb needs
     assert "not awaiting approval (phase Running)" in r.output
     assert fake.patches == []
 
 
 def test_missing_run_is_an_error(fake):
     r = invoke("approve", "nope")
-    assert r.exit_code == 1 and "not found" in r.output and fake.patches == []
+    assert r.exit_code == 3 and "not found" in r.output and fake.patches == []
 
 
 def test_conflict_while_deciding_is_refused(fake, monkeypatch):
@@ -236,7 +241,7 @@ def test_conflict_while_deciding_is_refused(fake, monkeypatch):
 
     monkeypatch.setattr(fake, "patch_namespaced_custom_object", conflict)
     r = invoke("approve", "waiting")
-    assert r.exit_code == 1 and "changed while deciding" in r.output
+    assert r.exit_code == 5 and "changed while deciding" in r.output
 
 
 def test_show(fake):
@@ -284,7 +289,7 @@ def test_a_refused_decision_is_one_line_naming_the_permission(fake, monkeypatch)
 
     monkeypatch.setattr(fake, "patch_namespaced_custom_object", refused)
     r = invoke("approve", "waiting")
-    assert r.exit_code == 1
+    assert r.exit_code == 4  # ExitCode.FORBIDDEN
     line = [ln for ln in r.output.splitlines() if ln.startswith("agentrun:")]
     assert line == ['agentrun: cannot approve agentrun team-a/waiting: user "bob" may not decide the approval of '
                     'agentrun team-a/waiting: deciding an approval needs the "approve" verb on '

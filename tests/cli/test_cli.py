@@ -20,6 +20,7 @@ from agentrun.cli import fork as fk
 from agentrun.cli import kube
 from agentrun.cli import runs as rn
 from agentrun.cli import trace as tr
+from agentrun.cli.exitcodes import ExitCode
 from agentrun.cli.main import SUBCOMMANDS, main
 
 NOW = datetime(2030, 5, 1, 12, 0, tzinfo=UTC)
@@ -57,7 +58,8 @@ def test_runs_json_and_yaml_shapes():
     rows = rn.run_rows([run("a")], NOW)
     doc = json.loads(rn.render(rows, "json", False))
     assert set(doc[0]) == {"namespace", "name", "phase", "lap", "lastCheckpointTime", "secondsSinceCheckpoint",
-                           "costUSD", "waitingOn", "agentVersion", "forkedFrom", "message", "cause"}
+                           "costUSD", "waitingOn", "agentVersion", "forkedFrom", "message", "cause",
+                           "retriesInPlace"}
     import yaml
 
     assert yaml.safe_load(rn.render(rows, "yaml", False)) == doc
@@ -194,8 +196,8 @@ def test_crd_still_prints():
     assert r.exit_code == 0 and "forkFrom" in r.output and "kind: CustomResourceDefinition" in r.output
 
 
-def _err(r: Any) -> str:
-    assert r.exit_code == 1, r.output
+def _err(r: Any, code: int = 1) -> str:
+    assert r.exit_code == code, r.output
     assert "Traceback" not in r.output
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("agentrun: "), r.output
@@ -204,7 +206,7 @@ def _err(r: Any) -> str:
 
 def test_no_kubeconfig_and_unreachable_api_server_are_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
-    assert "does not exist (from KUBECONFIG)" in _err(CliRunner().invoke(main, ["runs"]))
+    assert "does not exist (from KUBECONFIG)" in _err(CliRunner().invoke(main, ["runs"]), ExitCode.USAGE)
     kc = tmp_path / "kc"
     kc.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "x",
@@ -213,7 +215,7 @@ def test_no_kubeconfig_and_unreachable_api_server_are_one_line(tmp_path, monkeyp
         "users": [{"name": "u", "user": {"token": "t"}}]}))
     for args in (["runs"], ["approvals"], ["trace", "r"], ["fork", "r", "--from-lap", "1", "--name", "n"],
                  ["approve", "r"]):
-        line = _err(CliRunner().invoke(main, [*args, "--kubeconfig", str(kc)]))
+        line = _err(CliRunner().invoke(main, [*args, "--kubeconfig", str(kc)]), ExitCode.UNREACHABLE)
         assert "cannot reach the Kubernetes API server at http://127.0.0.1:9" in line, (args, line)
     line = _err(CliRunner().invoke(main, ["runs", "--kubeconfig", str(kc), "--context", "nope"]))
     assert "context nope" in line
@@ -276,9 +278,9 @@ def fake(monkeypatch):
 def test_missing_run_is_one_line_everywhere(fake):
     for args in (["trace", "ghost"], ["fork", "ghost", "--from-lap", "1", "--name", "n"], ["approve", "ghost"],
                  ["reject", "ghost", "--reason", "r"], ["approvals", "show", "ghost"]):
-        line = _err(CliRunner().invoke(main, args))
+        line = _err(CliRunner().invoke(main, args), ExitCode.NOT_FOUND)
         assert line == 'agentrun: agentrun "ghost" not found in namespace "team-a"', (args, line)
-    line = _err(CliRunner().invoke(main, ["trace", "ghost", "-n", "team-z"]))
+    line = _err(CliRunner().invoke(main, ["trace", "ghost", "-n", "team-z"]), ExitCode.NOT_FOUND)
     assert line.endswith('not found in namespace "team-z"')
 
 

@@ -218,7 +218,7 @@ def test_cli_shows_full_arguments_and_approves_with_the_binding_as_a_service_acc
     e.kubectl("create", "rolebinding", "nobody", "-n", e.ns, "--role=author", f"--serviceaccount={e.ns}:nobody")
     waiting_run(e, "authz-cli-2")
     r = cli(e, "approve", "authz-cli-2", "-n", e.ns, kubeconfig=sa_kubeconfig(e.cluster, e.ns, "nobody"))
-    assert r.returncode == 1, r.stdout
+    assert r.returncode == 4, r.stdout  # ExitCode.FORBIDDEN (docs/cli.md)
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("agentrun:")]
     assert len(lines) == 1 and PERMISSION in lines[0] and "cannot approve" in lines[0], r.stderr
     assert ANN_APPROVED not in annotations(e, "authz-cli-2")

@@ -30,7 +30,7 @@ def test_cli_approval_queue_refuses_early_decisions_and_approves(env):  # noqa: 
     env.apply(env.run_doc("cli-early", [{"content": "x"}], suspend=True))
     env.wait_phase("cli-early", "Suspended")
     r = cli(env, "approve", "cli-early", "-n", env.ns, "--reason", "too early")
-    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.returncode == 5, (r.stdout, r.stderr)  # ExitCode.CONFLICT: not in the phase the verb needs
     assert "not awaiting approval (phase Suspended)" in r.stderr, r.stderr
     assert "approved" not in (env.get("cli-early")["metadata"].get("annotations") or {})
 

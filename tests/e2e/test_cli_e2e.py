@@ -267,3 +267,64 @@ def test_errors_are_one_line(env, tmp_path):  # noqa: F811
     assert r.returncode == 2 and "exclusive" in r.stderr
     r = cli(env, "fork", "err-run", "--from-lap", "0", "--name", "x")
     assert r.returncode == 2 and "--from-lap" in r.stderr
+
+
+def test_verbs_and_conventions_against_the_api_server(env, tmp_path):  # noqa: F811
+    """Issue 31 on the real API server: ``wait`` exits by the outcome (0 Succeeded, 11 BudgetExceeded,
+    7 on --timeout), suspend/resume are real patches, describe shows the operator's Events, logs
+    prints a lap, flags go before the subcommand, -o name/jsonpath, --as/--as-group reach the API
+    server (RBAC answers them: exit 4 FORBIDDEN), a KUBECONFIG list is merged, and
+    ``kubectl agentrun`` runs through the real kubectl's plugin mechanism."""
+    note = [{"content": "noting", "toolCalls": [{"name": "note", "arguments": {"order": "v"}}]}, {"content": "done"}]
+    env.apply(env.run_doc("v-ok", note))
+    env.apply(env.run_doc("v-budget", note, budget={"maxLaps": 1}))
+    env.apply(env.run_doc("v-held", note, suspend=True))
+
+    r = cli(env, "-n", env.ns, "wait", "v-ok", "--timeout", "3m")  # the namespace before the subcommand
+    assert r.returncode == 0 and f"agentrun {env.ns}/v-ok: Succeeded (lap 2" in r.stdout, (r.stdout, r.stderr)
+    r = cli(env, "wait", "v-budget", "-n", env.ns, "--timeout", "3m", "-o", "jsonpath={.status.phase}")
+    assert (r.returncode, r.stdout) == (11, "BudgetExceeded"), (r.stdout, r.stderr)
+    env.wait_phase("v-held", "Suspended")
+    r = cli(env, "wait", "v-held", "-n", env.ns, "--timeout", "1s")
+    assert r.returncode == 7 and "timed out after 1s" in r.stderr, r.stderr
+    r = cli(env, "resume", "v-held", "-n", env.ns)
+    assert r.returncode == 0 and env.get("v-held")["spec"]["suspend"] is False, r.stderr
+    assert cli(env, "wait", "v-held", "-n", env.ns, "--timeout", "3m").returncode == 0
+    assert cli(env, "suspend", "v-held", "-n", env.ns).returncode == 5  # it has ended
+    assert cli(env, "wait", "ghost", "-n", env.ns).returncode == 3
+
+    r = cli(env, "-n", env.ns, "runs", "-o", "name")
+    assert {"agentrun.agentrun.dev/v-ok", "agentrun.agentrun.dev/v-budget"} <= set(r.stdout.split()), r.stdout
+    r = cli(env, "runs", "-n", env.ns, "-o", "jsonpath={range .items[?(@.phase)]}{end}")
+    assert r.returncode == 2 and "filters" in r.stderr
+    r = cli(env, "runs", "-n", env.ns, "-o", "jsonpath={range .items[*]}{.name}={.phase}{\"\\n\"}{end}")
+    assert "v-budget=BudgetExceeded" in r.stdout.splitlines(), r.stdout
+
+    r = cli(env, "describe", "v-ok", "-n", env.ns)
+    assert r.returncode == 0, r.stderr
+    assert "Phase:          Succeeded" in r.stdout and "Events:" in r.stdout
+    events = r.stdout.split("Events:", 1)[1]
+    assert any(ev["reason"] in events for ev in env.events("v-ok")), events  # the operator's Events, read back
+    r = cli(env, "logs", "v-ok", "-n", env.ns, "--lap", "1")
+    assert r.returncode == 0 and r.stdout.strip(), (r.stdout, r.stderr)
+
+    # impersonation is sent and judged by the API server's RBAC: a ServiceAccount without a role
+    # is refused, the same user with the group system:masters is allowed
+    sa = f"system:serviceaccount:{env.ns}:nobody-{env.ns[-6:]}"
+    r = cli(env, "--as", sa, "runs", "-n", env.ns)
+    assert r.returncode == 4 and "forbidden" in r.stderr, (r.stdout, r.stderr)
+    r = cli(env, "runs", "-n", env.ns, "--as", sa, "--as-group", "system:masters", "-o", "name")
+    assert r.returncode == 0 and "agentrun.agentrun.dev/v-ok" in r.stdout, r.stderr
+
+    # a KUBECONFIG list: a missing file is skipped, the real one read
+    r = cli(env, "runs", "-n", env.ns, "-o", "name", KUBECONFIG=f"{tmp_path / 'missing'}{os.pathsep}{env.cluster.kubeconfig}")
+    assert r.returncode == 0 and "agentrun.agentrun.dev/v-ok" in r.stdout, r.stderr
+
+    # kubectl agentrun: the real kubectl finds kubectl-agentrun on PATH and passes the arguments through
+    bin_dir = os.path.dirname(sys.executable)
+    assert os.path.exists(os.path.join(bin_dir, "kubectl-agentrun")), "pip install -e . installs the plugin"
+    penv = env.cluster.env()
+    penv["PATH"] = env.cluster.bin_dir + os.pathsep + bin_dir + os.pathsep + penv.get("PATH", "")
+    p = subprocess.run([env.cluster.kubectl, "agentrun", "wait", "v-budget", "-n", env.ns, "-o", "name"], env=penv,
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert (p.returncode, p.stdout.strip()) == (11, "agentrun.agentrun.dev/v-budget"), (p.stdout, p.stderr)

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -37,18 +38,21 @@ from agentrun.api.approval import (
 from agentrun.api.crdgen import GROUP, PLURAL, VERSION
 from agentrun.api.text import one_line
 from agentrun.api.types import parse_time
+from agentrun.cli.exitcodes import ExitCode
 from agentrun.cli.kube import (
     CLIError,
     api_error,
     check_namespace_flags,
+    complete_runs,
     connect,
     current_options,
     get_run,
     kube_options,
     list_runs,
 )
-from agentrun.cli.output import columns, human_duration
+from agentrun.cli.output import columns, human_duration, output_option, render, run_name
 
+F = TypeVar("F", bound=Callable[..., Any])
 AWAITING = "AwaitingApproval"
 COLUMNS = ("NAMESPACE", "NAME", "OWNER", "TOOL", "TARGET", "APPROVALS", "LAP", "AGE", "DEADLINE", "ON-TIMEOUT")
 TARGET_CELL_CHARS = 60
@@ -131,9 +135,23 @@ def table_cells(row: dict[str, Any]) -> list[str]:
     ]
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    """kubectl-like columns, left-aligned, three spaces apart."""
-    return columns(COLUMNS, [table_cells(r) for r in rows])
+def format_table(rows: list[dict[str, Any]], wide: bool = False) -> str:
+    """kubectl-like columns, left-aligned, three spaces apart; ``wide`` adds CALL-ID and APPROVED-BY
+    and does not cut TARGET."""
+    if not wide:
+        return columns(COLUMNS, [table_cells(r) for r in rows])
+    cells = []
+    for r in rows:
+        c = table_cells(r)
+        c[4] = target_text({"target": r["target"]})
+        cells.append(c + [r.get("callId") or "<none>",
+                          ",".join(one_line(str(u), 256) for u in r.get("approvedBy") or []) or "<none>"])
+    return columns([*COLUMNS, "CALL-ID", "APPROVED-BY"], cells)
+
+
+def render_queue(rows: list[dict[str, Any]], output: str) -> str:
+    return render(output, rows, table=lambda: format_table(rows), wide=lambda: format_table(rows, wide=True),
+                  names=lambda: [run_name(r["name"]) for r in rows], items=rows)
 
 
 @dataclass(frozen=True)
@@ -322,8 +340,10 @@ def _whoami() -> str | None:
     authentication.k8s.io/v1, Kubernetes >= 1.28), or None when it cannot be asked."""
     from kubernetes import client
 
-    try:
-        review = client.AuthenticationV1Api().create_self_subject_review(
+    from agentrun.cli.kube import api_client
+
+    try:  # on the configured client: with --as, the impersonated user (whom the API server stamps too)
+        review = client.AuthenticationV1Api(api_client()).create_self_subject_review(
             client.V1SelfSubjectReview(api_version="authentication.k8s.io/v1", kind="SelfSubjectReview"))
     except Exception:
         return None
@@ -334,7 +354,7 @@ def _whoami() -> str | None:
 @click.group("approvals", invoke_without_command=True, short_help="The approval queue (every namespace); list, show, approve, reject.")
 @kube_options(all_namespaces=True)
 @click.option("--owner", default=None, help="Only runs waiting on this owner.")
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@output_option()
 @click.pass_context
 def approvals_command(ctx: click.Context, owner: str | None, output: str) -> None:
     """The approval queue: list, show, approve and reject runs waiting for a human decision.
@@ -350,7 +370,7 @@ def approvals_command(ctx: click.Context, owner: str | None, output: str) -> Non
 @approvals_command.command("list")
 @kube_options(all_namespaces=True)
 @click.option("--owner", default=None, help="Only runs waiting on this owner.")
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@output_option()
 def list_command(owner: str | None, output: str) -> None:
     """Runs in phase AwaitingApproval, oldest request first (default: the context's namespace)."""
     _list(owner, output, all_namespaces=current_options().all_namespaces)
@@ -363,10 +383,8 @@ def _list(owner: str | None, output: str, all_namespaces: bool) -> None:
     api, default_ns = _api()
     items = list_runs(api, None if all_namespaces else (namespace or default_ns))
     rows = queue_rows(items, _now(), owner=owner)
-    if output == "json":
-        click.echo(json.dumps(rows, indent=2))
-    elif rows:
-        click.echo(format_table(rows))
+    if rows or output not in ("table", "wide", "name"):
+        click.echo(render_queue(rows, output), nl=not output.startswith("jsonpath="))
     else:
         where = "any namespace" if all_namespaces else f"namespace {namespace or default_ns}"
         click.echo(f"No runs awaiting approval in {where}" + (f" for owner {owner}" if owner else "") + ".",
@@ -374,7 +392,7 @@ def _list(owner: str | None, output: str, all_namespaces: bool) -> None:
 
 
 @approvals_command.command("show")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_runs)
 @kube_options()
 def show_command(name: str) -> None:
     """The pending call of a run: where it goes (method, URL, headers Secret, image), its arguments
@@ -387,7 +405,7 @@ def show_command(name: str) -> None:
     click.echo(show_text(run, _now(), stored))
 
 
-def _decide(name: str, reason: str | None, approve: bool) -> None:
+def _decide(name: str, reason: str | None, approve: bool, output: str = "text") -> None:
     from kubernetes.client.exceptions import ApiException
 
     api, default_ns = _api()
@@ -398,7 +416,7 @@ def _decide(name: str, reason: str | None, approve: bool) -> None:
     verb = "approve" if approve else "reject"
     if phase != AWAITING:
         raise CLIError(f"agentrun {ns}/{name} is not awaiting approval (phase {phase}); "
-                       f"nothing to {verb}. A decision is never queued in advance.")
+                       f"nothing to {verb}. A decision is never queued in advance.", ExitCode.CONFLICT)
     ap = st.get("approval") or {}
     deadline = parse_time(ap.get("deadline"))
     if deadline is not None and deadline <= _now():
@@ -417,17 +435,21 @@ def _decide(name: str, reason: str | None, approve: bool) -> None:
     body = decision_patch(approve, reason, (run.get("metadata") or {}).get("resourceVersion"),
                           call_id=call_id, sha256=sha, decided_by=who, target_sha256=ap.get("targetSha256"))
     try:
-        api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, body)
+        patched = api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, body)
     except ApiException as e:
         if e.status == 409:
             raise CLIError(f"agentrun {ns}/{name} changed while deciding; run `agentrun approvals show "
-                           f"{name} -n {ns}` and try again.") from None
+                           f"{name} -n {ns}` and try again.", ExitCode.CONFLICT) from None
         why = refusal(e) if e.status in (400, 403, 422) else None
         if why:
-            raise CLIError(f"cannot {verb} agentrun {ns}/{name}: {why}") from None
+            raise CLIError(f"cannot {verb} agentrun {ns}/{name}: {why}",
+                           ExitCode.FORBIDDEN if e.status == 403 else ExitCode.ERROR) from None
         raise api_error(e, f'patch agentrun "{name}" in namespace "{ns}"') from None
     except Exception as e:
         raise CLIError(f"cannot patch agentrun {ns}/{name}: {e}") from None
+    if output != "text":
+        click.echo(render(output, patched, names=lambda: [run_name(name)]), nl=not output.startswith("jsonpath="))
+        return
     annotations = " ".join(f"{k}={json.dumps(v) if ' ' in v else v}"
                            for k, v in body["metadata"]["annotations"].items())
     click.echo(f"agentrun {ns}/{name}: {'approved' if approve else 'rejected'} call {ap.get('callId', '?')} of tool {ap.get('tool', '?')} "
@@ -437,45 +459,61 @@ def _decide(name: str, reason: str | None, approve: bool) -> None:
                   if approve else "resumes the run."))
 
 
+DECISION_FORMATS = ("text", "json", "yaml", "name")
+
+
+def decision_output() -> Callable[[F], F]:
+    return output_option(DECISION_FORMATS, default="text",
+                         help="text (one line), the patched AgentRun as JSON/YAML, name, or jsonpath=TEMPLATE.")
+
+
+def _reason_required(reason: str) -> str:
+    if not reason.strip():
+        raise click.BadParameter("must not be empty", param_hint="--reason")
+    return reason
+
+
 @approvals_command.command("approve")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_runs)
 @kube_options()
 @click.option("--reason", default=None, help="Reason recorded with the decision (agentrun.dev/reason).")
-def approve_command(name: str, reason: str | None) -> None:
+@decision_output()
+def approve_command(name: str, reason: str | None, output: str) -> None:
     """Approve the pending call of a waiting run (annotation approved=true)."""
-    _decide(name, reason, approve=True)
+    _decide(name, reason, approve=True, output=output)
 
 
 @approvals_command.command("reject")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_runs)
 @kube_options()
-@click.option("--reason", default=None, help="Reason recorded with the decision (agentrun.dev/reason).")
-def reject_command(name: str, reason: str | None) -> None:
-    """Reject the pending call of a waiting run (annotation approved=false)."""
-    _decide(name, reason, approve=False)
+@click.option("--reason", required=True, help="Why the call is rejected (required; agentrun.dev/reason).")
+@decision_output()
+def reject_command(name: str, reason: str, output: str) -> None:
+    """Reject the pending call of a waiting run (annotation approved=false; --reason required)."""
+    _decide(name, _reason_required(reason), approve=False, output=output)
 
 
 # The top-level verbs: `agentrun approve RUN [--reason]`, `agentrun reject RUN --reason`.
 
 @click.command("approve", short_help="Approve the pending tool call of RUN.")
-@click.argument("run")
+@click.argument("run", shell_complete=complete_runs)
 @kube_options()
 @click.option("--reason", default=None, help="Reason recorded with the decision (agentrun.dev/reason).")
-def approve_run_command(run: str, reason: str | None) -> None:
+@decision_output()
+def approve_run_command(run: str, reason: str | None, output: str) -> None:
     """Approve the pending tool call of RUN: sets the annotations `approved=true` (and
     `agentrun.dev/reason`), exactly what `kubectl annotate agentrun RUN approved=true` sets.
     Refused unless RUN is in phase AwaitingApproval."""
-    _decide(run, reason, approve=True)
+    _decide(run, reason, approve=True, output=output)
 
 
 @click.command("reject", short_help="Reject the pending tool call of RUN (--reason required).")
-@click.argument("run")
+@click.argument("run", shell_complete=complete_runs)
 @kube_options()
 @click.option("--reason", required=True, help="Why the call is rejected (required; agentrun.dev/reason).")
-def reject_run_command(run: str, reason: str) -> None:
+@decision_output()
+def reject_run_command(run: str, reason: str, output: str) -> None:
     """Reject the pending tool call of RUN: sets `approved=false` and `agentrun.dev/reason`. The
     agent gets the rejection as the tool's result and the run continues. Refused unless RUN is in
     phase AwaitingApproval."""
-    if not reason.strip():
-        raise click.BadParameter("must not be empty", param_hint="--reason")
-    _decide(run, reason, approve=False)
+    _decide(run, _reason_required(reason), approve=False, output=output)

@@ -15,4 +15,4 @@ def main() -> None:
         lap_main()
     from agentrun.cli.main import main as click_main
 
-    click_main()
+    click_main(prog_name="agentrun")

@@ -19,7 +19,6 @@ The store comes from ``--uri/--endpoint/--region/--path-style`` or the environme
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -31,7 +30,8 @@ import click
 
 from agentrun.checkpoint.errors import CheckpointError
 from agentrun.cli.kube import CLIError, connect, current_options, kube_options, list_runs
-from agentrun.cli.output import columns
+from agentrun.cli.output import LIST_FORMATS, columns, output_option
+from agentrun.cli.output import render as render_doc
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
@@ -146,7 +146,7 @@ def _list_store(store: Any, namespace: str | None) -> list[PrefixUsage]:
         raise CLIError(f"checkpoint store {where}: {type(e).__name__}") from None
 
 
-@click.command("gc")
+@click.command("gc", short_help="Checkpoint prefixes whose AgentRun no longer exists; --delete deletes them.")
 @kube_options()
 @click.option("--dry-run", "dry_run", is_flag=True, default=False,
               help="Only list the orphan prefixes (the default).")
@@ -156,7 +156,9 @@ def _list_store(store: Any, namespace: str | None) -> list[PrefixUsage]:
 @click.option("--region", default=None, help="S3 region (default: $AGENTRUN_S3_REGION).")
 @click.option("--path-style/--no-path-style", "path_style", default=None,
               help="Path-style addressing (default: $AGENTRUN_S3_PATH_STYLE).")
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@output_option(("text", *LIST_FORMATS), default="text",
+               help="text (table and summary; table and wide are the same), JSON/YAML {store, dryRun, orphans, "
+                    "objects, bytes}, name (NAMESPACE/NAME/UID per orphan), or jsonpath=TEMPLATE over that document.")
 def gc_command(dry_run: bool, delete: bool, uri: str | None, endpoint: str | None, region: str | None,
                path_style: bool | None, output: str) -> None:
     """List checkpoint prefixes whose AgentRun (by uid) no longer exists, with objects and bytes;
@@ -184,12 +186,13 @@ def gc_command(dry_run: bool, delete: bool, uri: str | None, endpoint: str | Non
             except CheckpointError as e:
                 raise CLIError(f"deleting {u.namespace}/{u.name}/{u.uid}/: {e} (deleted so far: "
                                f"{sum(deleted.values())} objects)") from None
-    if output == "json":
-        click.echo(json.dumps({
-            "store": store.config.uri, "dryRun": not delete,
-            "orphans": [u.to_api() | ({"deleted": deleted[(u.namespace, u.name, u.uid)]} if deleted else {})
-                        for u in found],
-            "objects": sum(u.objects for u in found), "bytes": sum(u.bytes for u in found),
-        }, indent=2))
-    else:
-        click.echo(render(found, store.config.uri, deleted))
+    doc = {
+        "store": store.config.uri, "dryRun": not delete,
+        "orphans": [u.to_api() | ({"deleted": deleted[(u.namespace, u.name, u.uid)]} if deleted else {})
+                    for u in found],
+        "objects": sum(u.objects for u in found), "bytes": sum(u.bytes for u in found),
+    }
+    text = render_doc(output, doc, table=lambda: render(found, store.config.uri, deleted),
+                      names=lambda: [f"{u.namespace}/{u.name}/{u.uid}" for u in found])
+    if text or output != "name":
+        click.echo(text, nl=not output.startswith("jsonpath="))

@@ -1,9 +1,15 @@
 """The ``agentrun`` command. Each subcommand lives with the package it drives and is imported
-lazily, so ``agentrun lap`` (the lap Job's entrypoint) does not import Kopf and vice versa."""
+lazily, so ``agentrun lap`` (the lap Job's entrypoint) does not import Kopf and vice versa.
+
+``-h`` and ``--help`` everywhere; the cluster flags (``cli.kube.kube_options``) go before or after
+the subcommand; errors exit with ``cli.exitcodes.ExitCode``; ``agentrun completion SHELL`` prints
+click's completion script. ``kubectl-agentrun`` (:func:`plugin_main`) is the same command as a
+kubectl plugin."""
 
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import click
 
@@ -20,7 +26,17 @@ SUBCOMMANDS = {
     "fork": "agentrun.cli.fork:fork_command",
     "gc": "agentrun.cli.gc:gc_command",
     "inbox": "agentrun.inbox.cli:inbox_command",
+    "wait": "agentrun.cli.lifecycle:wait_command",
+    "suspend": "agentrun.cli.lifecycle:suspend_command",
+    "resume": "agentrun.cli.lifecycle:resume_command",
+    "cancel": "agentrun.cli.lifecycle:cancel_command",
+    "retry": "agentrun.cli.lifecycle:retry_command",
+    "describe": "agentrun.cli.describe:describe_command",
+    "logs": "agentrun.cli.logs:logs_command",
+    "completion": "agentrun.cli.main:completion_command",
 }
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+PROG = "agentrun"
 
 
 class LazyGroup(click.Group):
@@ -45,10 +61,14 @@ class LazyGroup(click.Group):
         except Exception as e:
             if ctx.invoked_subcommand in ("lap", "operator"):  # their own exit-code contracts
                 raise
-            from agentrun.cli.kube import CLIError, unreachable
+            from agentrun.cli.kube import CLIError, status_code, unreachable
 
             if _is_network_error(e):
                 raise unreachable(e) from None
+            status = getattr(e, "status", None)
+            if isinstance(status, int) and status >= 400:  # an ApiException no command caught
+                raise CLIError(f"the API server answered {status} {getattr(e, 'reason', '') or ''}".rstrip(),
+                               status_code(status)) from None
             raise CLIError(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
 
 
@@ -63,11 +83,49 @@ def _is_network_error(e: BaseException) -> bool:
     return isinstance(e, network)
 
 
-@click.group(cls=LazyGroup)
+def _kube_options(f: Any) -> Any:
+    from agentrun.cli.kube import kube_options
+
+    return kube_options(all_namespaces=True)(f)
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT_SETTINGS)
 @click.version_option(package_name="agentrun")
+@_kube_options
 def main() -> None:
-    """agentrun: durable long-running AI agents on Kubernetes."""
+    """agentrun: durable long-running AI agents on Kubernetes.
+
+    The cluster flags (--kubeconfig, --context, -n, -A, --as, --as-group, --request-timeout) go
+    before or after the subcommand. Exit codes: docs/cli.md."""
+
+
+@click.command("completion", short_help="Print the shell completion script (bash, zsh or fish).")
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+@click.pass_context
+def completion_command(ctx: click.Context, shell: str) -> None:
+    """Print the completion script of SHELL; it completes commands, flags and RUN names from the
+    cluster (the namespace of -n, else the context's). Load it with, e.g.:
+
+    \b
+      source <(agentrun completion bash)                       # bash, in ~/.bashrc
+      agentrun completion zsh > "${fpath[1]}/_agentrun"        # zsh
+      agentrun completion fish > ~/.config/fish/completions/agentrun.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    root = ctx.find_root()
+    prog = root.info_name or PROG
+    cls = get_completion_class(shell)
+    assert cls is not None  # the Choice above
+    var = "_" + prog.replace("-", "_").replace(" ", "_").upper() + "_COMPLETE"
+    click.echo(cls(root.command, {}, prog, var).source())
+
+
+def plugin_main() -> None:
+    """``kubectl agentrun ...``: kubectl runs ``kubectl-agentrun`` with the arguments after the
+    plugin's name (kubectl's own flags must not come before it)."""
+    main(prog_name="kubectl agentrun", complete_var="_KUBECTL_AGENTRUN_COMPLETE")
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name=PROG)

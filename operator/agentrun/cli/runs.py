@@ -4,20 +4,19 @@ are pure."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
 import click
-import yaml
 
 from agentrun.api.text import one_line
 from agentrun.api.types import parse_time
 from agentrun.cli.approvals import _now
 from agentrun.cli.kube import check_namespace_flags, connect, current_options, kube_options, list_runs
-from agentrun.cli.output import columns, human_duration
+from agentrun.cli.output import colour_phase, columns, human_duration, output_option, run_name, terminal_width
 
 COLUMNS = ("NAME", "PHASE", "LAP", "SINCE-CHECKPOINT", "COST", "WAITING-ON", "CAUSE")
+WIDE_COLUMNS = ("AGENT-VERSION", "FORKED-FROM", "RETRIES")
 MAX_CAUSE_COLUMN = 100
 # Progressing reasons of a run that is held up by something it names (the condition's message).
 _HELD_UP = ("SecretMissing", "LapPodConfigError", "StoreUnavailable")
@@ -61,50 +60,73 @@ def run_rows(runs: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
             "forkedFrom": {"name": fork.get("name"), "lap": fork.get("lap")} if fork else None,
             "message": st.get("message"),
             "cause": run_cause(st),
+            "retriesInPlace": int((st.get("lifecycle") or {}).get("retries") or 0),
         })
     rows.sort(key=lambda r: (r["namespace"], r["name"]))
     return rows
 
 
-def table_cells(row: dict[str, Any], with_namespace: bool) -> list[str]:
+def table_cells(row: dict[str, Any], with_namespace: bool, cause_chars: int = MAX_CAUSE_COLUMN,
+                wide: bool = False) -> list[str]:
     cells = [
         row["name"], row["phase"], str(row["lap"]),
         "<none>" if row["secondsSinceCheckpoint"] is None else human_duration(row["secondsSinceCheckpoint"]),
         "$" + str(row["costUSD"]), row["waitingOn"] or "<none>",
-        one_line(row["cause"], MAX_CAUSE_COLUMN) if row.get("cause") else "<none>",
+        one_line(row["cause"], cause_chars) if row.get("cause") else "<none>",
     ]
+    if wide:
+        fork = row.get("forkedFrom")
+        cells += [row.get("agentVersion") or "<none>", f"{fork['name']}@{fork['lap']}" if fork else "<none>",
+                  str(row.get("retriesInPlace") or 0)]
     return ([row["namespace"]] if with_namespace else []) + cells
 
 
-def format_runs(rows: list[dict[str, Any]], with_namespace: bool = False) -> str:
-    """kubectl-like columns, three spaces apart (NAMESPACE first with -A)."""
-    header = (["NAMESPACE"] if with_namespace else []) + list(COLUMNS)
-    return columns(header, [table_cells(r, with_namespace) for r in rows])
+def format_runs(rows: list[dict[str, Any]], with_namespace: bool = False, width: int | None = None,
+                wide: bool = False) -> str:
+    """kubectl-like columns, three spaces apart (NAMESPACE first with -A). The CAUSE column is cut
+    to fit ``width`` (the terminal's; at least 20 characters, at most 100); ``wide`` cuts nothing and
+    adds AGENT-VERSION, FORKED-FROM and RETRIES (retries in place)."""
+    header = (["NAMESPACE"] if with_namespace else []) + list(COLUMNS) + (list(WIDE_COLUMNS) if wide else [])
+    cause = MAX_CAUSE_COLUMN
+    if wide:
+        cause = 4096
+    elif width is not None and rows:
+        before = [table_cells(r, with_namespace, 0)[:-1] for r in rows]
+        used = sum(max(len(h), *(len(c[i]) for c in before)) + 3 for i, h in enumerate(header[:-1]))
+        cause = max(20, min(MAX_CAUSE_COLUMN, width - used))
+    phase_col = header.index("PHASE")
+
+    def style(col: int, padded: str, cell: str) -> str:
+        return colour_phase(padded, cell) if col == phase_col else padded
+
+    return columns(header, [table_cells(r, with_namespace, cause, wide) for r in rows], style)
 
 
-def render(rows: list[dict[str, Any]], output: str, with_namespace: bool) -> str:
-    if output == "json":
-        return json.dumps(rows, indent=2)
-    if output == "yaml":
-        return yaml.safe_dump(rows, sort_keys=False).rstrip("\n")
-    return format_runs(rows, with_namespace)
+def render(rows: list[dict[str, Any]], output: str, with_namespace: bool, width: int | None = None) -> str:
+    from agentrun.cli.output import render as render_doc
+
+    return render_doc(output, rows, table=lambda: format_runs(rows, with_namespace, width),
+                      wide=lambda: format_runs(rows, with_namespace, wide=True),
+                      names=lambda: [run_name(r["name"]) for r in rows], items=rows)
 
 
 @click.command("runs", short_help="The runs: phase, lap, time since the last checkpoint, cost, waiting-on, cause.")
 @kube_options(all_namespaces=True)
-@click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table", show_default=True,
-              help="table, or a JSON/YAML list of rows.")
+@output_option(help="table, wide (more columns, no cut), a JSON/YAML list of rows, name "
+               "(agentrun.agentrun.dev/NAME), or jsonpath=TEMPLATE over {items: [rows]}.")
 def runs_command(output: str) -> None:
     """List AgentRuns: NAME, PHASE, LAP (last checkpointed), SINCE-CHECKPOINT (time since the last
     checkpoint was written), COST (USD so far), WAITING-ON (owner of a pending approval) and CAUSE
-    (why a run failed, retries or is held up: the failing pod's cause, a missing Secret)."""
+    (why a run failed, retries or is held up: the failing pod's cause, a missing Secret), cut to the
+    terminal's width. -o wide adds AGENT-VERSION, FORKED-FROM and RETRIES (retries in place)."""
     opts = current_options()
     check_namespace_flags(opts)
     api, ns = connect(opts)
     items = list_runs(api, None if opts.all_namespaces else ns)
     rows = run_rows(items, _now())
-    if not rows and output == "table":
+    if not rows and output in ("table", "wide", "name"):
         where = "any namespace" if opts.all_namespaces else f"namespace {ns}"
         click.echo(f"No agentruns in {where}.", err=True)
         return
-    click.echo(render(rows, output, opts.all_namespaces))
+    text = render(rows, output, opts.all_namespaces, terminal_width(10_000))
+    click.echo(text, nl=not output.startswith("jsonpath="))

@@ -36,7 +36,9 @@ from agentrun.api.status import TERMINAL_PHASES
 from agentrun.checkpoint.errors import CheckpointError, CheckpointNotFound
 from agentrun.checkpoint.schema import LapRecord, RunRef
 from agentrun.checkpoint.trace import format_lap, format_trace, one_line
-from agentrun.cli.kube import CLIError, connect, current_options, get_run, kube_options, load_config
+from agentrun.cli.exitcodes import outcome_code
+from agentrun.cli.kube import CLIError, complete_runs, connect, current_options, get_run, kube_options, load_config
+from agentrun.cli.output import OutputFormat, render, terminal_width
 
 _OBJECT_URI = re.compile(r"^s3://(?P<bucket>[^/]+)/(?P<key>.+)$")
 _TRUE = ("true", "1", "yes")
@@ -196,25 +198,28 @@ def store_error(e: CheckpointError, where: Mapping[str, Any]) -> CLIError:
 
 
 @click.command("trace", short_help="The per-lap trace of RUN from the checkpoint store.")
-@click.argument("run", required=False)
+@click.argument("run", required=False, shell_complete=complete_runs)
 @kube_options()
 @click.option("--name", "name_opt", default=None, hidden=True, help="Same as RUN (older form).")
 @click.option("--uid", default=None, help="UID of the run (default: read from the cluster).")
 @click.option("--lap", type=click.IntRange(min=1), default=None, help="Only this lap.")
 @click.option("--from-lap", type=click.IntRange(min=1), default=1, show_default=True, help="First lap to print.")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing new laps until the run ends.")
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="text, or JSON (one document; JSON lines with --follow).")
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep printing new laps until the run ends; exit by its outcome (as `agentrun wait`).")
+@click.option("-o", "--output", type=OutputFormat(("text", "json", "yaml")), default="text", show_default=True,
+              help="text, JSON (one document; JSON lines with --follow), YAML, or jsonpath=TEMPLATE over the "
+                   "JSON document.")
 @click.option("--uri", default=None, help="Store s3://bucket/prefix (default: env, spec, status).")
 @click.option("--endpoint", default=None, help="S3 endpoint URL (default: env, spec, status; else AWS).")
 @click.option("--region", default=None, help="S3 region.")
 @click.option("--path-style/--no-path-style", default=None, help="Path-style addressing (MinIO, moto).")
-@click.option("--width", type=click.IntRange(min=40), default=120, show_default=True)
+@click.option("--width", type=click.IntRange(min=40), default=None,
+              help="Cut lines at this width (default: the terminal's, else 120).")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
               help="Seconds between polls with --follow.")
 def trace_command(run: str | None, name_opt: str | None, uid: str | None, lap: int | None, from_lap: int,
                   follow: bool, output: str, uri: str | None, endpoint: str | None, region: str | None,
-                  path_style: bool | None, width: int, interval: float) -> None:
+                  path_style: bool | None, width: int | None, interval: float) -> None:
     """Print the per-lap trace of RUN from its checkpoint store: each lap's outcome, messages, tool
     calls with arguments, results and idempotency keys, tokens, cost and timings; for a fork, where
     it was forked from. The store is found from the cluster (see docs/cli.md); flags and the
@@ -222,6 +227,9 @@ def trace_command(run: str | None, name_opt: str | None, uid: str | None, lap: i
     name = run or name_opt
     if not name:
         raise click.UsageError("RUN is required")
+    if follow and output not in ("text", "json"):
+        raise click.UsageError("--follow prints text or JSON lines (-o text|json)")
+    width = width or terminal_width()
     if run and name_opt and run != name_opt:
         raise click.UsageError("RUN and --name differ")
     flags = {"uri": uri, "endpoint": endpoint, "region": region, "path_style": path_style}
@@ -265,8 +273,8 @@ def trace_command(run: str | None, name_opt: str | None, uid: str | None, lap: i
             laps = list(store.iter_laps(ref, start=start))
     except CheckpointError as e:
         raise store_error(e, where) from None
-    if output == "json":
-        click.echo(json.dumps(trace_doc(ref, where, forked_from, laps), indent=2))
+    if output != "text":
+        click.echo(render(output, trace_doc(ref, where, forked_from, laps)), nl=not output.startswith("jsonpath="))
         return
     click.echo(_heading(ref, store, forked_from), nl=False)
     click.echo(_text(laps, width), nl=False)
@@ -325,7 +333,9 @@ def _namespace_quietly() -> str:
 def _follow(store: Any, ref: RunRef, api: Any, namespace: str, name: str, start: int, only: int | None,
             output: str, width: int, interval: float, forked_from: Mapping[str, Any] | None) -> None:
     """Print laps as they are written until the run is terminal (the CR's phase, or without a
-    cluster the last lap's outcome done/failed). JSON lines with -o json."""
+    cluster the last lap's outcome done/failed). JSON lines with -o json. Exits by the outcome
+    (``cli.exitcodes.OUTCOME_CODES``: 0 Succeeded) when the cluster says it; without a cluster, 0
+    for a lap outcome ``done`` and 10 (FAILED) for ``failed``."""
     if output == "text":
         click.echo(_heading(ref, store, forked_from) + format_trace([], width=width).splitlines()[0])
     next_lap, phase, last = start, None, None
@@ -358,3 +368,10 @@ def _follow(store: Any, ref: RunRef, api: Any, namespace: str, name: str, start:
         t = last.totals
         click.echo(f"totals through lap {last.lap}: {t.laps} laps, {t.input_tokens}/{t.output_tokens} tokens, "
                    f"{t.cost_usd} USD")
+    if only is not None:
+        return
+    if phase is None and last is not None:
+        phase = {"done": "Succeeded", "failed": "Failed"}.get(last.outcome.type)
+    code = outcome_code(phase)
+    if code:
+        raise SystemExit(int(code))
