@@ -364,7 +364,7 @@ def render_reference() -> str:
     return "\n".join(lines) + "\n"
 
 
-@click.command("crd")
+@click.command("crd", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--reference", is_flag=True, help="Print the Markdown field reference instead of the CRD.")
 @click.option("--admission", type=click.Choice(["validating", "mutating"]), default=None,
               help="Print the approval admission policies instead (validating: Kubernetes >= 1.30; "

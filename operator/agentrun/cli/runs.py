@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from agentrun.api.status import TERMINAL_PHASES
 from agentrun.api.text import one_line
 from agentrun.api.types import parse_time
 from agentrun.cli.approvals import _now
@@ -23,11 +24,12 @@ _HELD_UP = ("SecretMissing", "LapPodConfigError", "StoreUnavailable")
 
 
 def run_cause(status: dict[str, Any]) -> str | None:
-    """Why a run failed, retries or is held up, else None: a Failed/BudgetExceeded run's message; a
+    """Why a run failed, retries or is held up, else None: a run's message once it ended other than
+    Succeeded (Failed, BudgetExceeded, Cancelled, DeadlineExceeded); a
     Retrying run's last failure of the lap in progress (status.retries[].lastReason: the pod's cause);
     a run held up by a missing Secret or an unavailable store, the Progressing condition's message."""
     phase = status.get("phase")
-    if phase in ("Failed", "BudgetExceeded"):
+    if phase in TERMINAL_PHASES and phase != "Succeeded":
         return status.get("message") or None
     if phase == "Retrying":
         lap = int(status.get("lap") or 0) + 1

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 
-@click.command("operator")
+@click.command("operator", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--namespace", "-n", "namespaces", multiple=True,
               help="Namespace to watch (repeatable). Default: AGENTRUN_NAMESPACES, else cluster-wide.")
 @click.option("--metrics-port", type=int, default=None, help="Port of /metrics, /healthz, /readyz (0: off).")

@@ -47,7 +47,7 @@ def _proxy_secret(path: str) -> bytes:
     return secret
 
 
-@click.command("inbox", short_help="Serve the approval inbox (a web page for approvers).")
+@click.command("inbox", short_help="Serve the approval inbox (a web page for approvers).", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--listen", default="0.0.0.0", show_default=True, envvar="AGENTRUN_INBOX_LISTEN", help="Address to bind.")
 @click.option("--port", default=8080, show_default=True, type=int, envvar="AGENTRUN_INBOX_PORT",
               help="Port (0: any free port).")

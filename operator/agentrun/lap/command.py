@@ -11,7 +11,7 @@ import click
 from agentrun.lap.entry import run
 
 
-@click.command("lap")
+@click.command("lap", context_settings={"help_option_names": ["-h", "--help"]})
 def lap_command() -> None:
     """Run one lap of an AgentRun (configured by AGENTRUN_* environment variables)."""
     sys.exit(run())
