@@ -191,7 +191,11 @@ def test_approver_sees_the_call_reject_needs_a_reason_and_approves(inbox, browse
     page = sign_in(browser, inbox, "alice")
     c = card(page, e, "inbox-pay")
     c.wait_for()
-    assert c.locator("dd code").first.text_content() == "refund"
+    assert c.locator("dd code:not(.target)").first.text_content() == "refund"
+    # where the call goes, as the operator recorded it from the spec (status.approval.target), first
+    assert c.locator("code.target").text_content() == (
+        f"POST {st['approval']['target']['url']} · image {st['approval']['target']['image']}")
+    assert st["approval"]["target"]["url"].endswith("/refund")
     assert c.locator(".sha code").text_content() == arguments_sha256(args) == st["approval"]["argumentsSha256"]
     assert json.loads(c.locator("pre.args").text_content()) == args  # full, escaped (no script ran)
     assert "from the checkpoint store" in c.locator("summary").first.text_content()
@@ -399,32 +403,42 @@ def test_behind_an_auth_proxy_a_group_not_listed_is_not_impersonated(inbox):
 
 
 def test_the_card_shows_what_the_call_will_run_and_n_of_m_approvals(inbox, browser, shots):
-    """The target and "1 of 2" on the card (issue 29). The operator's part (status.approval.target,
-    targetSha256, approvalsRequired, approvedBy) is written here as the admin, as an operator would,
-    with a status patch; the approval itself still sends the call id and arguments digest."""
+    """The target and "1 of 2" on the card (issue 29), from what the operator recorded: a run whose
+    gated tool sends headers from a Secret and needs two approvers; one approval (the admin's,
+    stamped by the API server) is in; the card names the target and "1 of 2", and its form carries
+    the target digest the decision will be bound to."""
     e = inbox.env
-    st = waiting_run(e, "inbox-target")
-    fields = {"target": {"method": "POST", "url": "https://pay.example/wire", "headersSecret": "pay-creds"},
-              "targetSha256": "a" * 64, "approvalsRequired": 2,
-              "approvedBy": [{"user": "alice", "at": "2026-12-01T10:00:00Z", "reason": "first pair of eyes"}]}
-    e.kubectl("patch", "agentrun", "inbox-target", "-n", e.ns, "--subresource=status", "--type=merge",
-              "-p", json.dumps({"status": {"approval": fields}}))
-    written = e.status("inbox-target")["approval"]
-    assert written.get("target") == fields["target"], ("the CRD pruned status.approval.target: the operator's "
-                                                       "fields (issue 29, Deliver 1/3) are not in this CRD", written)
+    name = "inbox-target"
+    e.kubectl("create", "secret", "generic", "pay-creds", "-n", e.ns, "--from-literal=headers={\"X-Pay\": \"1\"}")
+    doc = e.run_doc(name, [{"content": "refunding", "toolCalls": [{"name": "refund", "arguments": {"order": name}}]},
+                           {"content": "finished"}])
+    doc["spec"]["approval"]["approvers"] = 2
+    refund = next(t for t in doc["spec"]["agent"]["tools"] if t["name"] == "refund")
+    refund["http"]["headersSecretRef"] = {"name": "pay-creds", "key": "headers"}
+    e.apply(doc)
+    st = e.wait_phase(name, "AwaitingApproval", "Failed", "Succeeded", timeout=180)
+    assert st["phase"] == "AwaitingApproval", st
+    e.kubectl("annotate", "agentrun", name, "-n", e.ns, f"{ANN_APPROVED}=true")
+    ap = wait_for("one approval of two recorded", lambda: (lambda a: a if len(a.get("approvedBy") or []) == 1 else None)(
+        e.status(name)["approval"]), timeout=120)
+    assert ap["state"] == "Pending" and ap["approvalsRequired"] == 2, ap
+    first = ap["approvedBy"][0]["user"]
+    target = ap["target"]
+    assert target["url"].endswith("/refund") and target["headersSecret"] == "pay-creds", target
     page = sign_in(browser, inbox, "bob")
-    c = card(page, e, "inbox-target")
+    c = card(page, e, name)
     c.wait_for()
-    assert c.locator("code.target").text_content() == "POST https://pay.example/wire · headers from Secret pay-creds"
-    assert c.locator(".approvals").text_content() == "1 of 2 approvals (alice)"
+    assert c.locator("code.target").text_content() == (
+        f"POST {target['url']} · headers from Secret pay-creds · image {target['image']}")
+    assert c.locator(".approvals").text_content() == f"1 of 2 approvals ({first})"
     page.screenshot(path=str(shots / "inbox-target.png"), full_page=True)
     page.context.close()
     page = sign_in(browser, inbox, "alice")
-    c = card(page, e, "inbox-target")
+    c = card(page, e, name)
     c.wait_for()
-    assert c.locator("input[name=callId]").get_attribute("value") == st["approval"]["callId"]
-    assert c.locator("input[name=sha256]").get_attribute("value") == st["approval"]["argumentsSha256"]
-    assert c.locator("input[name=targetSha256]").get_attribute("value") == "a" * 64
+    assert c.locator("input[name=callId]").get_attribute("value") == ap["callId"]
+    assert c.locator("input[name=sha256]").get_attribute("value") == ap["argumentsSha256"]
+    assert c.locator("input[name=targetSha256]").get_attribute("value") == ap["targetSha256"]
     page.context.close()
 
 
