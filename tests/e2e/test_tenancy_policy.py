@@ -415,11 +415,12 @@ def test_a_policy_tightened_after_apply_stops_the_run_before_its_next_call(clust
         assert "destinations.allowLoopback" in cond["message"] and pname in cond["message"], cond
         assert gate.arrived("2") == 0
         got = kube_requests(port)
-        # (not the admission policy check's: a discovery GET and gets of its bindings by name, every
-        # resync; controller/policycheck.py)
+        # (not the admission policy check's: a discovery GET and gets of its policies and bindings by
+        # name, every resync; controller/policycheck.py)
         reads = {k: v for k, v in got.items() if k[0] in ("get", "list") and k[1] in (
             "namespaces", "validatingadmissionpolicybindings", "agentrunpolicies", "other")
             and k not in (("get", "validatingadmissionpolicybindings"), ("list", "other"))}
+        assert got.get(("get", "other"), 0) == 0, got  # the policy check's gets are labelled by kind
         # one list of each watched kind (a second one only after an expired watch), and at most one
         # get of the run's namespace if the run was reconciled before its namespace's watch event
         assert sum(reads.values()) <= 4 and got.get(("get", "agentrunpolicies"), 0) == 0, got

@@ -20,7 +20,10 @@ VERBS: tuple[str, ...] = ("get", "list", "watch", "create", "update", "patch", "
 RESOURCES: tuple[str, ...] = (
     "agentruns", "agentruns/status", "jobs", "pods", "events", "leases",
     # the tenancy re-check's watches (agentrun.controller.tenancy)
-    "namespaces", "validatingadmissionpolicybindings", "agentrunpolicies", "other",
+    "namespaces", "validatingadmissionpolicybindings", "agentrunpolicies",
+    # the admission policy check's gets by name, every resync (agentrun.controller.policycheck)
+    "validatingadmissionpolicies", "mutatingadmissionpolicies", "mutatingadmissionpolicybindings",
+    "other",
 )
 
 
