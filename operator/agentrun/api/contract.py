@@ -36,6 +36,13 @@ class ExitCode(IntEnum):
     """Transient (model/tool timeout, 5xx, store unavailable): the operator retries with backoff."""
 
 
+# --- the labels the operator puts on every lap Job and its pods (the CLI finds lap pods by them) ---
+LABEL_RUN: Final = "agentrun.dev/run"
+LABEL_RUN_UID: Final = "agentrun.dev/run-uid"
+LABEL_LAP: Final = "agentrun.dev/lap"
+LABEL_ATTEMPT: Final = "agentrun.dev/attempt"
+
+
 class Env(StrEnum):
     """Environment variables of the lap container, set by the operator (controller/jobs.py)."""
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from agentrun.api.contract import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID
 from agentrun.api.status import TERMINAL_PHASES
 from agentrun.api.text import one_line
 from agentrun.checkpoint.errors import CheckpointError, CheckpointNotFound
@@ -24,9 +25,6 @@ from agentrun.checkpoint.schema import LapRecord, RunRef
 from agentrun.cli.exitcodes import ExitCode
 from agentrun.cli.kube import CLIError, complete_runs, connect, core_api, current_options, get_run, kube_options
 
-LABEL_RUN_UID = "agentrun.dev/run-uid"
-LABEL_LAP = "agentrun.dev/lap"
-LABEL_ATTEMPT = "agentrun.dev/attempt"
 MAX_LINE_CHARS = 4096
 MAX_TEXT_LINES = 200
 

@@ -39,9 +39,9 @@ import time
 from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from agentrun.api.contract import LABEL_RUN_UID
 from agentrun.notify.plan import outcome_due
 
-from .jobs import LABEL_RUN_UID
 from .kube import JOBS, PODS, RUNS, Kube, path
 from .observe import job_state
 

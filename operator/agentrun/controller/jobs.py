@@ -15,7 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from agentrun.api.contract import TERMINATION_MESSAGE_PATH, Env, tool_headers_env
+from agentrun.api.contract import (
+    LABEL_ATTEMPT,
+    LABEL_LAP,
+    LABEL_RUN,
+    LABEL_RUN_UID,
+    TERMINATION_MESSAGE_PATH,
+    Env,
+    tool_headers_env,
+)
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import StoreLocation
 from agentrun.api.tenancy import AddressRules
@@ -23,10 +31,6 @@ from agentrun.api.types import parse_duration, redact_url
 
 from .config import OperatorConfig
 
-LABEL_RUN = "agentrun.dev/run"
-LABEL_RUN_UID = "agentrun.dev/run-uid"
-LABEL_LAP = "agentrun.dev/lap"
-LABEL_ATTEMPT = "agentrun.dev/attempt"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 ANNOTATION_AGENT_VERSION = "agentrun.dev/agent-version"
 ANNOTATION_APPROVAL = "agentrun.dev/approval"

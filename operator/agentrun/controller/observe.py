@@ -16,6 +16,7 @@ from typing import Any
 
 import pydantic
 
+from agentrun.api.contract import LABEL_ATTEMPT, LABEL_LAP
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentRunStatus
 from agentrun.api.types import parse_time
@@ -25,8 +26,6 @@ from .config import OperatorConfig
 from .jobs import (
     ANNOTATION_AGENT_VERSION,
     ANNOTATION_APPROVAL,
-    LABEL_ATTEMPT,
-    LABEL_LAP,
     job_name,
     resolve_store,
     store_of_env,

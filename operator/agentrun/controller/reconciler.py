@@ -41,6 +41,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agentrun import metrics
+from agentrun.api.contract import LABEL_RUN_UID
 from agentrun.api.status import TERMINAL_PHASES, AgentRunStatus
 from agentrun.checkpoint.schema import RunRef
 from agentrun.notify.sender import from_env as notify_from_env
@@ -50,7 +51,6 @@ from .akube import AsyncKube, unsupported
 from .cache import Cache, Informer, Key, rv_int
 from .config import OperatorConfig
 from .execute import Executor, RetryWithBackoff
-from .jobs import LABEL_RUN_UID
 from .kube import JOBS, PODS, RUNS, Kube, instrument, new_api_client, path
 from .lease import AsyncKubeLeaseAPI, KubeLeaseAPI, LeaseElector
 from .logs import run_logger
