@@ -132,10 +132,12 @@ def measure(concurrency: int, rounds: int, sequential: int) -> dict[str, Any]:
         for p in procs:
             p.wait(10)
     expected = (rounds + 1) * concurrency + sequential
-    return {"concurrency": concurrency, "rounds": rounds, "latency_seconds": {v: [round(x, 6) for x in lat[v]]
-                                                                            for v in VARIANTS},
-            "repeat_latency_seconds": [round(x, 6) for x in repeat], "executions": counts,
-            "sequential_latency_seconds": {v: [round(x, 6) for x in seq[v]] for v in VARIANTS},
+    from benchlib import summary
+
+    # summaries (n, p50, p99, min, max, mean in seconds), not every sample: results.json stays readable
+    return {"concurrency": concurrency, "rounds": rounds, "latency_seconds": {v: summary(lat[v]) for v in VARIANTS},
+            "repeat_latency_seconds": summary(repeat), "executions": counts,
+            "sequential_latency_seconds": {v: summary(seq[v]) for v in VARIANTS},
             "expected_executions": expected, "cpus": os.cpu_count(), "load": list(os.getloadavg())}
 
 
@@ -152,11 +154,11 @@ def main() -> int:
     if args.serve:
         serve(args.serve, args.port, args.db)
         return 0
-    from benchlib import fmt_ms, markdown_table, summary
+    from benchlib import fmt_ms, markdown_table
 
     data = measure(args.concurrency, args.rounds, args.sequential)
-    s = {v: summary(data["latency_seconds"][v]) for v in VARIANTS}
-    rep = summary(data["repeat_latency_seconds"])
+    s = data["latency_seconds"]
+    rep = data["repeat_latency_seconds"]
     data["added_seconds"] = {v: {"p50": s[v]["p50"] - s["plain"]["p50"], "p99": s[v]["p99"] - s["plain"]["p99"]}
                              for v in VARIANTS if v != "plain"}
     rows = [[v, s[v]["n"], fmt_ms(s[v]["p50"]), fmt_ms(s[v]["p99"]),
@@ -164,7 +166,7 @@ def main() -> int:
              "-"] for v in VARIANTS]  # no difference of tails under a queue: noise, not the kit's cost
     rows.append(["kit, repeated key (answered from the store)", rep["n"], fmt_ms(rep["p50"]), fmt_ms(rep["p99"]),
                  "-", "-"])
-    q = {v: summary(data["sequential_latency_seconds"][v]) for v in VARIANTS}
+    q = data["sequential_latency_seconds"]
     data["sequential_added_seconds"] = {v: {"p50": q[v]["p50"] - q["plain"]["p50"],
                                             "p99": q[v]["p99"] - q["plain"]["p99"]} for v in VARIANTS if v != "plain"}
     for v in VARIANTS:

@@ -585,22 +585,22 @@ def render(res: dict[str, Any], analysis: str | None = None) -> str:
             f"the kit's percentile minus the plain server's. Executions counted by each server: "
             + ", ".join(f"{v} {n}" for v, n in tk["executions"].items())
             + f", for {tk['expected_executions']} distinct calls each (a key executed twice fails the benchmark).\n")
-        plain = summary(lat["plain"])
+        plain = lat["plain"]
         rows = []
         for v, what in (("plain", "without the kit"), ("kit", "kit, SQLite synchronous=FULL (default)"),
                         ("kit_normal", "kit, SQLite synchronous=NORMAL")):
-            s = summary(lat[v])
+            s = lat[v]
             rows.append([what, s["n"], fmt_ms(s["p50"]), fmt_ms(s["p99"]),
                          "-" if v == "plain" else fmt_ms(s["p50"] - plain["p50"]),
                          "-"])  # a difference of two queued tails is noise (it came out negative), not a cost
-        r = summary(tk["repeat_latency_seconds"])
+        r = tk["repeat_latency_seconds"]
         rows.append(["kit, the last round's keys sent again at once (answered from the store)", r["n"],
                      fmt_ms(r["p50"]), fmt_ms(r["p99"]), "-", "-"])
         seq = tk.get("sequential_latency_seconds")
         if seq:
-            sp = summary(seq["plain"])
+            sp = seq["plain"]
             for v, what in (("plain", "without the kit"), ("kit", "kit, FULL"), ("kit_normal", "kit, NORMAL")):
-                s = summary(seq[v])
+                s = seq[v]
                 rows.append([f"one call at a time: {what}", s["n"], fmt_ms(s["p50"]), fmt_ms(s["p99"]),
                              "-" if v == "plain" else fmt_ms(s["p50"] - sp["p50"]),
                              "-" if v == "plain" else fmt_ms(s["p99"] - sp["p99"])])
