@@ -13,6 +13,9 @@ import time
 from collections import Counter
 from typing import Any
 
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
 from e2e.chaos import invariants
 from e2e.chaos.schedule import (
     APISERVER_RESTART,
@@ -31,6 +34,9 @@ from e2e.chaos.schedule import (
     build_soak,
 )
 from e2e.chaos.world import GROUP, PLURAL, REQ_TIMEOUT, VERSION, Watcher, World, say
+
+# kube-apiserver's denial while a policy's CRD paramKind is not (yet again) in its discovery cache
+TRANSIENT_ADMISSION = "failed to find resource referenced by paramKind"
 
 TERMINAL = ("Succeeded", "Failed", "BudgetExceeded")
 #: How long the garbage collector may take per kept Job (and its pod) once the runs are deleted.
@@ -407,11 +413,33 @@ class ScenarioRun:
             self.decided.discard(name)
 
     # ------------------------------------------------------------------ the scenario
+    def create_run(self, doc: dict) -> None:
+        """Create one run as a careful client would: retried while the apiserver is away, and while it
+        refuses with the transient denial of a ValidatingAdmissionPolicy whose CRD paramKind it has
+        not yet rediscovered after a restart (kubernetes#124237, up to ~30 s; docs/operations.md). An
+        AlreadyExists after a retry is the earlier try's create having landed. Any other refusal fails."""
+        end, tried = time.time() + 180, False
+        while True:
+            try:
+                self.world.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, doc,
+                                                                  _request_timeout=REQ_TIMEOUT)
+                return
+            except ApiException as e:
+                if e.status == 409 and tried:
+                    return
+                transient = (e.status == 422 and TRANSIENT_ADMISSION in (e.body or "")) or e.status in (429, 500, 503)
+                if not transient or time.time() > end:
+                    raise
+            except (OSError, urllib3.exceptions.HTTPError):
+                if time.time() > end:
+                    raise
+            tried = True
+            time.sleep(1)
+
     def create_runs(self) -> None:
         n = len(self.scn.runs)
         for i, plan in enumerate(self.scn.runs):
-            self.world.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL,
-                                                              run_doc(self.world, plan), _request_timeout=REQ_TIMEOUT)
+            self.create_run(run_doc(self.world, plan))
             if self.scn.create_over and i < n - 1:
                 time.sleep(self.scn.create_over / n)
 
