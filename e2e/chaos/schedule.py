@@ -114,7 +114,8 @@ def make_runs(rng: random.Random, prefix: str, n: int, laps: tuple[int, int], n_
 
 def assign_targets(scn: Scenario) -> Scenario:
     """Give each fault that needs a running lap (LAP_FAULTS) its victim from the plan: one scripted
-    side-effecting ``note`` call, named by its ``order`` argument. The tool server holds that call's
+    side-effecting ``note`` call, named by its ``order`` argument: the last of its lap, in a lap with
+    two calls where one is free (so ``invariants.check_journaled`` has an earlier answer to check). The tool server holds that call's
     first request in flight until the fault has landed (holds.HoldingRecorder), so the fault finds
     its lap running, mid-call, on any box. The run is ``pick`` of the way through the runs and the
     lap ``at`` of the way through that run's call laps; a lap is the victim of one fault at most
@@ -135,9 +136,13 @@ def assign_targets(scn: Scenario) -> Scenario:
             if not free:
                 continue
             want = call_laps[min(len(call_laps) - 1, int(f.at * len(call_laps)))]
-            lap = min(free, key=lambda s: (abs(s - want), s))
+            notes = {s: [c["arguments"]["order"] for c in p.steps[s]["toolCalls"] if c["name"] == "note"]
+                     for s in free}
+            # a lap with two calls first: its victim is the LAST one, so the call answered before it
+            # gives invariants.check_journaled something to check (with one call it is vacuous)
+            lap = min(free, key=lambda s: (len(notes[s]) < 2, abs(s - want), s))
             taken.add((p.name, lap))
-            f.target = next(c["arguments"]["order"] for c in p.steps[lap]["toolCalls"] if c["name"] == "note")
+            f.target = notes[lap][-1]
             break
     return scn
 
