@@ -39,7 +39,7 @@ def test_knowing_validating_but_not_mutating_still_fails_for_mutating(helm):
     assert "admissionPolicies.mutating=auto: cannot tell whether the API server serves " \
            "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" in proc.stderr, proc.stderr
     # not asked when the stamping policies are off
-    _, docs = template(helm, *VAP, "--set", "approvals.admissionPolicies.mutating=false", admission_apis=False)
+    _, docs = template(helm, *VAP, "--set", "admissionPolicies.mutating=false", admission_apis=False)
     assert {d["kind"] for d in docs} & POLICY_KINDS == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
 
@@ -61,7 +61,8 @@ def test_a_cluster_without_validating_admission_policy_fails_with_the_opt_out(he
     (CLUSTER_WITHOUT_ADMISSION + VAP, "approvals,tenancy"),  # 1.30-1.35: no stamping to require
     (VAP + MAP, "approvals,stamping,tenancy"),
     (VAP + MAP + ["--set", "tenancy.enabled=false"], "approvals,stamping"),
-    (VAP + MAP + ["--set", "approvals.admissionPolicies.enabled=false"], "approvals,tenancy"),  # you install them
+    (VAP + MAP + ["--set", "admissionPolicies.validating=false", "--set", "admissionPolicies.mutating=false"],
+     "approvals,tenancy"),  # you install them
     (["--set", "admissionPolicies.validating=false", "--set", "admissionPolicies.mutating=false"], "approvals,tenancy"),
 ], ids=["validating-cluster", "both", "no-tenancy", "approvals-not-rendered", "opt-out"])
 def test_the_operator_is_told_which_policies_to_require(helm, args, sets):
@@ -111,6 +112,17 @@ def test_the_reader_role_names_exactly_the_policies_the_operator_checks(helm):
 def test_bad_values_are_refused_naming_the_path(helm, setting):
     proc, _ = template(helm, *setting, check=False)
     assert proc.returncode != 0 and "admissionPolicies" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("old", ["approvals.admissionPolicies.enabled=false", "approvals.admissionPolicies.mutating=false"])
+def test_the_earlier_charts_approval_policy_values_are_refused_naming_their_replacement(helm, old):
+    """One setting per kind: the earlier approvals.admissionPolicies.* are not silently ignored (an
+    upgrade that kept them would render what the user had turned off)."""
+    proc, _ = template(helm, "--set", "admissionPolicies.validating=true", "--set", "admissionPolicies.mutating=true",
+                       "--set", old, check=False)
+    assert proc.returncode != 0, proc.stdout[-500:]
+    assert "approvals.admissionPolicies was replaced by admissionPolicies.validating and " \
+           "admissionPolicies.mutating" in proc.stderr, proc.stderr
 
 
 def test_notes_say_what_the_operator_checks_and_warn_about_the_opt_outs(helm):

@@ -78,9 +78,9 @@ def test_policies_are_the_generated_ones_where_the_api_exists(helm):
     # Kubernetes 1.30-1.35 (a cluster: Helm knows its kinds)
     (CLUSTER_WITHOUT_ADMISSION + VAP, {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}),
     (VAP + MAP, POLICY_KINDS),  # >= 1.36
-    (VAP + MAP + ["--set", "approvals.admissionPolicies.mutating=false"],
+    (VAP + MAP + ["--set", "admissionPolicies.mutating=false"],
      {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}),
-    (VAP + MAP + ["--set", "approvals.admissionPolicies.enabled=false"], set()),
+    (VAP + MAP + ["--set", "admissionPolicies.validating=false", "--set", "admissionPolicies.mutating=false"], set()),
     # said by values, no cluster needed
     (["--set", "admissionPolicies.validating=true", "--set", "admissionPolicies.mutating=true"], POLICY_KINDS),
     (["--set", "admissionPolicies.validating=true", "--set", "admissionPolicies.mutating=false"],
