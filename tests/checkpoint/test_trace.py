@@ -75,3 +75,14 @@ def test_agentrun_trace_names_a_bad_uri() -> None:
     result = CliRunner().invoke(main, ["trace", "--uri", "http://x", "--namespace", "a", "--name", "b", "--uid", "c"])
     assert result.exit_code == 1
     assert "uri: Value error, checkpoint uri 'http://x'" in result.output
+
+
+def test_model_output_and_tool_results_cannot_drive_the_terminal():
+    """agentrun trace prints messages and tool results (model output, tool answers): an ESC sequence
+    or a bidirectional override in them is shown escaped, never sent to the terminal as is."""
+    from agentrun.checkpoint.trace import one_line
+
+    out = one_line("paid\x1b[2J\x1b]8;;https://evil\x07 \u202eredlof\nnext", 200)
+    assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out
+    assert out == "paid\\x1b[2J\\x1b]8;;https://evil\\x07 \\u202eredlof next"
+    assert one_line("a" * 50, 10) == "a" * 9 + "…"

@@ -137,7 +137,7 @@ def test_trace_json_document_shape_and_text_details():
 
     doc = tr.trace_doc(RUN, {"uri": "s3://b", "endpoint": None, "region": None, "pathStyle": False, "from": {}},
                        None, [(r, Obj(r.lap)) for r in recs])
-    assert set(doc) == {"run", "store", "forkedFrom", "laps", "totals"}
+    assert set(doc) == {"run", "store", "forkedFrom", "retries", "laps", "totals"} and doc["retries"] is None
     assert doc["run"] == {"namespace": RUN.namespace, "name": RUN.name, "uid": RUN.uid}
     assert doc["laps"][1]["key"] == "k/2" and doc["laps"][1]["sha256"] == f"{2:064d}"
     assert doc["laps"][1]["prevSha256"] == "ab" * 32 and doc["laps"][0]["toolCalls"][0]["idempotencyKey"]
@@ -317,3 +317,21 @@ def test_trace_without_a_known_store_says_how_to_name_it(fake, monkeypatch):
     monkeypatch.delenv("AGENTRUN_CHECKPOINT_URI", raising=False)
     line = _err(CliRunner().invoke(main, ["trace", "waiting"]))
     assert "no checkpoint store known" in line and "--uri" in line
+
+
+def test_the_trace_reports_retries_in_place_from_the_runs_status():
+    """Issue 31: a retry shows in the trace (who, when, after what, which lap started again), from
+    status.lifecycle; values a user chose are escaped to one line."""
+    assert tr.retries_of({"status": {"lifecycle": {"retries": 0}}}) is None and tr.retries_of(None) is None
+    body = {"status": {"lifecycle": {"retries": 2, "lastRetryBy": "alice\x1b[31m", "lastRetryAt": "2026-12-03T10:00:00Z",
+                                     "lastRetryFromPhase": "Failed", "retriedLap": 3, "attemptsBeforeRetry": 2,
+                                     "cancelledBy": "bob"}}}
+    retries = tr.retries_of(body)
+    assert retries == {"retries": 2, "lastRetryBy": "alice\x1b[31m", "lastRetryAt": "2026-12-03T10:00:00Z",
+                       "lastRetryFromPhase": "Failed", "retriedLap": 3, "attemptsBeforeRetry": 2}
+    line = tr.retry_line(retries)
+    assert line.startswith("retried in place 2 times; the last by alice") and "\x1b" not in line
+    assert "at 2026-12-03T10:00:00Z after Failed: lap 3 started again at attempt 3, with the same idempotency keys" in line
+    doc = tr.trace_doc(RUN, {"uri": "s3://b", "endpoint": None, "region": None, "pathStyle": False}, None, [], retries)
+    assert doc["retries"]["retriedLap"] == 3
+    json.dumps(doc)

@@ -5,15 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from agentrun.api.text import one_line as text_one_line
 from agentrun.checkpoint.schema import LapRecord, ToolCallRecord
 
 _HEADER = f"{'LAP':>6}  {'ATT':>3}  {'OUTCOME':<17}  {'TOKENS IN/OUT':>15}  {'COST USD':>10}  {'DURATION':>9}  TOOLS"
 
 
 def one_line(text: str | None, limit: int) -> str:
-    """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters with an ellipsis."""
-    flat = " ".join((text or "").split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+    """``text`` on one line for a terminal (whitespace runs collapsed, every other control character
+    escaped: model output and tool results are not the terminal's to interpret), cut to ``limit``
+    characters with an ellipsis."""
+    return text_one_line(" ".join((text or "").split()), limit)
 
 
 def _tool(call: ToolCallRecord) -> str:

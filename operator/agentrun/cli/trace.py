@@ -17,7 +17,8 @@ cluster is not asked at all.
 
 Output: ``-o text`` (default) is a table per lap with the messages, tool calls (arguments,
 idempotency key, status, result) and approvals under it; ``-o json`` is ONE JSON document
-``{"run", "store", "forkedFrom", "laps": [LapRecord...], "totals"}``; with ``--follow``, JSON
+``{"run", "store", "forkedFrom", "retries", "laps": [LapRecord...], "totals"}`` (``retries``: the
+run's retries in place from status.lifecycle, null without any or with ``--uid``); with ``--follow``, JSON
 lines: one ``LapRecord`` object per line as laps are written, then one ``{"kind": "End", ...}``.
 """
 
@@ -115,14 +116,30 @@ def lap_doc(record: LapRecord, key: str | None = None, sha256: str | None = None
     return doc
 
 
+#: status.lifecycle's fields about retries in place, as the trace reports them (``retries``)
+RETRY_FIELDS = ("retries", "lastRetryBy", "lastRetryAt", "lastRetryFromPhase", "lastRetryFromLap", "retriedLap",
+                "attemptsBeforeRetry")
+
+
+def retries_of(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The run's retries in place (status.lifecycle, written by the operator; the requester stamped
+    by the API server), or None when it has none or the cluster was not asked (``--uid``): the
+    store keeps the laps, not who asked for them again."""
+    life = (((body or {}).get("status") or {}).get("lifecycle")) or {}
+    if not life.get("retries"):
+        return None
+    return {k: life[k] for k in RETRY_FIELDS if life.get(k) is not None}
+
+
 def trace_doc(run: RunRef, store: Mapping[str, Any], forked_from: Mapping[str, Any] | None,
-              laps: list[tuple[LapRecord, Any]]) -> dict[str, Any]:
+              laps: list[tuple[LapRecord, Any]], retries: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The one JSON document of ``agentrun trace -o json``."""
     last = laps[-1][0] if laps else None
     return {
         "run": run.to_api(),
         "store": {k: store[k] for k in ("uri", "endpoint", "region", "pathStyle")},
         "forkedFrom": dict(forked_from) if forked_from else None,
+        "retries": dict(retries) if retries else None,
         "laps": [lap_doc(r, getattr(o, "key", None), getattr(o, "sha256", None), getattr(o, "size", None))
                  for r, o in laps],
         "totals": last.totals.to_api() if last else None,
@@ -274,9 +291,10 @@ def trace_command(run: str | None, name_opt: str | None, uid: str | None, lap: i
     except CheckpointError as e:
         raise store_error(e, where) from None
     if output != "text":
-        click.echo(render(output, trace_doc(ref, where, forked_from, laps)), nl=not output.startswith("jsonpath="))
+        click.echo(render(output, trace_doc(ref, where, forked_from, laps, retries_of(body))),
+                   nl=not output.startswith("jsonpath="))
         return
-    click.echo(_heading(ref, store, forked_from), nl=False)
+    click.echo(_heading(ref, store, forked_from, retries_of(body)), nl=False)
     click.echo(_text(laps, width), nl=False)
 
 
@@ -295,8 +313,28 @@ def _text(laps: list[tuple[LapRecord, Any]], width: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _heading(ref: RunRef, store: Any, forked_from: Mapping[str, Any] | None) -> str:
+def retry_line(retries: Mapping[str, Any]) -> str:
+    """One line for the text heading: how many retries in place, and the last one's who, when, from
+    what and which lap started again (its attempts go on from attemptsBeforeRetry + 1, same keys)."""
+    n = int(retries.get("retries") or 0)
+    out = f"retried in place {n} time{'s' if n != 1 else ''}; the last by {one_line(str(retries.get('lastRetryBy') or '?'), 120)}"
+    if retries.get("lastRetryAt"):
+        out += f" at {one_line(str(retries['lastRetryAt']), 40)}"
+    if retries.get("lastRetryFromPhase"):
+        out += f" after {one_line(str(retries['lastRetryFromPhase']), 32)}"
+    if retries.get("lastRetryFromLap") is not None:
+        out += f", rewound to lap {int(retries['lastRetryFromLap'])}"
+    if retries.get("retriedLap") is not None:
+        out += (f": lap {int(retries['retriedLap'])} started again at attempt "
+                f"{int(retries.get('attemptsBeforeRetry') or 0) + 1}, with the same idempotency keys")
+    return out + "\n"
+
+
+def _heading(ref: RunRef, store: Any, forked_from: Mapping[str, Any] | None,
+             retries: Mapping[str, Any] | None = None) -> str:
     out = f"agentrun {ref.namespace}/{ref.name} (uid {ref.uid}) at s3://{store.config.bucket}/{store.run_prefix(ref)}\n"
+    if retries:
+        out += retry_line(retries)
     if forked_from:
         src = forked_from["run"]
         out += (f"forked from {src['namespace']}/{src['name']} (uid {src['uid']}) at lap {forked_from['lap']} "
