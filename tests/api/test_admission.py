@@ -281,7 +281,8 @@ def test_the_lifecycle_policy_takes_its_literals_from_lifecycle_py_and_names_the
     for doc, key in ((admission.stamp_retry_policy(), lifecycle.ANN_RETRY_REQUESTED_BY),
                      (admission.stamp_cancel_policy(), lifecycle.ANN_CANCELLED_BY)):
         assert doc["spec"]["matchConditions"][0]["expression"] == admission.ON_MAIN
-        assert f'"{key}": request.userInfo.username' in doc["spec"]["mutations"][0]["applyConfiguration"]["expression"]
+        mutation = doc["spec"]["mutations"][0]
+        assert mutation["patchType"] == "JSONPatch" and f'"{key}": request.userInfo.username' in mutation["jsonPatch"]["expression"]
     # a retry's stamping fires on either retry annotation; a cancel's only when spec.cancel appears
     assert lifecycle.ANN_RETRY_FROM_LAP in admission.stamp_retry_policy()["spec"]["matchConditions"][1]["expression"]
     # (optional fields: a malformed object without spec still gets the schema's error, not this one's)
@@ -298,3 +299,12 @@ def test_bad_input_doc_quotes_the_lifecycle_refusals():
     doc = (ROOT / "docs" / "bad-input.md").read_text()
     fixed = [v["message"] for v in admission.lifecycle_policy()["spec"]["validations"] if "message" in v]
     assert fixed and all(m in doc for m in fixed), fixed
+
+
+def test_every_stamping_policy_is_a_json_patch():
+    """One form of mutation: a JSON patch applies to the object as sent, so a malformed AgentRun
+    still gets the schema's message naming the field (an apply configuration converts it first)."""
+    docs = [d for d in admission.mutating_documents() if d["kind"] == "MutatingAdmissionPolicy"]
+    assert len(docs) == 5
+    for d in docs:
+        assert [m["patchType"] for m in d["spec"]["mutations"]] == ["JSONPatch"], d["metadata"]["name"]

@@ -532,6 +532,26 @@ def _vap_binding(name: str) -> dict[str, Any]:
     }
 
 
+def _stamp_annotation(key: str) -> list[dict[str, Any]]:
+    """The mutation that records the authenticated user in annotation ``key``.
+
+    A JSON patch, not an apply configuration: the API server applies a JSON patch to the object as
+    sent, while an apply configuration first converts the object to the schema's types, and so
+    answers a malformed AgentRun (``maxLaps: "ten"``) with the policy's conversion error instead of
+    the schema's message naming the field. Every stamping policy uses this one form."""
+    lit = _lit(key)
+    return [{
+        "patchType": "JSONPatch",
+        "jsonPatch": {
+            "expression": (
+                f"has(object.metadata.annotations) ? [JSONPatch{{op: 'add', path: '/metadata/annotations/' + "
+                f"jsonpatch.escapeKey({lit}), value: {_USER}}}] : [JSONPatch{{op: 'add', "
+                f"path: '/metadata/annotations', value: {{{lit}: {_USER}}}}}]"
+            ),
+        },
+    }]
+
+
 def stamp_annotation_policy() -> dict[str, Any]:
     """Stamp the authenticated user into the decider annotation when ``approved`` is set."""
     return {
@@ -545,13 +565,7 @@ def stamp_annotation_policy() -> dict[str, Any]:
             "matchConditions": [
                 {"name": "approved-set", "expression": _ann_set(ap.ANN_APPROVED, f"({_NEW_ANN})", f"({_OLD_ANN})")},
             ],
-            "mutations": [{
-                "patchType": "ApplyConfiguration",
-                "applyConfiguration": {
-                    "expression": f"Object{{metadata: Object.metadata{{annotations: {{{_lit(ap.ANN_DECIDED_BY)}: "
-                                  f"{_USER}}}}}}}",
-                },
-            }],
+            "mutations": _stamp_annotation(ap.ANN_DECIDED_BY),
         },
     }
 
@@ -571,12 +585,10 @@ def stamp_status_policy() -> dict[str, Any]:
                 {"name": "decision-set", "expression": _status_changed(DECISION_STATUS_FIELDS)},
                 {"name": "not-the-operator", "expression": "!" + IS_OPERATOR},
             ],
+            # (a JSON patch, as _stamp_annotation says; the match conditions make status.approval exist)
             "mutations": [{
-                "patchType": "ApplyConfiguration",
-                "applyConfiguration": {
-                    "expression": f"Object{{status: Object.status{{approval: Object.status.approval{{decidedBy: "
-                                  f"{_USER}}}}}}}",
-                },
+                "patchType": "JSONPatch",
+                "jsonPatch": {"expression": f"[JSONPatch{{op: 'add', path: '/status/approval/decidedBy', value: {_USER}}}]"},
             }],
         },
     }
@@ -594,20 +606,7 @@ def stamp_creator_policy() -> dict[str, Any]:
             "matchConstraints": {"resourceRules": [{
                 "apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["CREATE"], "resources": [PLURAL],
             }]},
-            # A JSON patch, not an apply configuration: the API server applies one to the object as
-            # sent, while an apply configuration first converts it to the schema's types and so
-            # answers a malformed AgentRun (maxLaps: "ten") with this policy's conversion error
-            # instead of the schema's message naming the field.
-            "mutations": [{
-                "patchType": "JSONPatch",
-                "jsonPatch": {
-                    "expression": (
-                        f"has(object.metadata.annotations) ? [JSONPatch{{op: 'add', path: '/metadata/annotations/' + "
-                        f"jsonpatch.escapeKey({_CREATED_BY}), value: {_USER}}}] : [JSONPatch{{op: 'add', "
-                        f"path: '/metadata/annotations', value: {{{_CREATED_BY}: {_USER}}}}}]"
-                    ),
-                },
-            }],
+            "mutations": _stamp_annotation(ap.ANN_CREATED_BY),
         },
     }
 
@@ -721,12 +720,7 @@ def _stamp(name: str, condition: str, key: str) -> dict[str, Any]:
             "matchConstraints": _rules([PLURAL]),
             "matchConditions": [{"name": "main-resource", "expression": ON_MAIN},
                                 {"name": "requested", "expression": condition}],
-            "mutations": [{
-                "patchType": "ApplyConfiguration",
-                "applyConfiguration": {
-                    "expression": f"Object{{metadata: Object.metadata{{annotations: {{{_lit(key)}: {_USER}}}}}}}",
-                },
-            }],
+            "mutations": _stamp_annotation(key),
         },
     }
 
