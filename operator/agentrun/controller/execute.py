@@ -29,8 +29,8 @@ from .akube import AsyncKube
 from .as3 import AsyncS3Get
 from .cache import Cache, Key
 from .config import OperatorConfig
+from .decide.jobs import RunIdentity, build_job, effective_endpoint, spec_json
 from .events import EventBudget
-from .jobs import RunIdentity, build_job, effective_endpoint, spec_json
 from .kube import EVENTS, GROUP, JOBS, RUNS, VERSION, Kube, path
 from .logs import run_logger
 from .observe import SpecMemo

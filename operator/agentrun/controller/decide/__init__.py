@@ -6,7 +6,8 @@ returned as a list of actions. The I/O shell performs them in order. When the de
 first (``ReadCheckpoint`` / ``ReadAttemptFailure`` / ``ForkCheckpoint`` / ``ProbeStore``), that is
 the ONLY action returned: the shell reads, adds the result to ``Observed`` and calls ``decide`` again.
 
-One module per concern: ``observed`` (the input), ``actions`` (the output), ``context`` (the status
+One module per concern: ``observe`` (the cache's JSON -> ``Observed``), ``observed`` (the input),
+``actions`` (the output), ``jobs`` (the lap Job's manifest), ``context`` (the status
 being built, conditions per type), ``store`` (pinning, probing, outages), ``approvals``, ``laps``
 (the Job in flight, its checkpoint, the next attempt), ``retries``, ``fork``, ``finish`` (a lap's
 outcome, a finished run's ttl), ``text`` (bounds of user input, the cause of a failed lap), and
@@ -48,7 +49,6 @@ from __future__ import annotations
 
 from agentrun.api.text import escape_controls, truncate
 
-from ..jobs import ApprovalEnv, job_name
 from .actions import (
     FINALIZER,
     Action,
@@ -73,6 +73,7 @@ from .actions import (
 from .approvals import adoption_mismatch, approval_env
 from .context import CONDITION_TYPES, Ctx, StatusWriter, conditions_for, deferred_status, failed_status
 from .core import decide
+from .jobs import ApprovalEnv, job_name
 from .laps import POD_CONFIG_ERRORS, pod_config_problem
 from .observed import (
     AdmissionProblem,

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from agentrun.api.status import AgentRunStatus, StoreLocation
 
-from ..jobs import ApprovalEnv
+from .jobs import ApprovalEnv
 
 FINALIZER = "agentrun.dev/checkpoints"
 

@@ -10,7 +10,7 @@ from controller_world import UID, make_spec
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import StoreLocation
 from agentrun.controller.config import OperatorConfig
-from agentrun.controller.jobs import (
+from agentrun.controller.decide.jobs import (
     ANNOTATION_APPROVAL,
     ApprovalEnv,
     RunIdentity,
@@ -214,7 +214,7 @@ def test_the_executor_dumps_a_runs_spec_once_while_the_parsed_spec_is_the_same(m
     when the parsed spec is another object (a spec change) or the run was forgotten."""
     from agentrun.controller import execute
     from agentrun.controller.cache import Cache
-    from agentrun.controller.jobs import spec_json
+    from agentrun.controller.decide.jobs import spec_json
 
     dumps: list[object] = []
     monkeypatch.setattr(execute, "spec_json", lambda spec: dumps.append(spec) or spec_json(spec))
