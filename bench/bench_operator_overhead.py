@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "tests" / "controller"))
 from controller_world import UID, World, make_spec  # noqa: E402
 
 from agentrun.controller.config import OperatorConfig  # noqa: E402
-from agentrun.controller.jobs import RunIdentity, build_job  # noqa: E402
+from agentrun.controller.decide.jobs import RunIdentity, build_job  # noqa: E402
 
 
 def lap_cycle(world: World) -> tuple[float, int]:

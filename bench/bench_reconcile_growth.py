@@ -25,8 +25,9 @@ from agentrun.api.spec import AgentRunSpec
 from agentrun.controller import decide as d
 from agentrun.controller.cache import slim_job
 from agentrun.controller.config import OperatorConfig
-from agentrun.controller.jobs import RunIdentity, build_job, job_name
-from agentrun.controller.observe import JobMemo, SpecMemo, observe, parse_run
+from agentrun.controller.decide.jobs import RunIdentity, build_job, job_name
+from agentrun.controller.decide.observe import observe, parse_run
+from agentrun.controller.observe import JobMemo, SpecMemo
 
 UID = "0f1c2d3e-aaaa-bbbb-cccc-1234567890ab"
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)

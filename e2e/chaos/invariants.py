@@ -62,7 +62,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
 from agentrun.checkpoint.schema import RunRef
-from agentrun.controller.jobs import job_name
+from agentrun.controller.decide.jobs import job_name
 from agentrun.lap.keys import idempotency_key, normalize_call_ids
 from e2e.chaos.rawstore import RawLap
 from e2e.chaos.schedule import (

@@ -22,7 +22,7 @@ from kubernetes import client, config
 
 from agentrun.checkpoint.schema import RunRef
 from agentrun.checkpoint.store import CheckpointStore, StoreConfig
-from agentrun.controller.jobs import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID
+from agentrun.controller.decide.jobs import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID
 from e2e.chaos import rawstore
 from e2e.chaos.holds import HoldingRecorder, tool_server  # holds puts examples/ on sys.path for it
 from e2e.chaos.invariants import JobFacts, LeaseWrite, StatusWrite, Tick

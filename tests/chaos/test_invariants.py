@@ -26,7 +26,7 @@ from e2e.chaos.schedule import POD_SIGKILL, S3_OUTAGE, Fault, RunPlan
 
 from agentrun.checkpoint.schema import LapRecord, Outcome, RunRef, Timings, ToolCallRecord, Totals, Usage
 from agentrun.checkpoint.store import canonical_json, sha256_hex
-from agentrun.controller.jobs import job_name
+from agentrun.controller.decide.jobs import job_name
 from agentrun.lap.keys import idempotency_key
 
 ROOT = Path(__file__).resolve().parents[2]

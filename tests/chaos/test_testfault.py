@@ -18,7 +18,7 @@ import pytest
 from agentrun import testfault
 from agentrun.checkpoint.schema import RunRef
 from agentrun.controller.decide.actions import CreateJob
-from agentrun.controller.jobs import ApprovalEnv
+from agentrun.controller.decide.jobs import ApprovalEnv
 from agentrun.lap.runner import StoreJournal
 from agentrun.testfault import ENV, Fault
 

@@ -35,7 +35,7 @@ from kubernetes.client import (
 from test_invariants import BROKEN, K_A, K_B, K_C, NAME, UID, good, tool_record
 
 from agentrun.checkpoint.store import canonical_json, sha256_hex
-from agentrun.controller.jobs import job_name
+from agentrun.controller.decide.jobs import job_name
 
 
 # ---------------------------------------------------------------------------------- records

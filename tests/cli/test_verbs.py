@@ -182,7 +182,7 @@ def lc_now():
 
 
 def test_logs_labels_are_the_operators():
-    from agentrun.controller import jobs
+    from agentrun.controller.decide import jobs
 
     assert (logs.LABEL_RUN_UID, logs.LABEL_LAP, logs.LABEL_ATTEMPT) == (jobs.LABEL_RUN_UID, jobs.LABEL_LAP,
                                                                          jobs.LABEL_ATTEMPT)

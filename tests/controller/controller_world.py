@@ -20,7 +20,7 @@ from agentrun.checkpoint.schema import (
     Totals,
 )
 from agentrun.controller import decide as d
-from agentrun.controller.jobs import approval_annotation
+from agentrun.controller.decide.jobs import approval_annotation
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 UID = "0f9e8d7c-1111-2222-3333-444455556666"

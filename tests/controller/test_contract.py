@@ -7,13 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from controller_world import UID, make_spec
-from test_jobs import CFG, RUN
+from test_decide_jobs import CFG, RUN
 
 from agentrun.api import contract
 from agentrun.api.contract import AttemptReason, Env, ExitCode
 from agentrun.checkpoint.schema import RunRef
 from agentrun.checkpoint.store import CheckpointStore, StoreConfig
-from agentrun.controller.jobs import ApprovalEnv, build_env
+from agentrun.controller.decide.jobs import ApprovalEnv, build_env
 from agentrun.lap.config import parse_env
 from agentrun.lap.runner import EXIT_ALREADY, EXIT_PERMANENT, EXIT_RETRYABLE
 

@@ -21,7 +21,7 @@ from agentrun.api.approval import (
 )
 from agentrun.api.status import ActiveJob, CheckpointRef, StoreLocation
 from agentrun.controller import decide as d
-from agentrun.controller.jobs import approval_annotation
+from agentrun.controller.decide.jobs import approval_annotation
 
 SHA = arguments_sha256({"x": 1})  # the pending call of controller_world.record(pending=True)
 SPEC = {"approval": {"owner": "ops", "timeout": "1h", "onTimeout": "reject"}}

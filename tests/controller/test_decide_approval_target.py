@@ -25,7 +25,7 @@ from agentrun.api.approval import (
 from agentrun.api.reasons import Reason
 from agentrun.controller import decide as d
 from agentrun.controller.config import OperatorConfig
-from agentrun.controller.jobs import ANNOTATION_APPROVAL, RunIdentity, build_job
+from agentrun.controller.decide.jobs import ANNOTATION_APPROVAL, RunIdentity, build_job
 
 SHA = arguments_sha256({"x": 1})  # the pending call of controller_world.record(pending=True)
 IMAGE = "registry.example/agentrun:1"  # World.lap_image

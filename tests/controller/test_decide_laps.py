@@ -8,7 +8,7 @@ from datetime import timedelta
 from controller_world import T0, UID, World, make_spec, ok_read, record
 
 from agentrun.controller import decide as d
-from agentrun.controller.jobs import job_name
+from agentrun.controller.decide.jobs import job_name
 
 
 def test_new_run_creates_lap_one_job_and_is_idempotent():

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from agentrun.controller.cache import Cache
-from agentrun.controller.jobs import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID
+from agentrun.controller.decide.jobs import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID
 from agentrun.controller.kube import instrument, request_labels
 from agentrun.controller.queue import RateLimiter, WorkQueue
 from agentrun.metrics.kube import KubeRequestMetrics
@@ -671,8 +671,8 @@ def test_the_cache_keeps_of_a_job_what_observe_reads():
 
     from agentrun.controller.cache import slim_job
     from agentrun.controller.config import OperatorConfig
-    from agentrun.controller.jobs import RunIdentity, build_job
-    from agentrun.controller.observe import observed_job
+    from agentrun.controller.decide.jobs import RunIdentity, build_job
+    from agentrun.controller.decide.observe import observed_job
 
     cfg = OperatorConfig(checkpoint_uri="s3://bucket/prefix", s3_endpoint="http://127.0.0.1:9000")
     job = build_job(RunIdentity("ns", "run", RUN_UID), make_spec(), 2, 1, "v7", cfg)

@@ -14,9 +14,9 @@ from typing import Any
 from controller_world import UID, World, make_spec
 
 from agentrun.controller.config import OperatorConfig
+from agentrun.controller.decide.jobs import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID, job_name
+from agentrun.controller.decide.observe import pod_check_due
 from agentrun.controller.execute import Executor
-from agentrun.controller.jobs import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID, job_name
-from agentrun.controller.observe import pod_check_due
 from agentrun.controller.reconciler import POD_CHECK_GRID_SECONDS, POD_CHECK_MAX_SECONDS, Controller
 
 KEY = ("ns", "run")

@@ -4,7 +4,7 @@ A control plane of its own whose process kubelet runs in runc mode (``start_clus
 what ``AGENTRUN_NODE=runc`` selects; e2e/runc_node.py), with the image of ``make image`` (built or
 reused from the cache by tools/image/build.sh and loaded into the local image store):
 
-* a lap pod exactly as the operator builds it (controller/jobs.py: the restricted securityContext,
+* a lap pod exactly as the operator builds it (controller/decide/jobs.py: the restricted securityContext,
   the /tmp emptyDir, no service account token), its command replaced by a probe: inside the
   container ``id -u`` is 65532, a write to / fails (read-only file system), /tmp is writable, no
   service account token is mounted, no new privileges, no capabilities, the seccomp filter on
@@ -119,10 +119,10 @@ print("PROBE " + json.dumps(out))
 
 
 def _lap_job(ns: str, name: str, ref: str, command: list[str]) -> dict:
-    """A lap Job exactly as the operator builds it (controller/jobs.py), with another command."""
+    """A lap Job exactly as the operator builds it (controller/decide/jobs.py), with another command."""
     from agentrun.api.spec import AgentRunSpec
     from agentrun.controller.config import OperatorConfig
-    from agentrun.controller.jobs import RunIdentity, build_job
+    from agentrun.controller.decide.jobs import RunIdentity, build_job
 
     doc = yaml.safe_load((ROOT / "examples" / "invoice-run.yaml").read_text())
     spec = AgentRunSpec.model_validate(doc["spec"])

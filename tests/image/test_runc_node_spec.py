@@ -1,6 +1,6 @@
 """The runc node's mapping of a pod onto OCI runtime specs (e2e/runc_node.py), without runc.
 
-The pods here are what the operator builds (controller/jobs.py) or small variations; the image is
+The pods here are what the operator builds (controller/decide/jobs.py) or small variations; the image is
 a directory with an /etc/passwd. What runs is covered by tests/e2e/test_image_runc.py.
 """
 
@@ -66,7 +66,7 @@ class FakeKubelet:
 def _lap_pod() -> dict:
     from agentrun.api.spec import AgentRunSpec
     from agentrun.controller.config import OperatorConfig
-    from agentrun.controller.jobs import RunIdentity, build_job
+    from agentrun.controller.decide.jobs import RunIdentity, build_job
 
     doc = yaml.safe_load((ROOT / "examples" / "invoice-run.yaml").read_text())
     cfg = OperatorConfig(checkpoint_uri="s3://b/p", lap_image=REF, credentials_secret="s3-creds")

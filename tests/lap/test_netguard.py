@@ -113,9 +113,9 @@ def test_rules_from_env():
 
 
 def test_the_operator_hands_the_lap_the_rules_of_the_policies_it_resolved():
-    """Both sides of the env contract: controller/jobs.py writes what lap/netguard.py reads."""
+    """Both sides of the env contract: controller/decide/jobs.py writes what lap/netguard.py reads."""
     from agentrun.controller.config import OperatorConfig
-    from agentrun.controller.jobs import RunIdentity, build_env
+    from agentrun.controller.decide.jobs import RunIdentity, build_env
 
     spec = spec_of(spec_doc([tool("lookup", "http://127.0.0.1:9/q")], []))
     policy = t.AgentRunPolicySpec.model_validate({"destinations": {"deniedCIDRs": ["127.0.0.2/32"]}})

@@ -44,7 +44,7 @@ LABEL_ATTEMPT: Final = "agentrun.dev/attempt"
 
 
 class Env(StrEnum):
-    """Environment variables of the lap container, set by the operator (controller/jobs.py)."""
+    """Environment variables of the lap container, set by the operator (controller/decide/jobs.py)."""
 
     NAMESPACE = "AGENTRUN_NAMESPACE"
     NAME = "AGENTRUN_NAME"

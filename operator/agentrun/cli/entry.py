@@ -1,5 +1,5 @@
 """The ``agentrun`` console script. ``agentrun lap`` exactly (the lap Job's command line, see
-``controller/jobs.py``) runs the lap without importing click (``agentrun.lap.entry``: 20-25 ms of
+``controller/decide/jobs.py``) runs the lap without importing click (``agentrun.lap.entry``: 20-25 ms of
 CPU of every lap pod's start); any other command line, ``agentrun lap --help`` included, goes to
 the click group ``agentrun.cli.main:main``."""
 

@@ -3,7 +3,7 @@ pod log API), else the lap's stored output from the checkpoint store (the LapRec
 messages and the tool calls with their results; what ``agentrun trace`` reads).
 
 The lap pods are found by the labels the operator puts on every lap Job's pod template
-(``controller/jobs.py``; the names are checked against it by tests/cli/test_verbs.py): the run's uid
+(``controller/decide/jobs.py``; the names are checked against it by tests/cli/test_verbs.py): the run's uid
 and the lap. With ``-f`` the current lap's pod log is streamed, then each next lap's, until the run
 ends. ``stored_lines`` is pure; every model or tool text is bounded and its control characters
 escaped (``api.text.one_line``) before it reaches the terminal.

@@ -5,22 +5,27 @@ writes go to the API server as few, small requests (the Job create, one JSON-pat
 guarded by the run's resourceVersion, deletes, Events). Every successful write's response is put
 into the watch cache (:meth:`Cache.put`), so the next reconcile sees it and its watch event is
 skipped.
+
+The executor performs actions only: a write that does not go through is reported as a typed
+setback (``decide.Refused``, ``Conflict``, ``Invalid``, ``NotStored``, ``StoreFailed``) to
+:func:`decide.decide_after`, which decides the status, the Event and the backoff; the executor
+performs that, and remembers the run's refusal streak (``Observed.refusal``) until a reconcile
+succeeds.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any
 
 from agentrun import metrics
 from agentrun.api.reasons import Reason
 from agentrun.api.spec import AgentRunSpec
-from agentrun.api.status import AgentRunStatus, StoreLocation
+from agentrun.api.status import StoreLocation
 from agentrun.checkpoint.s3get import Got
 from agentrun.checkpoint.schema import RunRef
 
@@ -29,8 +34,13 @@ from .akube import AsyncKube
 from .as3 import AsyncS3Get
 from .cache import Cache, Key
 from .config import OperatorConfig
+from .decide.jobs import RunIdentity, build_job, effective_endpoint, spec_json
+
+# pruned_field and status_refusal live in the pure core (decide/outcomes.py); re-exported (``as``)
+# for handlers.py, which imports them from here.
+from .decide.outcomes import pruned_field as pruned_field
+from .decide.outcomes import status_refusal as status_refusal
 from .events import EventBudget
-from .jobs import RunIdentity, build_job, effective_endpoint, spec_json
 from .kube import EVENTS, GROUP, JOBS, RUNS, VERSION, Kube, path
 from .logs import run_logger
 from .observe import SpecMemo
@@ -52,62 +62,9 @@ class StatusRefused(RetryWithBackoff):
     """The API server refused a status write for good: the reconcile failed (backoff, one Event)."""
 
 
-#: Streak markers kept in ``Executor._refusals`` (a refused status write keeps its message there).
-JOB_DEFERRED, DELETE_DEFERRED = "\0JobRefused", "\0CheckpointDeleteFailed"
 #: Stored bytes of a lap record the operator decodes on its event loop; a bigger one is decoded in a
 #: worker thread (a typical record is a few kB; the store's bound is hundreds of MB).
 INLINE_DECODE_BYTES = 256 * 1024
-
-
-def job_refusal(status: int, body: str | bytes | None, reason: str | None) -> tuple[bool, str]:
-    """Whether a refused Job create is worth retrying (a ResourceQuota exceeded, the API server
-    throttling or failing: 429, 5xx), and what the API server said (bounded, naming the field or
-    the quota). Anything else (422 Invalid, an admission policy's denial) refuses the Job itself."""
-    text = status_refusal(status, body) if status not in (409,) else None
-    if text is None or text == f"HTTP {status}":
-        text = d.shown(f"HTTP {status} {reason or ''}".strip(), 600)[1:-1]
-    # the ResourceQuota admission's refusals: over the quota, or its usage not computed yet (a new quota)
-    quota = status == 403 and ("exceeded quota" in text or "status unknown for quota" in text)
-    transient = status == 429 or status >= 500 or quota
-    return transient, text
-
-
-def status_refusal(status: int, body: str | bytes | None) -> str | None:
-    """Why the API server refused a status write for good (validation, admission, authorization),
-    naming the fields from its error; None for a conflict (409, or the 422 of a failed json-patch
-    ``test`` of the resourceVersion, which carries no details): then the run changed, read again."""
-    if status == 409:
-        return None
-    try:
-        doc = json.loads(body or "{}")
-    except (TypeError, ValueError):
-        doc = {}
-    if not isinstance(doc, dict):
-        doc = {}
-    details = doc.get("details") or {}
-    if status == 422 and not details:
-        return None
-    causes = [c for c in details.get("causes") or [] if isinstance(c, dict) and c.get("field") not in (None, "<nil>")]
-    if causes:
-        text = "; ".join(f"{c.get('field')}: {c.get('message') or c.get('reason')}" for c in causes[:4])
-    else:
-        text = str(doc.get("message") or f"HTTP {status}")
-    return d.shown(text, 600)[1:-1]
-
-
-def pruned_field(sent: Any, stored: Any, path_: str = "status") -> str | None:
-    """The first field of ``sent`` that the API server did not store (a CRD older than the operator
-    prunes unknown fields silently), else None."""
-    if isinstance(sent, dict):
-        if not isinstance(stored, dict):
-            return path_
-        for k, v in sent.items():
-            if k not in stored:
-                return f"{path_}.{k}"
-            found = pruned_field(v, stored[k], f"{path_}.{k}")
-            if found:
-                return found
-    return None
 
 
 def probe_store(store: Any) -> d.StoreProbeRead:
@@ -141,6 +98,16 @@ def where(o: d.Observed) -> StoreLocation:
     if loc is None:
         raise ValueError(o.store_error or "the run has no checkpoint store")
     return loc
+
+
+@dataclass
+class _Written:
+    """What one execution wrote so far: the run's resourceVersion, whether it wrote the run or its
+    Jobs, whether it deleted the run."""
+
+    rv: str
+    wrote: bool = False
+    deleted: bool = False
 
 
 @dataclass
@@ -303,13 +270,29 @@ class Executor:
 
     async def execute(self, body: dict[str, Any], o: d.Observed, decision: d.Decision, run: RunRef,
                       spec: AgentRunSpec | None) -> Outcome:
+        """Perform ``decision``; when a write of it does not go through, perform what
+        :func:`decide.decide_after` says of that setback (the status, the Event, the backoff)."""
+        w = _Written(rv=body["metadata"]["resourceVersion"])
+        key = (o.namespace, o.name)
+        for _ in range(3):  # a setback's follow-up ends in a requeue, a backoff or what is left of the decision
+            setback = await self.perform(body, o, decision, run, spec, w)
+            if setback is None:
+                return Outcome(requeue=decision.requeue_after, wrote=w.wrote and not w.deleted)
+            decision = d.decide_after(replace(o, refusal=self._refusals.get(key)), decision, setback)
+            if all(isinstance(a, d.RequeueAfter) for a in decision.actions):
+                run_logger(*key).info("run changed while reconciling; reconciling again")
+        raise RuntimeError(f"the follow-up of a setback had a setback again: {setback}")
+
+    async def perform(self, body: dict[str, Any], o: d.Observed, decision: d.Decision, run: RunRef,
+                      spec: AgentRunSpec | None, w: _Written) -> d.Setback | None:
+        """Perform ``decision``'s actions in order, up to the first write the API server or the store
+        does not take: that one is returned (the rest not performed), for ``decide_after``. ``w``:
+        the run's resourceVersion as written, and whether anything was."""
         from kubernetes.client.exceptions import ApiException
 
         ns, name = o.namespace, o.name
         key = (ns, name)
         rlog = run_logger(ns, name)
-        out = Outcome(requeue=decision.requeue_after)
-        rv = body["metadata"]["resourceVersion"]
         run_path = path(RUNS, ns, name)
         # Jobs first: a lost status write is repaired by adopting the Job (deterministic name).
         for a in decision.of(d.DeleteJob):
@@ -322,7 +305,6 @@ class Executor:
             except ApiException as exc:
                 if exc.status != 404:
                     raise
-        status = decision.status
         for a in decision.of(d.CreateJob):
             a = testfault.create_job(a) if testfault else a  # tests only: lose-decision
             alog = run_logger(ns, name, a.lap, a.attempt)
@@ -334,84 +316,66 @@ class Executor:
                 await self.write("jobs", (ns, a.name), "POST", path(JOBS, ns), body=job)
                 if testfault and (dup := testfault.second_job(job)):  # tests only: double-job
                     await self.write("jobs", (ns, dup["metadata"]["name"]), "POST", path(JOBS, ns), body=dup)
-                out.wrote = True
+                w.wrote = True
                 alog.info("created lap Job %s (agent %s)", a.name, a.agent_version)
             except ApiException as exc:
                 if exc.status == 409:
                     alog.info("lap Job %s exists already: adopted", a.name)
                 elif exc.status in (400, 403, 422, 429) or (exc.status or 0) >= 500:
-                    transient, why = job_refusal(exc.status, exc.body, exc.reason)
-                    if transient:  # a quota, the API server busy: retry with the run's backoff; the
-                        # status says so and one Event, once per streak
-                        text = f"the lap Job {a.name} was refused by the API server (retrying with backoff): {why}"
-                        await self._deferred(body, key, JOB_DEFERRED, Reason.JOB_REFUSED, text,
-                                             status=d.deferred_status(o, Reason.JOB_REFUSED, text))
-                    status = d.failed_status(o, status, Reason.JOB_REFUSED,
-                                             f"the lap Job was refused by the API server: {why}")
-                    decision.actions.append(d.Event("Warning", Reason.JOB_REFUSED, status.message or ""))
+                    return d.Refused(a, exc.status, exc.reason, exc.body)
                 else:
                     raise
             except ValueError as exc:
-                status = d.failed_status(o, status, Reason.INVALID_CONFIGURATION, str(exc))
-                decision.actions.append(d.Event("Warning", Reason.INVALID_CONFIGURATION, str(exc)))
+                return d.Invalid(a, str(exc))
         # The run's writes in the Decision's order (Decision.writes): a decision that is not recorded
         # (stray, refused, stale) leaves the annotations BEFORE the status asks anything new.
-        writes = decision.writes()
-        if status is not None and not decision.of(d.PatchStatus):  # the shell's own (a refused Job)
-            writes.insert(sum(1 for w in writes if isinstance(w, d.RemoveAnnotations) and w.before_status),
-                          d.PatchStatus(status))
-        for w in writes:
-            if isinstance(w, d.RemoveAnnotations):
-                meta: dict[str, Any] = {"annotations": {k: None for k in w.keys}}
-                if w.before_status:  # guarded: the status that follows was decided on what we read
-                    meta["resourceVersion"] = rv
+        for wr in decision.writes():
+            if isinstance(wr, d.RemoveAnnotations):
+                meta: dict[str, Any] = {"annotations": {k: None for k in wr.keys}}
+                if wr.before_status:  # guarded: the status that follows was decided on what we read
+                    meta["resourceVersion"] = w.rv
                 try:
                     stored = await self.write("runs", key, "PATCH", run_path, body={"metadata": meta},
                                                content_type="application/merge-patch+json")
                 except ApiException as exc:
-                    if exc.status == 409 and w.before_status:
+                    if exc.status == 409 and wr.before_status:
                         rlog.info("run changed while reconciling; reconciling again")
-                        return Outcome(requeue=0.2, wrote=out.wrote)
+                        return d.Conflict(wr)
                     raise
-                rv = self._wrote_run(stored, rv)
-                out.wrote = True
+                w.rv = self._wrote_run(stored, w.rv)
+                w.wrote = True
                 continue
-            assert status is not None
-            wire = status.model_dump(by_alias=True, exclude_none=True, mode="json")
+            wire = wr.status.model_dump(by_alias=True, exclude_none=True, mode="json")
             patch = [
-                {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+                {"op": "test", "path": "/metadata/resourceVersion", "value": w.rv},
                 {"op": "add", "path": "/status", "value": wire},
             ]
             try:
                 stored = await self.write("runs", key, "PATCH", path(RUNS, ns, name, "status"), body=patch,
                                            content_type="application/json-patch+json")
             except ApiException as exc:
-                refusal = status_refusal(exc.status, exc.body) if exc.status in (400, 403, 422) else None
-                if refusal is None and exc.status in (409, 422):  # changed since we read it: decide again
-                    rlog.info("run changed while reconciling; reconciling again")
-                    return Outcome(requeue=0.2, wrote=out.wrote)
-                if refusal is None:
-                    raise
-                await self._status_refused(body, key, f"the API server refused the status update: {refusal}")
-            if isinstance(stored, dict):
-                rv = (stored.get("metadata") or {}).get("resourceVersion", rv)
-            out.wrote = True
-            missing = pruned_field(patch[1]["value"], stored.get("status") if isinstance(stored, dict) else None)
-            if missing is not None:
-                await self._status_refused(
-                    body, key, f"the API server did not store {missing}: the AgentRun CRD is older than the "
-                    "operator; apply the CRD of this release")
+                if wr.best_effort:  # the Event beside it says the same
+                    rlog.info("the status does not say so (HTTP %s): the Event does", exc.status)
+                    continue
+                if exc.status in (400, 403, 409, 422):  # refused, or changed since we read it
+                    return d.Refused(wr, exc.status, exc.reason, exc.body)
+                raise
+            w.rv = self._wrote_run(stored, w.rv)
+            if not wr.best_effort:
+                w.wrote = True
+                missing = pruned_field(wire, stored.get("status") if isinstance(stored, dict) else None)
+                if missing is not None:
+                    return d.NotStored(missing)
             metrics.observe_run(ns, name, body.get("spec") or {}, wire)
-            if status.phase != o.status.phase:
-                rlog.info("phase %s -> %s: %s", o.status.phase, status.phase, status.message)
-        if decision.of(d.DeleteCheckpoints):
+            if wr.status.phase != o.status.phase:
+                rlog.info("phase %s -> %s: %s", o.status.phase, wr.status.phase, wr.status.message)
+        for a in decision.of(d.DeleteCheckpoints):
             try:
                 assert spec is not None
                 n = await asyncio.to_thread(self.store(spec, where(o)).delete_run, run)
                 rlog.info("retention Delete: deleted %d checkpoint objects", n)
-            except Exception as exc:  # the store away: one Event per failure streak, the run's backoff
-                await self._deferred(body, key, DELETE_DEFERRED, Reason.CHECKPOINT_DELETE_FAILED,
-                                     f"cannot delete checkpoints yet: {d.shown(str(exc), 600)[1:-1]}")
+            except Exception as exc:  # the store away: decide_after says what the run does
+                return d.StoreFailed(a, str(exc))
         fins = list(body["metadata"].get("finalizers") or [])
         for a in decision.actions:
             if isinstance(a, (d.AddFinalizer, d.RemoveFinalizer)):
@@ -420,8 +384,9 @@ class Executor:
                     fins.append(a.name)
                 stored = await self.write("runs", key, "PATCH", run_path, body={"metadata": {"finalizers": fins}},
                                            content_type="application/merge-patch+json")
-                rv = self._wrote_run(stored, rv)
-                out.wrote = True
+                w.rv = self._wrote_run(stored, w.rv)
+                w.wrote = True
+        status = decision.status
         for a in decision.actions:
             if isinstance(a, d.Event):
                 if self.events.allow(key, a.reason):
@@ -439,67 +404,26 @@ class Executor:
             try:
                 await self.call("DELETE", run_path, body={
                     "kind": "DeleteOptions", "apiVersion": "v1",
-                    "preconditions": {"uid": o.uid, "resourceVersion": rv}})
+                    "preconditions": {"uid": o.uid, "resourceVersion": w.rv}})
                 rlog.info("deleted the finished run (ttlSecondsAfterFinished=%ds)", a.ttl_seconds)
             except ApiException as exc:
                 if exc.status == 409:  # changed since we read it (e.g. a new ttl): decide again
-                    return Outcome(requeue=0.2, wrote=out.wrote)
+                    return d.Conflict(a)
                 if exc.status != 404:
                     raise
-            out.wrote = False  # nothing left to decide about
-        return out
+            w.deleted = True  # nothing left to decide about
+        for a in decision.of(d.Backoff):
+            if self._refusals.get(key) == a.streak:
+                rlog.debug("%s again: %s", a.reason, a.message)
+            self._refusals[key] = a.streak
+            raise (StatusRefused if a.reason == Reason.STATUS_UPDATE_REFUSED else RetryWithBackoff)(a.message)
+        return None
 
     @staticmethod
     def _wrote_run(stored: Any, rv: str) -> str:
         if isinstance(stored, dict):
             return str((stored.get("metadata") or {}).get("resourceVersion", rv))
         return rv
-
-    async def _status_refused(self, body: dict[str, Any], key: Key, message: str) -> NoReturn:
-        """A status write refused for good (not a conflict): nothing after it is done this pass (no
-        annotation removed, no Event of the decision: the status does not hold it), ONE Warning Event
-        per distinct refusal, and the worker retries with the run's exponential backoff."""
-        rlog = run_logger(*key)
-        if self._refusals.get(key) != message:
-            self._refusals[key] = message
-            rlog.warning("StatusUpdateRefused: %s", message)
-            await self.event(body, "Warning", Reason.STATUS_UPDATE_REFUSED, message)
-        else:
-            rlog.debug("status update refused again: %s", message)
-        raise StatusRefused(message)
-
-    async def _deferred(self, body: dict[str, Any], key: Key, streak: str, reason: str, message: str,
-                        status: AgentRunStatus | None = None) -> NoReturn:
-        """A write that must wait (a quota, the API server or the store away): nothing after it is
-        done this pass, ONE Warning Event (and log line) per failure streak (until the run's next
-        successful reconcile), after ``status`` (what the run's status says meanwhile) is written,
-        and the worker retries with the run's exponential backoff."""
-        rlog = run_logger(*key)
-        if self._refusals.get(key) != streak:
-            self._refusals[key] = streak
-            rlog.warning("%s: %s", reason, message)
-            if status is not None:
-                await self._say_in_status(body, key, status)
-            await self.event(body, "Warning", reason, message)
-        else:
-            rlog.debug("%s again: %s", reason, message)
-        raise RetryWithBackoff(message)
-
-    async def _say_in_status(self, body: dict[str, Any], key: Key, status: AgentRunStatus) -> None:
-        """Write ``status`` (the run waits on something outside the decision), guarded by the run's
-        resourceVersion; best effort: a refused or conflicting write is logged, the Event says it."""
-        from kubernetes.client.exceptions import ApiException
-
-        wire = status.model_dump(by_alias=True, exclude_none=True, mode="json")
-        patch = [{"op": "test", "path": "/metadata/resourceVersion", "value": body["metadata"]["resourceVersion"]},
-                 {"op": "add", "path": "/status", "value": wire}]
-        try:
-            await self.write("runs", key, "PATCH", path(RUNS, *key, "status"), body=patch,
-                             content_type="application/json-patch+json")
-        except ApiException as exc:
-            run_logger(*key).info("the status does not say so (HTTP %s): the Event does", exc.status)
-            return
-        metrics.observe_run(*key, body.get("spec") or {}, wire)
 
     async def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         from kubernetes.client.exceptions import ApiException

@@ -50,21 +50,12 @@ from . import decide as d
 from .akube import AsyncKube, unsupported
 from .cache import Cache, Informer, Key, rv_int
 from .config import OperatorConfig
+from .decide.observe import current_jobs, job_state, needs_pod_read, observe, parse_run, pod_check_due, pod_waiting
 from .execute import Executor, RetryWithBackoff
 from .kube import JOBS, PODS, RUNS, Kube, instrument, new_api_client, path
 from .lease import AsyncKubeLeaseAPI, KubeLeaseAPI, LeaseElector
 from .logs import run_logger
-from .observe import (
-    JobMemo,
-    SpecMemo,
-    current_jobs,
-    job_state,
-    needs_pod_read,
-    observe,
-    parse_run,
-    pod_check_due,
-    pod_waiting,
-)
+from .observe import JobMemo, SpecMemo
 from .podreads import PodReads
 from .podreads import selector as pod_selector
 from .policycheck import PolicyCheck

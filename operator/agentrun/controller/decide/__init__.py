@@ -6,7 +6,9 @@ returned as a list of actions. The I/O shell performs them in order. When the de
 first (``ReadCheckpoint`` / ``ReadAttemptFailure`` / ``ForkCheckpoint`` / ``ProbeStore``), that is
 the ONLY action returned: the shell reads, adds the result to ``Observed`` and calls ``decide`` again.
 
-One module per concern: ``observed`` (the input), ``actions`` (the output), ``context`` (the status
+One module per concern: ``observe`` (the cache's JSON -> ``Observed``), ``observed`` (the input),
+``actions`` (the output), ``jobs`` (the lap Job's manifest), ``outcomes`` (``decide_after``: what the
+run does when a write of its decision did not go through), ``context`` (the status
 being built, conditions per type), ``store`` (pinning, probing, outages), ``approvals``, ``laps``
 (the Job in flight, its checkpoint, the next attempt), ``retries``, ``fork``, ``finish`` (a lap's
 outcome, a finished run's ttl), ``text`` (bounds of user input, the cause of a failed lap), and
@@ -39,6 +41,11 @@ Invariants (tested with hypothesis in tests/controller):
   ``spec.approval.approvers: N`` only N distinct approvers approve, one rejection rejects;
 * a decision that is not recorded (stray, refused, stale) leaves the annotations BEFORE the status
   is written (``Decision.writes``), so a failed removal never approves the next request;
+* a write of the decision that does not go through is reported back by the shell as a typed
+  setback (``outcomes``: ``Refused``, ``Conflict``, ``Invalid``, ``NotStored``, ``StoreFailed``) and
+  ``decide_after`` owns what follows: a conflict is decided again, any other refusal is an error
+  with the run's backoff (``Backoff``) and ONE Warning Event per streak (``Observed.refusal``),
+  never a hot loop; only a lap Job refused for good fails the run;
 * every condition type carries its own reason and message; every failed attempt carries its cause
   (``status.retries[].lastReason``, ``status.message``, the Warning Event); every ``LapRetried`` /
   ``LapFinished`` carries a typed reason / outcome (``agentrun.api.reasons``).
@@ -48,11 +55,11 @@ from __future__ import annotations
 
 from agentrun.api.text import escape_controls, truncate
 
-from ..jobs import ApprovalEnv, job_name
 from .actions import (
     FINALIZER,
     Action,
     AddFinalizer,
+    Backoff,
     CreateJob,
     Decision,
     DeleteCheckpoints,
@@ -73,6 +80,7 @@ from .actions import (
 from .approvals import adoption_mismatch, approval_env
 from .context import CONDITION_TYPES, Ctx, StatusWriter, conditions_for, deferred_status, failed_status
 from .core import decide
+from .jobs import ApprovalEnv, job_name
 from .laps import POD_CONFIG_ERRORS, pod_config_problem
 from .observed import (
     AdmissionProblem,
@@ -84,6 +92,7 @@ from .observed import (
     ObservedJob,
     StoreProbeRead,
 )
+from .outcomes import Conflict, Invalid, NotStored, Refused, Setback, StoreFailed, decide_after
 from .retries import MAX_RETRY_ENTRIES, backoff_seconds, classify_failure, next_lap_attempt
 from .store import pinned_store, store_uri_of_checkpoint
 from .text import MAX_CAUSE_CHARS, bounded_decider, bounded_reason, lap_cause, redact_secrets, shown
@@ -96,12 +105,12 @@ _truncate = truncate
 
 __all__ = [
     "CONDITION_TYPES", "FINALIZER", "MAX_CAUSE_CHARS", "MAX_RETRY_ENTRIES", "POD_CONFIG_ERRORS",
-    "Action", "AddFinalizer", "AdmissionProblem", "ApprovalEnv", "AttemptFailureRead", "CheckpointRead", "CreateJob", "Ctx", "Decision",
+    "Action", "AddFinalizer", "Backoff", "Conflict", "Invalid", "NotStored", "Refused", "Setback", "StoreFailed", "AdmissionProblem", "ApprovalEnv", "AttemptFailureRead", "CheckpointRead", "CreateJob", "Ctx", "Decision",
     "DeleteCheckpoints", "DeleteJob", "DeleteRun", "Event", "ForkCheckpoint", "ForkRead", "JobState", "LapFinished",
     "LapRetried", "Observed", "ObservedJob", "PatchStatus", "ProbeStore", "ReadAttemptFailure", "ReadCheckpoint",
     "RemoveAnnotations", "RemoveFinalizer", "RequeueAfter", "StatusWriter", "StoreProbeRead",
     "adoption_mismatch", "approval_env", "backoff_seconds", "bounded_decider", "bounded_reason", "classify_failure",
-    "conditions_for", "decide", "deferred_status", "escape_controls", "failed_status", "job_name", "lap_cause",
+    "conditions_for", "decide", "decide_after", "deferred_status", "escape_controls", "failed_status", "job_name", "lap_cause",
     "next_lap_attempt",
     "pinned_store", "pod_config_problem", "redact_secrets", "shown", "store_uri_of_checkpoint", "truncate",
 ]

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from agentrun.api.status import AgentRunStatus, StoreLocation
 
-from ..jobs import ApprovalEnv
+from .jobs import ApprovalEnv
 
 FINALIZER = "agentrun.dev/checkpoints"
 
@@ -35,6 +35,9 @@ class DeleteJob:
 @dataclass(frozen=True)
 class PatchStatus:
     status: AgentRunStatus
+    best_effort: bool = False
+    """Says why the run waits (``decide_after``, before a ``Backoff``): a refused or conflicting
+    write of it is only logged, the Event beside it says the same."""
 
 
 @dataclass(frozen=True)
@@ -130,10 +133,21 @@ class LapRetried:
     """A :class:`~agentrun.api.reasons.RetryReason` (the ``reason`` label)."""
 
 
+@dataclass(frozen=True)
+class Backoff:
+    """Stop here: the run is retried with its rate-limited backoff (``decide_after``: a refused
+    write, the store away). The shell remembers ``streak`` as the run's refusal streak
+    (:attr:`Observed.refusal`) until a reconcile succeeds: one Event per streak."""
+
+    streak: str
+    reason: str
+    message: str
+
+
 Action = (
     CreateJob | DeleteJob | PatchStatus | RemoveAnnotations | Event | RequeueAfter | ReadCheckpoint
     | ReadAttemptFailure | ForkCheckpoint | AddFinalizer | RemoveFinalizer | DeleteCheckpoints | LapFinished | LapRetried
-    | ProbeStore | DeleteRun
+    | ProbeStore | DeleteRun | Backoff
 )
 
 

@@ -30,9 +30,9 @@ from agentrun.api.status import AgentRunStatus, ApprovalStatus, ApprovalTarget, 
 from agentrun.api.text import escape_controls, truncate
 from agentrun.api.types import parse_duration
 
-from ..jobs import ApprovalEnv, approval_annotation
 from .actions import Decision, ReadCheckpoint, RemoveAnnotations
 from .context import Ctx, StatusWriter
+from .jobs import ApprovalEnv, approval_annotation
 from .observed import ObservedJob
 from .text import _SHA256, bounded_decider, bounded_reason, shown
 

@@ -177,8 +177,8 @@ class Ctx(StatusWriter):
 
 def failed_status(o: Observed, status: AgentRunStatus | None, reason: str, message: str) -> AgentRunStatus:
     """``status`` (else the observed one) turned Failed with ``reason`` and ``message``, its
-    conditions set as ``decide`` sets them: for the shell, when an action it performs fails for good
-    (the Job refused by the API server, an invalid configuration)."""
+    conditions set as ``decide`` sets them: for ``decide_after``, when an action the shell performs
+    fails for good (the Job refused by the API server, an invalid configuration)."""
     w = StatusWriter(o)
     if status is not None:
         w.st = copy_model(status)

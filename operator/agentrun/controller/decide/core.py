@@ -7,13 +7,13 @@ from agentrun.api.lifecycle import ANN_RETRY
 from agentrun.api.reasons import Reason
 from agentrun.api.status import TERMINAL_PHASES
 
-from ..jobs import job_name
 from .actions import FINALIZER, AddFinalizer, Decision, DeleteCheckpoints, DeleteJob, RemoveFinalizer
 from .admission import hold_decision
 from .approvals import consume_annotation, take_decision
 from .context import Ctx, StatusWriter
 from .finish import expire
 from .fork import apply_fork
+from .jobs import job_name
 from .laps import adopt, next_step, observe_active, successors
 from .lifecycle import refuse_retry, take_cancel, take_deadline, take_retry
 from .observed import Observed

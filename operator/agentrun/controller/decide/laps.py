@@ -12,7 +12,6 @@ from agentrun.api.status import TERMINAL_PHASES, ActiveJob, CheckpointRef, Stora
 from agentrun.api.text import one_line, truncate
 from agentrun.checkpoint.schema import LapRecord
 
-from ..jobs import job_name
 from .actions import (
     CreateJob,
     Decision,
@@ -27,6 +26,7 @@ from .admission import hold_lap
 from .approvals import adoption_mismatch, apply_timeout, approval_env, bind_target
 from .context import MAX_CONDITION_MESSAGE_CHARS, Ctx, condition
 from .finish import apply_outcome, record_checkpoint
+from .jobs import job_name
 from .lifecycle import attempts_allowed, requeue_at_deadline
 from .observed import CheckpointRead, ObservedJob
 from .retries import classify_failure, job_cause, next_lap_attempt, record_retry

@@ -155,3 +155,6 @@ class Observed:
     """The operator's admission policies are missing or not the version its code expects (the
     shell's check, ``controller/policycheck.py``); None: in place (or allowed to be missing). While
     set, decide starts no lap Job and takes no approval decision."""
+    refusal: str | None = None
+    """The run's refusal streak, as the shell remembers it (the last ``Backoff.streak``, until a
+    reconcile succeeds): ``decide_after`` posts one Event per streak."""

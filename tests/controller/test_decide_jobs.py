@@ -10,7 +10,7 @@ from controller_world import UID, make_spec
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import StoreLocation
 from agentrun.controller.config import OperatorConfig
-from agentrun.controller.jobs import (
+from agentrun.controller.decide.jobs import (
     ANNOTATION_APPROVAL,
     ApprovalEnv,
     RunIdentity,
@@ -207,27 +207,3 @@ def test_credentials_in_an_endpoint_never_reach_status_but_are_still_used():
     assert effective_endpoint(pinned, make_spec(), cfg) == "http://user:pw@minio:9000"
     moved = pinned.model_copy(update={"endpoint": "http://elsewhere:9000"})
     assert effective_endpoint(moved, make_spec(), cfg) == "http://elsewhere:9000"
-
-
-def test_the_executor_dumps_a_runs_spec_once_while_the_parsed_spec_is_the_same(monkeypatch: pytest.MonkeyPatch):
-    """The lap spec env (``AGENTRUN_SPEC``) is ``spec_json`` of the run's parsed spec, made again only
-    when the parsed spec is another object (a spec change) or the run was forgotten."""
-    from agentrun.controller import execute
-    from agentrun.controller.cache import Cache
-    from agentrun.controller.jobs import spec_json
-
-    dumps: list[object] = []
-    monkeypatch.setattr(execute, "spec_json", lambda spec: dumps.append(spec) or spec_json(spec))
-    ex = execute.Executor(CFG, None, Cache(on_change=lambda key: None))  # type: ignore[arg-type]
-    key = ("ns", "run")
-    spec = make_spec()
-    text = ex.spec_text(key, spec)
-    assert text == spec_json(spec) and ex.spec_text(key, spec) == text and len(dumps) == 1
-    changed = make_spec(task="another task")
-    assert json.loads(ex.spec_text(key, changed))["task"] == "another task" and len(dumps) == 2
-    ex.forget(key)
-    ex.spec_text(key, changed)
-    assert len(dumps) == 3
-    env = {e["name"]: e.get("value") for e in build_job(RUN, changed, 1, 1, "v1", CFG, spec_text=text)[
-        "spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["AGENTRUN_SPEC"] == text  # what was handed in

@@ -29,7 +29,7 @@ from agentrun.api.status import StoreLocation
 from agentrun.api.tenancy import AddressRules
 from agentrun.api.types import parse_duration, redact_url
 
-from .config import OperatorConfig
+from ..config import OperatorConfig
 
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 ANNOTATION_AGENT_VERSION = "agentrun.dev/agent-version"
