@@ -25,7 +25,7 @@ SUBCOMMANDS = {
     "runs": "agentrun.cli.runs:runs_command",
     "fork": "agentrun.cli.fork:fork_command",
     "gc": "agentrun.cli.gc:gc_command",
-    "inbox": "agentrun.inbox.cli:inbox_command",
+    "inbox": "agentrun.inbox.command:inbox_command",
     "wait": "agentrun.cli.lifecycle:wait_command",
     "suspend": "agentrun.cli.lifecycle:suspend_command",
     "resume": "agentrun.cli.lifecycle:resume_command",
