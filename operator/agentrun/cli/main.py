@@ -16,7 +16,7 @@ import click
 # subcommand name -> "module:attribute" of a click.Command
 SUBCOMMANDS = {
     "lap": "agentrun.lap.command:lap_command",
-    "operator": "agentrun.controller.cli:operator_command",
+    "operator": "agentrun.controller.command:operator_command",
     "crd": "agentrun.api.crdgen:crd_command",
     "trace": "agentrun.cli.trace:trace_command",
     "approvals": "agentrun.cli.approvals:approvals_command",
