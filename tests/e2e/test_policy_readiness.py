@@ -95,6 +95,7 @@ def env(cluster, s3, tmp_path_factory) -> Iterator[ReadyEnv]:
         wait_for("the operator ready with its policies in place", lambda: e.readyz() == 200, timeout=120)
         # Kopf answers from its probes' results of the last 10 s at most
         wait_for("Kopf's liveness endpoint: alive and ready", lambda: e.alive_and_waiting_for([]), timeout=30)
+        assert "Activity 'lease'" not in e.log_text()  # a probe every 10 s: its successes are not logged
         yield e
     finally:
         cluster.kubectl_run("apply", "-f", str(POLICIES_FILE))  # whatever a test left
