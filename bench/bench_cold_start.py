@@ -86,7 +86,7 @@ def main() -> None:
     agentrun = [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "agentrun.cli.main"]
     if not args.no_compile:
         compileall.compile_dir(os.path.dirname(agentrun_package.__file__), quiet=1)
-    subprocess.run([sys.executable, "-c", "import agentrun.lap.cli"], check=True)  # warm the page cache
+    subprocess.run([sys.executable, "-c", "import agentrun.lap.process"], check=True)  # warm the page cache
 
     moto, endpoint = start_moto()
     server = ThreadingHTTPServer(("127.0.0.1", 0), ChatHandler)

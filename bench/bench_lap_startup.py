@@ -2,7 +2,7 @@
 
 Prints three figures, each the median of ``--runs`` fresh subprocesses:
 
-1. import time of the lap path: ``python -c "import agentrun.lap.cli"`` (interpreter start included);
+1. import time of the lap path: ``python -c "import agentrun.lap.process"`` (interpreter start included);
 2. ``agentrun lap --help`` (the console script next to the interpreter, else ``python -m agentrun.cli.main``);
 3. one full scripted lap as an ``agentrun lap`` subprocess against a local moto S3 server and a
    local HTTP tool (started like ``bench_lap_run.py`` does), with the in-process time of the same
@@ -62,7 +62,7 @@ def main() -> None:
 
     timed([sys.executable, "-c", "pass"])  # warm the page cache
     bare = [timed([sys.executable, "-c", "pass"]) for _ in range(args.runs)]
-    imports = [timed([sys.executable, "-c", "import agentrun.lap.cli"]) for _ in range(args.runs)]
+    imports = [timed([sys.executable, "-c", "import agentrun.lap.process"]) for _ in range(args.runs)]
     helps = [timed([*agentrun, "lap", "--help"]) for _ in range(args.runs)]
 
     moto, endpoint = start_moto()
@@ -124,7 +124,7 @@ def main() -> None:
         f"\nagentrun lap start-up ({args.runs} runs each, {os.cpu_count()} CPUs, {sys.version.split()[0]})"
     )
     print(f"  python -c pass                      {fmt(bare)}")
-    print(f"  python -c 'import agentrun.lap.cli' {fmt(imports)}")
+    print(f"  python -c 'import agentrun.lap.process' {fmt(imports)}")
     print(f"  agentrun lap --help                 {fmt(helps)}")
     print(f"  agentrun lap (one scripted lap)     {fmt(subproc)}")
     print(f"  same lap in-process                 {fmt(in_process)}")

@@ -125,9 +125,9 @@ def test_the_real_s3_servers_honour_if_none_match(s3_bucket: Any, s3_client: Any
 
 
 def test_the_operator_turns_the_verdict_into_an_observation() -> None:
-    """controller/handlers._probe_store: the probe through the process-wide cache, as decide() sees it."""
+    """controller/execute.probe_store: the probe through the process-wide cache, as decide() sees it."""
     from agentrun.checkpoint.probe import PROBES
-    from agentrun.controller.handlers import _probe_store
+    from agentrun.controller.execute import probe_store as _probe_store
 
     PROBES.clear()
     try:

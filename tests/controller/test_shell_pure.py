@@ -9,8 +9,11 @@ import pydantic
 import pytest
 
 from agentrun.api.spec import AgentRunSpec
-from agentrun.controller.handlers import _job_state, _pod_exit, pruned_field, spec_error_text, status_refusal
+from agentrun.controller.execute import pruned_field, status_refusal
 from agentrun.controller.logs import JSONFormatter, run_logger
+from agentrun.controller.observe import job_state as _job_state
+from agentrun.controller.observe import pod_exit as _pod_exit
+from agentrun.controller.observe import spec_error_text
 
 
 def test_job_state():
@@ -52,36 +55,94 @@ def test_json_log_lines_carry_run_fields():
 
 
 def test_exact_namespaces():
-    from agentrun.controller.handlers import exact_namespaces
+    from agentrun.controller.reconciler import exact_namespaces
 
     assert exact_namespaces(("team-a",)) and exact_namespaces(["a", "b"])
     assert not exact_namespaces(())
     assert not exact_namespaces(("team-*",)) and not exact_namespaces(("a", "!b")) and not exact_namespaces(("a?",))
 
 
-@pytest.mark.parametrize("namespaces", [("team-a", "team-b"), (), ("team-*",)])
-def test_startup_keeps_the_controller_in_kopfs_memo_and_disables_scanning(namespaces):
+def test_startup_keeps_the_controller_in_kopfs_memo_and_disables_scanning():
     """Kopf watches nothing (the controller's cache does): no namespace/CRD scanning, which a
     namespaced RBAC does not grant; the controller is the memo's, not a module global."""
     import asyncio
 
-    import kopf
-
-    from agentrun.controller import handlers
+    from agentrun.controller import process
     from agentrun.controller.config import OperatorConfig
+    from agentrun.controller.reconciler import Controller
 
-    class _Started(handlers.Controller):
+    class _Started(Controller):
         async def start(self) -> None:  # no cluster: only the wiring is under test
             self.ready = True
 
-    controller = _Started(OperatorConfig(namespaces=namespaces))
-    memo = handlers.memo_for(controller)
-    settings = kopf.OperatorSettings()
-    asyncio.run(handlers._startup(settings=settings, memo=memo))
+    controller = _Started(OperatorConfig(namespaces=("team-a",)))
+    memo = process.memo_for(controller)
+    asyncio.run(process._startup(memo=memo))
     assert memo.controller is controller and controller.ready
-    assert settings.scanning.disabled is True
-    assert settings.persistence.finalizer == "kopf.agentrun.dev/finalizer"
-    assert not hasattr(handlers, "CONTROLLER")
+    assert process.settings().scanning.disabled is True
+    assert not hasattr(process, "CONTROLLER")
+
+
+def test_kopf_runs_only_the_process_handlers_and_logs_in_with_the_loaded_credentials(tmp_path):
+    """Kopf's registry holds the startup, cleanup, login and probe handlers and no resource handler;
+    its login hands over the credentials the controller loaded (the kubernetes client's default
+    configuration) and reads no kubeconfig again: the file is gone when it runs."""
+    import kopf
+    import yaml
+    from kubernetes import client
+    from kubernetes import config as kconfig
+
+    from agentrun.controller import process
+
+    activities = {h.activity.value: h for h in process.REGISTRY._activities.get_all_handlers()}
+    assert sorted(activities) == ["authentication", "cleanup", "probe", "startup"]
+    assert [h.id for h in process.REGISTRY._activities.get_all_handlers() if h.activity.value == "authentication"] \
+        == ["_login"]
+    assert not process.REGISTRY._changing.get_all_handlers() and not process.REGISTRY._watching.get_all_handlers()
+
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "the-loaded-token"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+    saved = client.Configuration.get_default_copy()
+    try:
+        kconfig.load_kube_config(config_file=str(kubeconfig))
+        kubeconfig.unlink()
+        info = process._login()
+    finally:
+        client.Configuration.set_default(saved)
+    assert isinstance(info, kopf.ConnectionInfo)
+    assert (info.server, info.scheme, info.token, info.insecure) == ("https://127.0.0.1:6443", "Bearer",
+                                                                     "the-loaded-token", True)
+
+
+def test_the_liveness_probe_fails_only_when_the_lease_loop_stopped_and_reports_readiness():
+    """Kopf's endpoint answers 500 when a probe handler raises: only the Lease probe may; the
+    readiness probe reports what the replica waits for and never raises (the policies missing do
+    not restart the replica: /readyz says it is not ready)."""
+    import time
+    from types import SimpleNamespace
+
+    import kopf
+
+    from agentrun.controller import process
+    from agentrun.controller.config import OperatorConfig
+    from agentrun.controller.reconciler import Controller
+
+    c = Controller(OperatorConfig(lease_duration_seconds=15))
+    memo = process.memo_for(c)
+    assert process._probe_lease(memo=memo) == "not campaigning yet"
+    assert process._probe_ready(memo=memo) == {
+        "ready": False, "waitingFor": ["start", "watch cache sync", "admission policies"]}
+    c._synced.set()
+    c.elector = SimpleNamespace(last_tick=time.monotonic())  # type: ignore[assignment]
+    assert process._probe_lease(memo=memo) == "ticking"
+    c.elector.last_tick = time.monotonic() - 3 * 15 - 31  # type: ignore[union-attr]
+    with pytest.raises(kopf.PermanentError, match="the Lease loop has stopped: no tick for 7[67] s"):
+        process._probe_lease(memo=memo)
+    assert process._probe_ready(memo=memo)["waitingFor"] == ["start", "Lease loop", "admission policies"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -508,7 +569,8 @@ def test_failed_reconciles_back_off_exponentially_per_run(monkeypatch):
     from types import SimpleNamespace
 
     from agentrun.controller.config import OperatorConfig
-    from agentrun.controller.handlers import Controller, StatusRefused
+    from agentrun.controller.execute import StatusRefused
+    from agentrun.controller.reconciler import Controller
 
     c = Controller(OperatorConfig())
     c.elector = SimpleNamespace(is_leader=True)  # type: ignore[assignment]

@@ -308,18 +308,22 @@ def test_a_replica_whose_cache_never_syncs_does_not_campaign_for_the_lease(monke
 def test_the_operator_is_ready_only_once_its_cache_synced_and_live_while_it_syncs(monkeypatch):
     from click.testing import CliRunner
 
-    from agentrun.controller import cli, handlers
+    from agentrun.controller import command, process
 
     started: list[Controller] = []
-    monkeypatch.setattr(handlers, "run", lambda controller: started.append(controller))
+    monkeypatch.setattr(process, "run", lambda controller: started.append(controller))
     monkeypatch.setattr("agentrun.controller.logs.setup_logging", lambda *a: None)
     monkeypatch.setattr(metrics, "start_server", lambda port: None)
     monkeypatch.setattr(metrics, "_checks", {})
-    r = CliRunner().invoke(cli.operator_command, [], env={"AGENTRUN_METRICS_PORT": "19999",
-                                                          "AGENTRUN_NOTIFY_WEBHOOK_URL": ""})
+    r = CliRunner().invoke(command.operator_command, [], env={"AGENTRUN_METRICS_PORT": "19999",
+                                                              "AGENTRUN_NOTIFY_WEBHOOK_URL": ""})
     assert r.exit_code == 0, r.output
     [c] = started
-    ready, live = metrics._checks["readyz"], metrics._checks["healthz"]
+    ready = metrics._checks["readyz"]
+
+    def live() -> bool:  # what Kopf's liveness probe asks (controller/process.py)
+        return process.live(c)
+
     c.ready = True
     c.elector = SimpleNamespace(last_tick=-1e9)  # type: ignore[assignment]  # not ticking: waits for the sync
     assert not ready() and live()
@@ -342,13 +346,25 @@ def test_the_operator_is_ready_only_once_its_cache_synced_and_live_while_it_sync
 def test_a_bad_notifier_setting_stops_the_operator_at_once_naming_the_variable(monkeypatch, env, variable):
     from click.testing import CliRunner
 
-    from agentrun.controller import cli, handlers
+    from agentrun.controller import command, process
 
-    monkeypatch.setattr(handlers, "run", lambda controller: pytest.fail("started with a bad setting"))
+    monkeypatch.setattr(process, "run", lambda controller: pytest.fail("started with a bad setting"))
     monkeypatch.setattr("agentrun.controller.logs.setup_logging", lambda *a: None)
-    r = CliRunner().invoke(cli.operator_command, [], env={"AGENTRUN_METRICS_PORT": "0", **env})
+    r = CliRunner().invoke(command.operator_command, [], env={"AGENTRUN_METRICS_PORT": "0", **env})
     assert r.exit_code == 2 and variable in r.output
     assert "secret" not in r.output
+
+
+def test_the_liveness_port_and_the_metrics_port_must_differ(monkeypatch):
+    from click.testing import CliRunner
+
+    from agentrun.controller import command, process
+
+    monkeypatch.setattr(process, "run", lambda controller: pytest.fail("started with one port for both"))
+    monkeypatch.setattr("agentrun.controller.logs.setup_logging", lambda *a: None)
+    r = CliRunner().invoke(command.operator_command, ["--liveness-port", "9090"],
+                           env={"AGENTRUN_METRICS_PORT": "9090", "AGENTRUN_NOTIFY_WEBHOOK_URL": ""})
+    assert r.exit_code == 2 and "--liveness-port, AGENTRUN_LIVENESS_PORT" in r.output, r.output
 
 
 def test_a_failed_start_is_permanent_for_kopf_and_start_is_idempotent(monkeypatch):
@@ -356,7 +372,7 @@ def test_a_failed_start_is_permanent_for_kopf_and_start_is_idempotent(monkeypatc
     retried after a failure, or called twice, adds no informer twice."""
     import kopf
 
-    from agentrun.controller import handlers
+    from agentrun.controller import process
 
     monkeypatch.setattr(reconciler, "new_api_client", lambda n: object())
     monkeypatch.setattr(reconciler, "instrument", lambda *a: None)
@@ -374,11 +390,11 @@ def test_a_failed_start_is_permanent_for_kopf_and_start_is_idempotent(monkeypatc
 
     c = Controller(OperatorConfig())
     c.elector = Elector()  # type: ignore[assignment]
-    memo = handlers.memo_for(c)
+    memo = process.memo_for(c)
 
     async def main() -> tuple[int, int]:
         with pytest.raises(kopf.PermanentError, match="AGENTRUN_NOTIFY_WEBHOOK_URL"):
-            await handlers._startup(settings=kopf.OperatorSettings(), memo=memo)
+            await process._startup(memo=memo)
         monkeypatch.delenv("AGENTRUN_NOTIFY_WEBHOOK_URL")
         await c.start()
         first = (len(c.informers), len(c._tasks))

@@ -109,6 +109,7 @@ class HelmEnv:
         self.sys_ns = f"ar-sys-{suffix}"  # release namespace
         self.ns = f"ar-runs-{suffix}"  # where AgentRuns live (watchNamespaces)
         self.metrics_port = _free_port()
+        self.liveness_port = _free_port()  # the chart's 8081 would collide between host-process operators
         self.prefix = f"helm-e2e-{suffix}"
         self.record = tmp / "tool-calls.jsonl"
         self.tools = tool_server.serve(0, str(self.record))
@@ -215,7 +216,7 @@ class HelmEnv:
             "logFormat": "json",
             "leaderElection": {"leaseDurationSeconds": 5},
             # Far longer than any wait of this module: lap 1's Job of test_approval_run_... can only
-            # come from Kopf's watch (or the resync on acquiring the Lease, which ran before the run
+            # come from the operator's watch (or the resync on acquiring the Lease, which ran before the run
             # existed), never from the periodic resync.
             "resyncSeconds": 3600,
             "storeRetrySeconds": 2,
@@ -227,6 +228,7 @@ class HelmEnv:
             # images are ignored by the process kubelet: lap pods run this command on the host
             "lap": {"command": [agentrun_bin, "lap"], "jobTTLSeconds": -1},
             "metrics": {"port": self.metrics_port},
+            "livenessPort": self.liveness_port,
             # the local control plane's AgentRunPolicy (tool servers and S3 on 127.0.0.1, intended here)
             "tenancy": {"policy": LOCAL_POLICY.model_dump(by_alias=True, exclude_none=True, mode="json")},
             # The operator reads lap checkpoints from S3 itself: its credentials come from a Secret
@@ -416,7 +418,7 @@ def test_approval_run_succeeds_under_chart_rbac_with_metrics(henv, diag):
     name = doc["metadata"]["name"]
     applied = time.monotonic()
     henv.kubectl("apply", "-n", henv.ns, "-f", "-", input=yaml.safe_dump(doc))
-    # Kopf's watch starts as soon as the operator is up and resyncSeconds is an hour: lap 1's Job
+    # The operator's watch starts as soon as it is up and resyncSeconds is an hour: lap 1's Job
     # can only come from the watch. How soon is a figure (printed), not asserted.
     try:
         _wait("lap 1's Job", lambda: henv.jobs(name), timeout=240)
@@ -455,6 +457,9 @@ def test_approval_run_succeeds_under_chart_rbac_with_metrics(henv, diag):
     assert _series(m, "agentrun_run_tokens", **run, direction="input") == s3_in
     assert _series(m, "agentrun_run_budget_usd", **run) == 1.0
     assert henv.secret_key not in text and henv.access_key not in text
+    # the chart's livenessProbe target: Kopf's endpoint on livenessPort (controller/process.py)
+    with urllib.request.urlopen(f"http://127.0.0.1:{henv.liveness_port}/healthz", timeout=5) as r:
+        assert r.status == 200 and json.loads(r.read())["lease"] == "ticking"
 
     henv.kubectl("annotate", "agentrun", name, "-n", henv.ns, "approved=true", "agentrun.dev/reason=verified")
     st = henv.wait_phase(name, "Succeeded", "Failed", "BudgetExceeded")

@@ -12,10 +12,16 @@ with reason AdmissionPoliciesOutdated.
 
 Fails on a main without the check: the run starts its lap at once and no such condition, Event or
 readiness change exists.
+
+Meanwhile the replica is alive: Kopf's liveness endpoint (controller/process.py, the chart's
+livenessProbe) answers 200, and its ``ready`` probe says the replica waits for its admission
+policies, so Kubernetes would not restart it for them. (On a main without that endpoint it does
+not answer at all.)
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -39,13 +45,30 @@ POLICIES_FILE = ROOT / "crds" / "agentrun.dev_admission-policies.yaml"
 
 class ReadyEnv(Env):
     port: int = 0
+    liveness_port: int = 0
 
     def start_operator(self) -> None:
-        self.port = _free_port()
+        self.port, self.liveness_port = _free_port(), _free_port()
         fh = open(self.log, "ab")  # noqa: SIM115 (the operator's log for its lifetime)
         self.proc = subprocess.Popen([sys.executable, "-m", "agentrun.cli.main", "operator"],
-                                     env=self.operator_env(AGENTRUN_METRICS_PORT=str(self.port)),
+                                     env=self.operator_env(AGENTRUN_METRICS_PORT=str(self.port),
+                                                           AGENTRUN_LIVENESS_PORT=str(self.liveness_port)),
                                      stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def liveness(self) -> tuple[int, Any]:
+        """Kopf's liveness endpoint: (status, its JSON: one entry per probe handler)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=5) as r:
+                return int(r.status), json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return int(e.code), None
+        except OSError:
+            return 0, None
+
+    def alive_and_waiting_for(self, what: list[str]) -> bool:
+        code, body = self.liveness()
+        assert code == 200, (code, body)  # never a failed liveness probe meanwhile
+        return bool(body["lease"] == "ticking" and body["ready"] == {"ready": not what, "waitingFor": what})
 
     def readyz(self) -> int:
         try:
@@ -70,6 +93,9 @@ def env(cluster, s3, tmp_path_factory) -> Iterator[ReadyEnv]:
     e.start_operator()
     try:
         wait_for("the operator ready with its policies in place", lambda: e.readyz() == 200, timeout=120)
+        # Kopf answers from its probes' results of the last 10 s at most
+        wait_for("Kopf's liveness endpoint: alive and ready", lambda: e.alive_and_waiting_for([]), timeout=30)
+        assert "Activity 'lease'" not in e.log_text()  # a probe every 10 s: its successes are not logged
         yield e
     finally:
         cluster.kubectl_run("apply", "-f", str(POLICIES_FILE))  # whatever a test left
@@ -92,6 +118,8 @@ def test_a_deleted_binding_holds_every_lap_until_it_is_back(env: ReadyEnv) -> No
     try:
         wait_for("/readyz 503 once the binding is gone", lambda: env.readyz() == 503, timeout=60)
         assert f"missing: ValidatingAdmissionPolicyBinding {binding}" in env.log_text()
+        wait_for("Kopf's liveness endpoint: alive, waiting for the admission policies",
+                 lambda: env.alive_and_waiting_for(["admission policies"]), timeout=30)
         name = "held"
         env.apply(env.run_doc(name, [{"content": "done"}]))
         cond = wait_for("Progressing=False AdmissionPoliciesMissing",

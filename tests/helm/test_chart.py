@@ -150,7 +150,8 @@ def test_deployment_security_and_env_names_match_the_operator_config(helm):
     assert sc["capabilities"]["drop"] == ["ALL"] and sc["seccompProfile"]["type"] == "RuntimeDefault"
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     assert c["resources"]["requests"] and c["resources"]["limits"]
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    # liveness: Kopf's endpoint (controller/process.py LIVENESS_PATH); readiness: the metrics server's /readyz
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     env = {e["name"]: e for e in c["env"]}
     assert env["AGENTRUN_LOG_FORMAT"]["value"] == "json"
@@ -160,10 +161,15 @@ def test_deployment_security_and_env_names_match_the_operator_config(helm):
         assert f'"{name}"' in config_src, f"{name} is not read by controller/config.py"
     assert json.loads(env["AGENTRUN_LAP_REQUESTS"]["value"]) == {"cpu": "100m", "memory": "256Mi"}
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"metrics": 9090}  # /metrics, /healthz, /readyz are all served there
-    assert env["AGENTRUN_METRICS_PORT"]["value"] == "9090"
+    assert ports == {"metrics": 9090, "liveness": 8081}  # /metrics and /readyz; Kopf's /healthz
+    assert env["AGENTRUN_METRICS_PORT"]["value"] == "9090" and env["AGENTRUN_LIVENESS_PORT"]["value"] == "8081"
     svc = one(docs, "Service")
     assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+def test_the_liveness_port_must_differ_from_the_metrics_port(helm):
+    proc, _ = template(helm, "--set", "livenessPort=9090", check=False)
+    assert proc.returncode != 0 and "livenessPort and metrics.port are both 9090" in proc.stderr, proc.stderr
 
 
 def test_no_secret_values_in_rendered_chart(helm):

@@ -190,7 +190,7 @@ def test_agentrun_runs_in_the_image_under_runc(built, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "operator" in r.stdout and "lap" in r.stdout, r.stdout
     # what the lap and the operator import, and who runs it, on a read-only root
-    script = ("import os, json, agentrun.lap.runner, agentrun.controller.handlers, boto3, kopf;"
+    script = ("import os, json, agentrun.lap.runner, agentrun.controller.process, boto3, kopf;"
               "w = 'ok';\ntry: open('/x', 'w')\nexcept OSError as e: w = e.strerror\n"
               "print(json.dumps({'uid': os.getuid(), 'gid': os.getgid(), 'write_root': w}))")
     r = runc_node.run_image(img, ["python3", "-c", script], tmp_path / "imports")

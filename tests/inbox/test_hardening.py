@@ -346,7 +346,7 @@ def test_the_audiences_of_the_tokenreview_answer_are_checked(answered, ok):
 def test_the_command_refuses_settings_that_would_leave_a_hole(args, text, tmp_path):
     from click.testing import CliRunner
 
-    from agentrun.inbox.cli import inbox_command
+    from agentrun.inbox.command import inbox_command
 
     short = tmp_path / "secret"
     short.write_text("too-short\n")

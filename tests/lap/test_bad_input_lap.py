@@ -361,7 +361,7 @@ def test_s3_refusing_the_credentials_exits_2_naming_the_secret_not_the_key() -> 
 def test_a_failed_lap_writes_its_cause_as_one_line_into_the_termination_message_file(tmp_path):
     from agentrun.api.contract import Env
     from agentrun.controller.decide import lap_cause
-    from agentrun.lap.cli import run_from_env, write_termination_message
+    from agentrun.lap.process import run_from_env, write_termination_message
 
     path = tmp_path / "termination-log"
     path.write_text("")  # the kubelet creates the file; the runner never does

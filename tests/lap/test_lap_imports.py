@@ -19,12 +19,12 @@ def _modules_after(code: str, *names: str) -> list[str]:
 
 
 def test_the_lap_entrypoint_imports_neither_kopf_nor_kubernetes_nor_click() -> None:
-    assert _modules_after("import agentrun.lap.cli", "kopf", "kubernetes", "click") == []
+    assert _modules_after("import agentrun.lap.process", "kopf", "kubernetes", "click") == []
 
 
 def test_optional_dependencies_are_not_imported_at_lap_start_up() -> None:
     loaded = _modules_after(
-        "import agentrun.lap.cli", "yaml", "jsonschema", "httpx", "agentrun.lap.models.openai"
+        "import agentrun.lap.process", "yaml", "jsonschema", "httpx", "agentrun.lap.models.openai"
     )
     assert loaded == []
 
@@ -62,7 +62,7 @@ else:
 def test_the_lap_entrypoint_imports_neither_boto3_nor_botocore() -> None:
     """botocore is imported when the store's client is made, by the lap's first step; boto3 and its
     S3 transfer layer (s3transfer) never (the store makes botocore's client itself)."""
-    assert _modules_after("import agentrun.lap.cli", "boto3", "botocore", "s3transfer") == []
+    assert _modules_after("import agentrun.lap.process", "boto3", "botocore", "s3transfer") == []
 
 
 def test_making_the_store_client_imports_botocore_but_not_boto3() -> None:
@@ -134,7 +134,7 @@ except SystemExit as e:
     p = subprocess.run([sys.executable, "-c", click_path], capture_output=True, text=True, timeout=60, check=False,
                        env=env)
     assert p.stdout.split() == ["2", "'__all__'"], p.stderr
-    probe = "import os, agentrun.lap, agentrun.lap.cli; print(repr(os.environ.get('PYDANTIC_DISABLE_PLUGINS')))"
+    probe = "import os, agentrun.lap, agentrun.lap.process; print(repr(os.environ.get('PYDANTIC_DISABLE_PLUGINS')))"
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False, env=env)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "None"
@@ -148,7 +148,7 @@ def test_the_lap_start_parses_no_model_source() -> None:
 import linecache
 from agentrun.api.spec import AgentRunSpec
 from agentrun.lap.config import parse_env
-import agentrun.lap.cli
+import agentrun.lap.process
 AgentRunSpec.model_validate({"task": "t", "agent": {"version": "v1", "model": {"provider": "openai", "name": "m"}}})
 print(",".join(f for f in linecache.cache if "agentrun" in f))
 """

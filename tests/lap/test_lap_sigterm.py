@@ -52,7 +52,7 @@ def test_sigterm_during_a_call_keeps_its_result_and_the_next_attempt_does_not_re
 
 
 def test_the_lap_process_turns_sigterm_into_the_flag() -> None:
-    code = ("import os, signal, time; from agentrun.lap import cli, runner; cli.install_sigterm(); "
+    code = ("import os, signal, time; from agentrun.lap import process, runner; process.install_sigterm(); "
             "os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.2); print(runner.TERMINATING.is_set())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={**os.environ})

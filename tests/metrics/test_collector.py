@@ -311,7 +311,7 @@ def test_normalize_label():
     assert normalize_label(None, RETRY_REASONS) == "other"
 
 
-def test_http_server_serves_metrics_and_health(m):
+def test_http_server_serves_metrics_and_readiness(m):
     checks = {}
     httpd = serve(m.registry, 0, "127.0.0.1", checks)
     try:
@@ -319,7 +319,10 @@ def test_http_server_serves_metrics_and_health(m):
         m.observe_run("ns1", "r", SPEC, running_status())
         body = urllib.request.urlopen(base + "/metrics").read().decode()
         assert 'agentrun_run_lap{name="r",namespace="ns1"} 3.0' in body
-        assert urllib.request.urlopen(base + "/healthz").status == 200
+        assert urllib.request.urlopen(base + "/readyz").status == 200  # no check registered: serving
+        with pytest.raises(urllib.error.HTTPError) as err:  # liveness is Kopf's endpoint (controller/process.py)
+            urllib.request.urlopen(base + "/healthz")
+        assert err.value.code == 404
         checks["readyz"] = lambda: False
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(base + "/readyz")
@@ -397,4 +400,4 @@ def test_checkpoint_bytes_gauges_and_the_per_lap_histogram(m):
     assert val(s, "agentrun_lap_checkpoint_bytes_bucket", le="1024.0") == 1
     import inspect
 
-    assert "checkpoint_bytes" in inspect.signature(metrics.lap_finished).parameters  # what handlers.py passes
+    assert "checkpoint_bytes" in inspect.signature(metrics.lap_finished).parameters  # what the executor passes

@@ -16,7 +16,7 @@ import click
 # subcommand name -> "module:attribute" of a click.Command
 SUBCOMMANDS = {
     "lap": "agentrun.lap.command:lap_command",
-    "operator": "agentrun.controller.cli:operator_command",
+    "operator": "agentrun.controller.command:operator_command",
     "crd": "agentrun.api.crdgen:crd_command",
     "trace": "agentrun.cli.trace:trace_command",
     "approvals": "agentrun.cli.approvals:approvals_command",
@@ -25,7 +25,7 @@ SUBCOMMANDS = {
     "runs": "agentrun.cli.runs:runs_command",
     "fork": "agentrun.cli.fork:fork_command",
     "gc": "agentrun.cli.gc:gc_command",
-    "inbox": "agentrun.inbox.cli:inbox_command",
+    "inbox": "agentrun.inbox.command:inbox_command",
     "wait": "agentrun.cli.lifecycle:wait_command",
     "suspend": "agentrun.cli.lifecycle:suspend_command",
     "resume": "agentrun.cli.lifecycle:resume_command",

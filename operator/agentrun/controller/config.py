@@ -71,8 +71,10 @@ class OperatorConfig:
     namespaces: tuple[str, ...] = ()
     """AGENTRUN_NAMESPACES (comma-separated): namespaces to watch; empty: cluster-wide."""
     metrics_port: int = 9090
-    """AGENTRUN_METRICS_PORT: port of the Prometheus /metrics endpoint and of the /healthz and
-    /readyz probes (0: off)."""
+    """AGENTRUN_METRICS_PORT: port of the Prometheus /metrics endpoint and of the /readyz probe (0: off)."""
+    liveness_port: int = 0
+    """AGENTRUN_LIVENESS_PORT: port of Kopf's liveness endpoint /healthz (controller/process.py; 0: off,
+    the chart sets 8081)."""
     log_format: str = "json"
     """AGENTRUN_LOG_FORMAT: json or text (also passed to lap pods)."""
     lease_name: str = "agentrun-operator"
@@ -181,6 +183,7 @@ class OperatorConfig:
         parse("AGENTRUN_JOB_TTL_SECONDS", ttl, "job_ttl_seconds")
         parse("AGENTRUN_NAMESPACES", lambda v: tuple(n.strip() for n in v.split(",") if n.strip()), "namespaces")
         parse("AGENTRUN_METRICS_PORT", int, "metrics_port")
+        parse("AGENTRUN_LIVENESS_PORT", int, "liveness_port")
         parse("AGENTRUN_LOG_FORMAT", log_format, "log_format")
         parse("AGENTRUN_LEASE_NAME", str, "lease_name")
         parse("POD_NAMESPACE", str, "lease_namespace")

@@ -2,5 +2,5 @@
 
 Entry points: ``agentrun.lap.entry`` (what ``agentrun lap`` runs, without click), ``agentrun.lap.command``
 (the same as a click command, for ``agentrun lap --help`` and ``python -m agentrun.cli.main lap``) and
-``agentrun.lap.cli`` (the lap configured by an environment mapping: ``run_from_env``).
+``agentrun.lap.process`` (the lap configured by an environment mapping: ``run_from_env``).
 """

@@ -21,7 +21,7 @@ PLUGINS_ENV = "PYDANTIC_DISABLE_PLUGINS"
 def run() -> int:
     """Run the lap configured by ``os.environ``; its exit code."""
     os.environ.setdefault(PLUGINS_ENV, "__all__")
-    from agentrun.lap.cli import run_from_env
+    from agentrun.lap.process import run_from_env
 
     return run_from_env(os.environ)
 

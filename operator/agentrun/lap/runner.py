@@ -52,7 +52,7 @@ EXIT_ALREADY = ExitCode.ALREADY_CHECKPOINTED
 EXIT_RETRYABLE = ExitCode.RETRYABLE
 
 TERMINATING = threading.Event()
-"""Set by the SIGTERM handler (``agentrun.lap.cli.install_sigterm``): the lap finishes the journal
+"""Set by the SIGTERM handler (``agentrun.lap.process.install_sigterm``): the lap finishes the journal
 write in flight (a tool's result that came back is kept, so a retry never repeats the call), then
 stops with :class:`LapTerminated` before its next call."""
 CHECKPOINT_TOO_LARGE = AttemptReason.CHECKPOINT_TOO_LARGE

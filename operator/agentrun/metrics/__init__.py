@@ -13,7 +13,7 @@ The controller calls these module-level functions; they act on one process-wide
     metrics.kube_request(verb, resource, code)           # every API server request (metrics/kube.py)
     metrics.informer_synced(resource, synced, informer)  # the watch cache listed (metrics/kube.py)
     metrics.event_suppressed(reason)                     # a routine Event not posted (metrics/kube.py)
-    metrics.start_server(port, addr="0.0.0.0")           # /metrics, /healthz, /readyz
+    metrics.start_server(port, addr="0.0.0.0")           # /metrics, /readyz
 
 None of them raises on odd input: a metrics problem never breaks a reconcile.
 Every metric is described in docs/operations.md.
@@ -63,7 +63,7 @@ __all__ = [
     "normalize_label",
     "observe_run",
     "reconcile_finished",
-    "set_health_check",
+    "set_readiness_check",
     "start_server",
 ]
 
@@ -127,14 +127,12 @@ def informer_synced(resource: str, synced: bool, informer: int = 0) -> None:
     INFORMERS.set(resource, synced, informer)
 
 
-def set_health_check(kind: str, check: HealthCheck) -> None:
-    """Make ``/healthz`` (``kind="healthz"``) or ``/readyz`` (``kind="readyz"``) answer 503
-    while ``check()`` is false. Without a check they answer 200 while the process serves."""
-    if kind not in ("healthz", "readyz"):
-        raise ValueError("kind must be 'healthz' or 'readyz'")
-    _checks[kind] = check
+def set_readiness_check(check: HealthCheck) -> None:
+    """Make ``/readyz`` answer 503 while ``check()`` is false. Without a check it answers 200 while
+    the process serves. (Liveness is Kopf's endpoint: controller/process.py.)"""
+    _checks["readyz"] = check
 
 
 def start_server(port: int, addr: str = "0.0.0.0") -> WSGIServer:
-    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``addr:port`` in a daemon thread."""
+    """Serve ``/metrics`` and ``/readyz`` on ``addr:port`` in a daemon thread."""
     return serve(REGISTRY, port, addr, _checks)

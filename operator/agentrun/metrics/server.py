@@ -1,6 +1,6 @@
-"""The HTTP endpoint of the operator: ``/metrics`` (Prometheus text format), ``/healthz`` and
-``/readyz`` (200 while the process serves; the optional checks registered by the controller can
-turn them 503)."""
+"""The HTTP endpoint of the operator: ``/metrics`` (Prometheus text format) and ``/readyz`` (200
+while the process serves; the readiness check registered by the operator turns it 503). Liveness
+is not here: it is Kopf's endpoint, on the operator's event loop (controller/process.py)."""
 
 from __future__ import annotations
 
@@ -55,8 +55,8 @@ def make_app(registry: CollectorRegistry, checks: dict[str, HealthCheck]) -> Cal
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
-        if path in ("/healthz", "/readyz"):
-            check = checks.get(path.lstrip("/"))
+        if path == "/readyz":
+            check = checks.get("readyz")
             ok = True
             if check is not None:
                 try:
@@ -71,7 +71,7 @@ def make_app(registry: CollectorRegistry, checks: dict[str, HealthCheck]) -> Cal
             out: Iterable[bytes] = metrics_app(environ, start_response)
             return out
         start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-        return [b"not found: try /metrics, /healthz, /readyz\n"]
+        return [b"not found: try /metrics, /readyz\n"]
 
     return app
 
@@ -82,5 +82,5 @@ def serve(registry: CollectorRegistry, port: int, addr: str, checks: dict[str, H
     httpd = make_server(addr, port, make_app(registry, checks), _ThreadingWSGIServer, handler_class=_QuietHandler)
     thread = threading.Thread(target=httpd.serve_forever, args=(POLL_SECONDS,), name="agentrun-metrics", daemon=True)
     thread.start()
-    log.info("metrics: serving /metrics, /healthz, /readyz on %s:%d", addr, httpd.server_port)
+    log.info("metrics: serving /metrics, /readyz on %s:%d", addr, httpd.server_port)
     return httpd

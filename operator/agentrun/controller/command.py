@@ -1,4 +1,6 @@
-"""``agentrun operator``: run the controller (Kopf), the metrics server and the health endpoints."""
+"""``agentrun operator``: the click command that configures the operator process and runs it
+(``process.py``: Kopf, the controller, the liveness endpoint), with the metrics server (``/metrics``,
+``/readyz``) beside it."""
 
 from __future__ import annotations
 
@@ -12,21 +14,23 @@ import click
 @click.command("operator", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--namespace", "-n", "namespaces", multiple=True,
               help="Namespace to watch (repeatable). Default: AGENTRUN_NAMESPACES, else cluster-wide.")
-@click.option("--metrics-port", type=int, default=None, help="Port of /metrics, /healthz, /readyz (0: off).")
+@click.option("--metrics-port", type=int, default=None, help="Port of /metrics and /readyz (0: off).")
+@click.option("--liveness-port", type=int, default=None, help="Port of Kopf's liveness endpoint /healthz (0: off).")
 @click.option("--log-format", type=click.Choice(["json", "text"]), default=None, help="Log format.")
 @click.option("--verbose", "-v", is_flag=True, help="Debug logs.")
-def operator_command(namespaces: tuple[str, ...], metrics_port: int | None, log_format: str | None, verbose: bool) -> None:
+def operator_command(namespaces: tuple[str, ...], metrics_port: int | None, liveness_port: int | None,
+                     log_format: str | None, verbose: bool) -> None:
     """Run the AgentRun operator until SIGTERM. Configuration: AGENTRUN_* environment variables
     (see agentrun.controller.config). Only the holder of the Lease acts; other replicas wait."""
     import dataclasses
-    import time
 
     from agentrun import metrics
     from agentrun.notify.sender import check_env as check_notify_env
 
-    from . import gcpolicy, handlers
+    from . import gcpolicy, process
     from .config import OperatorConfig
     from .logs import setup_logging
+    from .reconciler import Controller
 
     try:
         cfg = OperatorConfig.from_env()
@@ -38,25 +42,21 @@ def operator_command(namespaces: tuple[str, ...], metrics_port: int | None, log_
         overrides["namespaces"] = tuple(namespaces)
     if metrics_port is not None:
         overrides["metrics_port"] = metrics_port
+    if liveness_port is not None:
+        overrides["liveness_port"] = liveness_port
     if log_format:
         overrides["log_format"] = log_format
     cfg = dataclasses.replace(cfg, **overrides)
+    if cfg.liveness_port and cfg.liveness_port == cfg.metrics_port:
+        raise click.UsageError(f"the liveness port (--liveness-port, AGENTRUN_LIVENESS_PORT) and the metrics port "
+                               f"(--metrics-port, AGENTRUN_METRICS_PORT) are both {cfg.metrics_port}: each needs its own")
     setup_logging(cfg.log_format, logging.DEBUG if verbose else logging.INFO)
     gcpolicy.at_start()
-    controller = handlers.Controller(cfg, on_synced=gcpolicy.after_sync)
+    controller = Controller(cfg, on_synced=gcpolicy.after_sync)
     if cfg.metrics_port:
-        def live() -> bool:  # the Lease loop ticks (it starts once the watch cache has synced)
-            return controller.elector is None or not controller.synced \
-                or (time.monotonic() - controller.elector.last_tick) < 3 * cfg.lease_duration_seconds + 30
-
-        metrics.set_health_check("healthz", live)
-        # ready: started, the watch cache listed everything (else it never campaigns), the Lease loop
-        # ticks, the API server has not taken its list access away since (else it stepped down), and
-        # the admission policies are in place (else it starts no lap: policycheck.py)
-        metrics.set_health_check("readyz", lambda: controller.ready and controller.synced and live()
-                                 and controller.cannot_lead() is None and controller.admission_ready)
+        metrics.set_readiness_check(lambda: not process.waiting_for(controller))
         metrics.start_server(cfg.metrics_port)
     logging.getLogger("agentrun.controller").info(
         "starting agentrun operator %s (pid %d), namespaces=%s", cfg.identity, os.getpid(),
         ",".join(cfg.namespaces) or "<cluster-wide>")
-    handlers.run(controller)
+    process.run(controller)

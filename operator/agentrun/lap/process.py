@@ -1,5 +1,6 @@
-"""``agentrun lap``: run exactly one lap of an AgentRun, configured by the environment
-(``run_from_env``; the process entry is ``agentrun.lap.entry``, its click command ``agentrun.lap.command``).
+"""The lap process (``agentrun lap``): exactly one lap of an AgentRun, configured by the environment,
+ending in an exit code (``run_from_env``; the process entry is ``agentrun.lap.entry``, its click
+command ``agentrun.lap.command``).
 
 Exit codes (docs/contracts.md): 0 checkpoint written; 3 lap already checkpointed; 75 retryable;
 2 permanent. Needs no Kubernetes API access (imports neither kubernetes nor kopf) and imports no click.
