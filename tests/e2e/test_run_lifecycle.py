@@ -34,6 +34,7 @@ from agentrun.api.lifecycle import (
     RETRIER_CLUSTERROLE,
     RETRY_VERB,
 )
+from agentrun.cli.exitcodes import ExitCode
 from agentrun.inbox.view import history_rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -131,6 +132,12 @@ def people(env):  # noqa: F811 (the fixture)
     return env
 
 
+def _wait_exits(e: Any, name: str, code: ExitCode) -> None:
+    """`agentrun wait` exits with the run's outcome's documented code (docs/cli.md)."""
+    r = _cli(e, "wait", name, "-n", e.ns, "--timeout", "30s")
+    assert r.returncode == code, (name, r.returncode, code, r.stdout, r.stderr)
+
+
 def _cli(e: Any, *args: str) -> subprocess.CompletedProcess:
     penv = {k: v for k, v in e.cluster.env().items() if not k.startswith("AGENTRUN_")}
     penv.update({"AWS_ACCESS_KEY_ID": e.s3.access_key, "AWS_SECRET_ACCESS_KEY": e.s3.secret_key,
@@ -198,6 +205,7 @@ def _scenarios(e: Any, ship: Switch, gate: ToolGate) -> None:
     st = e.wait_phase("cancel-mid", "Cancelled", "Failed", "Succeeded", timeout=120)
     assert st["phase"] == "Cancelled" and st["lifecycle"]["cancelledBy"] == "carol", st
     assert st["lifecycle"]["cancelReason"] == "wrong customer" and "activeJob" not in st
+    _wait_exits(e, "cancel-mid", ExitCode.CANCELLED)
     gate.open()  # the call in flight finishes (the lap journals it before it exits 143, or a retry resends its key)
 
     run = e.wait_phase("cancel-ap", "Cancelled", timeout=120) and e.get("cancel-ap")
@@ -210,10 +218,12 @@ def _scenarios(e: Any, ship: Switch, gate: ToolGate) -> None:
     st = e.wait_phase("deadline", "DeadlineExceeded", "Failed", "Succeeded", timeout=120)
     assert st["phase"] == "DeadlineExceeded" and "spec.activeDeadline=20s passed" in st["message"], st
     assert st["approval"]["state"] == "Withdrawn"
+    _wait_exits(e, "deadline", ExitCode.DEADLINE_EXCEEDED)
 
     # ---- (a) the failed lap, and a retry refused without the verb
     st = e.wait_phase("retry-a", "Failed", "Succeeded", timeout=240)
     assert st["phase"] == "Failed" and st["lap"] == 1, st
+    _wait_exits(e, "retry-a", ExitCode.FAILED)
     uid_a = e.get("retry-a")["metadata"]["uid"]
     paid = _keys(e, uid_a, "pay")
     assert [v["executions"] for v in paid.values()] == [1], paid
@@ -226,6 +236,13 @@ def _scenarios(e: Any, ship: Switch, gate: ToolGate) -> None:
     assert st["phase"] == "Succeeded", st
     assert st["lifecycle"]["retries"] == 1 and st["lifecycle"]["lastRetryBy"] == "dave", st
     assert "Retried" in _reasons(e, "retry-a")
+    _wait_exits(e, "retry-a", ExitCode.OK)
+    r = _cli(e, "trace", "retry-a", "-n", e.ns, "-o", "json")  # the trace says who retried, and which lap
+    assert r.returncode == 0, r.stderr
+    retries = json.loads(r.stdout)["retries"]
+    assert retries["retries"] == 1 and retries["lastRetryBy"] == "dave" and retries["retriedLap"] == 2, retries  # status.lap was 1
+    r = _cli(e, "trace", "retry-a", "-n", e.ns)
+    assert "retried in place 1 time; the last by dave" in r.stdout and "lap 2 started again at attempt" in r.stdout, r.stdout
     paid = _keys(e, uid_a, "pay")
     assert [(v["executions"], v["requests"]) for v in paid.values()] == [(1, 1)], \
         f"the retry sent the payment again: {paid}"
