@@ -162,8 +162,6 @@ def run_bench(store: CheckpointStore, n: int, k: int, payload: int) -> int:
     stored_total = Storage(bytes=sum(o["Size"] for o in listed), objects=len(listed))
     gets: list[str] = []
     store.client.meta.events.register("before-send.s3.GetObject", lambda request, **_: gets.append(request.url))
-    if store.lean_get is not None:  # the store's lean GETs (checkpoint/s3get.py)
-        store.lean_get.observe(gets.append)
 
     def timed_load(through: int | None) -> tuple[int, int, float, Any]:
         times = []

@@ -29,7 +29,7 @@ laps only (quadratic: ~1.7 GB at 2,000). Then ``render`` merges the per-size JSO
 Resume mode: the worst resume (lap N-1, a snapshot and K-1 = 9 lap records, read in parallel) and
 the resume at lap N (the snapshot only) of an N-lap run, interleaved, with the client's CPU time,
 the S3 server's CPU time (from /proc) per resume, one GET alone, and the client CPU split into the
-store's GETs (the lean GET of checkpoint/s3get.py, or botocore's with AGENTRUN_S3_LEAN_GET=false) and the decoding (sha256, gunzip, JSON, unpacking, validation, fold); beside
+store's GETs (``BlobStore.get``: botocore's ``get_object``) and the decoding (sha256, gunzip, JSON, unpacking, validation, fold); beside
 LangGraph ``add_messages``' ``get_state`` at N laps. ``--s3 versitygw`` uses the Go S3 server of the
 store's tests (e2e/versitygw_server.py) instead of moto. ``render --resume`` adds these runs:
 
@@ -68,7 +68,6 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from bench_lap_run import RUN, BenchWorld, ToolHandler, lap_env, spec_doc  # noqa: E402
 from benchlib import fmt_bytes, fmt_ms, markdown_table, ratio, summary, verdict  # noqa: E402
 
-from agentrun.checkpoint import s3get  # noqa: E402
 from agentrun.checkpoint import store as checkpoint_store  # noqa: E402
 from agentrun.checkpoint.codec import unpack_lap  # noqa: E402
 from agentrun.checkpoint.fold import fold  # noqa: E402
@@ -438,15 +437,10 @@ def run_resume(laps: int, max_tokens: int, extra: int, s3: str, repeat: int) -> 
                 cpus[p].append(time.process_time() - c0)
                 server[p] += process_cpu_seconds(server_pid) - s0
                 objects[p] = loaded.objects_read
-        bucket = store.config.bucket
-        lean_get = store.lean_get  # the store's GETs: the lean one (checkpoint/s3get.py) when on, else botocore's
 
-        def fetch(key: str) -> tuple[bytes, str]:
-            got = lean_get.get(key) if lean_get is not None else None
-            if isinstance(got, s3get.Got):
-                return got.body, got.metadata["sha256"]
-            resp = store.client.get_object(Bucket=bucket, Key=key)
-            return resp["Body"].read(), resp["Metadata"]["sha256"]
+        def fetch(key: str) -> tuple[bytes, str]:  # the store's GET (checkpoint/s3store.py)
+            blob = store.blobs.get(key)
+            return blob.data, blob.metadata["sha256"]
 
         get_seconds, get_cpu, get_server = [], 0.0, 0.0
         key = store.lap_key(RUN, laps - 1)
@@ -488,8 +482,7 @@ def run_resume(laps: int, max_tokens: int, extra: int, s3: str, repeat: int) -> 
         "s3_get_server_cpu_seconds_mean": get_server / repeat,
         "worst_split": {"lap": laps - 1, "objects": len(keys), "gets_cpu_seconds": gets_cpu,
                         "decode_cpu_seconds": decode_cpu},
-        "s3_get_path": "lean" if lean_get is not None else "botocore",
-        "lean_get_fallbacks": lean_get.fallbacks if lean_get is not None else None,
+        "s3_get_path": "botocore",
         "langgraph": {"channel": "add_messages", "laps": lg_laps, "get_state_seconds": lg["resume_seconds"]},
     }
 

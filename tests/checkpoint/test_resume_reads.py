@@ -101,3 +101,40 @@ def test_unpacking_in_place_gives_the_copying_result(lap: int, pending: bool, ar
         for m in in_place["messages"]:
             for c in m.get("toolCalls") or []:
                 assert item["arguments"] is not c["arguments"]
+
+
+@pytest.mark.s3
+def test_the_operators_lap_read_is_the_stores_in_a_worker_thread(s3_server: Any, s3_bucket: Any) -> None:
+    """The operator reads a lap record through the store's one S3 path (botocore's ``get_object``)
+    in a worker thread, off its event loop: the same record and object as ``store.get_lap``, the
+    store's errors naming the key or the bucket; ``aclose`` closes the stores it made."""
+    import asyncio
+
+    from agentrun.checkpoint.errors import CheckpointNotFound, StoreConfigError
+    from agentrun.controller.cache import Cache
+    from agentrun.controller.config import OperatorConfig
+    from agentrun.controller.execute import Executor
+
+    store = _store(s3_bucket)
+    stored = store.put_lap(make_record(1))
+    sent_in: list[str] = []
+    store.client.meta.events.register("before-send.s3.GetObject",
+                                      lambda **_: sent_in.append(threading.current_thread().name))
+    ex = Executor(OperatorConfig(), None, Cache(on_change=lambda _: None))  # type: ignore[arg-type]
+
+    async def read(s: CheckpointStore, lap: int) -> Any:
+        return await ex._get_lap(s, RUN, lap)
+
+    record, got = asyncio.run(read(store, 1))
+    assert (record, got.sha256, got.size) == (store.get_lap(RUN, 1)[0], stored.sha256, stored.size)
+    assert sent_in[0] != "MainThread" and sent_in[1] == "MainThread"  # the operator's, then the check's own
+    with pytest.raises(CheckpointNotFound, match=store.lap_key(RUN, 2)):
+        asyncio.run(read(store, 2))
+    gone = CheckpointStore(StoreConfig(uri="s3://no-such-bucket-here/p", endpoint_url=s3_server.endpoint_url,
+                                       region="us-east-1", path_style=True))
+    with pytest.raises(StoreConfigError, match="bucket 'no-such-bucket-here' does not exist"):
+        asyncio.run(read(gone, 1))
+    closed: list[bool] = []
+    ex._stores[("x",)] = type("Closing", (), {"close": lambda self: closed.append(True)})()
+    asyncio.run(ex.aclose())
+    assert closed == [True] and ex._stores == {}

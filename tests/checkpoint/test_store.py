@@ -59,14 +59,11 @@ def all_keys(client: Any, bucket: str) -> dict[str, str]:
 
 
 class GetCounter:
-    """Counts the GetObject requests a store sends: botocore's (its ``before-send`` hook) and the
-    lean GET's (``LeanGet.observe``)."""
+    """Counts the GetObject requests a store sends (botocore's ``before-send`` hook)."""
 
     def __init__(self, store: CheckpointStore) -> None:
         self.keys: list[str] = []
         store.client.meta.events.register("before-send.s3.GetObject", self._on_send)
-        if store.lean_get is not None:
-            store.lean_get.observe(self.keys.append)
 
     def _on_send(self, request: Any, **_: Any) -> None:
         self.keys.append(request.url)

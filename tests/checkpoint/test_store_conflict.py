@@ -7,7 +7,7 @@ import pytest
 from ckpt_builders import RUN, make_record
 from e2e.s3_shim import S3Shim
 
-from agentrun.checkpoint import store as store_mod
+from agentrun.checkpoint import s3store
 from agentrun.checkpoint.errors import LapAlreadyCheckpointed, StoreUnavailable
 from agentrun.checkpoint.store import CheckpointStore, StoreConfig
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.s3
 def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setattr(store_mod, "CONFLICT_BACKOFF_SECONDS", 0.001)
+    monkeypatch.setattr(s3store, "CONFLICT_BACKOFF_SECONDS", 0.001)
 
 
 def make(shim: S3Shim) -> CheckpointStore:
@@ -53,7 +53,7 @@ def test_a_conflict_that_does_not_settle_is_store_unavailable_not_already_exists
         with pytest.raises(StoreUnavailable, match="ConditionalRequestConflict") as err:
             store.put_lap(make_record(1))
         assert not isinstance(err.value, LapAlreadyCheckpointed) and not err.value.permanent
-        assert shim.state.conditional_puts == store_mod.CONFLICT_RETRIES + 1
+        assert shim.state.conditional_puts == s3store.CONFLICT_RETRIES + 1
         assert shim.state.objects == {}
 
 

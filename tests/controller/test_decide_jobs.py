@@ -136,7 +136,7 @@ def test_the_tenancy_recheck_is_a_switch_and_the_old_period_still_turns_it_off(e
 @pytest.mark.parametrize("var,value", [("AGENTRUN_METRICS_PORT", "x"), ("AGENTRUN_LAP_REQUESTS", "[1]"),
                                        ("AGENTRUN_TENANCY_RECHECK", "sometimes"),
                                        ("AGENTRUN_S3_PATH_STYLE", "maybe"), ("AGENTRUN_LOG_FORMAT", "xml"),
-                                       ("AGENTRUN_S3_LEAN_GET", "flase"), ("AGENTRUN_WATCH_TIMEOUT_SECONDS", "0"),
+                                       ("AGENTRUN_WATCH_TIMEOUT_SECONDS", "0"),
                                        ("AGENTRUN_WATCH_TIMEOUT_SECONDS", "3600"),
                                        ("AGENTRUN_WATCH_TIMEOUT_SECONDS", "2m"), ("AGENTRUN_EVENT_LOOP", "tokio")])
 def test_config_errors_name_the_variable(var, value):
@@ -160,15 +160,6 @@ def test_the_watch_timeout_reaches_every_informer_query():
         assert inf.watch_seconds + WATCH_READ_MARGIN_SECONDS == 37
     finally:
         loop.close()
-
-
-@pytest.mark.parametrize("value,on", [("", True), ("true", True), ("1", True), ("On", True), (" yes ", True),
-                                      ("false", False), ("0", False), ("OFF", False), ("no", False)])
-def test_the_lean_get_switch_takes_the_words_of_the_other_switches(value, on):
-    from agentrun.checkpoint.s3get import ENV_SWITCH, enabled
-
-    assert enabled({ENV_SWITCH: value}) is on
-    OperatorConfig.from_env({ENV_SWITCH: value})  # accepted at start
 
 
 def test_job_carries_the_decision_it_executes():

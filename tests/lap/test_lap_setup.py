@@ -69,8 +69,6 @@ def test_lap_1_reads_its_model_journal_entry_once_before_the_model_call(s3_env: 
     store = CheckpointStore(StoreConfig.from_env(env))
     gets: list[str] = []
     store.client.meta.events.register("before-send.s3.GetObject", lambda request, **_: gets.append(request.url))
-    if store.lean_get is not None:  # the store's lean GETs (checkpoint/s3get.py)
-        store.lean_get.observe(gets.append)
     result = execute_lap(parse_env(env), store, env, LapLogger({}, stream=io.StringIO()))
     assert result.code == EXIT_OK, result.message
     assert [u for u in gets if "/journal/" in u and u.endswith("/model.json")] != []

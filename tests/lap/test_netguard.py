@@ -140,7 +140,7 @@ def test_bad_input_doc_quotes_the_connect_time_refusals():
 
 
 def test_the_checkpoint_stores_connections_are_checked_in_the_lap_process(listener, monkeypatch):
-    """botocore (and the lean GET) over urllib3: the lap process routes urllib3's connections
+    """botocore over urllib3: the lap process routes urllib3's connections
     through the same check; the store names the refusal and fails permanently, nothing sent."""
     from urllib3.util import connection
 

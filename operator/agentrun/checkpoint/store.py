@@ -8,12 +8,12 @@
 
 Every object is canonical JSON (sorted keys, compact separators), gzip-compressed since schema 3
 (``checkpoint/codec.py``, docs/checkpoint-format.md), with the sha256 of its stored bytes in the
-user metadata ``x-amz-meta-sha256``, verified on every read. Credentials come from boto3's standard chain
-(botocore's, which boto3 uses); this module never reads, passes or logs them.
+user metadata ``x-amz-meta-sha256``, verified on every read.
 
-botocore is imported when a client is made (``make_client``) or an S3 error is translated, not by
-importing this module; and the client is botocore's own, without boto3's session layer (see
-``make_client``).
+The objects live in a ``BlobStore`` (``checkpoint/blobstore.py``: get, head, create-only put, list,
+delete): S3 through botocore's client (``checkpoint/s3store.py``; credentials from its standard
+chain, never read, passed or logged here), or memory. This module is everything above it: the
+layout, the codec, the sha256 metadata and the fence (a lap record is written create-only).
 """
 
 from __future__ import annotations
@@ -24,24 +24,21 @@ import logging
 import os
 import re
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from agentrun.api import contract
 from agentrun.api.contract import Env
-from agentrun.api.tenancy import AddressRefusal
 from agentrun.api.types import redact_url
-from agentrun.checkpoint import s3get
+from agentrun.checkpoint.blobstore import BlobStore
 from agentrun.checkpoint.codec import (
     ENCODING_GZIP,
-    MAX_DECODED_BYTES,
     canonical_json,  # noqa: F401  (re-exported: tests and tools build stored bytes with it)
     encode_object,
     inflate,
@@ -59,6 +56,8 @@ from agentrun.checkpoint.errors import (
 )
 from agentrun.checkpoint.fold import fold, fork_state
 from agentrun.checkpoint.migrations import migrate, schema_version_of
+from agentrun.checkpoint.s3store import S3BlobStore
+from agentrun.checkpoint.s3store import make_client as make_client  # re-exported: the operator warms it
 from agentrun.checkpoint.schema import (
     SCHEMA_VERSION,
     AttemptFailure,
@@ -69,9 +68,6 @@ from agentrun.checkpoint.schema import (
     Storage,
 )
 
-if TYPE_CHECKING:
-    from botocore.exceptions import ClientError
-
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
@@ -81,15 +77,6 @@ _URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<pr
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 _JOURNAL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
 _LAP_FILE = re.compile(r"(\d{8})\.json$")
-_RETRYABLE_CODES = {
-    "Throttling", "ThrottlingException", "SlowDown", "RequestTimeout", "RequestTimeTooSkewed",
-    "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "TooManyRequests",
-}  # fmt: skip
-_NOT_FOUND_CODES = {"NoSuchKey", "NotFound", "404"}
-#: Retries of a conditional PUT answered 409 ConditionalRequestConflict (another conditional write
-#: of the key is in flight); then StoreUnavailable (retryable).
-CONFLICT_RETRIES = 4
-CONFLICT_BACKOFF_SECONDS = 0.1
 _RESUME_READERS = 10
 """Parallel GETs of a resume at a known lap (the snapshot and up to K-1 lap records)."""
 
@@ -203,31 +190,6 @@ class StoreConfig(BaseModel):
             raise StoreConfigError(f"{field}: {err['msg']}") from None
 
 
-def make_client(config: StoreConfig) -> Any:
-    """An S3 client using the standard credential chain: the botocore client that
-    ``boto3.session.Session().client("s3", ...)`` returns (same session defaults, configuration,
-    credential chain and API), made from a botocore session directly. boto3's session layer adds
-    only resources and S3 transfer helpers (``upload_file`` ...), which the store does not use, and
-    its import and those helpers (s3transfer) cost 20-30 ms of every lap pod's start.
-
-    The session is ``checkpoint/s3model.py``'s: its data loader reads the trimmed copy of what an
-    S3 client loads (~40 ms less to parse), its credentials and token come from botocore's standard
-    chain."""
-    from botocore.config import Config
-
-    from agentrun.checkpoint.s3model import session
-
-    botocore_config = Config(
-        s3={"addressing_style": "path" if config.path_style else "auto"},
-        retries={"mode": "standard", "max_attempts": 4},
-        connect_timeout=5,
-        read_timeout=30,
-    )
-    return session(config.endpoint_url, config.region).create_client(
-        "s3", endpoint_url=config.endpoint_url, region_name=config.region, config=botocore_config
-    )
-
-
 # --------------------------------------------------------------------------------------------
 # pure helpers
 # --------------------------------------------------------------------------------------------
@@ -330,25 +292,24 @@ def verify_sha256(data: bytes, expected: str | None, key: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-class _ConditionFailed(Exception):
-    """A conditional put was refused because the object exists (412 PreconditionFailed)."""
-
-
-class _ConditionalConflict(StoreUnavailable):
-    """409 ConditionalRequestConflict: a concurrent conditional write of the key is still in
-    flight. Retryable: the outcome of that write is not known yet, so it never means "exists"."""
-
-
 class CheckpointStore:
-    """Reads and writes the checkpoint objects of runs. Thread-safe (one boto3 client)."""
+    """Reads and writes the checkpoint objects of runs in ``blobs`` (default: the S3 bucket of
+    ``config``, through ``client`` or a client made from ``config``). Thread-safe."""
 
-    def __init__(self, config: StoreConfig, client: Any = None) -> None:
+    def __init__(self, config: StoreConfig, client: Any = None, *, blobs: BlobStore | None = None) -> None:
         self.config = config
-        self.client = client if client is not None else make_client(config)
-        self.lean_get = s3get.LeanGet.for_client(
-            self.client, config.endpoint_url, config.bucket, config.path_style, MAX_DECODED_BYTES)
-        """GETs signed as botocore signs them (SigV4) over one urllib3 pool (``checkpoint/s3get.py``): with an
-        endpoint URL and path-style addressing, unless ``AGENTRUN_S3_LEAN_GET=false``; None: botocore's."""
+        self.blobs: BlobStore = blobs if blobs is not None else S3BlobStore(config, client)
+
+    @property
+    def client(self) -> Any:
+        """The S3 backend's botocore client (the conditional-write probe, ``agentrun gc``, tests)."""
+        if not isinstance(self.blobs, S3BlobStore):
+            raise TypeError(f"this checkpoint store is not on S3 ({type(self.blobs).__name__})")
+        return self.blobs.client
+
+    def close(self) -> None:
+        """Close the backend's connections."""
+        self.blobs.close()
 
     # ---- keys ------------------------------------------------------------------------------
 
@@ -373,130 +334,45 @@ class CheckpointStore:
             raise ValueError(f"attempt must be an integer in 1..999, got {attempt!r}")
         return self.run_prefix(run) + contract.attempt_object(_check_lap(lap), attempt)
 
-    # ---- raw S3 ----------------------------------------------------------------------------
+    # ---- objects ---------------------------------------------------------------------------
 
-    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
-        """Run one S3 call, translating botocore errors into checkpoint errors."""
-        from botocore.exceptions import (
-            BotoCoreError,
-            ClientError,
-            NoCredentialsError,
-            PartialCredentialsError,
-        )
-
-        try:
-            return fn()
-        except ClientError as e:
-            raise self._client_error(op, key, e) from None
-        except (NoCredentialsError, PartialCredentialsError):
-            raise StoreConfigError(
-                f"S3 {op} {key}: no usable credentials found by the standard AWS credential chain", key
-            ) from None
-        except BotoCoreError as e:
-            refused = getattr(e, "kwargs", {}).get("error")
-            if isinstance(refused, AddressRefusal):  # the lap's connect-time check: nothing was sent
-                raise StoreConfigError(f"S3 {op} {key}: {refused}", key) from None
-            where = redact_url(self.config.endpoint_url or "AWS S3")
-            raise StoreUnavailable(
-                f"S3 {op} {key}: cannot reach the store at {where} ({type(e).__name__})", key
-            ) from None
-
-    def _client_error(self, op: str, key: str, e: ClientError) -> CheckpointError | _ConditionFailed:
-        code = str(e.response.get("Error", {}).get("Code", ""))
-        status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        if status == 412 or code == "PreconditionFailed":
-            return _ConditionFailed()
-        what = f"S3 {op} {key}: {code or 'error'} (HTTP {status})"
-        if status == 409 or code == "ConditionalRequestConflict":
-            return _ConditionalConflict(
-                f"{what}: a concurrent conditional write of this key is in flight; retry", key)
-        if code == "NoSuchBucket":
-            return StoreConfigError(f"{what}: bucket {self.config.bucket!r} does not exist", key)
-        if code in _NOT_FOUND_CODES or status == 404:
-            return CheckpointNotFound(key)
-        if status >= 500 or status in (408, 429) or code in _RETRYABLE_CODES:
-            return StoreUnavailable(what, key)
-        return StoreConfigError(what, key)
-
-    def _put(self, key: str, data: bytes, sha: str, *, create_only: bool) -> None:
+    def _put(self, key: str, data: bytes, sha: str, *, create_only: bool) -> bool:
+        """Write ``data`` with its sha256 (and, gzip, its encoding) in the user metadata. False:
+        ``create_only`` and the key exists."""
         gz = data.startswith(b"\x1f\x8b")
-        kwargs: dict[str, Any] = {
-            "Bucket": self.config.bucket,
-            "Key": key,
-            "Body": data,
-            "ContentType": "application/gzip" if gz else "application/json",
-            "Metadata": {"sha256": sha, "encoding": ENCODING_GZIP} if gz else {"sha256": sha},
-        }
-        if create_only:
-            kwargs["IfNoneMatch"] = "*"
-        self._call("PutObject", key, lambda: self.client.put_object(**kwargs))
+        return self.blobs.put(key, data, {"sha256": sha, "encoding": ENCODING_GZIP} if gz else {"sha256": sha},
+                              "application/gzip" if gz else "application/json", if_absent=create_only)
 
     def _put_once(self, key: str, data: bytes) -> tuple[StoredObject, bool]:
         """Conditional put. Returns (object, True) if we wrote it, or (existing object, False)
         if it existed. A retried put whose first try landed (same bytes) counts as written."""
         sha = sha256_hex(data)
-        try:
-            self._put_conditional(key, data, sha)
-        except _ConditionFailed:
+        if not self._put(key, data, sha, create_only=True):
             existing = self._head(key)
             if existing is not None and existing.sha256 == sha:
                 return existing, True
             return existing or StoredObject(key, "", 0, _now()), False
         return StoredObject(key, sha, len(data), _now()), True
 
-    def _put_conditional(self, key: str, data: bytes, sha: str) -> None:
-        """``_put(create_only=True)``, retried a few times with backoff while the store answers 409
-        ConditionalRequestConflict; then that StoreUnavailable is raised (retryable)."""
-        for attempt in range(CONFLICT_RETRIES + 1):
-            try:
-                self._put(key, data, sha, create_only=True)
-                return
-            except _ConditionalConflict:
-                if attempt == CONFLICT_RETRIES:
-                    raise
-                time.sleep(CONFLICT_BACKOFF_SECONDS * 2**attempt)
-
     def _head(self, key: str) -> StoredObject | None:
-        try:
-            resp = self._call(
-                "HeadObject", key, lambda: self.client.head_object(Bucket=self.config.bucket, Key=key)
-            )
-        except CheckpointNotFound:
+        info = self.blobs.head(key)
+        if info is None:
             return None
-        return StoredObject(
-            key=key,
-            sha256=str(resp.get("Metadata", {}).get("sha256", "")),
-            size=int(resp.get("ContentLength", 0)),
-            written_at=resp.get("LastModified") or _now(),
-        )
+        return StoredObject(key=key, sha256=str(info.metadata.get("sha256", "")), size=info.size,
+                            written_at=info.last_modified or _now())
 
-    def _read(self, key: str, fetched: s3get.Got | str | None = None,
-              lean: bool = True) -> tuple[dict[str, Any], StoredObject, int]:
+    def _read(self, key: str) -> tuple[dict[str, Any], StoredObject, int]:
         """GET, verify sha256, parse JSON, migrate to the current schema. Returns the migrated
-        document, the object, and the schema version it was written with. ``fetched``: the lean
-        GET's answer, made by the caller (a ``Got`` or ``NOT_FOUND``); ``lean=False``: the lean GET
-        was tried and left the request to botocore."""
-
-        def get() -> tuple[bytes, dict[str, Any]]:
-            resp = self.client.get_object(Bucket=self.config.bucket, Key=key)
-            return resp["Body"].read(), resp
-
-        resp: dict[str, Any]
-        if fetched is None and lean and self.lean_get is not None:
-            fetched = self.lean_get.get(key)
-        if fetched == s3get.NOT_FOUND:
-            raise CheckpointNotFound(key)  # 404 NoSuchKey: as _client_error says it
-        if isinstance(fetched, s3get.Got):
-            data, resp = fetched.body, {"Metadata": fetched.metadata, "LastModified": fetched.last_modified}
-        else:  # no lean path, or an answer it leaves to botocore (retries, the error translation)
-            data, resp = self._call("GetObject", key, get)
-        sha = verify_sha256(data, resp.get("Metadata", {}).get("sha256"), key)
+        document, the object, and the schema version it was written with."""
+        blob = self.blobs.get(key)
+        data = blob.data
+        sha = verify_sha256(data, blob.metadata.get("sha256"), key)
         raw = decode_document(data, key)
         version = schema_version_of(raw, key)
         doc = migrate(raw, key)
         if doc.get("kind") == "LapRecord":
             doc = unpack_lap(doc, key, in_place=True)  # doc is ours: parsed from these bytes just now
-        return doc, StoredObject(key, sha, len(data), resp.get("LastModified") or _now()), version
+        return doc, StoredObject(key, sha, len(data), blob.last_modified or _now()), version
 
     def _read_optional(self, key: str) -> tuple[dict[str, Any], StoredObject, int] | None:
         try:
@@ -504,21 +380,8 @@ class CheckpointStore:
         except CheckpointNotFound:
             return None
 
-    def _list_keys(self, prefix: str, start_after: str | None = None) -> Iterator[str]:
-        kwargs: dict[str, Any] = {"Bucket": self.config.bucket, "Prefix": prefix}
-        if start_after:
-            kwargs["StartAfter"] = start_after
-        while True:
-            resp = self._call("ListObjectsV2", prefix, lambda: self.client.list_objects_v2(**kwargs))
-            for item in resp.get("Contents", []):
-                yield item["Key"]
-            if not resp.get("IsTruncated"):
-                return
-            kwargs["ContinuationToken"] = resp["NextContinuationToken"]
-            kwargs.pop("StartAfter", None)
-
     def _list_laps(self, prefix: str, start_after: str | None = None) -> list[int]:
-        laps = (lap_of_key(k) for k in self._list_keys(prefix, start_after))
+        laps = (lap_of_key(k) for k in self.blobs.list_keys(prefix, start_after))
         return sorted(lap for lap in laps if lap is not None)
 
     def _snapshot_laps(self, run: RunRef) -> list[int]:
@@ -590,19 +453,15 @@ class CheckpointStore:
         stored, written = self._put_once(self.snapshot_key(state.run, state.lap), encode_object(state.to_api()))
         return stored if written else None
 
-    def get_lap(self, run: RunRef, lap: int, *, fetched: s3get.Got | str | None = None,
-                lean: bool = True) -> tuple[LapRecord, StoredObject]:
+    def get_lap(self, run: RunRef, lap: int) -> tuple[LapRecord, StoredObject]:
         """Read, verify, migrate and validate a lap record. Raises ``CheckpointNotFound``,
-        ``CorruptCheckpoint``, ``UnsupportedSchemaVersion`` or ``StoreUnavailable``. ``fetched``
-        and ``lean``: the caller made the lean GET itself (``_read``); with ``fetched`` this makes
-        no request."""
-        record, stored, _ = self._get_lap(run, lap, fetched, lean)
+        ``CorruptCheckpoint``, ``UnsupportedSchemaVersion`` or ``StoreUnavailable``."""
+        record, stored, _ = self._get_lap(run, lap)
         return record, stored
 
-    def _get_lap(self, run: RunRef, lap: int, fetched: s3get.Got | str | None = None,
-                 lean: bool = True) -> tuple[LapRecord, StoredObject, int]:
+    def _get_lap(self, run: RunRef, lap: int) -> tuple[LapRecord, StoredObject, int]:
         key = self.lap_key(run, lap)
-        doc, stored, version = self._read(key, fetched, lean)
+        doc, stored, version = self._read(key)
         record = parse_model(LapRecord, doc, key)
         if record.run != run or record.lap != lap:
             raise CorruptCheckpoint(
@@ -816,7 +675,7 @@ class CheckpointStore:
         data = encode_object(entry.to_api())
         try:
             self._put(key, data, sha256_hex(data), create_only=False)
-        except (CheckpointError, _ConditionFailed) as e:
+        except CheckpointError as e:
             log.warning("attempt report %s not written: %s", key, e)
 
     def delete_journal(
@@ -832,17 +691,15 @@ class CheckpointStore:
             if not lap_written and self.head_lap(run, lap) is None:
                 raise ValueError(f"lap {lap} is not checkpointed: its journal is still needed")
             if names is None:
-                keys = list(self._list_keys(self.run_prefix(run) + contract.journal_dir(_check_lap(lap))))
+                keys = list(self.blobs.list_keys(self.run_prefix(run) + contract.journal_dir(_check_lap(lap))))
             else:
                 keys = [self.journal_key(run, lap, n) for n in names]
             if not keys:
                 return 0
-            batch = {"Objects": [{"Key": k} for k in keys], "Quiet": True}
-            resp = self._call("DeleteObjects", keys[0],
-                              lambda: self.client.delete_objects(Bucket=self.config.bucket, Delete=batch))
-            if resp.get("Errors"):
-                log.warning("journal of lap %s: %d entries not deleted", lap, len(resp["Errors"]))
-            return len(keys) - len(resp.get("Errors") or [])
+            failed = self.blobs.delete(keys)
+            if failed:
+                log.warning("journal of lap %s: %d entries not deleted", lap, len(failed))
+            return len(keys) - len(failed)
         except CheckpointError as e:
             log.warning("journal of lap %s not deleted: %s", lap, e)
             return 0
@@ -859,22 +716,13 @@ class CheckpointStore:
     def delete_run(self, run: RunRef) -> int:
         """Delete every object of the run (retention: Delete). Returns how many were deleted."""
         prefix = self.run_prefix(run)
-        keys = list(self._list_keys(prefix))
-        for i in range(0, len(keys), 1000):
-            batch = {"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True}
-            resp = self._call(
-                "DeleteObjects",
+        keys = list(self.blobs.list_keys(prefix))
+        failed = self.blobs.delete(keys)
+        if failed:
+            raise StoreUnavailable(
+                f"S3 DeleteObjects {prefix}: {len(failed)} objects not deleted, e.g. {failed[0][0]}: {failed[0][1]}",
                 prefix,
-                lambda b=batch: self.client.delete_objects(Bucket=self.config.bucket, Delete=b),  # type: ignore[misc]
             )
-            errors = resp.get("Errors") or []
-            if errors:
-                first = errors[0]
-                raise StoreUnavailable(
-                    f"S3 DeleteObjects {prefix}: {len(errors)} objects not deleted, e.g. "
-                    f"{first.get('Key')}: {first.get('Code')}",
-                    prefix,
-                )
         return len(keys)
 
 

@@ -12,8 +12,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrun.checkpoint.switch import enabled as lean_get_enabled
-
 #: The values of AGENTRUN_EVENT_LOOP (controller/eventloop.py makes the loop).
 EVENT_LOOPS = ("uvloop", "asyncio")
 #: The admission policy sets of AGENTRUN_ADMISSION_POLICIES (controller/policycheck.py).
@@ -202,5 +200,4 @@ class OperatorConfig:
         parse("AGENTRUN_IDENTITY", str, "identity")
         if not kw.get("identity"):
             kw["identity"] = f"{os.uname().nodename}-{os.getpid()}"
-        lean_get_enabled(env)  # read by the checkpoint store per store: a bad value stops the start here
         return cls(**kw)

@@ -26,12 +26,10 @@ from agentrun import metrics
 from agentrun.api.reasons import Reason
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import StoreLocation
-from agentrun.checkpoint.s3get import Got
 from agentrun.checkpoint.schema import RunRef
 
 from . import decide as d
 from .akube import AsyncKube
-from .as3 import AsyncS3Get
 from .cache import Cache, Key
 from .config import OperatorConfig
 from .decide.jobs import RunIdentity, build_job, effective_endpoint, spec_json
@@ -62,9 +60,6 @@ class StatusRefused(RetryWithBackoff):
     """The API server refused a status write for good: the reconcile failed (backoff, one Event)."""
 
 
-#: Stored bytes of a lap record the operator decodes on its event loop; a bigger one is decoded in a
-#: worker thread (a typical record is a few kB; the store's bound is hundreds of MB).
-INLINE_DECODE_BYTES = 256 * 1024
 
 
 def probe_store(store: Any) -> d.StoreProbeRead:
@@ -124,7 +119,6 @@ class Executor:
                  specs: SpecMemo | None = None) -> None:
         self.config, self.kube, self.cache = config, kube, cache
         self.akube = akube  # the writes on the event loop; None: through Kube in a worker thread
-        self.s3 = AsyncS3Get()  # the lap record's GET on the event loop
         self._stores: dict[tuple[Any, ...], Any] = {}
         self.specs = specs if specs is not None else SpecMemo()  # the controller's parsed specs, their lap JSON
         self._refusals: dict[Key, str] = {}
@@ -166,7 +160,10 @@ class Executor:
         return self.specs.text(key, spec, spec_json)
 
     async def aclose(self) -> None:
-        await self.s3.close()
+        """Close the checkpoint stores' connections."""
+        for store in self._stores.values():
+            await asyncio.to_thread(store.close)
+        self._stores = {}
 
     def warm(self) -> None:
         """Load, at start-up and in a thread, what the first checkpoint read loads (botocore, an S3
@@ -197,20 +194,9 @@ class Executor:
         return store
 
     async def _get_lap(self, store: Any, run: RunRef, lap: int) -> Any:
-        """``store.get_lap``: its lean GET on the loop (:class:`AsyncS3Get`) where the store has
-        one, the record then decoded here; else, or when that GET leaves the request to botocore,
-        the whole read in a worker thread."""
-        lean = getattr(store, "lean_get", None)
-        if lean is None:
-            return await asyncio.to_thread(store.get_lap, run, lap)
-        fetched = await self.s3.get(lean, store.lap_key(run, lap))
-        if fetched is None:
-            return await asyncio.to_thread(store.get_lap, run, lap, lean=False)
-        if isinstance(fetched, Got) and len(fetched.body) > INLINE_DECODE_BYTES:
-            # a big record (up to the store's bound) is decoded and validated in a thread: on the
-            # loop it would hold up every reconcile, watch and Lease renewal meanwhile
-            return await asyncio.to_thread(store.get_lap, run, lap, fetched=fetched)
-        return store.get_lap(run, lap, fetched=fetched)
+        """``store.get_lap`` (the GET, its verification and decoding) in a worker thread: the
+        event loop goes on with every other reconcile, watch and Lease renewal meanwhile."""
+        return await asyncio.to_thread(store.get_lap, run, lap)
 
     async def read(self, o: d.Observed, decision: d.Decision, run: RunRef, spec: AgentRunSpec | None) -> d.Observed:
         from agentrun.checkpoint import errors as ce

@@ -20,7 +20,7 @@ The rules (:class:`agentrun.api.tenancy.AddressRules`) come from the operator, m
 AgentRunPolicies it resolved for the run (``AGENTRUN_ADDRESS_RULES``); without them the
 always-denied ranges still apply.
 
-The checkpoint store's client is botocore (and the lean GET, ``checkpoint/s3get.py``), over
+The checkpoint store's client is botocore (``checkpoint/s3store.py``), over
 urllib3, whose connections have no per-client hook: where a run names its own store
 (``spec.checkpoint.endpoint``), the lap process (``agentrun lap``, not the operator) routes
 urllib3's ``create_connection`` through :func:`guard_store_connections`, which checks the
