@@ -23,15 +23,14 @@ from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentRunStatus, StoreLocation
 from agentrun.checkpoint.s3get import Got
 from agentrun.checkpoint.schema import RunRef
+from agentrun.kube.client import EVENTS, JOBS, Client, path
 
 from . import decide as d
-from .akube import AsyncKube
 from .as3 import AsyncS3Get
-from .cache import Cache, Key
+from .cache import GROUP, RUNS, VERSION, Cache, Key
 from .config import OperatorConfig
 from .events import EventBudget
 from .jobs import RunIdentity, build_job, effective_endpoint, spec_json
-from .kube import EVENTS, GROUP, JOBS, RUNS, VERSION, Kube, path
 from .logs import run_logger
 from .observe import SpecMemo
 
@@ -153,10 +152,8 @@ class Outcome:
 
 
 class Executor:
-    def __init__(self, config: OperatorConfig, kube: Kube, cache: Cache, akube: AsyncKube | None = None,
-                 specs: SpecMemo | None = None) -> None:
+    def __init__(self, config: OperatorConfig, kube: Client, cache: Cache, specs: SpecMemo | None = None) -> None:
         self.config, self.kube, self.cache = config, kube, cache
-        self.akube = akube  # the writes on the event loop; None: through Kube in a worker thread
         self.s3 = AsyncS3Get()  # the lap record's GET on the event loop
         self._stores: dict[tuple[Any, ...], Any] = {}
         self.specs = specs if specs is not None else SpecMemo()  # the controller's parsed specs, their lap JSON
@@ -173,11 +170,8 @@ class Executor:
         self._refusals.pop(key, None)
 
     async def call(self, method: str, path_: str, **kw: Any) -> Any:
-        """One request to the API server: on the loop (:class:`AsyncKube`) when there is one, else
-        through :class:`Kube` in a worker thread."""
-        if self.akube is not None:
-            return await self.akube.request(method, path_, **kw)
-        return await asyncio.to_thread(self.kube.request, method, path_, **kw)
+        """One request to the API server."""
+        return await self.kube.request(method, path_, **kw)
 
     async def write(self, kind: str, key: Key, method: str, path_: str, **kw: Any) -> Any:
         """A write of one cached object: its response goes into the cache, and the watch event of
