@@ -198,7 +198,7 @@ class Controller:
                         kube, kind, None, None, self.policies, loop, resource=resource, optional=True,
                         field_selector=f"metadata.name={name}" if name else None, scope=name,
                         watch_seconds=cfg.watch_timeout_seconds))
-        self.notifier = notify_from_env(None, active=lambda: self.is_leader, runs=self._notifier_runs,
+        self.notifier = notify_from_env(active=lambda: self.is_leader, runs=self._notifier_runs,
                                         patch_status=self._notifier_patch)
         if self.notifier is not None:
             self.cache.notify_outcomes = self.notifier.settings.outcomes  # before the informers fill the cache
