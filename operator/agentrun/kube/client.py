@@ -228,7 +228,9 @@ class Client:
             conf = self.api_client.configuration
             connector = aiohttp.TCPConnector(limit=self.pool_size, keepalive_timeout=60, ssl=(
                 ssl_context(conf) if conf.host.startswith("https://") else False))
-            self._session = aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",))
+            # no cookies (the API server sets none): the jar's per-request work is skipped
+            self._session = aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",),
+                                                  cookie_jar=aiohttp.DummyCookieJar())
             self._loop = loop
         return self._session
 
