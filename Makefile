@@ -44,7 +44,7 @@ test-stress:
 	$(PYTHON) bench/run_all.py --only test_stress
 
 # mypy --strict on the typed layers, and the import-linter contracts of .importlinter
-TYPED = operator/agentrun/api operator/agentrun/checkpoint operator/agentrun/controller operator/agentrun/lap \
+TYPED = operator/agentrun/api operator/agentrun/checkpoint operator/agentrun/controller operator/agentrun/lap operator/agentrun/kube \
 	operator/agentrun/metrics operator/agentrun/cli operator/agentrun/inbox operator/agentrun/notify operator/agentrun/testfault operator/agentrun/toolkit
 
 lint:

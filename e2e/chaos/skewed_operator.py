@@ -2,7 +2,7 @@
 clock running at ``--rate``), for the chaos suite's clock-skew scenario.
 
 The skew goes in through the elector's injectable time source
-(``agentrun.controller.lease.set_default_clock``), nothing else is changed: the replica writes
+(``agentrun.kube.lease.set_default_clock``), nothing else is changed: the replica writes
 renewTime/acquireTime from its skewed clock, and must still never take a Lease that another live
 replica renews (expiry is measured by its own observed time, not by comparing clocks).
 
@@ -16,7 +16,7 @@ import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 
-from agentrun.controller import lease
+from agentrun.kube import lease
 
 
 class SkewedClock:

@@ -149,13 +149,15 @@ def test_the_watch_timeout_reaches_every_informer_query():
     the client's read timeout stays 30 s above it."""
     import asyncio
 
-    from agentrun.controller.cache import WATCH_READ_MARGIN_SECONDS, WATCH_SECONDS, Informer
+    from agentrun.kube.client import JOBS
+    from agentrun.kube.informer import WATCH_READ_MARGIN_SECONDS, WATCH_SECONDS, Informer
 
     assert OperatorConfig.from_env({}).watch_timeout_seconds == WATCH_SECONDS
     cfg = OperatorConfig.from_env({"AGENTRUN_WATCH_TIMEOUT_SECONDS": "7"})
     loop = asyncio.new_event_loop()
     try:
-        inf = Informer(None, "jobs", "team-a", None, None, loop, watch_seconds=cfg.watch_timeout_seconds)  # type: ignore[arg-type]
+        inf = Informer(None, "jobs", "team-a", None, None, loop, resource=JOBS,  # type: ignore[arg-type]
+                       watch_seconds=cfg.watch_timeout_seconds)
         assert inf._watch_query("42")["timeoutSeconds"] == 7
         assert inf.watch_seconds + WATCH_READ_MARGIN_SECONDS == 37
     finally:

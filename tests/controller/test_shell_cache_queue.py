@@ -13,9 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from agentrun.controller.cache import Cache
 from agentrun.controller.decide.jobs import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID
-from agentrun.controller.kube import instrument, request_labels
-from agentrun.controller.queue import RateLimiter, WorkQueue
-from agentrun.metrics.kube import KubeRequestMetrics
+from agentrun.kube.client import request_labels
+from agentrun.kube.queue import RateLimiter, WorkQueue
 
 # ----------------------------------------------------------------------------------------- queue
 
@@ -327,35 +326,6 @@ def test_request_labels(method, url, labels):
     assert request_labels(method, url) == labels
 
 
-def test_every_request_through_the_api_client_is_counted():
-    from types import SimpleNamespace
-
-    reg = CollectorRegistry()
-    m = KubeRequestMetrics(reg)
-
-    def request(method: str, url: str, **_: Any) -> Any:
-        if "boom" in url:
-            raise OSError("connection refused")
-        return SimpleNamespace(status=409 if method == "POST" else 200)
-
-    api_client = SimpleNamespace(rest_client=SimpleNamespace(request=request))
-    instrument(api_client, m.observe)
-    instrument(api_client, m.observe)  # idempotent: not counted twice
-    rest = api_client.rest_client
-    rest.request("GET", "https://h/api/v1/namespaces/ns/pods")
-    rest.request("POST", "https://h/apis/batch/v1/namespaces/ns/jobs")
-    rest.request("POST", "https://h/apis/batch/v1/namespaces/ns/jobs")
-    with pytest.raises(OSError):
-        rest.request("GET", "https://h/api/v1/namespaces/boom/pods/x")
-
-    def value(verb: str, resource: str, code: str) -> float | None:
-        return reg.get_sample_value("agentrun_kube_requests_total", {"verb": verb, "resource": resource, "code": code})
-
-    assert value("list", "pods", "200") == 1
-    assert value("create", "jobs", "409") == 2
-    assert value("get", "pods", "<error>") == 1
-
-
 def test_the_operator_registry_exports_the_request_counter():
     from agentrun import metrics
 
@@ -402,49 +372,22 @@ def test_the_echo_of_an_own_write_arriving_before_its_response_is_skipped(cache)
 
 
 class _FakeKube:
-    """Lists and watch streams scripted per call; records the queries."""
+    """Lists and watch streams scripted per call (an exception in either is raised); records the
+    queries. The client's calls, on the loop."""
 
-    def __init__(self, lists: list[dict[str, Any]], streams: list[Any]) -> None:
+    def __init__(self, lists: list[Any], streams: list[Any]) -> None:
         self.lists, self.streams, self.queries = lists, streams, []
 
-    def request(self, method: str, path_: str, **kw: Any) -> Any:
+    async def request(self, method: str, path_: str, **kw: Any) -> Any:
         self.queries.append(("list", kw.get("query", {}).get("resourceVersion")))
-        return self.lists.pop(0)
-
-    def stream(self, path_: str, query: dict[str, Any], timeout: Any) -> Any:
-        self.queries.append(("watch", query.get("resourceVersion")))
-        item = self.streams.pop(0) if self.streams else None
-        if item is None:
-            import threading
-            threading.Event().wait()  # the last watch: blocks like an idle one (daemon thread)
-        if isinstance(item, Exception):
-            raise item
-        yield from item
-
-
-class _ScriptedKube(_FakeKube):
-    """A :class:`_FakeKube` whose scripted lists may be errors (raised)."""
-
-    def request(self, method: str, path_: str, **kw: Any) -> Any:
-        item = super().request(method, path_, **kw)
+        item = self.lists.pop(0)
         if isinstance(item, Exception):
             raise item
         return item
 
-
-class _FakeAsyncKube:
-    """The same script, as :class:`AsyncKube` serves it: on the loop, with no thread."""
-
-    def __init__(self, kube: _FakeKube) -> None:
-        self.kube = kube
-
-    async def request(self, method: str, path_: str, **kw: Any) -> Any:
-        return self.kube.request(method, path_, **kw)
-
     async def stream(self, path_: str, query: dict[str, Any], timeout: Any) -> Any:
-        k = self.kube
-        k.queries.append(("watch", query.get("resourceVersion")))
-        item = k.streams.pop(0) if k.streams else None
+        self.queries.append(("watch", query.get("resourceVersion")))
+        item = self.streams.pop(0) if self.streams else None
         if item is None:
             await asyncio.Event().wait()  # the last watch: idle until the informer's task is cancelled
         if isinstance(item, Exception):
@@ -453,16 +396,12 @@ class _FakeAsyncKube:
             yield ev
 
 
-TRANSPORTS = pytest.mark.parametrize("on_loop", [False, True], ids=["thread", "loop"])
+_ScriptedKube = _FakeKube
 
 
-def _akube(kube: _FakeKube, on_loop: bool) -> Any:
-    return _FakeAsyncKube(kube) if on_loop else None
-
-
-@TRANSPORTS
-def test_the_informer_lists_watches_resumes_and_relists_after_410(on_loop: bool):
-    from agentrun.controller.cache import Informer
+def test_the_informer_lists_watches_resumes_and_relists_after_410():
+    from agentrun.controller.cache import RUNS
+    from agentrun.kube.informer import Informer
 
     def listed(rv: int, *objs: dict[str, Any]) -> dict[str, Any]:
         return {"metadata": {"resourceVersion": str(rv)}, "items": list(objs)}
@@ -483,7 +422,7 @@ def test_the_informer_lists_watches_resumes_and_relists_after_410(on_loop: bool)
         deleted: list[tuple[str, str]] = []
         c = Cache(on_change=changed.append, on_deleted=deleted.append)
         inf = Informer(kube, "runs", "ns", None, c, asyncio.get_running_loop(),  # type: ignore[arg-type]
-                       akube=_akube(kube, on_loop))
+                       resource=RUNS)
         inf.start()
         await asyncio.wait_for(inf.synced.wait(), 30)
         # wait for the conditions asserted below (the second list applied, and the watch after it
@@ -504,15 +443,14 @@ def test_the_informer_lists_watches_resumes_and_relists_after_410(on_loop: bool)
     assert changed.count(("ns", "r")) == 3  # listed, modified, listed again with a change
 
 
-@TRANSPORTS
-def test_an_optional_informer_refused_by_rbac_tells_its_sink_and_counts_as_synced(on_loop: bool):
+def test_an_optional_informer_refused_by_rbac_tells_its_sink_and_counts_as_synced():
     from kubernetes.client.rest import ApiException
 
-    from agentrun.controller.cache import Informer
     from agentrun.controller.tenancy import BINDINGS, PolicyStore
+    from agentrun.kube.informer import Informer
 
     class Refusing(_FakeKube):
-        def request(self, method: str, path_: str, **kw: Any) -> Any:
+        async def request(self, method: str, path_: str, **kw: Any) -> Any:
             self.queries.append(("list", path_))
             raise ApiException(status=403, reason="Forbidden")
 
@@ -521,7 +459,7 @@ def test_an_optional_informer_refused_by_rbac_tells_its_sink_and_counts_as_synce
     async def main() -> PolicyStore:
         store = PolicyStore()
         inf = Informer(kube, "bindings", None, None, store, asyncio.get_running_loop(),  # type: ignore[arg-type]
-                       resource=BINDINGS, optional=True, akube=_akube(kube, on_loop))
+                       resource=BINDINGS, optional=True)
         inf.start()
         await asyncio.wait_for(inf.synced.wait(), 30)
         for _ in range(3000):  # the refusal is delivered with (not after) the synced flag: wait for it
@@ -567,8 +505,6 @@ def test_the_operators_notifier_reads_the_cache_and_its_status_write_queues_no_r
     """Controller._notifier_runs/_notifier_patch, called from another thread as the notifier's
     thread does: the runs waiting on an approval come from the cache (no request); the record is
     one PATCH whose watch echo (arriving before the response) is skipped, not a reconcile."""
-    import threading
-
     from agentrun.controller.config import OperatorConfig
     from agentrun.controller.execute import Executor
     from agentrun.controller.reconciler import Controller
@@ -579,15 +515,13 @@ def test_the_operators_notifier_reads_the_cache_and_its_status_write_queues_no_r
         def __init__(self) -> None:
             self.requests: list[tuple[str, str, Any]] = []
 
-        def request(self, method: str, path_: str, **kw: Any) -> Any:
+        async def request(self, method: str, path_: str, **kw: Any) -> Any:
             self.requests.append((method, path_, kw.get("body")))
             stored = awaiting(8)
             stored["status"]["approval"]["notified"] = kw["body"]["status"]["approval"]["notified"]
             # the watch echo of this write lands on the loop before the response does
-            loop.call_soon_threadsafe(c.cache.event, "runs", "MODIFIED", stored)
-            done = threading.Event()
-            loop.call_soon_threadsafe(done.set)
-            done.wait(10)
+            c.cache.event("runs", "MODIFIED", stored)
+            await asyncio.sleep(0)
             return stored
 
     async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -631,12 +565,11 @@ def test_a_policy_change_queues_the_live_runs_of_the_namespaces_it_applies_to():
     assert c.cache.causes == {"policy changed": 3}
 
 
-@TRANSPORTS
-def test_an_optional_informer_that_listed_keeps_its_state_when_a_later_watch_is_refused(on_loop: bool):
+def test_an_optional_informer_that_listed_keeps_its_state_when_a_later_watch_is_refused():
     from kubernetes.client.rest import ApiException
 
-    from agentrun.controller.cache import Informer
     from agentrun.controller.tenancy import POLICIES, PolicyStore
+    from agentrun.kube.informer import Informer
 
     pol = {"metadata": {"name": "p", "resourceVersion": "4"}, "spec": {}}
     kube = _ScriptedKube(lists=[{"metadata": {"resourceVersion": "5"}, "items": [pol]},
@@ -646,7 +579,7 @@ def test_an_optional_informer_that_listed_keeps_its_state_when_a_later_watch_is_
     async def main() -> PolicyStore:
         store = PolicyStore()
         inf = Informer(kube, "policies", None, None, store, asyncio.get_running_loop(),  # type: ignore[arg-type]
-                       resource=POLICIES, optional=True, akube=_akube(kube, on_loop))
+                       resource=POLICIES, optional=True)
         inf.start()
         await asyncio.wait_for(inf.synced.wait(), 30)
         for _ in range(3000):  # until it tried to list again after the refused watch (backoff 1 s)
@@ -691,58 +624,14 @@ def test_the_cache_keeps_of_a_job_what_observe_reads():
     assert [j["metadata"]["name"] for j in c.jobs_of("ns", RUN_UID)] == [job["metadata"]["name"]]
 
 
-def test_a_watch_read_in_a_thread_wakes_the_loop_once_per_batch_and_raises_its_error_on_the_loop():
-    """The blocking transport's watch (cache.in_thread): the documents that arrive while the loop is
-    busy are handed over with ONE wake-up, in order; the reader's error is raised on the loop after
-    the documents before it."""
-    import threading
-
-    from agentrun.controller.cache import in_thread
-
-    read_all = threading.Event()
-
-    def docs():
-        yield from ({"n": i} for i in range(50))
-        read_all.set()
-        raise OSError("connection reset")
-
-    async def main() -> tuple[list[Any], int, str]:
-        loop = asyncio.get_running_loop()
-        wakeups = 0
-        real = loop.call_soon_threadsafe
-
-        def counted(*args: Any, **kw: Any) -> Any:
-            nonlocal wakeups
-            wakeups += 1
-            return real(*args, **kw)
-
-        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
-        got: list[Any] = []
-        stream = in_thread(docs, loop, "informer-test")
-        first = asyncio.ensure_future(stream.__anext__())  # the reader starts
-        await asyncio.sleep(0)
-        assert read_all.wait(30)  # the loop is busy (blocked here) while the thread reads everything
-        got.append(await first)
-        try:
-            async for doc in stream:
-                got.append(doc)
-        except OSError as exc:
-            return got, wakeups, str(exc)
-        return got, wakeups, ""
-
-    got, wakeups, error = asyncio.run(main())
-    assert got == [{"n": i} for i in range(50)] and error == "connection reset"
-    assert wakeups == 1
-
-
-@TRANSPORTS
-def test_an_informer_refused_after_it_listed_says_since_when_and_lists_again(on_loop: bool):
+def test_an_informer_refused_after_it_listed_says_since_when_and_lists_again():
     """RBAC taken away after the cache listed: a 403 on the watch marks the informer refused (the
     controller steps down after REFUSED_STEP_DOWN_SECONDS) and it lists again, and only a list
     that goes through clears the mark (a watch could resume on a stale version)."""
     from kubernetes.client.rest import ApiException
 
-    from agentrun.controller.cache import Informer
+    from agentrun.controller.cache import RUNS
+    from agentrun.kube.informer import Informer
 
     listed = {"metadata": {"resourceVersion": "5"}, "items": [run_obj(4)]}
     relisted = {**listed, "metadata": {"resourceVersion": "7"}}
@@ -753,7 +642,7 @@ def test_an_informer_refused_after_it_listed_says_since_when_and_lists_again(on_
     async def main() -> None:
         c = Cache(on_change=lambda k: None)
         inf = Informer(kube, "runs", "ns", None, c, asyncio.get_running_loop(),  # type: ignore[arg-type]
-                       akube=_akube(kube, on_loop))
+                       resource=RUNS)
         inf.start()
         await asyncio.wait_for(inf.synced.wait(), 30)
         for _ in range(3000):  # until the refused watch marked it

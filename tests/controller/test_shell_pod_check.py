@@ -63,7 +63,7 @@ class Kube:
         self.selectors: list[str] = []
         self.rv = 100
 
-    def request(self, method: str, path_: str, **kw: Any) -> Any:
+    async def request(self, method: str, path_: str, **kw: Any) -> Any:
         self.requests.append((method, path_))
         if method == "GET" and path_ == "/api/v1/namespaces/ns/pods":
             sel = kw["query"]["labelSelector"]

@@ -41,7 +41,7 @@ class FakeKube:
         self.job_error = job_error
         self.requests: list[tuple[str, str, Any]] = []
 
-    def request(self, method: str, path_: str, **kw: Any) -> Any:
+    async def request(self, method: str, path_: str, **kw: Any) -> Any:
         self.requests.append((method, path_, kw.get("body")))
         if method == "POST" and path_.endswith("/jobs"):
             if self.job_error is not None:
@@ -370,12 +370,14 @@ def test_the_liveness_port_and_the_metrics_port_must_differ(monkeypatch):
 def test_a_failed_start_is_permanent_for_kopf_and_start_is_idempotent(monkeypatch):
     """Under Kopf alone, a bad notifier setting is a PermanentError (no retry every 60 s); a start
     retried after a failure, or called twice, adds no informer twice."""
+    from types import SimpleNamespace
+
     import kopf
 
     from agentrun.controller import process
 
-    monkeypatch.setattr(reconciler, "new_api_client", lambda n: object())
-    monkeypatch.setattr(reconciler, "instrument", lambda *a: None)
+    monkeypatch.setattr(reconciler, "load_api_client",
+                        lambda: SimpleNamespace(configuration=SimpleNamespace(host="https://10.0.0.1:6443")))
     monkeypatch.setattr(reconciler.Informer, "start", lambda self: None)
     monkeypatch.setenv("AGENTRUN_NOTIFY_WEBHOOK_URL", "ftp://nope")
 

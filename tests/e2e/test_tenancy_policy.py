@@ -275,13 +275,14 @@ def test_the_recheck_loader_reads_what_the_api_server_applies_and_sees_a_tighten
 def _watching(api, body) -> None:
     """Run ``await body(store)`` with a PolicyStore fed by the operator's informers of the
     re-check (list, then watch) through the kubernetes ApiClient ``api``, once they synced."""
-    from agentrun.controller.cache import Informer
-    from agentrun.controller.kube import Kube
+    from agentrun.kube.client import Client
+    from agentrun.kube.informer import Informer
 
     async def main() -> None:
         store = tc.PolicyStore()
         loop = asyncio.get_running_loop()
-        infs = [Informer(Kube(api), kind, None, None, store, loop, resource=res, optional=True)
+        client = Client(api, 8)
+        infs = [Informer(client, kind, None, None, store, loop, resource=res, optional=True)
                 for kind, res in tc.KINDS.items()]
         for inf in infs:
             inf.start()
@@ -291,6 +292,9 @@ def _watching(api, body) -> None:
         finally:
             for inf in infs:
                 inf.stop()
+            for inf in infs:
+                await inf.stopped()
+            await client.close()
 
     asyncio.run(main())
 

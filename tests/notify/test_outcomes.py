@@ -8,7 +8,7 @@ import json
 from datetime import UTC, datetime
 
 import pytest
-from test_sender import receiver  # noqa: F401  (the fixture)
+from test_sender import NO_PORTS, ports, receiver  # noqa: F401  (receiver: the fixture)
 
 from agentrun.api.status import AgentRunStatus
 from agentrun.notify import plan
@@ -21,10 +21,10 @@ class Api:
     def __init__(self, run: dict) -> None:
         self.run, self.patches = run, []
 
-    def list_cluster_custom_object(self, *a):
-        return {"items": [json.loads(json.dumps(self.run))]}
+    def runs(self):  # the notifier's source port
+        return [json.loads(json.dumps(self.run))]
 
-    def patch_namespaced_custom_object_status(self, group, version, ns, plural, name, patch):
+    def patch_status(self, ns, name, patch):  # its status writer port
         self.patches.append(patch)
         self.run["status"].setdefault("lifecycle", {}).update(patch["status"]["lifecycle"])
 
@@ -39,13 +39,13 @@ def finished(phase="Failed", outcomes=("Failed", "Succeeded"), retries=0):
 def test_an_outcome_is_announced_once_and_again_after_a_retry(receiver):  # noqa: F811
     url, _, got = receiver
     api = Api(finished())
-    n = Notifier(api=api, url=url, clock=lambda: 0.0)
+    n = Notifier(**ports(api), url=url, clock=lambda: 0.0)
     for _ in range(3):
         n.scan(NOW)
     assert [(b["kind"], b["phase"], b["retries"]) for b in got] == [("outcome", "Failed", 0)]
     AgentRunStatus.model_validate(api.run["status"])  # the record is a valid status.lifecycle
     assert api.run["status"]["lifecycle"]["notified"]["phase"] == "Failed"
-    Notifier(api=api, url=url, clock=lambda: 0.0).scan(NOW)  # a restarted notifier reads the record
+    Notifier(**ports(api), url=url, clock=lambda: 0.0).scan(NOW)  # a restarted notifier reads the record
     assert len(got) == 1
     api.run["status"]["lifecycle"]["retries"] = 1  # retried, failed again
     n.scan(NOW)
@@ -75,8 +75,8 @@ def test_outcome_messages_are_text_in_every_format():
 
 
 def test_the_default_outcomes_come_from_the_environment():
-    n = from_env(None, {"AGENTRUN_NOTIFY_WEBHOOK_URL": "http://x/", "AGENTRUN_NOTIFY_OUTCOMES": "Failed, Cancelled"})
+    n = from_env({"AGENTRUN_NOTIFY_WEBHOOK_URL": "http://x/", "AGENTRUN_NOTIFY_OUTCOMES": "Failed, Cancelled"}, **NO_PORTS)
     assert n is not None and n.settings.outcomes == ("Failed", "Cancelled")
     n._http.close()
     with pytest.raises(ValueError, match="AGENTRUN_NOTIFY_OUTCOMES: 'Done' is not an outcome"):
-        from_env(None, {"AGENTRUN_NOTIFY_WEBHOOK_URL": "http://x/", "AGENTRUN_NOTIFY_OUTCOMES": "Done"})
+        from_env({"AGENTRUN_NOTIFY_WEBHOOK_URL": "http://x/", "AGENTRUN_NOTIFY_OUTCOMES": "Done"}, **NO_PORTS)

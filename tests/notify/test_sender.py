@@ -18,20 +18,29 @@ NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 
 
 class Api:
-    """list_cluster_custom_object / patch_namespaced_custom_object_status over one run dict."""
+    """The notifier's ports (the runs, the status writer) over one run dict."""
 
     def __init__(self, run: dict) -> None:
         self.run, self.patches, self.fail_patches = run, [], 0
 
-    def list_cluster_custom_object(self, *a):
-        return {"items": [json.loads(json.dumps(self.run))]}
+    def runs(self):  # the notifier's source port
+        return [json.loads(json.dumps(self.run))]
 
-    def patch_namespaced_custom_object_status(self, group, version, ns, plural, name, patch):
+    def patch_status(self, ns, name, patch):  # its status writer port
         if self.fail_patches:
             self.fail_patches -= 1
             raise RuntimeError("409")
         self.patches.append(patch)
         self.run["status"]["approval"]["notified"] = patch["status"]["approval"]["notified"]
+
+
+def ports(api) -> dict:
+    """The notifier's ports of a fake: its runs and its status writer."""
+    return {"runs": api.runs, "patch_status": api.patch_status}
+
+
+#: Ports for a notifier that is only configured, never run.
+NO_PORTS: dict = {"runs": tuple, "patch_status": lambda *a: None}
 
 
 @pytest.fixture()
@@ -69,7 +78,7 @@ def test_backoff_per_message_then_recorded_once(receiver):
     answers += [500, 503]
     api = Api(waiting())
     t = [0.0]
-    n = Notifier(api=api, url=url, settings=plan.Settings(deadline_near_seconds=60), backoff=1.0, clock=lambda: t[0])
+    n = Notifier(**ports(api), url=url, settings=plan.Settings(deadline_near_seconds=60), backoff=1.0, clock=lambda: t[0])
     n.scan(NOW)  # 500: retry after 1 s
     n.scan(NOW)  # too early: nothing sent
     assert len(got) == 1
@@ -93,7 +102,7 @@ def test_a_failed_status_write_is_retried_without_sending_again(receiver):
     url, _, got = receiver
     api = Api(waiting())
     api.fail_patches = 2
-    n = Notifier(api=api, url=url, clock=lambda: 0.0)
+    n = Notifier(**ports(api), url=url, clock=lambda: 0.0)
     for _ in range(4):
         n.scan(NOW)
     assert len(got) == 1 and len(api.patches) == 1
@@ -103,24 +112,24 @@ def test_a_failed_status_write_is_retried_without_sending_again(receiver):
 def test_a_restarted_notifier_reads_the_record(receiver):
     url, _, got = receiver
     api = Api(waiting())
-    Notifier(api=api, url=url, clock=lambda: 0.0).scan(NOW)
-    Notifier(api=api, url=url, clock=lambda: 0.0).scan(NOW)  # a new process: only the status record
+    Notifier(**ports(api), url=url, clock=lambda: 0.0).scan(NOW)
+    Notifier(**ports(api), url=url, clock=lambda: 0.0).scan(NOW)  # a new process: only the status record
     assert len(got) == 1
 
 
 def test_configuration_from_the_environment():
-    assert from_env(None, {}) is None
-    n = from_env(None, {"AGENTRUN_NOTIFY_WEBHOOK_URL": "https://hooks.example/x", "AGENTRUN_NOTIFY_FORMAT": "teams",
-                        "AGENTRUN_NAMESPACES": "a, b", "AGENTRUN_NOTIFY_DEADLINE_NEAR_SECONDS": "120"})
+    assert from_env({}, **NO_PORTS) is None
+    n = from_env({"AGENTRUN_NOTIFY_WEBHOOK_URL": "https://hooks.example/x", "AGENTRUN_NOTIFY_FORMAT": "teams",
+                  "AGENTRUN_NAMESPACES": "a, b", "AGENTRUN_NOTIFY_DEADLINE_NEAR_SECONDS": "120"}, **NO_PORTS)
     assert (n.fmt, n.namespaces, n.settings.deadline_near_seconds) == ("teams", ("a", "b"), 120)
     n.stop()
     for env, field in [({"AGENTRUN_NOTIFY_FORMAT": "discord"}, "AGENTRUN_NOTIFY_FORMAT"),
                        ({"AGENTRUN_NOTIFY_INTERVAL_SECONDS": "soon"}, "AGENTRUN_NOTIFY_INTERVAL_SECONDS"),
                        ({"AGENTRUN_NOTIFY_BACKOFF_SECONDS": "0"}, "AGENTRUN_NOTIFY_BACKOFF_SECONDS")]:
         with pytest.raises(ValueError, match=field):
-            from_env(None, {"AGENTRUN_NOTIFY_WEBHOOK_URL": "https://hooks.example/x", **env})
+            from_env({"AGENTRUN_NOTIFY_WEBHOOK_URL": "https://hooks.example/x", **env}, **NO_PORTS)
     with pytest.raises(ValueError, match="http"):
-        from_env(None, {"AGENTRUN_NOTIFY_WEBHOOK_URL": "hooks.example/x"})
+        from_env({"AGENTRUN_NOTIFY_WEBHOOK_URL": "hooks.example/x"}, **NO_PORTS)
 
 
 def test_only_an_active_notifier_announces(receiver):
@@ -129,7 +138,7 @@ def test_only_an_active_notifier_announces(receiver):
     # the notifier's own loop reads the wall clock: a deadline an hour after *now* (not the fixed
     # NOW), so "deadline near" is not due whenever this runs
     ahead = int((datetime.now(UTC) - NOW).total_seconds()) + 3600
-    n = Notifier(api=Api(waiting(deadline_in=ahead)), url=url, interval=0.05, active=leader.is_set).start()
+    n = Notifier(**ports(Api(waiting(deadline_in=ahead))), url=url, interval=0.05, active=leader.is_set).start()
     try:
         deadline = datetime.now(UTC) + timedelta(seconds=30)
         # not the leader: it turns (ticks) without scanning
@@ -145,9 +154,9 @@ def test_only_an_active_notifier_announces(receiver):
         n.stop()
 
 
-def test_with_a_source_and_a_status_writer_the_api_is_never_used(receiver):
-    """The operator's wiring: the runs come from its watch cache, the record goes through its
-    own-write path; ``api`` is None, so any LIST or patch through it would raise."""
+def test_the_runs_come_from_the_source_and_the_record_goes_through_the_writer(receiver):
+    """The operator's wiring (its watch cache, its own-write path) as the standalone's
+    (WatchedRuns): each scan asks the source, each record is one call of the writer."""
     url, _, got = receiver
     run = waiting()
     reads: list[int] = []
@@ -161,7 +170,7 @@ def test_with_a_source_and_a_status_writer_the_api_is_never_used(receiver):
         writes.append((ns, name, patch))
         run["status"]["approval"]["notified"] = patch["status"]["approval"]["notified"]
 
-    n = Notifier(api=None, url=url, clock=lambda: 0.0, runs=runs, patch_status=patch_status)
+    n = Notifier(runs=runs, patch_status=patch_status, url=url, clock=lambda: 0.0)
     n.scan(NOW)
     n.scan(NOW)
     assert len(reads) == 2 and len(got) == 1
@@ -172,7 +181,7 @@ def test_with_a_source_and_a_status_writer_the_api_is_never_used(receiver):
 def test_a_woken_notifier_scans_before_its_interval(receiver):
     url, _, got = receiver
     run = {"metadata": {"namespace": "ns", "name": "r", "uid": "u"}, "status": {"phase": "Running"}}
-    n = Notifier(api=None, url=url, interval=3600.0, runs=lambda: [run], patch_status=lambda *a: None).start()
+    n = Notifier(runs=lambda: [run], patch_status=lambda *a: None, url=url, interval=3600.0).start()
     try:
         deadline = datetime.now(UTC) + timedelta(seconds=30)
         while n.scans < 1 and datetime.now(UTC) < deadline:  # the first scan, at start
@@ -194,7 +203,7 @@ def test_the_retries_and_unrecorded_deliveries_of_messages_no_longer_due_are_for
     url, answers, got = receiver
     answers += [500]
     api = Api(waiting())
-    n = Notifier(api=api, url=url, settings=plan.Settings(deadline_near_seconds=60), clock=lambda: 0.0)
+    n = Notifier(**ports(api), url=url, settings=plan.Settings(deadline_near_seconds=60), clock=lambda: 0.0)
     n.scan(NOW)  # 500: the message waits in _retry
     assert len(n._retry) == 1
     api.run["status"]["approval"]["state"] = "Approved"  # decided meanwhile: nothing is due
@@ -203,7 +212,7 @@ def test_the_retries_and_unrecorded_deliveries_of_messages_no_longer_due_are_for
 
     api2 = Api(waiting())
     api2.fail_patches = 1
-    n2 = Notifier(api=api2, url=url, settings=plan.Settings(deadline_near_seconds=60))
+    n2 = Notifier(**ports(api2), url=url, settings=plan.Settings(deadline_near_seconds=60))
     n2.scan(NOW)  # delivered, the record failed: kept in _sent
     assert len(n2._sent) == 1
     api2.run["status"]["phase"] = "Running"
@@ -221,3 +230,32 @@ def test_check_env_names_the_variable_of_a_bad_setting():
     assert "secret-token" not in str(err.value)
     with pytest.raises(ValueError, match="AGENTRUN_NOTIFY_INTERVAL_SECONDS"):
         check_env({"AGENTRUN_NOTIFY_WEBHOOK_URL": "https://h/x", "AGENTRUN_NOTIFY_INTERVAL_SECONDS": "0"})
+
+
+def test_the_standalone_source_keeps_the_runs_its_informer_lists_and_watches():
+    """WatchedRuns, the informer's sink (python -m agentrun.notify): a relist drops the runs of its
+    scope no longer listed, a deletion drops the run, and an event older than what a status
+    write's answer left is not applied over it (the record would read as missing)."""
+    from types import SimpleNamespace
+
+    from agentrun.notify.sender import WatchedRuns
+
+    def run(ns: str, name: str, rv: int, notified: bool = False) -> dict:
+        return {"metadata": {"namespace": ns, "name": name, "resourceVersion": str(rv)},
+                "status": {"approval": {"notified": {"callId": "c1"}}} if notified else {}}
+
+    src = WatchedRuns(SimpleNamespace(configuration=SimpleNamespace(host="https://10.0.0.1:6443")), ("a", "b"))
+    assert [inf.path for inf in src.informers] == ["/apis/agentrun.dev/v1alpha1/namespaces/a/agentruns",
+                                                   "/apis/agentrun.dev/v1alpha1/namespaces/b/agentruns"]
+    src.replace("runs", "a", [run("a", "x", 1), run("a", "y", 1)])
+    src.replace("runs", "b", [run("b", "z", 1)])
+    src.replace("runs", "a", [run("a", "x", 2)])  # y went while the watch was expired
+    assert sorted((r["metadata"]["name"], r["metadata"]["resourceVersion"]) for r in src.runs()) == [
+        ("x", "2"), ("z", "1")]
+    with src._lock:
+        src._keep(run("a", "x", 5, notified=True))  # a status write's answer
+    src.event("runs", "MODIFIED", run("a", "x", 4))  # an older event, delivered after it
+    assert [r["status"] for r in src.runs() if r["metadata"]["name"] == "x"] == [{"approval": {"notified": {"callId": "c1"}}}]
+    src.event("runs", "DELETED", run("b", "z", 6))
+    assert [r["metadata"]["name"] for r in src.runs()] == ["x"]
+    src.loop.close()

@@ -1,14 +1,11 @@
 """The controller's watch cache: AgentRuns and their lap Jobs, in memory, and the few pods the
 reconciler read.
 
-Runs and Jobs are listed once and then watched (:class:`Informer`, one per kind and namespace: a
-task on the event loop, reading over aiohttp, or through a thread over
-:class:`~agentrun.controller.kube.Kube` where aiohttp cannot reproduce the client's configuration);
-a watch that expires (410 Gone) lists again.
-Every change is applied on the event loop (:class:`Cache`), which is where reconciles read, so a
-reconcile sees one consistent state and makes no read request of its own. A thread hands its
-events to the loop in batches (one wake-up of the loop for all the events that arrived while it was
-busy). ``metadata.managedFields`` (never read) is dropped before an object reaches the cache.
+Runs and Jobs are listed once and then watched (:class:`~agentrun.kube.informer.Informer`, one per
+kind and namespace, a task on the event loop); a watch that expires (410 Gone) lists again. Every
+change is applied on the event loop (:class:`Cache`), which is where reconciles read, so a reconcile
+sees one consistent state and makes no read request of its own. ``metadata.managedFields`` (never
+read) is dropped before an object reaches the cache (:data:`TRANSFORMS`).
 
 Pods are not watched (a lap pod's watch events were most of the operator's CPU per lap, and a
 reconcile needs a pod only in two rare cases): the reconciler reads the pods of one Job on demand
@@ -31,36 +28,21 @@ event older than the cached object is stale and ignored.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-import threading
-import time
-from collections.abc import AsyncGenerator, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from agentrun.api.contract import LABEL_RUN_UID
+from agentrun.kube.client import JOBS, PODS
+from agentrun.kube.informer import strip
 from agentrun.notify.plan import outcome_due
 
-from .kube import JOBS, PODS, RUNS, Kube, path
 from .observe import job_state
 
-if TYPE_CHECKING:
-    from .akube import AsyncKube
-
-log = logging.getLogger("agentrun.controller")
+GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
+#: (group/version prefix, plural) of the AgentRuns.
+RUNS = (f"/apis/{GROUP}/{VERSION}", PLURAL)
 
 Key = tuple[str, str]  # (namespace, name)
-#: Server-side timeout of a watch (the default of AGENTRUN_WATCH_TIMEOUT_SECONDS), and how much longer
-#: than it the client waits on a silent watch connection before it drops it (the read timeout is the
-#: informer's watch timeout plus this margin).
-WATCH_SECONDS, WATCH_READ_MARGIN_SECONDS = 120, 30.0
-LIST_PAGE = 500
-#: Longest wait between two tries of a failing list/watch (the API server restarting): the cache
-#: lags the API server by at most this much once it is back.
-WATCH_RETRY_MAX = 5.0
-#: Wait before listing again a kind an optional informer may not read (403: no RBAC; 404: not served).
-REFUSED_RETRY = 60.0
 #: The resource of each kind of the cache.
 RESOURCES = {"runs": RUNS, "jobs": JOBS, "pods": PODS}
 AWAITING = "AwaitingApproval"
@@ -101,14 +83,6 @@ def job_signature(job: dict[str, Any] | None, ready: bool = False) -> tuple[Any,
     if job is None:
         return None
     return (*job_state(job), job_ready(job)) if ready else job_state(job)
-
-
-def strip(obj: dict[str, Any]) -> dict[str, Any]:
-    """``obj`` without what no reconcile reads (``metadata.managedFields``: memory and copies)."""
-    meta = obj.get("metadata")
-    if isinstance(meta, dict):
-        meta.pop("managedFields", None)
-    return obj
 
 
 #: What of a Job's metadata the controller reads (observe, the cache's index, resourceVersions).
@@ -370,240 +344,3 @@ class Cache:
             owner = self._owner(old)
             if owner is not None:
                 self.enqueue(owner, "job deleted")
-
-
-class _Expired(Exception):
-    """The watch's resourceVersion is too old (410 Gone): list again."""
-
-
-class Informer:
-    """List, then watch, one kind in one namespace (None: cluster-wide); every change is handed to
-    ``cache`` on ``loop``. ``synced`` is set after the first list is applied.
-
-    One list-and-watch loop, a task on the loop that applies each event as it is read, over one of
-    two transports: with ``akube`` (:class:`~agentrun.controller.akube.AsyncKube`) the list and the
-    watch are read on the loop (no thread, no hand-off: a watch event wakes only the loop); without
-    it (a client configuration aiohttp does not reproduce) the list is a :class:`Kube` request in a
-    worker thread and the watch is read by a daemon thread that hands its events to the loop in
-    batches (:func:`in_thread`). ``start`` is called on the loop.
-
-    ``cache`` is any sink with ``replace(kind, namespace, items)`` and ``event(kind, type, obj)``
-    (the :class:`Cache`, or the tenancy re-check's ``PolicyStore``); ``resource`` the
-    (prefix, plural) of ``kind`` when it is not one of :data:`RESOURCES`; ``field_selector`` narrows
-    the list and watch (``metadata.name=X``: one object, which RBAC can grant by ``resourceNames``),
-    and ``scope`` is then what a relist replaces (passed to ``replace`` instead of the namespace). An
-    ``optional`` informer whose first list is refused (403, or 404: not served) tells the sink
-    (``refused(kind, status, scope)``), counts as synced and lists again every :data:`REFUSED_RETRY`
-    seconds; once it has listed, a refusal is an error like any other (retried with backoff, the
-    sink keeps what it was told last)."""
-
-    def __init__(self, kube: Kube, kind: str, namespace: str | None, selector: str | None,
-                 cache: Any, loop: asyncio.AbstractEventLoop, resource: tuple[str, str] | None = None,
-                 optional: bool = False, field_selector: str | None = None, scope: str | None = None,
-                 akube: AsyncKube | None = None, watch_seconds: int = WATCH_SECONDS) -> None:
-        self.kube, self.akube, self.kind, self.namespace, self.selector = kube, akube, kind, namespace, selector
-        #: The server ends each watch after this long (the informer watches again from its
-        #: resourceVersion); the client drops a watch silent for WATCH_READ_MARGIN_SECONDS more.
-        self.watch_seconds = watch_seconds
-        self.field_selector, self.scope = field_selector, (namespace if scope is None else scope)
-        self._listed = False
-        self._failures = 0
-        self.last_error: str | None = None  # the last list/watch error (status and reason)
-        #: Since when (monotonic) the API server has refused this informer's list or watch (401,
-        #: 403) after it had listed: its part of the cache no longer moves. None once it lists again.
-        self.refused_since: float | None = None
-        self.cache, self.loop, self.optional = cache, loop, optional
-        self.synced = asyncio.Event()
-        self._stop = threading.Event()
-        self._task: asyncio.Task[None] | None = None
-        self.path = path(resource or RESOURCES[kind], namespace)
-        #: Applied to every object before it reaches the cache (client-go's transform).
-        self.transform = TRANSFORMS.get(kind, strip) if resource is None else strip
-
-    def start(self) -> None:
-        self._task = self.loop.create_task(self._run(), name=f"informer-{self.kind}-{self.namespace or 'all'}")
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._task is not None:
-            self.loop.call_soon_threadsafe(self._task.cancel)
-
-    async def stopped(self) -> None:
-        """Wait for the task of a stopped informer to end (its watch closed; a watch read in a
-        thread is left to end with its next event, its timeout or the process)."""
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    # ------------------------------------------------------------------ what a list or watch means
-
-    def _list_query(self, cont: str | None) -> dict[str, Any]:
-        return {"labelSelector": self.selector, "fieldSelector": self.field_selector, "limit": LIST_PAGE,
-                "continue": cont}
-
-    def _watch_query(self, rv: str) -> dict[str, Any]:
-        return {"labelSelector": self.selector, "fieldSelector": self.field_selector, "resourceVersion": rv,
-                "allowWatchBookmarks": "true", "timeoutSeconds": self.watch_seconds}
-
-    def _listed_all(self, items: list[dict[str, Any]]) -> None:
-        self._apply(self.cache.replace, self.kind, self.scope, [self.transform(o) for o in items])
-        self._listed = True
-        self.refused_since = None
-        self.synced.set()
-
-    def _event(self, ev: dict[str, Any], rv: str) -> str:
-        """Apply one watch event; the resourceVersion to resume from. :class:`_Expired` on a 410."""
-        from kubernetes.client.exceptions import ApiException
-
-        type_, obj = ev.get("type"), ev.get("object") or {}
-        if type_ == "ERROR":
-            if obj.get("code") == 410:
-                raise _Expired()
-            raise ApiException(status=obj.get("code") or 0, reason=str(obj.get("message")))
-        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-        if type_ in ("ADDED", "MODIFIED", "DELETED"):
-            self._apply(self.cache.event, self.kind, type_, self.transform(obj))
-        return rv
-
-    def _failed(self, exc: Exception) -> tuple[float, bool]:
-        """(seconds to wait, list again) after a list or watch ended with ``exc``."""
-        from kubernetes.client.exceptions import ApiException
-
-        if isinstance(exc, _Expired):
-            return 0.0, True
-        if isinstance(exc, ApiException):
-            if exc.status == 410:
-                return 0.0, True
-            if self.optional and not self._listed and exc.status in (403, 404):
-                self._apply(self.cache.refused, self.kind, exc.status, self.scope)
-                self.synced.set()
-                return REFUSED_RETRY, True
-            self._failures += 1
-            self.last_error = f"{exc.status} {exc.reason}"  # the controller's "not synced" warning names it
-            (log.warning if self._failures % 60 == 1 else log.debug)(  # rate-limited: the first, then ~every 5 min
-                "watch of %s in %s failed: %s %s", self.kind, self.namespace or "all namespaces",
-                exc.status, exc.reason)
-            wait = min(WATCH_RETRY_MAX, 0.5 * 2 ** min(self._failures, 6))
-            if exc.status in (401, 403) and self._listed:
-                # its access was taken away after it listed: list again (only a list proves it is back)
-                if self.refused_since is None:
-                    self.refused_since = time.monotonic()
-                return wait, True
-            return wait, False
-        self._failures += 1  # connection dropped, timed out: watch again from rv
-        log.info("watch of %s in %s interrupted (%s); resuming", self.kind, self.namespace or "all namespaces",
-                 str(exc) or type(exc).__name__)
-        return min(WATCH_RETRY_MAX, 0.2 * 2 ** min(self._failures, 7)), False
-
-    # ------------------------------------------------------------------ the two transports
-
-    async def _get(self, query: dict[str, Any]) -> Any:
-        if self.akube is not None:
-            return await self.akube.request("GET", self.path, query=query, timeout=(10.0, 120.0))
-        return await asyncio.to_thread(self.kube.request, "GET", self.path, query=query, timeout=(10.0, 120.0))
-
-    def _watch(self, rv: str) -> AsyncGenerator[dict[str, Any], None]:
-        timeout = (10.0, self.watch_seconds + WATCH_READ_MARGIN_SECONDS)
-        if self.akube is not None:
-            return self.akube.stream(self.path, self._watch_query(rv), timeout)
-        return in_thread(lambda: self.kube.stream(self.path, self._watch_query(rv), timeout=timeout), self.loop,
-                         f"informer-{self.kind}-{self.namespace or 'all'}")
-
-    # ------------------------------------------------------------------ the loop
-
-    def _apply(self, fn: Callable[..., None], *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception:  # noqa: BLE001 - a bad object never stops the informer
-            log.exception("watch cache: cannot apply a %s event", self.kind)
-
-    async def _list(self) -> tuple[list[dict[str, Any]], str]:
-        items: list[dict[str, Any]] = []
-        cont = None
-        while True:
-            doc = await self._get(self._list_query(cont))
-            items += doc.get("items") or []
-            cont = (doc.get("metadata") or {}).get("continue")
-            if not cont:
-                return items, doc["metadata"]["resourceVersion"]
-
-    async def _run(self) -> None:
-        rv: str | None = None
-        while not self._stop.is_set():
-            try:
-                if rv is None:
-                    items, rv = await self._list()
-                    self._listed_all(items)
-                async with contextlib.aclosing(self._watch(rv)) as events:
-                    async for ev in events:
-                        try:
-                            rv = self._event(ev, rv)
-                        except _Expired:
-                            rv = None
-                            break
-                self._failures = 0
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - an informer never stops but by stop()
-                wait, relist = self._failed(exc)
-                if relist:
-                    rv = None
-                if wait:
-                    await asyncio.sleep(wait)
-
-
-class _Ended:
-    """What :func:`in_thread`'s reader hands over last: the end of its iterator, or its error."""
-
-    def __init__(self, exc: BaseException | None = None) -> None:
-        self.exc = exc
-
-
-async def in_thread(make: Callable[[], Iterator[dict[str, Any]]], loop: asyncio.AbstractEventLoop,
-                    name: str) -> AsyncGenerator[dict[str, Any], None]:
-    """The documents of a blocking iterator (:meth:`Kube.stream`, for a client configuration
-    aiohttp does not reproduce) read in a daemon thread and handed to ``loop`` in batches: one
-    wake-up of the loop for all the documents that arrived while it was busy. Its error is raised
-    here. Closed early, the thread stops at its next document (or the watch's timeout)."""
-    inbox: list[dict[str, Any] | _Ended] = []
-    lock = threading.Lock()
-    ready = asyncio.Event()
-    closed = threading.Event()
-    scheduled = False  # a wake-up of the loop is on its way and the inbox was not taken since
-
-    def deliver(item: dict[str, Any] | _Ended) -> None:
-        nonlocal scheduled
-        with lock:
-            inbox.append(item)
-            if scheduled:
-                return
-            scheduled = True
-        loop.call_soon_threadsafe(ready.set)
-
-    def read() -> None:
-        try:
-            for doc in make():
-                if closed.is_set():
-                    return
-                deliver(doc)
-            deliver(_Ended())
-        except BaseException as exc:  # noqa: BLE001 - raised on the loop
-            deliver(_Ended(exc))
-
-    threading.Thread(target=read, name=name, daemon=True).start()
-    try:
-        while True:
-            await ready.wait()
-            with lock:
-                batch = inbox[:]
-                inbox.clear()
-                scheduled = False
-                ready.clear()
-            for item in batch:
-                if isinstance(item, _Ended):
-                    if item.exc is not None:
-                        raise item.exc
-                    return
-                yield item
-    finally:
-        closed.set()

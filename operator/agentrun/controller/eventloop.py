@@ -1,7 +1,7 @@
 """The operator's event loop: uvloop unless ``AGENTRUN_EVENT_LOOP=asyncio``.
 
-Everything the operator does per lap runs on this loop: the watch streams, the writes (http1.py),
-the lap record's S3 GET, the Lease. uvloop (libuv, with its transports and TLS in Cython) does the
+Everything the operator does per lap runs on this loop: the API server's watches and requests
+(agentrun.kube.client), the lap record's S3 GET, the Lease. uvloop (libuv, with its transports and TLS in Cython) does the
 same work as asyncio's selector loop with less CPU per wake-up, socket read and TLS record: in an
 interleaved A/B of ``bench_operator_cluster.py overhead`` (bench/analysis.md) 12.0 / 14.0 against
 15.0 / 20.0 ms of CPU per lap at 1 run and 11.9 / 12.7 against 13.2 ms at 50 runs. Kopf runs on

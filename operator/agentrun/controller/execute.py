@@ -27,10 +27,10 @@ from agentrun.api.reasons import Reason
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import StoreLocation
 from agentrun.checkpoint.schema import RunRef
+from agentrun.kube.client import EVENTS, JOBS, Client, path
 
 from . import decide as d
-from .akube import AsyncKube
-from .cache import Cache, Key
+from .cache import GROUP, RUNS, VERSION, Cache, Key
 from .config import OperatorConfig
 from .decide.jobs import RunIdentity, build_job, effective_endpoint, spec_json
 
@@ -39,7 +39,6 @@ from .decide.jobs import RunIdentity, build_job, effective_endpoint, spec_json
 from .decide.outcomes import pruned_field as pruned_field
 from .decide.outcomes import status_refusal as status_refusal
 from .events import EventBudget
-from .kube import EVENTS, GROUP, JOBS, RUNS, VERSION, Kube, path
 from .logs import run_logger
 from .observe import SpecMemo
 
@@ -115,10 +114,8 @@ class Outcome:
 
 
 class Executor:
-    def __init__(self, config: OperatorConfig, kube: Kube, cache: Cache, akube: AsyncKube | None = None,
-                 specs: SpecMemo | None = None) -> None:
+    def __init__(self, config: OperatorConfig, kube: Client, cache: Cache, specs: SpecMemo | None = None) -> None:
         self.config, self.kube, self.cache = config, kube, cache
-        self.akube = akube  # the writes on the event loop; None: through Kube in a worker thread
         self._stores: dict[tuple[Any, ...], Any] = {}
         self.specs = specs if specs is not None else SpecMemo()  # the controller's parsed specs, their lap JSON
         self._refusals: dict[Key, str] = {}
@@ -134,11 +131,8 @@ class Executor:
         self._refusals.pop(key, None)
 
     async def call(self, method: str, path_: str, **kw: Any) -> Any:
-        """One request to the API server: on the loop (:class:`AsyncKube`) when there is one, else
-        through :class:`Kube` in a worker thread."""
-        if self.akube is not None:
-            return await self.akube.request(method, path_, **kw)
-        return await asyncio.to_thread(self.kube.request, method, path_, **kw)
+        """One request to the API server."""
+        return await self.kube.request(method, path_, **kw)
 
     async def write(self, kind: str, key: Key, method: str, path_: str, **kw: Any) -> Any:
         """A write of one cached object: its response goes into the cache, and the watch event of

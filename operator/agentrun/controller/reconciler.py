@@ -44,28 +44,28 @@ from agentrun import metrics
 from agentrun.api.contract import LABEL_RUN_UID
 from agentrun.api.status import TERMINAL_PHASES, AgentRunStatus
 from agentrun.checkpoint.schema import RunRef
+from agentrun.kube.client import JOBS, PODS, Client, load_api_client, path
+from agentrun.kube.informer import Informer, strip
+from agentrun.kube.lease import KubeLeaseAPI, LeaseElector
+from agentrun.kube.queue import WorkQueue
 from agentrun.notify.sender import from_env as notify_from_env
 
 from . import decide as d
-from .akube import AsyncKube, unsupported
-from .cache import Cache, Informer, Key, rv_int
+from .cache import RESOURCES, RUNS, TRANSFORMS, Cache, Key, rv_int
 from .config import OperatorConfig
 from .decide.observe import current_jobs, job_state, needs_pod_read, observe, parse_run, pod_check_due, pod_waiting
 from .execute import Executor, RetryWithBackoff
-from .kube import JOBS, PODS, RUNS, Kube, instrument, new_api_client, path
-from .lease import AsyncKubeLeaseAPI, KubeLeaseAPI, LeaseElector
 from .logs import run_logger
 from .observe import JobMemo, SpecMemo
 from .podreads import PodReads
 from .podreads import selector as pod_selector
 from .policycheck import PolicyCheck
-from .queue import WorkQueue
 from .tenancy import KINDS as TENANCY_KINDS
 from .tenancy import NAMESPACES, PolicyStore
 
 log = logging.getLogger("agentrun.controller")
 
-#: Threads for the blocking API-server and S3 calls of reconciles (the loop's default executor).
+#: Threads for the blocking S3 calls of reconciles (the loop's default executor).
 RECONCILE_THREADS = 32
 #: Concurrent reconciles (of different runs: one run is never reconciled twice at once).
 WORKERS = 32
@@ -137,8 +137,7 @@ class Controller:
                            on_deleted=self.forget, on_awaiting=self._approval_pending,
                            on_job_gone=self._observed_jobs.forget)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.kube: Kube | None = None
-        self.akube: AsyncKube | None = None
+        self.kube: Client | None = None  # the API-server client (made in start)
         self.executor: Executor | None = None
         self.informers: list[Informer] = []
         self._tasks: list[asyncio.Task[Any]] = []
@@ -165,22 +164,15 @@ class Controller:
         self.informers.clear()
         cfg = self.config
         watch_ns: list[str | None] = list(cfg.namespaces) if exact_namespaces(cfg.namespaces) else [None]
-        # Reconciles block in threads on API-server and S3 calls: size the pool for that I/O.
+        # Reconciles block in threads on S3 calls: size the pool for that I/O.
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(max_workers=RECONCILE_THREADS, thread_name_prefix="reconcile"))
-        # One API client, one connection pool for every call of this process (the watches hold one
-        # connection each).
+        # One API client, one connection pool for every request and watch of this process (the
+        # watches hold one connection each).
         tenancy_watches = 2 + len(watch_ns) if cfg.tenancy_recheck else 0
-        api_client = new_api_client(RECONCILE_THREADS + 3 * len(watch_ns) + tenancy_watches + 2)
-        instrument(api_client, metrics.kube_request)
-        self.kube = Kube(api_client)
-        why = unsupported(getattr(api_client, "configuration", None))
-        if why is None:  # the writes, reads, watches and the Lease on the loop (akube.py)
-            self.akube = AsyncKube(self.kube, RECONCILE_THREADS + 3 * len(watch_ns) + tenancy_watches,
-                                   metrics.kube_request)
-        else:
-            log.info("the operator's requests and watches go through the blocking client in threads: %s", why)
-        self.executor = Executor(cfg, self.kube, self.cache, self.akube, self._specs)
+        kube = self.kube = Client(load_api_client(), WORKERS + 3 * len(watch_ns) + tenancy_watches + 2,
+                                  metrics.kube_request)
+        self.executor = Executor(cfg, kube, self.cache, self._specs)
         loop = self._loop = asyncio.get_running_loop()
         self._tasks.append(asyncio.ensure_future(loop.run_in_executor(None, self.executor.warm)))
         # the admission policies: checked now and every resync (policycheck.py); no lap before the first verdict
@@ -194,26 +186,25 @@ class Controller:
                 names: list[str | None] = list(cfg.namespaces) if kind == "namespaces" and watch_ns != [None] else [None]
                 for name in names:
                     self.informers.append(Informer(
-                        self.kube, kind, None, None, self.policies, loop, resource=resource, optional=True,
-                        field_selector=f"metadata.name={name}" if name else None, scope=name, akube=self.akube,
+                        kube, kind, None, None, self.policies, loop, resource=resource, optional=True,
+                        field_selector=f"metadata.name={name}" if name else None, scope=name,
                         watch_seconds=cfg.watch_timeout_seconds))
-        self.notifier = notify_from_env(None, active=lambda: self.is_leader, runs=self._notifier_runs,
+        self.notifier = notify_from_env(active=lambda: self.is_leader, runs=self._notifier_runs,
                                         patch_status=self._notifier_patch)
         if self.notifier is not None:
             self.cache.notify_outcomes = self.notifier.settings.outcomes  # before the informers fill the cache
             self.notifier.start()
         for ns in watch_ns:
             for kind, selector in (("runs", None), ("jobs", LABEL_RUN_UID)):  # pods: read on demand
-                self.informers.append(Informer(self.kube, kind, ns, selector, self.cache, loop, akube=self.akube,
+                self.informers.append(Informer(kube, kind, ns, selector, self.cache, loop, resource=RESOURCES[kind],
+                                               transform=TRANSFORMS.get(kind, strip),
                                                watch_seconds=cfg.watch_timeout_seconds))
         for inf in self.informers:
             inf.start()
         if self.elector is None:
-            lease_api: KubeLeaseAPI | AsyncKubeLeaseAPI = (
-                AsyncKubeLeaseAPI(self.akube) if self.akube is not None else KubeLeaseAPI(self.kube))
             self.elector = LeaseElector(cfg.lease_name, cfg.lease_namespace, cfg.identity,
                                         cfg.lease_duration_seconds, on_acquire=self.resync,
-                                        on_lose=metrics.clear_runs, api=lambda: lease_api,
+                                        on_lose=metrics.clear_runs, api=KubeLeaseAPI(kube),
                                         eligible=self._eligible)
         self._tasks.append(asyncio.create_task(self._wait_synced()))
         self._tasks.append(asyncio.create_task(self._elect()))
@@ -299,8 +290,8 @@ class Controller:
             await self.elector.release()
         if self.executor is not None:
             await self.executor.aclose()
-        if self.akube is not None:
-            await self.akube.close()
+        if self.kube is not None:
+            await self.kube.close()
 
     @property
     def is_leader(self) -> bool:

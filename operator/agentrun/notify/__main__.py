@@ -1,35 +1,35 @@
 """``python -m agentrun.notify``: the notifier on its own (tests, or beside an operator that does
-not start it), configured like the operator (``sender.from_env``); kubeconfig or in-cluster."""
+not start it), configured like the operator (``sender.from_env``), its runs listed and watched
+(``sender.WatchedRuns``); in-cluster or kubeconfig."""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
 
 
 def main() -> int:
-    from kubernetes import client, config
-
-    from agentrun.notify.sender import from_env
+    from agentrun.kube.client import load_api_client
+    from agentrun.notify.sender import WatchedRuns, from_env, namespaces_from_env
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    try:
-        config.load_kube_config()
-    except Exception:
-        config.load_incluster_config()
-    notifier = from_env(client.CustomObjectsApi())
+    source = WatchedRuns(load_api_client(), namespaces_from_env(dict(os.environ)))
+    notifier = from_env(runs=source.runs, patch_status=source.patch_status)
     if notifier is None:
         print("AGENTRUN_NOTIFY_WEBHOOK_URL is not set: nothing to do", file=sys.stderr)
         return 2
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
+    source.start()
     notifier.start()
     done.wait()
     notifier.stop()
+    source.stop()
     return 0
 
 

@@ -2,10 +2,11 @@
 
 It never runs in the reconcile path: it has its own thread and its own HTTP client with a timeout,
 and looks at the runs every ``interval`` seconds, or sooner when woken (:meth:`Notifier.wake`).
-Where the runs come from is a port: standalone (``python -m agentrun.notify``) it LISTs them through
-the API each time; inside the operator (``runs``, ``patch_status``) it takes the runs waiting on an
-approval from the operator's watch cache and writes through the cache (no request but its status
-writes), and the cache wakes it when a run starts waiting on a new approval. A delivery that fails (no answer, or any
+Where the runs come from is a port (``runs``, ``patch_status``): inside the operator, the runs
+waiting on an approval from the operator's watch cache, written through the cache; standalone
+(``python -m agentrun.notify``), :class:`WatchedRuns`, the same list/watch (``agentrun.kube``)
+on an event loop of its own. Either makes no request but the status writes; the operator's cache
+also wakes it when a run starts waiting on a new approval. A delivery that fails (no answer, or any
 status but 2xx) is retried with exponential backoff (``backoff`` seconds doubling up to
 ``max_backoff``) per message; the rest of the messages go on meanwhile. A delivered message is
 recorded in ``status.approval.notified`` (a merge patch of the status subresource, as the operator)
@@ -19,6 +20,7 @@ The webhook URL (a secret: a Slack or Teams URL carries its token) is never logg
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -30,6 +32,8 @@ from typing import Any
 import httpx
 
 from agentrun.api.crdgen import GROUP, PLURAL, VERSION
+from agentrun.kube.client import Client, path
+from agentrun.kube.informer import Informer
 from agentrun.notify import plan
 
 log = logging.getLogger("agentrun.notify")
@@ -43,21 +47,21 @@ class _Retry:
 
 @dataclass
 class Notifier:
-    """Announce approvals of the runs in ``namespaces`` (empty: the cluster) to ``url``."""
+    """Announce approvals of the runs ``runs()`` returns to ``url``; record each in the run's
+    status with ``patch_status(namespace, name, merge patch)``."""
 
-    api: Any  # kubernetes.client.CustomObjectsApi (LIST and status patch), when runs/patch_status are not given
+    runs: Callable[[], Iterable[dict[str, Any]]]
+    patch_status: Callable[[str, str, dict[str, Any]], Any]
     url: str
     fmt: plan.Format = "generic"
     settings: plan.Settings = field(default_factory=plan.Settings)
-    namespaces: tuple[str, ...] = ()
+    namespaces: tuple[str, ...] = ()  # for its log line: where ``runs`` looks
     interval: float = 10.0
     backoff: float = 1.0
     max_backoff: float = 300.0
     timeout: float = 10.0
     clock: Callable[[], float] | None = None
     active: Callable[[], bool] | None = None  # e.g. the Lease elector's is_leader: only the leader announces
-    runs: Callable[[], Iterable[dict[str, Any]]] | None = None  # the runs to look at (default: LIST through ``api``)
-    patch_status: Callable[[str, str, dict[str, Any]], Any] | None = None  # (namespace, name, merge patch) of the status
     ticks: int = 0  # loop turns (scanning or not)
     scans: int = 0
     delivered: int = 0
@@ -107,21 +111,11 @@ class Notifier:
 
     # --- one pass ---------------------------------------------------------------------------
 
-    def _runs(self) -> list[dict[str, Any]]:
-        if self.runs is not None:
-            return list(self.runs())
-        if not self.namespaces:
-            return self.api.list_cluster_custom_object(GROUP, VERSION, PLURAL).get("items") or []
-        items: list[dict[str, Any]] = []
-        for ns in self.namespaces:
-            items += self.api.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL).get("items") or []
-        return items
-
     def scan(self, now: datetime | None = None) -> None:
         """Look at the runs once; deliver and record what is due (respecting each message's backoff)."""
         now = now or datetime.now(UTC)
         due: set[str] = set()
-        for run in self._runs():
+        for run in list(self.runs()):
             for notice in plan.announcements(run, now, self.settings):
                 key = notice.idempotency_key
                 due.add(key)
@@ -165,11 +159,7 @@ class Notifier:
     def _record(self, run: dict[str, Any], notice: plan.AnyNotice) -> None:
         patch = plan.notified_patch(run, notice, datetime.now(UTC))
         try:
-            if self.patch_status is not None:
-                self.patch_status(notice.namespace, notice.name, patch)
-            else:
-                self.api.patch_namespaced_custom_object_status(GROUP, VERSION, notice.namespace, PLURAL, notice.name,
-                                                               patch)
+            self.patch_status(notice.namespace, notice.name, patch)
         except Exception as e:  # kept in _sent: recorded on the next scan, not sent again
             log.warning("notification %s of %s/%s delivered but not recorded in status (%s): retried next scan",
                         notice.kind, notice.namespace, notice.name, type(e).__name__)
@@ -177,11 +167,104 @@ class Notifier:
         self._sent.pop(notice.idempotency_key, None)
 
 
-def from_env(api: Any, env: dict[str, str] | None = None, active: Callable[[], bool] | None = None,
-             runs: Callable[[], Iterable[dict[str, Any]]] | None = None,
-             patch_status: Callable[[str, str, dict[str, Any]], Any] | None = None) -> Notifier | None:
-    """A Notifier configured by the environment, or None when no webhook is set (``runs`` and
-    ``patch_status``: the operator's cache instead of ``api``, see :class:`Notifier`):
+RUNS = (f"/apis/{GROUP}/{VERSION}", PLURAL)
+
+
+def namespaces_from_env(env: dict[str, str]) -> tuple[str, ...]:
+    """AGENTRUN_NAMESPACES (the operator's; empty: all) as a tuple."""
+    return tuple(n.strip() for n in env.get("AGENTRUN_NAMESPACES", "").split(",") if n.strip())
+
+
+class WatchedRuns:
+    """The standalone notifier's runs: listed, then watched, per namespace (all: one cluster-wide
+    informer) by ``agentrun.kube``'s informer on an event loop in a thread of its own, as the
+    operator's watch cache keeps them. :meth:`runs` and :meth:`patch_status` are the
+    :class:`Notifier`'s ports (called in its thread); a status write's answer is kept at once, so
+    the next scan sees the record."""
+
+    def __init__(self, api_client: Any, namespaces: tuple[str, ...]) -> None:
+        self._runs: dict[tuple[str, str], dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self.loop = asyncio.new_event_loop()
+        self.client = Client(api_client, 2 + len(namespaces))
+        self.informers = [Informer(self.client, "runs", ns, None, self, self.loop, resource=RUNS)
+                          for ns in (namespaces or (None,))]
+        self._thread = threading.Thread(target=self.loop.run_forever, name="agentrun-notify-watch", daemon=True)
+
+    def start(self) -> WatchedRuns:
+        self._thread.start()
+        for inf in self.informers:
+            self.loop.call_soon_threadsafe(inf.start)
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        async def end() -> None:
+            for inf in self.informers:
+                inf.stop()
+            for inf in self.informers:
+                await inf.stopped()
+            await self.client.close()
+
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(end(), self.loop).result(timeout)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout)
+
+    # --- the informers' sink (on the loop) ---------------------------------------------------
+
+    @staticmethod
+    def _key(obj: dict[str, Any]) -> tuple[str, str]:
+        meta = obj.get("metadata") or {}
+        return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+    def _keep(self, obj: dict[str, Any]) -> None:
+        """Keep ``obj`` unless the one kept is a later version (a status write's answer before
+        an older watch event)."""
+        key = self._key(obj)
+        old = self._runs.get(key)
+        try:
+            if old is not None and int(old["metadata"]["resourceVersion"]) > int(obj["metadata"]["resourceVersion"]):
+                return
+        except (KeyError, TypeError, ValueError):
+            pass
+        self._runs[key] = obj
+
+    def replace(self, kind: str, scope: str | None, items: list[dict[str, Any]]) -> None:
+        with self._lock:
+            listed = {self._key(o) for o in items}
+            for key in [k for k in self._runs if (scope is None or k[0] == scope) and k not in listed]:
+                del self._runs[key]
+            for obj in items:
+                self._keep(obj)
+
+    def event(self, kind: str, type_: str, obj: dict[str, Any]) -> None:
+        with self._lock:
+            if type_ == "DELETED":
+                self._runs.pop(self._key(obj), None)
+            else:
+                self._keep(obj)
+
+    # --- the notifier's ports (in its thread) ------------------------------------------------
+
+    def runs(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._runs.values())
+
+    def patch_status(self, namespace: str, name: str, patch: dict[str, Any], timeout: float = 30.0) -> None:
+        done = asyncio.run_coroutine_threadsafe(self.client.request(
+            "PATCH", path(RUNS, namespace, name, "status"), body=patch,
+            content_type="application/merge-patch+json", timeout=timeout), self.loop)
+        stored = done.result(timeout + 5)
+        if isinstance(stored, dict):
+            with self._lock:
+                self._keep(stored)
+
+
+def from_env(env: dict[str, str] | None = None, *, runs: Callable[[], Iterable[dict[str, Any]]],
+             patch_status: Callable[[str, str, dict[str, Any]], Any],
+             active: Callable[[], bool] | None = None) -> Notifier | None:
+    """A Notifier of the runs ``runs()`` returns, configured by the environment, or None when no
+    webhook is set (see :class:`Notifier`):
 
     AGENTRUN_NOTIFY_WEBHOOK_URL (from a Secret), AGENTRUN_NOTIFY_FORMAT (generic, slack, teams),
     AGENTRUN_NOTIFY_DEADLINE_NEAR_SECONDS (600), AGENTRUN_NOTIFY_INTERVAL_SECONDS (10),
@@ -210,12 +293,12 @@ def from_env(api: Any, env: dict[str, str] | None = None, active: Callable[[], b
         return value
 
     return Notifier(
-        api=api, url=url, fmt=fmt,  # type: ignore[arg-type]
+        runs=runs, patch_status=patch_status, url=url, fmt=fmt,  # type: ignore[arg-type]
         settings=plan.Settings(deadline_near_seconds=int(num("AGENTRUN_NOTIFY_DEADLINE_NEAR_SECONDS", 600)),
                                inbox_url=env.get("AGENTRUN_INBOX_URL", ""), outcomes=outcomes_from_env(env)),
-        namespaces=tuple(n.strip() for n in env.get("AGENTRUN_NAMESPACES", "").split(",") if n.strip()),
+        namespaces=namespaces_from_env(env),
         interval=num("AGENTRUN_NOTIFY_INTERVAL_SECONDS", 10), backoff=num("AGENTRUN_NOTIFY_BACKOFF_SECONDS", 1),
-        active=active, runs=runs, patch_status=patch_status,
+        active=active,
     )
 
 
@@ -236,6 +319,6 @@ def outcomes_from_env(env: dict[str, str]) -> tuple[str, ...]:
 def check_env(env: dict[str, str] | None = None) -> None:
     """Raise ValueError naming the variable when the notifier's environment (see :func:`from_env`)
     is wrong: the operator checks it before it starts, so a bad value exits at once."""
-    notifier = from_env(None, env)
+    notifier = from_env(env, runs=tuple, patch_status=lambda *_: None)
     if notifier is not None:
         notifier._http.close()

@@ -13,13 +13,10 @@ Lease's resourceVersion, so two standbys cannot both take it.
 
 Requests: a holder renews with one update of the Lease it wrote last (client-go's fast path: no
 read first); only when that update conflicts (someone else wrote the Lease) does it read the Lease
-and decide again. A standby reads once per period. Raw JSON, no model classes: on the event loop
-through the operator's requests (:class:`AsyncKubeLeaseAPI`), or, where the operator's requests
-stay on the blocking client, each call in the elector's own thread (:class:`KubeLeaseAPI`). On the
-loop a renewal costs one request's CPU (a renewal through the blocking client in a thread cost
-~30 ms of CPU on the benchmark box: urllib3, ``http.client`` and the GIL's hand-offs), and, as
-client-go's goroutine, it runs only while the loop does: a loop blocked for ``0.8 * duration``
-stops the replica acting, as a replica that cannot renew does.
+and decide again. A standby reads once per period. Raw JSON, no model classes, on the event loop
+through the client (:class:`KubeLeaseAPI`). As client-go's goroutine, the elector runs only while
+the loop does: a loop blocked for ``0.8 * duration`` stops the replica acting, as a replica that
+cannot renew does.
 
 The time source is injectable (``Clock``): ``wall()`` for the timestamps written into the Lease
 (informational only), ``monotonic()`` for every expiry decision, and ``sleep()`` for the renewal
@@ -33,12 +30,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
-from .kube import LEASES, Kube, path
+from .client import LEASES, Client, path
 
 log = logging.getLogger("agentrun.lease")
 
@@ -124,48 +120,29 @@ class LeaseAPI(Protocol):
     """The coordination.k8s.io/v1 Lease calls of the elector, on plain JSON documents. Errors other
     than the ones named raise (the API unreachable, 5xx, 403)."""
 
-    def read(self, name: str, namespace: str, timeout: float) -> dict[str, Any] | None:
+    async def read(self, name: str, namespace: str, timeout: float) -> dict[str, Any] | None:
         """The Lease, or None when there is none (404)."""
 
-    def create(self, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+    async def create(self, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
         """The Lease created, or None when one exists already (409)."""
 
-    def replace(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+    async def replace(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
         """The Lease written, or None when its resourceVersion is not ``body``'s any more (409)."""
-
-    def patch(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> None: ...
-
-
-class AsyncLeaseAPI(Protocol):
-    """:class:`LeaseAPI` on the event loop: the same calls and answers, awaited."""
-
-    async def read(self, name: str, namespace: str, timeout: float) -> dict[str, Any] | None: ...
-
-    async def create(self, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None: ...
-
-    async def replace(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None: ...
 
     async def patch(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> None: ...
 
 
-def _absent(absent: int, exc: Exception) -> bool:
-    """A Lease call answered ``absent`` (404 on read, 409 on create/replace): its answer is None."""
-    from kubernetes.client.exceptions import ApiException
+class KubeLeaseAPI:
+    """:class:`LeaseAPI` over the API-server client."""
 
-    return isinstance(exc, ApiException) and exc.status == absent
-
-
-class AsyncKubeLeaseAPI:
-    """:class:`AsyncLeaseAPI` through the operator's requests on the loop (``akube.AsyncKube``)."""
-
-    def __init__(self, akube: Any) -> None:
-        self.akube = akube
+    def __init__(self, client: Client) -> None:
+        self.client = client
 
     async def _call(self, method: str, path_: str, absent: int, **kw: Any) -> dict[str, Any] | None:
         try:
-            doc = await self.akube.request(method, path_, **kw)
+            doc = await self.client.request(method, path_, **kw)
         except Exception as exc:
-            if _absent(absent, exc):
+            if getattr(exc, "status", None) == absent:  # the client's ApiException
                 return None
             raise
         return doc if isinstance(doc, dict) else None
@@ -180,80 +157,15 @@ class AsyncKubeLeaseAPI:
         return await self._call("PUT", path(LEASES, namespace, name), 409, body=body, timeout=timeout)
 
     async def patch(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> None:
-        await self.akube.request("PATCH", path(LEASES, namespace, name), body=body, timeout=timeout,
-                                 content_type="application/merge-patch+json")
-
-
-class _InThread:
-    """A blocking :class:`LeaseAPI` as an :class:`AsyncLeaseAPI`: each call in ``executor`` (the
-    elector's own thread: a renewal never waits behind reconciles in the default executor)."""
-
-    def __init__(self, api: LeaseAPI, executor: ThreadPoolExecutor) -> None:
-        self.api, self.executor = api, executor
-
-    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-
-    async def read(self, name: str, namespace: str, timeout: float) -> dict[str, Any] | None:
-        doc: dict[str, Any] | None = await self._run(self.api.read, name, namespace, timeout)
-        return doc
-
-    async def create(self, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
-        doc: dict[str, Any] | None = await self._run(self.api.create, namespace, body, timeout)
-        return doc
-
-    async def replace(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
-        doc: dict[str, Any] | None = await self._run(self.api.replace, name, namespace, body, timeout)
-        return doc
-
-    async def patch(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> None:
-        await self._run(self.api.patch, name, namespace, body, timeout)
-
-
-class KubeLeaseAPI:
-    """:class:`LeaseAPI` on the operator's raw-JSON client."""
-
-    def __init__(self, kube: Any) -> None:
-        self.kube = kube
-
-    def _path(self, namespace: str, name: str | None = None) -> str:
-        return path(LEASES, namespace, name)
-
-    def _call(self, method: str, path_: str, absent: int, **kw: Any) -> dict[str, Any] | None:
-        try:
-            doc = self.kube.request(method, path_, **kw)
-        except Exception as exc:
-            if _absent(absent, exc):
-                return None
-            raise
-        return doc if isinstance(doc, dict) else None
-
-    def read(self, name: str, namespace: str, timeout: float) -> dict[str, Any] | None:
-        return self._call("GET", self._path(namespace, name), 404, timeout=timeout)
-
-    def create(self, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
-        return self._call("POST", self._path(namespace), 409, body=body, timeout=timeout)
-
-    def replace(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> dict[str, Any] | None:
-        return self._call("PUT", self._path(namespace, name), 409, body=body, timeout=timeout)
-
-    def patch(self, name: str, namespace: str, body: dict[str, Any], timeout: float) -> None:
-        self.kube.request("PATCH", self._path(namespace, name), body=body, timeout=timeout,
-                          content_type="application/merge-patch+json")
-
-
-def _default_api() -> LeaseAPI:
-    from kubernetes import client
-
-    return KubeLeaseAPI(Kube(client.ApiClient.get_default()))
+        await self.client.request("PATCH", path(LEASES, namespace, name), body=body, timeout=timeout,
+                                  content_type="application/merge-patch+json")
 
 
 class LeaseElector:
     def __init__(self, name: str, namespace: str, identity: str, duration: float,
                  on_acquire: Callable[[], Awaitable[None]] | None = None,
                  on_lose: Callable[[], None] | None = None, *, clock: Clock | None = None,
-                 api: Callable[[], LeaseAPI | AsyncLeaseAPI] | None = None,
-                 eligible: Callable[[], str | None] | None = None) -> None:
+                 api: LeaseAPI, eligible: Callable[[], str | None] | None = None) -> None:
         self.name, self.namespace, self.identity, self.duration = name, namespace, identity, duration
         #: Why this replica must not lead now (None: it may): asked every round; a holder steps down.
         self.eligible = eligible
@@ -261,12 +173,10 @@ class LeaseElector:
         self.on_acquire = on_acquire
         self.on_lose = on_lose  # e.g. drop per-run metrics, so a standby never exports stale runs
         self.clock = clock or default_clock()
-        self._api_factory = api
-        self._resolved: AsyncLeaseAPI | None = None  # what _api() made of it
+        self.api = api
         self._renewed_at = float("-inf")  # clock.monotonic() at the start of our last successful acquire/renew
         self._leader = False
         self.last_tick = time.monotonic()  # liveness heartbeat (real time: read by the probe in cli.py)
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="lease")
         self.holder: str | None = None  # the other replica holding the Lease, when we wait
         self._standby_logged: str | None = None
         self._acquire_pending = False  # on_acquire failed: run it again while we hold the Lease
@@ -283,19 +193,6 @@ class LeaseElector:
         """True while this replica took the Lease and has not seen it lost, even when a late renewal
         has made :attr:`is_leader` false for a moment."""
         return self._leader
-
-    def _api(self) -> AsyncLeaseAPI:
-        """The API of every round, made once: an async one as it is, a blocking one in the
-        elector's thread (:class:`_InThread`)."""
-        resolved = self._resolved
-        if resolved is None:
-            api = self._api_factory() if self._api_factory is not None else _default_api()
-            if asyncio.iscoroutinefunction(getattr(api, "read", None)):
-                resolved = cast(AsyncLeaseAPI, api)
-            else:
-                resolved = _InThread(cast(LeaseAPI, api), self._executor)
-            self._resolved = resolved
-        return resolved
 
     def _body(self, spec: dict[str, Any], resource_version: str | None) -> dict[str, Any]:
         metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
@@ -315,7 +212,7 @@ class LeaseElector:
     async def _try(self) -> bool:
         """One acquire/renew round; True if this replica holds the Lease afterwards."""
         started = self.clock.monotonic()
-        api = self._api()
+        api = self.api
         # bounded: a hung call must not hold the renewal loop past the Lease's life
         timeout = max(1.0, self.duration / 2)
         stamp = _micro(self.clock.wall())
@@ -433,7 +330,7 @@ class LeaseElector:
 
         self._written = None
         self._leader = False
-        api = self._api()
+        api = self.api
         try:
             lease = await api.read(self.name, self.namespace, 5.0)
             if lease is not None and (lease.get("spec") or {}).get("holderIdentity") == self.identity:

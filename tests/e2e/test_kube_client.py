@@ -1,8 +1,8 @@
-"""The operator's writes on the event loop (``agentrun.controller.akube.AsyncKube``) against the real
-kube-apiserver: the contract of the blocking ``Kube`` (the JSON document back, an ``ApiException``
-with the server's status and body, every request counted with its verb, resource and code, the
-credentials made again after a 401), with a bearer token and with a client certificate signed by
-the cluster's CA (TLS built from the kubernetes client's configuration)."""
+"""The operator's API-server client (``agentrun.kube.client.Client``, aiohttp on the event loop)
+against the real kube-apiserver: the JSON document back, an ``ApiException`` with the server's
+status and body, every request counted with its verb, resource and code, the credentials made again
+after a 401, with a bearer token and with a client certificate signed by the cluster's CA (TLS built
+from the kubernetes client's configuration); the informer and the Lease elector over it."""
 
 from __future__ import annotations
 
@@ -19,21 +19,18 @@ from kubernetes import config as kconfig
 from kubernetes.client import Configuration
 from kubernetes.client.exceptions import ApiException
 
-from agentrun.controller.akube import AsyncKube, unsupported
-from agentrun.controller.kube import Kube
+from agentrun.kube.client import Client
 
 pytestmark = pytest.mark.e2e
 
 
-def _kube(kubeconfig: str) -> Kube:
-    api = kconfig.new_client_from_config(config_file=kubeconfig)
-    assert unsupported(api.configuration) is None
-    return Kube(api)
+def _api(kubeconfig: str) -> object:
+    return kconfig.new_client_from_config(config_file=kubeconfig)
 
 
 def test_writes_reads_errors_and_counts_with_a_token(cluster, namespace) -> None:
     counted: list[tuple[str, str, int | str]] = []
-    ak = AsyncKube(_kube(cluster.kubeconfig), 4, lambda v, r, c: counted.append((v, r, c)))
+    ak = Client(_api(cluster.kubeconfig), 4, lambda v, r, c: counted.append((v, r, c)))
     cms = f"/api/v1/namespaces/{namespace}/configmaps"
 
     async def go() -> None:
@@ -66,7 +63,6 @@ def test_writes_reads_errors_and_counts_with_a_token(cluster, namespace) -> None
             big = await ak.request("GET", cms, query={"labelSelector": None})
             assert sorted(i["metadata"]["name"] for i in big["items"] if i["metadata"]["name"].startswith("big")) == [
                 f"big{i}" for i in range(8)]
-            assert ak.opened == 1  # every request, one after the other, over one kept connection
         finally:
             await ak.close()
 
@@ -81,8 +77,7 @@ def test_a_401_drops_the_credentials_and_connection_errors_are_counted(cluster, 
     doc = Path(cluster.kubeconfig).read_text()
     kc.write_text(doc.replace(cluster.admin_token, "not-a-token"))
     counted: list = []
-    k = _kube(str(kc))
-    ak = AsyncKube(k, 2, lambda v, r, c: counted.append((v, r, c)))
+    ak = k = Client(_api(str(kc)), 2, lambda v, r, c: counted.append((v, r, c)))
 
     async def go() -> None:
         try:
@@ -99,7 +94,7 @@ def test_a_401_drops_the_credentials_and_connection_errors_are_counted(cluster, 
     conf.host, conf.verify_ssl = "https://127.0.0.1:1", False
     from kubernetes.client import ApiClient
 
-    gone = AsyncKube(Kube(ApiClient(conf)), 1, lambda v, r, c: counted.append((v, r, c)))
+    gone = Client(ApiClient(conf), 1, lambda v, r, c: counted.append((v, r, c)))
 
     async def refused() -> None:
         try:
@@ -133,10 +128,9 @@ def _client_cert_kubeconfig(cluster, tmp_path: Path, user: str) -> str:
 
 
 def test_a_client_certificate_user_is_who_the_api_server_sees(cluster, tmp_path) -> None:
-    user = f"akube-{uuid.uuid4().hex[:6]}"
-    k = _kube(_client_cert_kubeconfig(cluster, tmp_path, user))
-    assert k.api_client.configuration.cert_file  # the kubernetes client wrote the cert to a file
-    ak = AsyncKube(k, 2)
+    user = f"kube-client-{uuid.uuid4().hex[:6]}"
+    ak = Client(_api(_client_cert_kubeconfig(cluster, tmp_path, user)), 2)
+    assert ak.api_client.configuration.cert_file  # the kubernetes client wrote the cert to a file
 
     async def go() -> dict:
         try:
@@ -167,11 +161,10 @@ def test_the_informer_on_the_loop_lists_and_watches_the_real_api_server(cluster,
     """The watch cache's transport without a thread: the list, then a watch whose events (a create,
     a patch, a delete, made while it watches) arrive in order; the list and the watch are counted;
     a watch the server ends gives what it sent and stops."""
-    from agentrun.controller.cache import Informer
+    from agentrun.kube.informer import Informer
 
     counted: list[tuple[str, str, int | str]] = []
-    k = _kube(cluster.kubeconfig)
-    ak = AsyncKube(k, 4, lambda v, r, c: counted.append((v, r, c)))
+    ak = Client(_api(cluster.kubeconfig), 4, lambda v, r, c: counted.append((v, r, c)))
     cms = f"/api/v1/namespaces/{namespace}/configmaps"
     sink = _Sink()
 
@@ -186,8 +179,8 @@ def test_the_informer_on_the_loop_lists_and_watches_the_real_api_server(cluster,
         try:
             await ak.request("POST", cms, body={"metadata": {"name": "before", "labels": {"t": "inf"}}})
             threads = set(threading.enumerate())  # (other tests' blocked fake watches may live on)
-            inf = Informer(k, "configmaps", namespace, "t=inf", sink, asyncio.get_running_loop(),
-                           resource=("/api/v1", "configmaps"), akube=ak)
+            inf = Informer(ak, "configmaps", namespace, "t=inf", sink, asyncio.get_running_loop(),
+                           resource=("/api/v1", "configmaps"))
             inf.start()
             await asyncio.wait_for(inf.synced.wait(), 30)
             assert sink.told == [("replace", "before")] and set(threading.enumerate()) <= threads
@@ -213,19 +206,19 @@ def test_the_informer_on_the_loop_lists_and_watches_the_real_api_server(cluster,
 
 
 def test_the_lease_elector_on_the_loop_takes_renews_and_releases_a_real_lease(cluster, namespace) -> None:
-    """The Lease calls on the loop (``AsyncKubeLeaseAPI``) against the real API server: a missing
+    """The Lease calls (``KubeLeaseAPI``) against the real API server: a missing
     Lease reads as None, the elector creates it, renews with one update each (no read), a stale
     resourceVersion is a conflict (None), and a release clears the holder."""
-    from agentrun.controller.lease import AsyncKubeLeaseAPI, LeaseElector
+    from agentrun.kube.lease import KubeLeaseAPI, LeaseElector
 
     counted: list[tuple[str, str, int | str]] = []
-    ak = AsyncKube(_kube(cluster.kubeconfig), 2, lambda v, r, c: counted.append((v, r, c)))
-    api = AsyncKubeLeaseAPI(ak)
+    ak = Client(_api(cluster.kubeconfig), 2, lambda v, r, c: counted.append((v, r, c)))
+    api = KubeLeaseAPI(ak)
 
     async def go() -> tuple[dict, dict | None, dict | None]:
         try:
             assert await api.read("agentrun-test", namespace, 5.0) is None  # 404: None
-            e = LeaseElector("agentrun-test", namespace, "me", 1.5, api=lambda: api)
+            e = LeaseElector("agentrun-test", namespace, "me", 1.5, api=api)
             task = asyncio.create_task(e.run())
             for _ in range(3000):
                 if sum(1 for c in counted if c[:2] == ("update", "leases")) >= 3:

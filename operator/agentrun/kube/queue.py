@@ -1,4 +1,4 @@
-"""The controller's work queue: a rate-limited, deduplicating queue of run keys, in the manner of
+"""A work queue: a rate-limited, deduplicating queue of keys, in the manner of
 client-go's ``workqueue`` (``Type`` + ``DelayingQueue`` + ``RateLimitingQueue``).
 
 - ``add(key)``: a key is queued at most once (dedup); a key being processed is not handed to a
