@@ -33,7 +33,7 @@ class StatusKube(FakeKube):
         super().__init__()
         self.status_error, self.prune = status_error, prune
 
-    def request(self, method: str, path_: str, **kw: Any) -> Any:
+    async def request(self, method: str, path_: str, **kw: Any) -> Any:
         if method == "PATCH" and path_.endswith("/status"):
             self.requests.append((method, path_, kw.get("body")))
             if self.status_error is not None:
@@ -41,7 +41,7 @@ class StatusKube(FakeKube):
             stored = dict(kw["body"][1]["value"])
             stored.pop(self.prune or "", None)
             return {"metadata": {**BODY["metadata"], "resourceVersion": "6"}, "status": stored}
-        return super().request(method, path_, **kw)
+        return await super().request(method, path_, **kw)
 
 
 def refused(status: int, doc: dict[str, Any]) -> ApiException:
