@@ -19,7 +19,7 @@ import ssl
 import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
-from urllib.parse import parse_qs, quote, urlencode, urlsplit
+from urllib.parse import quote, urlencode
 
 import aiohttp
 import orjson
@@ -56,9 +56,13 @@ def request_labels(method: str, url: str) -> tuple[str, str]:
     """(verb, resource) of a request, as the API server's audit names them: GET of a collection is
     ``list`` (``watch`` with ``watch=true``), of an object ``get``; POST ``create``, PUT ``update``,
     PATCH ``patch``, DELETE ``delete``. The resource is the plural, with its subresource
-    (``agentruns/status``)."""
-    parts = urlsplit(url)
-    segs = [s for s in parts.path.split("/") if s]
+    (``agentruns/status``). ``url`` is a URL or its path and query. (String operations, not
+    ``urllib.parse``: this runs for every request.)"""
+    if "://" in url:
+        at = url.find("/", url.index("://") + 3)
+        url = url[at:] if at >= 0 else "/"
+    path_, _, query = url.partition("?")
+    segs = [s for s in path_.split("/") if s]
     if segs[:1] == ["api"]:
         segs = segs[2:]
     elif segs[:1] == ["apis"]:
@@ -73,8 +77,7 @@ def request_labels(method: str, url: str) -> tuple[str, str]:
         resource = f"{resource}/{segs[2]}"
     method = method.upper()
     if method == "GET":
-        query = parse_qs(parts.query)
-        if query.get("watch", [""])[0] in ("true", "1"):
+        if "watch=true" in query.split("&") or "watch=1" in query.split("&"):
             verb = "watch"
         else:
             verb = "get" if named else "list"
