@@ -4,7 +4,7 @@ history grows: a run at lap N keeps its N finished lap Jobs in the watch cache f
 
 Each pass is measured the way the controller makes it: the run and its Jobs as the cache holds them
 (Jobs built by ``jobs.build_job`` and slimmed by ``cache.slim_job``, completed), the current lap's
-Job active, and either the controller's :class:`~agentrun.controller.observe.JobMemo` (finished
+Job active, and either the controller's :class:`~agentrun.controller.memos.JobMemo` (finished
 Jobs observed once while the cache holds the same object) or none (each pass observes every Job,
 as before the memo). No I/O; this process's CPU (``time.process_time``), median of the rounds::
 
@@ -27,7 +27,7 @@ from agentrun.controller.cache import slim_job
 from agentrun.controller.config import OperatorConfig
 from agentrun.controller.decide.jobs import RunIdentity, build_job, job_name
 from agentrun.controller.decide.observe import observe, parse_run
-from agentrun.controller.observe import JobMemo, SpecMemo
+from agentrun.controller.memos import JobMemo, SpecMemo
 
 UID = "0f1c2d3e-aaaa-bbbb-cccc-1234567890ab"
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)

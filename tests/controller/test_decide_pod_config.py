@@ -108,7 +108,7 @@ def _failed_pod(message: str) -> dict:
 
 
 def test_the_runner_failure_message_is_taken_from_the_termination_message():
-    from agentrun.controller.observe import pod_failure_message as _pod_failure_message
+    from agentrun.controller.decide.observe import pod_failure_message as _pod_failure_message
 
     tail = "\n".join([
         '{"msg": "lap starting", "level": "info"}',

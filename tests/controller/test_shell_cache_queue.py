@@ -290,7 +290,7 @@ def test_a_relist_reconciles_every_run_and_reports_the_ones_deleted_meanwhile(ca
 def test_a_job_that_leaves_the_cache_is_dropped_from_the_controllers_job_memo():
     """The controller's JobMemo holds the cached Job dicts: a Job deleted (a watch event) or not
     listed again (a relist after a 410) is forgotten, not kept for the life of the process."""
-    from agentrun.controller.observe import JobMemo
+    from agentrun.controller.memos import JobMemo
 
     memo = JobMemo()
     c = Cache(on_change=lambda key: None, on_job_gone=memo.forget)

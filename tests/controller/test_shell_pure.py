@@ -9,11 +9,11 @@ import pydantic
 import pytest
 
 from agentrun.api.spec import AgentRunSpec
-from agentrun.controller.execute import pruned_field, status_refusal
+from agentrun.controller.decide.observe import job_state as _job_state
+from agentrun.controller.decide.observe import pod_exit as _pod_exit
+from agentrun.controller.decide.observe import spec_error_text
+from agentrun.controller.decide.outcomes import pruned_field, status_refusal
 from agentrun.controller.logs import JSONFormatter, run_logger
-from agentrun.controller.observe import job_state as _job_state
-from agentrun.controller.observe import pod_exit as _pod_exit
-from agentrun.controller.observe import spec_error_text
 
 
 def test_job_state():

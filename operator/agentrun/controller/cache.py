@@ -36,7 +36,7 @@ from agentrun.kube.client import JOBS, PODS
 from agentrun.kube.informer import strip
 from agentrun.notify.plan import outcome_due
 
-from .observe import job_state
+from .decide.observe import job_state
 
 GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
 #: (group/version prefix, plural) of the AgentRuns.

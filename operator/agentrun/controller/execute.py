@@ -33,14 +33,10 @@ from . import decide as d
 from .cache import GROUP, RUNS, VERSION, Cache, Key
 from .config import OperatorConfig
 from .decide.jobs import RunIdentity, build_job, effective_endpoint, spec_json
-
-# pruned_field and status_refusal live in the pure core (decide/outcomes.py); re-exported (``as``)
-# for handlers.py, which imports them from here.
-from .decide.outcomes import pruned_field as pruned_field
-from .decide.outcomes import status_refusal as status_refusal
+from .decide.outcomes import pruned_field
 from .events import EventBudget
 from .logs import run_logger
-from .observe import SpecMemo
+from .memos import SpecMemo
 
 try:  # the test-fault switch (docs/chaos.md, "Negative control"): not in the wheel, so absent from the image
     from agentrun import testfault
@@ -149,7 +145,7 @@ class Executor:
 
     def spec_text(self, key: Key, spec: AgentRunSpec) -> str:
         """``jobs.spec_json(spec)``, made again only when the run's parsed spec is another object
-        (:class:`~agentrun.controller.observe.SpecMemo` shares one parsed spec while the run's spec
+        (:class:`~agentrun.controller.memos.SpecMemo` shares one parsed spec while the run's spec
         JSON is unchanged)."""
         return self.specs.text(key, spec, spec_json)
 

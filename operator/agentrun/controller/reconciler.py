@@ -56,7 +56,7 @@ from .config import OperatorConfig
 from .decide.observe import current_jobs, job_state, needs_pod_read, observe, parse_run, pod_check_due, pod_waiting
 from .execute import Executor, RetryWithBackoff
 from .logs import run_logger
-from .observe import JobMemo, SpecMemo
+from .memos import JobMemo, SpecMemo
 from .podreads import PodReads
 from .podreads import selector as pod_selector
 from .policycheck import PolicyCheck

@@ -36,7 +36,7 @@ from agentrun.api.tenancy import (
 from agentrun.api.text import one_line
 
 from .cache import is_newer, rv_int
-from .observe import spec_error_text
+from .decide.observe import spec_error_text
 
 log = logging.getLogger("agentrun.controller")
 

@@ -176,7 +176,7 @@ class LeaseElector:
         self.api = api
         self._renewed_at = float("-inf")  # clock.monotonic() at the start of our last successful acquire/renew
         self._leader = False
-        self.last_tick = time.monotonic()  # liveness heartbeat (real time: read by the probe in cli.py)
+        self.last_tick = time.monotonic()  # liveness heartbeat (real time: read by the liveness probe, controller/process.py)
         self.holder: str | None = None  # the other replica holding the Lease, when we wait
         self._standby_logged: str | None = None
         self._acquire_pending = False  # on_acquire failed: run it again while we hold the Lease

@@ -1,7 +1,7 @@
 """Observe: the watch cache's objects (a run, its Jobs, their pods) -> :class:`Observed`.
 
 Pure functions of plain dicts (the API server's JSON), no I/O: the shell hands them what its cache
-holds (and keeps the memos, ``controller/observe.py``). Pod details (exit code, termination
+holds (and keeps the memos, ``controller/memos.py``). Pod details (exit code, termination
 message, waiting reason) are read only for the run's current attempt, the only one ``decide``
 looks at.
 """
@@ -30,7 +30,7 @@ Parsed = tuple[AgentRunSpec | None, str | None, AgentRunStatus]
 
 
 class SpecParser(Protocol):
-    """The shell's memo of :func:`parse_spec` per run (``controller/observe.py``: ``SpecMemo``)."""
+    """The shell's memo of :func:`parse_spec` per run (``controller/memos.py``: ``SpecMemo``)."""
 
     def parse(self, key: tuple[str, str], raw: Any) -> tuple[AgentRunSpec | None, str | None]: ...
 

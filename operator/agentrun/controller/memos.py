@@ -9,13 +9,7 @@ from typing import Any
 
 from agentrun.api.spec import AgentRunSpec
 
-# job_state, pod_exit, pod_failure_message and spec_error_text are re-exported (``as``) for the shell
-# modules that still import them from here (cache.py, handlers.py, tenancy.py); they live in the pure core.
-from .decide.observe import job_state as job_state
 from .decide.observe import observed_job, parse_spec
-from .decide.observe import pod_exit as pod_exit
-from .decide.observe import pod_failure_message as pod_failure_message
-from .decide.observe import spec_error_text as spec_error_text
 from .decide.observed import ObservedJob
 
 

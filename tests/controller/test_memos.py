@@ -1,4 +1,4 @@
-"""controller/observe.py: the shell's memos over the pure observation (a run's parsed spec, each
+"""controller/memos.py: the shell's memos over the pure observation (a run's parsed spec, each
 cached Job's observation), which change no observation."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from test_decide_observe import job, run_body
 
 from agentrun.controller.config import OperatorConfig
 from agentrun.controller.decide.observe import observe, parse_run
-from agentrun.controller.observe import JobMemo, SpecMemo
+from agentrun.controller.memos import JobMemo, SpecMemo
 
 
 def test_a_runs_spec_is_parsed_once_while_its_json_is_unchanged():
