@@ -155,3 +155,20 @@ def test_journal_attempts_and_delete_run_on_every_backend(blobs: BlobStore) -> N
     store.put_lap(make_record(1))
     assert store.delete_journal(RUN, 1) == 1 and store.get_journal(RUN, 1, "call-1") is None
     assert store.delete_run(RUN) == 2 and store.latest_lap(RUN) == 0
+
+
+
+def test_an_object_bigger_than_the_layout_allows_is_refused_before_it_is_read(blobs: BlobStore, monkeypatch) -> None:
+    """A compromised lap can write any object its credentials allow; the operator must not read a
+    huge one into memory: every backend refuses it as corrupt, naming the key (the bound is lowered
+    here so the test stores little)."""
+    from agentrun.checkpoint import blobstore, s3store
+
+    monkeypatch.setattr(blobstore, "MAX_STORED_BYTES", 64)
+    monkeypatch.setattr(s3store, "MAX_STORED_BYTES", 64)
+    blobs.put("big/k", b"x" * 65, {}, "application/json")
+    with pytest.raises(CorruptCheckpoint, match="checkpoint object big/k is 65 bytes"):
+        blobs.get("big/k")
+    blobs.put("small/k", b"x" * 64, {}, "application/json")
+    assert blobs.get("small/k").data == b"x" * 64
+    assert blobs.get("small/k").data == b"x" * 64  # read again: the connection pool still serves

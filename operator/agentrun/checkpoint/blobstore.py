@@ -31,7 +31,18 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Protocol
 
-from agentrun.checkpoint.errors import CheckpointNotFound
+from agentrun.checkpoint.codec import MAX_DECODED_BYTES
+from agentrun.checkpoint.errors import CheckpointNotFound, CorruptCheckpoint
+
+MAX_STORED_BYTES = MAX_DECODED_BYTES
+"""No stored object of the layout is bigger than what it may inflate to, so a bigger one is refused
+as corrupt before it is read into memory (an object written by a compromised lap must not exhaust
+the operator): every backend's ``get`` enforces it."""
+
+
+def too_large(key: str, size: int) -> CorruptCheckpoint:
+    return CorruptCheckpoint(f"checkpoint object {key} is {size} bytes, more than any object of the layout "
+                             f"may be ({MAX_STORED_BYTES}): not read", key)
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,8 @@ class MemoryBlobStore:
             blob = self._objects.get(key)
         if blob is None:
             raise CheckpointNotFound(key)
+        if blob.size > MAX_STORED_BYTES:
+            raise too_large(key, blob.size)
         return blob
 
     def head(self, key: str) -> BlobInfo | None:

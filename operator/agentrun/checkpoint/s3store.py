@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentrun.api.tenancy import AddressRefusal
 from agentrun.api.types import redact_url
-from agentrun.checkpoint.blobstore import Blob, BlobInfo
+from agentrun.checkpoint.blobstore import MAX_STORED_BYTES, Blob, BlobInfo, too_large
 from agentrun.checkpoint.errors import CheckpointError, CheckpointNotFound, StoreConfigError, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -85,7 +85,13 @@ class S3BlobStore:
     def get(self, key: str) -> Blob:
         def get() -> tuple[bytes, dict[str, Any]]:
             resp = self.client.get_object(Bucket=self.bucket, Key=key)
-            return resp["Body"].read(), resp
+            body = resp["Body"]
+            size = int(resp.get("ContentLength") or 0)
+            data = b"" if size > MAX_STORED_BYTES else body.read(MAX_STORED_BYTES + 1)  # bounded, whatever
+            if size > MAX_STORED_BYTES or len(data) > MAX_STORED_BYTES:  # the length header said
+                body.close()  # not drained: the connection is dropped, not pooled
+                raise too_large(key, max(size, len(data)))
+            return data, resp
 
         data, resp = self._call("GetObject", key, get)
         return Blob(key, len(data), resp.get("Metadata", {}), resp.get("LastModified"), data)
