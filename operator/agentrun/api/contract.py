@@ -102,6 +102,19 @@ def tool_headers_env(tool: str) -> str:
     return TOOL_HEADERS_PREFIX + tool.upper().replace("-", "_")
 
 
+MCP_HEADERS_PREFIX = "AGENTRUN_MCP_HEADERS_"
+
+
+def mcp_headers_env(server: str) -> str:
+    """``AGENTRUN_MCP_HEADERS_<SERVER>`` of an MCP server's ``headersSecretRef`` (``spec.agent.mcpServers[]``):
+    upper-cased, ``-`` -> ``_``. Its value, a JSON object of header names to values, is sent with every
+    request to that server; never logged or stored."""
+    return MCP_HEADERS_PREFIX + server.upper().replace("-", "_")
+
+
+IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
+"""The HTTP header that carries a side-effecting call's idempotency key (HTTP and MCP tools)."""
+
 MCP_IDEMPOTENCY_META_KEY: Final = "agentrun.dev/idempotency-key"
 """The ``_meta`` key of an MCP ``tools/call`` request that carries the call's idempotency key (the same
 value the ``Idempotency-Key`` HTTP header carries): the lap sends it, ``agentrun.toolkit.mcp`` reads it
