@@ -200,6 +200,7 @@ def describe() -> str:
     out = ["Lap Job environment (operator -> runner):"]
     out += [f"  {e.value:<34} Env.{e.name}" for e in Env]
     out.append(f"  {TOOL_HEADERS_PREFIX + '<TOOL>':<34} tool_headers_env(tool)")
+    out.append(f"  {MCP_HEADERS_PREFIX + '<SERVER>':<34} mcp_headers_env(server)")
     out.append("Exit codes (runner -> operator):")
     out += [f"  {c.value:<4} ExitCode.{c.name}" for c in ExitCode]
     out.append("Attempt report reasons (attempts/...):")

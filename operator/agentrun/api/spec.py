@@ -337,6 +337,19 @@ class AgentSpec(APIModel):
     )
 
 
+    @model_validator(mode="after")
+    def _mcp_servers_unique_and_apart(self) -> AgentSpec:
+        names = [m.name for m in self.mcp_servers]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"spec.agent.mcpServers: duplicate server name(s) {', '.join(dup)}")
+        clash = sorted(t.name for t in self.tools if any(t.name.startswith(n + "__") for n in names))
+        if clash:
+            raise ValueError(f"spec.agent.tools: a tool name must not start with \"<server>__\" of a server in "
+                             f"spec.agent.mcpServers (the model sees that server's tools under such names): "
+                             f"{', '.join(clash)}")
+        return self
+
 class BudgetSpec(APIModel):
     """Limits of the run. The run ends BudgetExceeded before a lap would pass them."""
 
