@@ -314,3 +314,39 @@ def test_a_transport_failure_is_retryable_and_a_denied_address_is_refused(ledger
     guarded = McpToolRunner(rules=AddressRules(allow_loopback=False, loopback_rule="AgentRunPolicy p"))
     with pytest.raises(AddressRefused, match="MCP server 'ledger': connection to host \"127.0.0.1\" refused"):
         guarded.list_tools(McpServer.model_validate({"name": "ledger", "url": url + "/mcp"}))
+
+
+# ------------------------------------------------------------------------------ the whole lap
+
+
+@pytest.mark.s3
+def test_a_whole_lap_with_an_mcp_server_against_s3(ledger: Any, s3_env: dict[str, str]) -> None:
+    """``execute_lap`` as the lap pod runs it (the client made in the setup thread from the spec and
+    AGENTRUN_MCP_HEADERS_<SERVER>), against a real S3 API server and the real MCP server: the
+    listing is recorded, the call executed once with its key, the header value never logged."""
+    import io
+
+    from lap_helpers import lap_env
+
+    from agentrun.checkpoint.store import CheckpointStore, StoreConfig
+    from agentrun.lap.config import parse_env
+    from agentrun.lap.logs import LapLogger
+    from agentrun.lap.runner import EXIT_OK, execute_lap
+
+    url, record = ledger
+    before = record()["executions"]
+    args = {"invoice": "INV-LAP", "amount_cents": 42}
+    doc = spec_doc([], [{"content": "booking", "toolCalls": [{"name": "ledger__book_invoice", "arguments": args}]}])
+    doc["agent"]["mcpServers"] = [{"name": "ledger", "url": url + "/mcp", "headersSecretRef": {"name": "t", "key": "h"}}]
+    env = lap_env(s3_env, doc, 1, AGENTRUN_MCP_HEADERS_LEDGER='{"Authorization": "Bearer s3cr3t-token"}')
+    out = io.StringIO()
+    result = execute_lap(parse_env(env), CheckpointStore(StoreConfig.from_env(env)), env, LapLogger({}, stream=out))
+    assert result.code == EXIT_OK, result.message
+    rec = result.record
+    assert rec is not None and rec.mcp_tools is not None and rec.mcp_tools.version == 1
+    assert rec.tool_calls[0].status == "ok" and '"INV-LAP"' in (rec.tool_calls[0].result or "")
+    key = rec.tool_calls[0].idempotency_key
+    assert record()["executions"] == {**before, key: 1}
+    assert "s3cr3t-token" not in out.getvalue()
+    state = CheckpointStore(StoreConfig.from_env(env)).load_state(RUN).state
+    assert state.mcp_tools == rec.mcp_tools
