@@ -350,3 +350,18 @@ def test_a_whole_lap_with_an_mcp_server_against_s3(ledger: Any, s3_env: dict[str
     assert "s3cr3t-token" not in out.getvalue()
     state = CheckpointStore(StoreConfig.from_env(env)).load_state(RUN).state
     assert state.mcp_tools == rec.mcp_tools
+
+
+# ------------------------------------------------------------------------------ the operator's side
+
+
+def test_the_lap_job_gets_each_mcp_servers_header_secret_by_reference() -> None:
+    from agentrun.controller.config import OperatorConfig
+    from agentrun.controller.decide.jobs import RunIdentity, build_env
+
+    spec = _spec([_server(headersSecretRef={"name": "ledger-token", "key": "headers"}),
+                  _server(name="crm-eu", url="http://crm/mcp")])
+    env = build_env(RunIdentity("ns", "r", "u"), spec, 1, 1, "v1", OperatorConfig(checkpoint_uri="s3://b/p"))
+    mcp = [e for e in env if e["name"].startswith("AGENTRUN_MCP_HEADERS_")]
+    assert mcp == [{"name": "AGENTRUN_MCP_HEADERS_LEDGER",
+                    "valueFrom": {"secretKeyRef": {"name": "ledger-token", "key": "headers"}}}]
