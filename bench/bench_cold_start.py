@@ -16,7 +16,12 @@ with ``PYTHONDONTWRITEBYTECODE=1`` (as in the dev container) would compile ``age
 every lap process instead. So the package is compiled first (``compileall``, into its gitignored
 ``__pycache__`` directories); ``--no-compile`` measures the checkout as it is.
 
-    python bench/bench_cold_start.py [--runs 20] [--no-compile] [--json out.json]
+``--mcp`` measures two cases instead, interleaved run by run so the box's load hits both alike: a
+spec with one HTTP tool (``http``: the tool is declared, not called) and a spec with one MCP server
+(``mcp``: examples/mcp_tool_server.py, started here; the lap imports the ``mcp`` SDK and lists the
+server's tools before it asks the model), and prints their figures side by side.
+
+    python bench/bench_cold_start.py [--runs 20] [--no-compile] [--json out.json] [--mcp]
 """
 
 from __future__ import annotations
@@ -81,6 +86,7 @@ def main() -> None:
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--no-compile", action="store_true",
                     help="do not compile the agentrun package to bytecode first (see above)")
+    ap.add_argument("--mcp", action="store_true", help="measure an HTTP-only spec and an MCP spec side by side")
     args = ap.parse_args()
     exe = os.path.join(os.path.dirname(sys.executable), "agentrun")
     agentrun = [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "agentrun.cli.main"]
@@ -92,19 +98,46 @@ def main() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), ChatHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
-    first_request: list[float] = []
-    whole: list[float] = []
-    cpu: list[float] = []
+    cases = ["http", "mcp"] if args.mcp else ["none"]
+    first_by: dict[str, list[float]] = {c: [] for c in cases}
+    whole_by: dict[str, list[float]] = {c: [] for c in cases}
+    cpu_by: dict[str, list[float]] = {c: [] for c in cases}
+    ledger = ledger_url = None
+    if args.mcp:
+        import socket
+        import tempfile
+        import urllib.request
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            mport = sock.getsockname()[1]
+        db = os.path.join(tempfile.mkdtemp(prefix="bench-mcp-"), "ledger.sqlite3")
+        examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+        ledger = subprocess.Popen([sys.executable, os.path.join(examples, "mcp_tool_server.py"), "--port", str(mport),
+                                   "--db", db], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        ledger_url = f"http://127.0.0.1:{mport}/mcp"
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{mport}/_record", timeout=2).read()
+                break
+            except OSError:
+                time.sleep(0.1)
     try:
         base = {"AGENTRUN_CHECKPOINT_URI": "s3://cold-start/runs", "AGENTRUN_S3_ENDPOINT": endpoint,
                 "AGENTRUN_S3_REGION": "us-east-1", "AGENTRUN_S3_PATH_STYLE": "true", "AGENTRUN_LOG_FORMAT": "json"}
         CheckpointStore(StoreConfig.from_env(base, snapshot_every=10)).client.create_bucket(Bucket="cold-start")
-        for i in range(args.runs):
-            run = f"cold-{i}"
-            spec = {"task": "Say done.", "agent": {"version": "v1", "model": {
+        for i, case in ((i, case) for i in range(args.runs) for case in cases):
+            run = f"cold-{case}-{i}"
+            spec: dict[str, Any] = {"task": "Say done.", "agent": {"version": "v1", "model": {
                 "provider": "openai", "name": "bench", "baseURL": f"http://127.0.0.1:{port}/{run}/v1"}}}
+            if case == "http":
+                spec["agent"]["tools"] = [{"name": "lookup_invoice", "parameters": {"type": "object"},
+                                           "http": {"url": f"http://127.0.0.1:{port}/lookup"}}]
+            elif case == "mcp":
+                spec["agent"]["mcpServers"] = [{"name": "ledger", "url": ledger_url}]
+            uid = f"00000000-0000-0000-{cases.index(case):04d}-{i:012d}"
             env = {**os.environ, **base, "AGENTRUN_NAMESPACE": "bench", "AGENTRUN_NAME": run,
-                   "AGENTRUN_UID": f"00000000-0000-0000-0000-{i:012d}", "AGENTRUN_LAP": "1", "AGENTRUN_ATTEMPT": "1",
+                   "AGENTRUN_UID": uid, "AGENTRUN_LAP": "1", "AGENTRUN_ATTEMPT": "1",
                    "AGENTRUN_SPEC": json.dumps(spec), "AGENTRUN_AGENT_VERSION": "v1"}
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.time()
@@ -114,27 +147,41 @@ def main() -> None:
             if p.returncode != 0 or run not in ARRIVALS:
                 raise SystemExit(f"lap of {run} exited {p.returncode} (model request seen: {run in ARRIVALS}): "
                                  f"{p.stderr[-800:]}")
-            first_request.append(ARRIVALS[run] - t0)
-            whole.append(t1 - t0)
-            cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+            first_by[case].append(ARRIVALS[run] - t0)
+            whole_by[case].append(t1 - t0)
+            cpu_by[case].append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
     finally:
+        if ledger is not None:
+            ledger.terminate()
+            ledger.wait(timeout=10)
         server.shutdown()
         moto.terminate()
         moto.wait(timeout=10)
+    compiled = "not compiled first" if args.no_compile else "agentrun compiled to bytecode first"
+    for case in cases:
+        label = {"none": "", "http": " (spec with one HTTP tool)", "mcp": " (spec with one MCP server)"}[case]
+        print(f"lap runner cold start{label}, {args.runs} runs ({os.cpu_count()} CPUs, load "
+              f"{os.getloadavg()[0]:.1f}, {compiled}):")
+        report(first_by[case], whole_by[case], cpu_by[case])
+    if args.json:
+        doc: dict[str, Any] = {"compiled": not args.no_compile}
+        for case in cases:
+            prefix = "" if case == "none" else case + "_"
+            doc.update({prefix + "first_request_seconds": first_by[case], prefix + "process_seconds": whole_by[case],
+                        prefix + "process_cpu_seconds": cpu_by[case]})
+        with open(args.json, "w") as f:
+            json.dump(doc, f)
+
+
+def report(first_request: list[float], whole: list[float], cpu: list[float]) -> None:
     s, w, c = summary(first_request), summary(whole), summary(cpu)
     s90, w90, c90 = (percentile(v, 0.9) for v in (first_request, whole, cpu))
-    compiled = "not compiled first" if args.no_compile else "agentrun compiled to bytecode first"
-    print(f"lap runner cold start, {args.runs} runs ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, {compiled}):")
     print(f"  process start -> first model request: p50 {s['p50'] * 1000:.0f} ms, p90 {s90 * 1000:.0f} ms, "
           f"p99 {s['p99'] * 1000:.0f} ms (min {s['min'] * 1000:.0f}, max {s['max'] * 1000:.0f})")
     print(f"  whole lap process (checkpoint written, exit 0): p50 {w['p50'] * 1000:.0f} ms, p90 {w90 * 1000:.0f} ms, "
           f"p99 {w['p99'] * 1000:.0f} ms")
     print(f"  CPU time of the whole lap process (user + system): p50 {c['p50'] * 1000:.0f} ms, "
           f"p90 {c90 * 1000:.0f} ms (min {c['min'] * 1000:.0f})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"first_request_seconds": first_request, "process_seconds": whole, "process_cpu_seconds": cpu,
-                       "compiled": not args.no_compile}, f)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ def test_the_lap_entrypoint_imports_neither_kopf_nor_kubernetes_nor_click() -> N
 
 def test_optional_dependencies_are_not_imported_at_lap_start_up() -> None:
     loaded = _modules_after(
-        "import agentrun.lap.process", "yaml", "jsonschema", "httpx", "agentrun.lap.models.openai"
+        "import agentrun.lap.process", "yaml", "jsonschema", "httpx", "agentrun.lap.models.openai",
+        "mcp", "httpx2", "anyio", "agentrun.lap.tools.mcp",
     )
     assert loaded == []
 
@@ -40,7 +41,7 @@ check_tool_schemas(spec.agent.tools)
 HTTPToolRunner.from_env(spec.agent.tools, {})
 make_model(spec, {})
 """
-    assert _modules_after(code, "yaml", "jsonschema", "httpx", "httpcore") == []
+    assert _modules_after(code, "yaml", "jsonschema", "httpx", "httpcore", "mcp", "httpx2") == []
 
 
 def test_the_first_tool_schema_check_loads_jsonschema_and_still_refuses_a_bad_schema() -> None:

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
+from .mcp import McpToolRef
 from .text import escape_controls, truncate
 
 if TYPE_CHECKING:
@@ -94,21 +95,25 @@ def arguments_sha256(arguments: dict[str, Any]) -> str:
 
 # --- the target: what a call does besides its arguments --------------------------------------------
 
-def tool_definition(tool: ToolSpec | None) -> dict[str, Any] | None:
+def tool_definition(tool: ToolSpec | McpToolRef | None) -> dict[str, Any] | None:
     """The part of a tool's declaration that decides what its call does, as the pydantic model dumps
     it by alias with every default spelled out (so an explicit default and an omitted field digest
     the same): ``name``, ``http`` (url, method, timeout, maxResultBytes, headersSecretRef),
     ``parameters``, ``sideEffects``, ``requiresApproval``. ``description`` is left out: it is what
     the model is told, not what the call does (editing it does not make a pending approval stale).
-    None: the tool is not declared (any more)."""
+    None: the tool is not declared (any more). An MCP tool (``api.mcp.McpToolRef``): its
+    ``definition()``, which binds the server's URL and the tool's name, so an approved MCP call
+    cannot be redirected by editing the spec."""
     if tool is None:
         return None
+    if isinstance(tool, McpToolRef):
+        return tool.definition()
     doc = tool.model_dump(by_alias=True, mode="json")
     doc.pop("description", None)
     return doc
 
 
-def target_sha256(tool: ToolSpec | None, image: str, arguments_digest: str) -> str:
+def target_sha256(tool: ToolSpec | McpToolRef | None, image: str, arguments_digest: str) -> str:
     """sha256 (hex) over everything that decides what an approved call does: the tool's
     :func:`tool_definition`, the lap image that runs it (``spec.agent.image``, else the operator's
     default: the effective one), and :func:`arguments_sha256` of its arguments. Computed by the lap
@@ -140,12 +145,17 @@ def shown_url(url: str, limit: int = MAX_TARGET_URL_CHARS) -> str:
     return truncate(escape_controls(shown)[0], limit)
 
 
-def call_target(tool: ToolSpec | None, image: str) -> dict[str, str | None]:
+def call_target(tool: ToolSpec | McpToolRef | None, image: str) -> dict[str, str | None]:
     """What a person is shown of where an approved call goes: ``method``, ``url`` (:func:`shown_url`),
     ``headersSecret`` (the NAME of the Secret the extra headers come from, never a value) and the
     lap ``image``; the camelCase keys of ``status.approval.target``."""
     if tool is None:
         return {"method": None, "url": None, "headersSecret": None,
+                "image": truncate(escape_controls(image)[0], MAX_IMAGE_CHARS)}
+    if isinstance(tool, McpToolRef):  # an MCP tool: the server's URL, the method names the protocol
+        mref = tool.server.headers_secret_ref
+        return {"method": "MCP", "url": shown_url(tool.server.url),
+                "headersSecret": mref.name if mref is not None else None,
                 "image": truncate(escape_controls(image)[0], MAX_IMAGE_CHARS)}
     ref = tool.http.headers_secret_ref
     return {"method": tool.http.method, "url": shown_url(tool.http.url),

@@ -102,6 +102,19 @@ def tool_headers_env(tool: str) -> str:
     return TOOL_HEADERS_PREFIX + tool.upper().replace("-", "_")
 
 
+MCP_HEADERS_PREFIX = "AGENTRUN_MCP_HEADERS_"
+
+
+def mcp_headers_env(server: str) -> str:
+    """``AGENTRUN_MCP_HEADERS_<SERVER>`` of an MCP server's ``headersSecretRef`` (``spec.agent.mcpServers[]``):
+    upper-cased, ``-`` -> ``_``. Its value, a JSON object of header names to values, is sent with every
+    request to that server; never logged or stored."""
+    return MCP_HEADERS_PREFIX + server.upper().replace("-", "_")
+
+
+IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
+"""The HTTP header that carries a side-effecting call's idempotency key (HTTP and MCP tools)."""
+
 MCP_IDEMPOTENCY_META_KEY: Final = "agentrun.dev/idempotency-key"
 """The ``_meta`` key of an MCP ``tools/call`` request that carries the call's idempotency key (the same
 value the ``Idempotency-Key`` HTTP header carries): the lap sends it, ``agentrun.toolkit.mcp`` reads it
@@ -187,6 +200,7 @@ def describe() -> str:
     out = ["Lap Job environment (operator -> runner):"]
     out += [f"  {e.value:<34} Env.{e.name}" for e in Env]
     out.append(f"  {TOOL_HEADERS_PREFIX + '<TOOL>':<34} tool_headers_env(tool)")
+    out.append(f"  {MCP_HEADERS_PREFIX + '<SERVER>':<34} mcp_headers_env(server)")
     out.append("Exit codes (runner -> operator):")
     out += [f"  {c.value:<4} ExitCode.{c.name}" for c in ExitCode]
     out.append("Attempt report reasons (attempts/...):")

@@ -29,6 +29,7 @@ class Reason(StrEnum):
     LAP_CHECKPOINTED = "LapCheckpointed"
     LAP_RETRY = "LapRetry"
     VERSION_CHANGED = "VersionChanged"
+    TOOLS_CHANGED = "ToolsChanged"  # a lap recorded a new version of the run's MCP tools (one Event per version)
     # the end of a run
     AGENT_DONE = "AgentDone"
     SUCCEEDED = "Succeeded"

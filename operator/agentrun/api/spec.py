@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
 from .lifecycle import ANN_CANCELLED_BY, MAX_CANCEL_REASON_CHARS, OUTCOMES, Outcome
 from .types import (
@@ -193,6 +193,81 @@ class ToolSpec(APIModel):
     )
 
 
+MCP_SERVER_NAME_MAX = 24
+"""Most characters of ``spec.agent.mcpServers[].name``: the model sees ``<server>__<tool>`` (agentrun.api.mcp),
+at most 64 characters as OpenAI-compatible APIs require."""
+MCP_TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,38}$"
+"""An MCP tool name the lap can offer: letters, digits, ``_`` and ``-``, at most 38 characters."""
+MCP_TOOL_GLOB_PATTERN = r"^[A-Za-z0-9_*?\[\]!-]{1,64}$"
+"""A tool-name pattern of ``requiresApproval`` / ``sideEffects``: shell-style (``*``, ``?``, ``[...]``)."""
+
+McpToolName = Annotated[str, StringConstraints(pattern=MCP_TOOL_NAME_PATTERN, max_length=38)]
+McpToolGlob = Annotated[str, StringConstraints(pattern=MCP_TOOL_GLOB_PATTERN, max_length=64)]
+
+
+class McpServer(APIModel):
+    """An MCP server (streamable HTTP transport) whose tools the model may call. The lap lists its
+    tools at the start of each lap, records the list in the checkpoint, and calls them with the
+    call's idempotency key (``Idempotency-Key`` header and ``_meta``; docs/tools.md)."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=MCP_SERVER_NAME_MAX,
+        pattern=DNS_LABEL_PATTERN,
+        description=(
+            "Name of the server (a DNS label, at most 24 characters, unique in spec.agent.mcpServers). The "
+            "model sees each tool as \"<name>__<tool>\"; never rename a server under running runs."
+        ),
+    )
+    url: str = Field(
+        max_length=2048,
+        pattern=r"^https?://",
+        description="URL of the server's streamable HTTP endpoint, e.g. \"http://ledger.tools:8766/mcp\".",
+    )
+    headers_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description=(
+            "Optional Secret key holding extra headers as a JSON object (e.g. an Authorization header with a "
+            "bearer token), sent with every request to the server; never stored or logged."
+        ),
+    )
+    tools: list[McpToolName] | None = Field(
+        default=None,
+        max_length=128,
+        description=(
+            "Allow list of the server's tool names the model may call. Unset: every tool the server lists. "
+            "A name the server does not list fails the run at discovery, naming this field."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    requires_approval: list[McpToolGlob] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "Tool-name patterns (shell-style: *, ?, [...]) whose calls a human must approve before they run "
+            "(see spec.approval), e.g. [\"book_*\"]. Empty: none."
+        ),
+    )
+    side_effects: list[McpToolGlob] = Field(
+        default_factory=lambda: ["*"],
+        max_length=64,
+        description=(
+            "Tool-name patterns of the tools that change the world; their calls carry the idempotency key. "
+            "Default [\"*\"]: every tool has side effects. [] declares every tool read-only."
+        ),
+    )
+    timeout: Duration = Field(default="30s", description="Timeout of one request to the server (a list or a call).")
+    max_result_bytes: int = Field(
+        default=16384,
+        ge=1024,
+        le=1048576,
+        description=(
+            "Most bytes of a call's result text kept as the call's result; the rest is cut and the result ends "
+            "with a truncation marker (as spec.agent.tools[].http.maxResultBytes)."
+        ),
+    )
+
+
 class WindowSpec(APIModel):
     """How the model's context window is rebuilt from stored messages."""
 
@@ -212,6 +287,15 @@ class WindowSpec(APIModel):
 
 class AgentSpec(APIModel):
     """The agent: its version, image, model and tools."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {
+            "rule": "!has(self.mcpServers) || !has(self.tools) || "
+            "!self.tools.exists(t, self.mcpServers.exists(s, t.name.startsWith(s.name + '__')))",
+            "message": "spec.agent.tools: a tool name must not start with \"<server>__\" of a server in "
+            "spec.agent.mcpServers (the model sees that server's tools under such names)",
+        },
+    ]})
 
     version: str = Field(
         min_length=1,
@@ -233,7 +317,38 @@ class AgentSpec(APIModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     window: WindowSpec = Field(default_factory=WindowSpec, description="Context window settings.")
+    mcp_servers: list[McpServer] = Field(
+        default_factory=list,
+        max_length=16,
+        description=(
+            "MCP servers whose tools the model may call (streamable HTTP), besides spec.agent.tools. Their "
+            "tools are listed at the start of each lap and recorded in the checkpoint (docs/tools.md)."
+        ),
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.all(s, self.exists_one(u, u.name == s.name))",
+                    "message": "spec.agent.mcpServers: server names must be unique",
+                },
+            ],
+        },
+    )
 
+
+    @model_validator(mode="after")
+    def _mcp_servers_unique_and_apart(self) -> AgentSpec:
+        names = [m.name for m in self.mcp_servers]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"spec.agent.mcpServers: duplicate server name(s) {', '.join(dup)}")
+        clash = sorted(t.name for t in self.tools if any(t.name.startswith(n + "__") for n in names))
+        if clash:
+            raise ValueError(f"spec.agent.tools: a tool name must not start with \"<server>__\" of a server in "
+                             f"spec.agent.mcpServers (the model sees that server's tools under such names): "
+                             f"{', '.join(clash)}")
+        return self
 
 class BudgetSpec(APIModel):
     """Limits of the run. The run ends BudgetExceeded before a lap would pass them."""

@@ -372,6 +372,8 @@ def _urls(spec: dict[str, Any]) -> list[tuple[str, str]]:
         out.append(("spec.agent.model.baseURL", base))
     for t in agent.get("tools") or []:
         out.append((f"spec.agent.tools[{t.get('name', '')}].http.url", (t.get("http") or {}).get("url", "")))
+    for m in agent.get("mcpServers") or []:
+        out.append((f"spec.agent.mcpServers[{m.get('name', '')}].url", m.get("url", "")))
     return out
 
 
@@ -385,6 +387,10 @@ def _secret_refs(spec: dict[str, Any]) -> list[tuple[str, str]]:
         h = (t.get("http") or {}).get("headersSecretRef")
         if h is not None:
             out.append((f"spec.agent.tools[{t.get('name', '')}].http.headersSecretRef.name", h.get("name", "")))
+    for m in agent.get("mcpServers") or []:
+        mh = m.get("headersSecretRef")
+        if mh is not None:
+            out.append((f"spec.agent.mcpServers[{m.get('name', '')}].headersSecretRef.name", mh.get("name", "")))
     cred = (spec.get("checkpoint") or {}).get("credentialsSecretName")
     if cred is not None:
         out.append(("spec.checkpoint.credentialsSecretName", cred))
@@ -522,6 +528,13 @@ def check(spec: dict[str, Any], policy: AgentRunPolicySpec) -> list[Violation]:
             out.append(Violation(f"spec.agent.tools[{tool.get('name', '')}].requiresApproval", "false",
                                  "approval.requireForHosts",
                                  f"must be true: calls to host {quote(host)} need approval"))
+    for server in agent.get("mcpServers") or []:
+        host = split_url(server.get("url", ""))[1]
+        if "*" not in (server.get("requiresApproval") or []) and any(host_matches(host, p) for p in ap.require_for_hosts):
+            out.append(Violation(f"spec.agent.mcpServers[{server.get('name', '')}].requiresApproval",
+                                 "[" + ", ".join(server.get("requiresApproval") or []) + "]",
+                                 "approval.requireForHosts",
+                                 f"must hold \"*\": calls to host {quote(host)} need approval"))
     if ap.distinct_from_creator and not (spec.get("approval") or {}).get("distinctFromCreator", False):
         out.append(Violation("spec.approval.distinctFromCreator", "false", "approval.distinctFromCreator",
                              "must be true: the policy requires that a run's creator not decide its approvals"))

@@ -123,12 +123,14 @@ def _url_message() -> str:
 
 
 TOOL_HOST: Final = "(isURL(x.http.url) ? url(x.http.url).getHostname().lowerAscii() : '')"
+MCP_HOST: Final = "(isURL(x.url) ? url(x.url).getHostname().lowerAscii() : '')"
 
 
 def variables() -> list[dict[str, str]]:
     Img, S, D, C, A = t.ImagePolicy, t.SecretPolicy, t.DestinationPolicy, t.CheckpointPolicy, t.ApprovalPolicy  # noqa: N806
     spec = "object.spec"
     tools = f"{spec}.agent.?tools.orValue([])"
+    mcp = f"{spec}.agent.?mcpServers.orValue([])"
     url_info = ("{'f': string(u.f), 'v': string(u.v), 's': isURL(u.v) ? url(u.v).getScheme().lowerAscii() : "
                 "(u.v.startsWith('https://') ? 'https' : u.v.startsWith('http://') ? 'http' : ''), "
                 "'h': isURL(u.v) ? url(u.v).getHostname().lowerAscii() : '', 'k': 'url'}")
@@ -166,6 +168,8 @@ def variables() -> list[dict[str, str]]:
             f"'v': string({spec}.agent.model.apiKeySecretRef.name)}}] : []) + "
             f"{tools}.filter(x, has(x.http.headersSecretRef)).map(x, {{'f': 'spec.agent.tools[' + string(x.name) + "
             f"'].http.headersSecretRef.name', 'v': string(x.http.headersSecretRef.name)}}) + "
+            f"{mcp}.filter(x, has(x.headersSecretRef)).map(x, {{'f': 'spec.agent.mcpServers[' + string(x.name) + "
+            f"'].headersSecretRef.name', 'v': string(x.headersSecretRef.name)}}) + "
             f"(has({spec}.checkpoint) && has({spec}.checkpoint.credentialsSecretName) ? [{{'f': "
             f"'spec.checkpoint.credentialsSecretName', 'v': string({spec}.checkpoint.credentialsSecretName)}}] : [])"},
         {"name": "secretViolations", "expression":
@@ -175,7 +179,8 @@ def variables() -> list[dict[str, str]]:
         {"name": "urls", "expression":
             f"(has({spec}.agent.model.baseURL) ? [{{'f': 'spec.agent.model.baseURL', 'v': "
             f"string({spec}.agent.model.baseURL)}}] : []) + {tools}.map(x, {{'f': 'spec.agent.tools[' + "
-            "string(x.name) + '].http.url', 'v': string(x.http.url)})"},
+            "string(x.name) + '].http.url', 'v': string(x.http.url)}) + "
+            f"{mcp}.map(x, {{'f': 'spec.agent.mcpServers[' + string(x.name) + '].url', 'v': string(x.url)}})"},
         {"name": "dests", "expression": f"variables.urls.map(u, {url_info})"},
         {"name": "urlViolations", "expression": f"variables.dests.map(d, {_url_message()}).filter(m, m != '')"},
         {"name": "endpointDests", "expression":
@@ -212,6 +217,12 @@ def variables() -> list[dict[str, str]]:
             + _host_match(TOOL_HOST, "variables.approvalHosts") + ").map(x, "
             + _msg("'spec.agent.tools[' + string(x.name) + '].requiresApproval'", "'false'",
                    "'must be true: calls to host ' + " + _q(TOOL_HOST) + " + ' need approval'",
+                   "approval.requireForHosts") + ") + "
+            f"{mcp}.filter(x, !('*' in x.?requiresApproval.orValue([])) && "
+            + _host_match(MCP_HOST, "variables.approvalHosts") + ").map(x, "
+            + _msg("'spec.agent.mcpServers[' + string(x.name) + '].requiresApproval'",
+                   "'[' + x.?requiresApproval.orValue([]).join(', ') + ']'",
+                   "'must hold \"*\": calls to host ' + " + _q(MCP_HOST) + " + ' need approval'",
                    "approval.requireForHosts") + ") + "
             f"(variables.distinctFromCreator && !{spec}.?approval.?distinctFromCreator.orValue(false) ? ["
             + _msg("'spec.approval.distinctFromCreator'", "'false'",

@@ -93,6 +93,7 @@ def fold(state: RunState, record: LapRecord, sha256: str | None = None, size: in
             "totals": record.totals,
             "key_scheme": record.key_scheme,
             "storage": storage,
+            "mcp_tools": record.mcp_tools if record.mcp_tools is not None else state.mcp_tools,
         }
     )
 

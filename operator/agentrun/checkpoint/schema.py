@@ -200,6 +200,33 @@ class Timings(CheckpointModel):
     tools_seconds: float = 0.0
 
 
+class McpToolInfo(CheckpointModel):
+    """One tool as an MCP server listed it (bounded: ``lap/tools/mcp.py``)."""
+
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class McpServerTools(CheckpointModel):
+    """What one MCP server (``spec.agent.mcpServers[]``) listed: its tools and who it said it is."""
+
+    server: str
+    url: str
+    server_info: dict[str, str] = Field(default_factory=dict, description="name, version (bounded).")
+    tools: list[McpToolInfo] = Field(default_factory=list)
+
+
+class McpToolList(CheckpointModel):
+    """The MCP tools of a run: a version of the listings of every declared server. A lap whose
+    listing differs from the run's recorded one (``RunState.mcpTools``) records the new one in its
+    lap record with ``version`` + 1 and what changed (the operator emits ONE ToolsChanged Event)."""
+
+    version: int = Field(ge=1)
+    servers: list[McpServerTools] = Field(default_factory=list)
+    changes: list[str] = Field(default_factory=list, description="What changed since the previous version.")
+
+
 class LapRecord(CheckpointModel):
     """One lap's delta: the only object a lap must write. Key: ``.../laps/<lap:08d>.json``."""
 
@@ -230,6 +257,13 @@ class LapRecord(CheckpointModel):
     storage: Storage | None = Field(
         default=None,
         description="The run's stored checkpoint bytes and objects before this record (schema >= 3).",
+    )
+    mcp_tools: McpToolList | None = Field(
+        default=None,
+        description=(
+            "The MCP tools this lap listed, when they differ from the run's recorded ones (a new version); "
+            "absent otherwise, and in runs without spec.agent.mcpServers."
+        ),
     )
 
 
@@ -273,6 +307,9 @@ class RunState(CheckpointModel):
     storage: Storage = Field(
         default_factory=Storage,
         description="Bytes and objects stored through the last lap's record (its snapshot not included).",
+    )
+    mcp_tools: McpToolList | None = Field(
+        default=None, description="The run's MCP tools as last recorded by a lap record (None: none listed yet).",
     )
 
 

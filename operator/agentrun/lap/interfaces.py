@@ -9,11 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from agentrun.api.spec import ToolSpec
-from agentrun.checkpoint.schema import Message, Usage
+from agentrun.api.mcp import McpToolRef
+from agentrun.api.spec import McpServer, ToolSpec
+from agentrun.checkpoint.schema import McpServerTools, Message, Usage
 
 JOURNAL_KIND_MODEL = "ModelResponse"
 JOURNAL_KIND_TOOL = "ToolResult"
+JOURNAL_KIND_MCP_TOOLS = "McpTools"
+
+OfferedTool = ToolSpec | McpToolRef
+"""A tool the model is offered: an HTTP tool of the spec, or a listed tool of an MCP server."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,7 @@ class ModelRequest:
 
     lap: int
     messages: tuple[Message, ...]
-    tools: tuple[ToolSpec, ...]
+    tools: tuple[OfferedTool, ...]
 
 
 class Model(Protocol):
@@ -99,6 +104,17 @@ class ToolRunner(Protocol):
     """
 
     def call(self, tool: ToolSpec, arguments: dict[str, Any], idempotency_key: str) -> ToolOutcome: ...
+
+
+class McpTools(Protocol):
+    """Lists and calls the tools of MCP servers (``lap/tools/mcp.py``), same failure policy as ToolRunner:
+    ``call`` raises RetryableLapError when the call may or may not have happened (the replay sends the
+    same key), returns an ``error`` outcome for an MCP error result; ``list_tools`` raises
+    RetryableLapError when the server cannot be reached."""
+
+    def list_tools(self, server: McpServer) -> McpServerTools: ...
+
+    def call(self, tool: McpToolRef, arguments: dict[str, Any], idempotency_key: str) -> ToolOutcome: ...
 
 
 class Journal(Protocol):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from agentrun.api.contract import CALL_ID_PATTERN
 from agentrun.checkpoint.schema import KEY_SCHEME, RunRef
 
-__all__ = ["CALL_ID_PATTERN", "MODEL_JOURNAL_NAME", "approved_journal_name", "idempotency_key", "normalize_call_ids",
+__all__ = ["CALL_ID_PATTERN", "MCP_TOOLS_JOURNAL_NAME", "MODEL_JOURNAL_NAME", "approved_journal_name", "idempotency_key", "normalize_call_ids",
            "tool_journal_name"]
 
 
@@ -55,3 +55,5 @@ def approved_journal_name(call_id: str) -> str:
 
 
 MODEL_JOURNAL_NAME = "model"
+MCP_TOOLS_JOURNAL_NAME = "mcp-tools"
+"""The journal entry of the lap's MCP tool listing: a replay of the lap offers the same tools."""

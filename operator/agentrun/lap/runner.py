@@ -31,7 +31,7 @@ from agentrun.checkpoint.schema import (
 from agentrun.checkpoint.store import CheckpointStore, StoredObject
 from agentrun.lap.config import LapConfig
 from agentrun.lap.errors import LapError, LapTerminated, PermanentLapError
-from agentrun.lap.interfaces import Model, ToolRunner
+from agentrun.lap.interfaces import McpTools, Model, ToolRunner
 from agentrun.lap.keys import MODEL_JOURNAL_NAME
 from agentrun.lap.logs import LapLogger, redact
 from agentrun.lap.models import API_KEY_ENV, make_model
@@ -187,11 +187,12 @@ def execute_lap(
     crash: Callable[[str], None] = lambda point: None,
     model: Model | None = None,
     tools: ToolRunner | None = None,
+    mcp: McpTools | None = None,
 ) -> LapExit:
     """Run lap ``cfg.lap`` once and write its checkpoint. Never raises: returns the exit."""
     log.add_secrets([env.get(API_KEY_ENV, "")])
     try:
-        return _execute(cfg, store, env, log, crash, model, tools)
+        return _execute(cfg, store, env, log, crash, model, tools, mcp)
     except LapAlreadyCheckpointed:
         msg = f"lap {cfg.lap} already checkpointed by another writer; nothing written"
         log(msg, level="warning")
@@ -224,9 +225,10 @@ class _Setup:
     lap that ends before (already checkpointed, a store error) never sees it."""
 
     def __init__(
-        self, cfg: LapConfig, env: Mapping[str, str], model: Model | None, tools: ToolRunner | None
+        self, cfg: LapConfig, env: Mapping[str, str], model: Model | None, tools: ToolRunner | None,
+        mcp: McpTools | None = None,
     ) -> None:
-        self._cfg, self._env, self._model, self._tools = cfg, env, model, tools
+        self._cfg, self._env, self._model, self._tools, self._mcp = cfg, env, model, tools, mcp
         self._secrets: list[str] = []
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="lap-setup", daemon=True)
@@ -240,26 +242,36 @@ class _Setup:
                 self._secrets = http_tools.secrets()
                 self._tools = http_tools
             self._model = self._model or make_model(self._cfg.spec, self._env)
+            servers = self._cfg.spec.agent.mcp_servers
+            if servers and self._mcp is None:
+                # only a run with MCP servers loads the mcp SDK (~hundreds of ms of imports), here, in
+                # the setup thread, while the lap's first store reads wait
+                from agentrun.lap.tools.mcp import McpToolRunner, preload
+
+                mcp_tools = McpToolRunner.from_env(servers, self._env)
+                self._secrets += mcp_tools.secrets()
+                self._mcp = mcp_tools
+                preload()
         except BaseException as e:  # re-raised by result(), in the lap's thread
             self._error = e
 
     def join(self) -> None:
         self._thread.join()
 
-    def result(self, log: LapLogger) -> tuple[Model, ToolRunner]:
+    def result(self, log: LapLogger) -> tuple[Model, ToolRunner, McpTools | None]:
         self._thread.join()
         if self._error is not None:
             raise self._error
         log.add_secrets(self._secrets)
         assert self._model is not None and self._tools is not None
-        return self._model, self._tools
+        return self._model, self._tools, self._mcp
 
 
 def _execute(
     cfg: LapConfig, store: CheckpointStore, env: Mapping[str, str], log: LapLogger,
-    crash: Callable[[str], None], model: Model | None, tools: ToolRunner | None,
+    crash: Callable[[str], None], model: Model | None, tools: ToolRunner | None, mcp: McpTools | None = None,
 ) -> LapExit:
-    setup = _Setup(cfg, env, model, tools)
+    setup = _Setup(cfg, env, model, tools, mcp)
     try:
         return _execute_lap(cfg, store, log, crash, setup)
     finally:
@@ -286,7 +298,7 @@ def _execute_lap(
             state = state_read.result().state
         except CheckpointNotFound as e:
             raise PermanentLapError(f"lap {cfg.lap} cannot run: a checkpoint it needs is missing ({e})") from None
-        model, tools = setup.result(log)
+        model, tools, mcp = setup.result(log)
         model_entry = model_entry_read.result()
     key_scheme, already_read = _key_scheme(state, model_entry), {MODEL_JOURNAL_NAME: model_entry}
     ctx = LapContext(
@@ -295,7 +307,7 @@ def _execute_lap(
     )
     journal = StoreJournal(store, cfg.run, cfg.lap, cfg.agent_version, already_read)
     tools = testfault.lap_tools(tools, cfg.attempt) if testfault else tools  # tests only: rekey
-    fx = Effects(model=model, tools=tools, journal=journal, crash=crash, log=log)
+    fx = Effects(model=model, tools=tools, journal=journal, crash=crash, log=log, mcp=mcp)
     record = run_lap(ctx, state, fx)
     record = record.model_copy(update={"storage": state.storage})  # its journal is deleted once it is stored
     crash("before-checkpoint")

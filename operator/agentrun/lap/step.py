@@ -26,6 +26,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from agentrun.api.approval import arguments_sha256, target_sha256
+from agentrun.api.mcp import McpToolRef, find_mcp_tool
 from agentrun.api.spec import AgentRunSpec, ToolSpec
 from agentrun.api.types import format_usd
 from agentrun.checkpoint.codec import tool_message_text
@@ -35,6 +36,8 @@ from agentrun.checkpoint.schema import (
     Compaction,
     KeyScheme,
     LapRecord,
+    McpServerTools,
+    McpToolList,
     Message,
     Outcome,
     PendingApproval,
@@ -46,19 +49,30 @@ from agentrun.checkpoint.schema import (
     Totals,
 )
 from agentrun.lap.cost import lap_cost_usd
-from agentrun.lap.errors import PermanentLapError
+from agentrun.lap.discovery import ToolSet, offered_tools, tools_version
+from agentrun.lap.errors import ConfigError, PermanentLapError
 from agentrun.lap.interfaces import (
+    JOURNAL_KIND_MCP_TOOLS,
     JOURNAL_KIND_MODEL,
     JOURNAL_KIND_TOOL,
     Journal,
+    McpTools,
     Model,
     ModelCall,
     ModelRequest,
     ModelResponse,
+    OfferedTool,
+    ToolOutcome,
     ToolRunner,
 )
-from agentrun.lap.keys import MODEL_JOURNAL_NAME, approved_journal_name, idempotency_key, tool_journal_name
-from agentrun.lap.tools.validate import argument_errors
+from agentrun.lap.keys import (
+    MCP_TOOLS_JOURNAL_NAME,
+    MODEL_JOURNAL_NAME,
+    approved_journal_name,
+    idempotency_key,
+    tool_journal_name,
+)
+from agentrun.lap.tools.validate import argument_errors, check_tool_schemas
 from agentrun.lap.window import APPROVAL_PREFIX, apply_compaction, build_window, plan_compaction
 
 
@@ -85,7 +99,7 @@ class LapContext:
     image: str | None = None
     """The lap's image as the operator set it (AGENTRUN_IMAGE): part of a call's target digest."""
 
-    def target_sha256(self, tool: ToolSpec | None, arguments: dict[str, Any]) -> str:
+    def target_sha256(self, tool: ToolSpec | McpToolRef | None, arguments: dict[str, Any]) -> str:
         """``api.approval.target_sha256`` of a call of ``tool`` under this lap's spec and image."""
         return target_sha256(tool, self.image or self.spec.agent.image or "", arguments_sha256(arguments))
 
@@ -100,6 +114,8 @@ class Effects:
     crash: Callable[[str], None] = _no_crash
     log: Callable[..., None] = lambda msg, **kw: None
     clock: Callable[[], datetime] = _utcnow
+    mcp: McpTools | None = None
+    """The MCP client (``lap/tools/mcp.py``); needed only when the spec declares mcpServers."""
 
 
 @dataclass
@@ -132,6 +148,42 @@ def opening_messages(spec: AgentRunSpec) -> list[Message]:
     return [*head, Message(role="user", content=spec.task, lap=0)]
 
 
+# ---------------------------------------------------------------------------- the tools
+
+
+def lap_tools(ctx: LapContext, state: RunState, fx: Effects) -> tuple[ToolSet, McpToolList | None]:
+    """The tools this lap offers and, when its MCP listings differ from the run's recorded ones, the
+    new version to record. The listings are journaled before the model is asked (``mcp-tools``): a
+    replay of the lap offers the same tools, whatever the servers list by then."""
+    servers = ctx.spec.agent.mcp_servers
+    if not servers:
+        return ToolSet(http=tuple(ctx.spec.agent.tools)), None
+    found = fx.journal.get(MCP_TOOLS_JOURNAL_NAME)
+    if found is None:
+        if fx.mcp is None:
+            raise PermanentLapError("spec.agent.mcpServers is set but this lap has no MCP client")
+        listings = [fx.mcp.list_tools(server) for server in servers]
+        body = {"kind": JOURNAL_KIND_MCP_TOOLS, "servers": [x.to_api() for x in listings]}
+        if not fx.journal.put(MCP_TOOLS_JOURNAL_NAME, body):
+            found = fx.journal.get(MCP_TOOLS_JOURNAL_NAME)
+    if found is not None:
+        listings = [McpServerTools.model_validate(x) for x in found["servers"]]
+        fx.log("MCP tool listing reused from the journal")
+    if [x.server for x in listings] != [server.name for server in servers]:
+        raise PermanentLapError("the journaled MCP tool listing is of other servers than spec.agent.mcpServers")
+    toolset, skipped = offered_tools(ctx.spec.agent, listings)
+    if skipped:
+        fx.log("MCP tools not offered: their names are not 1-38 letters, digits, '_' or '-'", tools=skipped[:20])
+    try:
+        check_tool_schemas(list(toolset.mcp))
+    except ConfigError as e:
+        raise PermanentLapError(str(e)) from None
+    version = tools_version(state.mcp_tools, listings)
+    if version is not None:
+        fx.log("MCP tools recorded", version=version.version, changes=version.changes)
+    return toolset, version
+
+
 # ---------------------------------------------------------------------------- tool calls
 
 
@@ -139,8 +191,16 @@ def _tool_record_from_journal(body: dict[str, Any], replayed: bool) -> ToolCallR
     return ToolCallRecord.model_validate({**body["record"], "replayed": replayed})
 
 
+def _send(fx: Effects, tool: OfferedTool, arguments: dict[str, Any], key: str) -> ToolOutcome:
+    if isinstance(tool, McpToolRef):
+        if fx.mcp is None:
+            raise PermanentLapError(f"tool '{tool.name}' is an MCP tool but this lap has no MCP client")
+        return fx.mcp.call(tool, arguments, key)
+    return fx.tools.call(tool, arguments, key)
+
+
 def execute_call(
-    ctx: LapContext, fx: Effects, acc: _Acc, tool: ToolSpec, call_id: str, arguments: dict[str, Any],
+    ctx: LapContext, fx: Effects, acc: _Acc, tool: OfferedTool, call_id: str, arguments: dict[str, Any],
     key: str, journal_name: str,
 ) -> ToolCallRecord:
     """Run one validated call exactly once per lap: reuse the journal, else call and journal."""
@@ -150,7 +210,7 @@ def execute_call(
         return _tool_record_from_journal(found, replayed=True)
     acc.executed += 1
     started, t0 = fx.clock(), time.monotonic()
-    outcome = fx.tools.call(tool, arguments, key)
+    outcome = _send(fx, tool, arguments, key)
     acc.tools_seconds += time.monotonic() - t0
     fx.crash(f"after-tool-call-{acc.executed}")
     record = ToolCallRecord(
@@ -181,13 +241,15 @@ def _tool_message(record: ToolCallRecord, lap: int) -> Message:
 
 
 def handle_call(
-    ctx: LapContext, fx: Effects, acc: _Acc, call: ModelCall, pending: PendingApproval | None
+    ctx: LapContext, fx: Effects, acc: _Acc, call: ModelCall, pending: PendingApproval | None,
+    toolset: ToolSet | None = None,
 ) -> tuple[ToolCallRecord, PendingApproval | None]:
     """Decide and (maybe) run one call of the model response. Returns its record and the pending approval."""
+    toolset = toolset or ToolSet(http=tuple(ctx.spec.agent.tools))
     key = idempotency_key(ctx.run, ctx.lap, call.name, call.id, ctx.key_scheme)
-    tool = ctx.spec.tool(call.name)
+    tool = toolset.get(call.name)
     if tool is None:
-        names = ", ".join(t.name for t in ctx.spec.agent.tools) or "(none)"
+        names = ", ".join(toolset.names()) or "(none)"
         return _not_run(call, key, "unknown-tool", f"unknown tool '{call.name}'; declared tools: {names}"), pending
     problem = call.argument_error or argument_errors(tool, call.arguments)
     if problem:
@@ -217,7 +279,7 @@ def _decision_text(pending: PendingApproval, decision: ApprovalDecision) -> str:
 
 
 def resolve_pending(
-    ctx: LapContext, fx: Effects, acc: _Acc, pending: PendingApproval
+    ctx: LapContext, fx: Effects, acc: _Acc, pending: PendingApproval, toolset: ToolSet | None = None,
 ) -> tuple[ApprovalDecision | None, Outcome | None, PendingApproval | None]:
     """Apply the decision to the pending call (run it if approved, with the recorded key).
 
@@ -247,9 +309,10 @@ def resolve_pending(
             f"{pending.call_id} of tool {pending.tool} has arguments with sha256 {args_digest}; not executed"
         )
     decision = decision.model_copy(update={"call_id": pending.call_id})
-    tool = ctx.spec.tool(pending.tool)
+    toolset = toolset or ToolSet(http=tuple(ctx.spec.agent.tools))
+    declared: ToolSpec | McpToolRef | None = ctx.spec.tool(pending.tool) or find_mcp_tool(ctx.spec.agent, pending.tool)
     if decision.decision == "approved" and decision.target_sha256:
-        current = ctx.target_sha256(tool, pending.arguments)
+        current = ctx.target_sha256(declared, pending.arguments)
         if current != decision.target_sha256:
             fx.log("approved call not sent: its target changed since the approval; asking again",
                    tool=pending.tool, call_id=pending.call_id, approved_target=decision.target_sha256,
@@ -258,6 +321,12 @@ def resolve_pending(
             return None, Outcome(type="awaiting-approval", message=(
                 f"call {pending.call_id} of tool {pending.tool} was not sent: its target (the tool's definition "
                 f"or the lap image) changed since it was approved; approval asked again")), again
+    tool = toolset.get(pending.tool)
+    if tool is None and isinstance(declared, McpToolRef):
+        raise PermanentLapError(
+            f"tool '{declared.tool}' of the pending approval (call {pending.call_id}) is no longer listed by MCP "
+            f"server '{declared.server.name}'; the call was not executed"
+        )
     if tool is None:
         raise PermanentLapError(
             f"tool '{pending.tool}' of the pending approval is not declared by agent version {ctx.agent_version}"
@@ -297,13 +366,16 @@ def resolve_pending(
 # ---------------------------------------------------------------------------- the model
 
 
-def journaled_model_call(ctx: LapContext, fx: Effects, window: list[Message]) -> tuple[ModelResponse, bool]:
+def journaled_model_call(
+    ctx: LapContext, fx: Effects, window: list[Message], toolset: ToolSet | None = None,
+) -> tuple[ModelResponse, bool]:
     """The lap's model response: from the journal if recorded, else asked and journaled first."""
     found = fx.journal.get(MODEL_JOURNAL_NAME)
     if found is not None:
         fx.log("model response reused from the journal")
         return ModelResponse.from_json(found["response"]), True
-    request = ModelRequest(lap=ctx.lap, messages=tuple(window), tools=tuple(ctx.spec.agent.tools))
+    offered = toolset.offered() if toolset is not None else tuple(ctx.spec.agent.tools)
+    request = ModelRequest(lap=ctx.lap, messages=tuple(window), tools=offered)
     response = fx.model.complete(request)
     body = {"kind": JOURNAL_KIND_MODEL, "response": response.to_json()}
     if not fx.journal.put(MODEL_JOURNAL_NAME, body):
@@ -335,12 +407,13 @@ def run_lap(ctx: LapContext, state: RunState, fx: Effects) -> LapRecord:
     """Run lap ``ctx.lap`` on ``state`` (the state after lap - 1) and return its LapRecord."""
     started = fx.clock()
     check_start(ctx, state)
+    toolset, mcp_tools = lap_tools(ctx, state, fx)
     acc = _Acc(messages=opening_messages(ctx.spec) if ctx.lap == 1 else [])
     decision: ApprovalDecision | None = None
     early: Outcome | None = None
     pending: PendingApproval | None = None
     if state.pending_approval is not None:
-        decision, early, pending = resolve_pending(ctx, fx, acc, state.pending_approval)
+        decision, early, pending = resolve_pending(ctx, fx, acc, state.pending_approval, toolset)
     elif ctx.decision is not None:
         fx.log("approval decision ignored: no approval is pending", decision=ctx.decision.decision)
     compaction: Compaction | None = plan_compaction(state, ctx.spec, ctx.lap, acc.messages)
@@ -349,12 +422,12 @@ def run_lap(ctx: LapContext, state: RunState, fx: Effects) -> LapRecord:
     model_seconds = 0.0
     if early is None:
         t0 = time.monotonic()
-        response, reused = journaled_model_call(ctx, fx, window)
+        response, reused = journaled_model_call(ctx, fx, window, toolset)
         model_seconds = 0.0 if reused else time.monotonic() - t0
         fx.crash("after-model-journal")
         acc.messages.append(assistant_message(response, ctx.lap))
         for call in response.tool_calls:
-            record, pending = handle_call(ctx, fx, acc, call, pending)
+            record, pending = handle_call(ctx, fx, acc, call, pending, toolset)
             acc.calls.append(record)
             if record.status != "awaiting-approval":
                 acc.messages.append(_tool_message(record, ctx.lap))
@@ -365,7 +438,7 @@ def run_lap(ctx: LapContext, state: RunState, fx: Effects) -> LapRecord:
         prev_sha256=state.last_sha256, outcome=outcome, messages=acc.messages, tool_calls=acc.calls,
         pending_approval=pending, approval_decision=decision, usage=response.usage, cost_usd=cost,
         totals=totals_after(state, response.usage.input_tokens, response.usage.output_tokens, cost),
-        compaction=compaction, key_scheme=ctx.key_scheme,
+        compaction=compaction, key_scheme=ctx.key_scheme, mcp_tools=mcp_tools,
         timings=Timings(started_at=started, finished_at=fx.clock(), model_seconds=round(model_seconds, 3), tools_seconds=round(acc.tools_seconds, 3)),
     )
 

@@ -25,6 +25,7 @@ from agentrun.api.approval import (
     target_sha256,
 )
 from agentrun.api.contract import CALL_ID_PATTERN
+from agentrun.api.mcp import find_mcp_tool
 from agentrun.api.reasons import Reason
 from agentrun.api.status import AgentRunStatus, ApprovalStatus, ApprovalTarget, ApprovalVote
 from agentrun.api.text import escape_controls, truncate
@@ -96,7 +97,7 @@ def effective_image(c: Ctx) -> str:
 
 def current_target(c: Ctx, ap: ApprovalStatus, args_digest: str) -> tuple[ApprovalTarget, str]:
     """(the shown target, the target digest) of ``ap``'s call under the current spec."""
-    tool = c.spec.tool(ap.tool)
+    tool = c.spec.tool(ap.tool) or find_mcp_tool(c.spec.agent, ap.tool)
     image = effective_image(c)
     return ApprovalTarget.model_validate(call_target(tool, image)), target_sha256(tool, image, args_digest)
 
@@ -144,7 +145,7 @@ def ask_again(c: Ctx, ap: ApprovalStatus, target: ApprovalTarget, digest: str) -
     o, st, spec = c.o, c.st, c.spec
     old = ap.target.model_dump(by_alias=True) if ap.target is not None else None
     changes = target_changes(old, target.model_dump(by_alias=True))
-    if c.spec.tool(ap.tool) is None:
+    if c.spec.tool(ap.tool) is None and find_mcp_tool(c.spec.agent, ap.tool) is None:
         changes.insert(0, f"tool {ap.tool} is no longer declared")
     if not changes:
         changes = ["the tool's definition (parameters, timeout, maxResultBytes, sideEffects, requiresApproval "

@@ -22,6 +22,7 @@ from agentrun.api.contract import (
     LABEL_RUN_UID,
     TERMINATION_MESSAGE_PATH,
     Env,
+    mcp_headers_env,
     tool_headers_env,
 )
 from agentrun.api.spec import AgentRunSpec
@@ -207,6 +208,10 @@ def build_env(
         if tool.http.headers_secret_ref is not None:
             r = tool.http.headers_secret_ref
             env.append(_secret_env(tool_env_name(tool.name), r.name, r.key))
+    for server in spec.agent.mcp_servers:
+        if server.headers_secret_ref is not None:
+            m = server.headers_secret_ref
+            env.append(_secret_env(mcp_headers_env(server.name), m.name, m.key))
     if approval is not None:
         env.append(_value_env(Env.APPROVAL_DECISION, approval.decision))
         env.append(_value_env(Env.APPROVAL_CALL_ID, approval.call_id))

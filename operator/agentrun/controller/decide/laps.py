@@ -32,6 +32,7 @@ from .observed import CheckpointRead, ObservedJob
 from .retries import classify_failure, job_cause, next_lap_attempt, record_retry
 from .store import store_unavailable
 from .text import cause_text
+from .tools import announce_tools_changed
 
 POD_CONFIG_RETRY_SECONDS = 15.0
 
@@ -171,6 +172,7 @@ def apply_lap(c: Ctx, cp: CheckpointRead, rec: LapRecord, outcome: LapOutcome | 
     c.act(LapFinished(rec.lap, outcome or LapOutcome.of_checkpoint(rec.outcome.type), duration, added))
     c.event("Normal", Reason.LAP_CHECKPOINTED,
             f"lap {rec.lap} checkpointed ({rec.outcome.type}) by agent {rec.agent_version}; cost so far ${usd}")
+    announce_tools_changed(c, rec)
     apply_outcome(c, rec.lap, rec.outcome, rec.pending_approval)
 
 

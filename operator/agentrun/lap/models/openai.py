@@ -29,13 +29,13 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
-from agentrun.api.spec import ModelSpec, ToolSpec
+from agentrun.api.spec import ModelSpec
 from agentrun.api.tenancy import AddressRules
 from agentrun.api.types import parse_duration, redact_url
 from agentrun.checkpoint.schema import Message, Usage
 from agentrun.lap.errors import ConfigError, PermanentLapError, RetryableLapError
 from agentrun.lap.httpx_lite import httpx
-from agentrun.lap.interfaces import ModelCall, ModelRequest, ModelResponse
+from agentrun.lap.interfaces import ModelCall, ModelRequest, ModelResponse, OfferedTool
 from agentrun.lap.keys import normalize_call_ids
 from agentrun.lap.netguard import AddressRefused, guarded_client
 
@@ -67,7 +67,7 @@ def wire_message(m: Message) -> dict[str, Any]:
     return out
 
 
-def wire_tool(t: ToolSpec) -> dict[str, Any]:
+def wire_tool(t: OfferedTool) -> dict[str, Any]:
     return {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
 
 
