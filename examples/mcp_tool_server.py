@@ -65,12 +65,12 @@ class Ledger:
                 "withoutKey": sum(n for k, n in rows if k is None), "bookings": total}
 
 
-def build(db: str, delay: float = 0.0) -> MCPServer:
+def build(db: str, delay: float = 0.0, wait_seconds: float = 10.0) -> MCPServer:
     ledger = Ledger(db)
     server = MCPServer("agentrun-example-ledger")
 
     @server.tool()
-    @idempotent_tool(SQLiteStore(db))
+    @idempotent_tool(SQLiteStore(db), wait_seconds=wait_seconds)
     async def book_invoice(invoice: str, amount_cents: int, ctx: Context) -> dict[str, Any]:
         """Book an invoice into the ledger (a side effect: runs once per idempotency key)."""
         if delay:
@@ -98,8 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--db", default="ledger.sqlite3", help="SQLite file of the ledger and of the toolkit's keys")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds each booking takes (tests)")
+    parser.add_argument("--wait-seconds", type=float, default=10.0,
+                        help="how long a duplicate of a key in progress waits for its result before it is "
+                             "answered 'not executed, send the same key again'")
     args = parser.parse_args(argv)
-    build(args.db, args.delay).run("streamable-http", host=args.host, port=args.port)
+    build(args.db, args.delay, args.wait_seconds).run("streamable-http", host=args.host, port=args.port)
     return 0
 
 

@@ -136,14 +136,24 @@ def _guard_rule(field_shown: str) -> dict:
 @pytest.mark.parametrize("field", [f for f, _, _ in admission.GATED_TOOL_FIELDS])
 def test_changing_a_gated_tool_needs_the_approve_verb(field):
     var = admission._gated_var(field)
-    rule = _guard_rule(f"].{field}').join(', ')")
+    rule = _guard_rule(f"'spec.agent.tools[' + n + '].{field}').join(', ')")
     assert rule["expression"] == f"variables.canApprove || size(variables.{var}) == 0"
     assert f'needs the "{approval.APPROVE_VERB}" verb on agentruns.agentrun.dev' in rule["messageExpression"]
-    assert f"'spec.agent.tools[' + n + '].{field}'" in rule["messageExpression"]
     expr = _vars(admission.guard_policy())[var]
     # only tools gated in the OLD object, matched by name in the new one
     assert expr.startswith("variables.oldGated.filter(t, variables.newTools.exists(n, n.name == t.name && (")
     assert rule["reason"] == "Forbidden"
+
+
+@pytest.mark.parametrize("field", [f for f, _, _ in admission.GATED_MCP_FIELDS])
+def test_changing_a_gated_mcp_server_needs_the_approve_verb(field):
+    var = admission._gated_var("mcp." + field)
+    rule = _guard_rule(f"'spec.agent.mcpServers[' + n + '].{field}').join(', ')")
+    assert rule["expression"] == f"variables.canApprove || size(variables.{var}) == 0"
+    expr = _vars(admission.guard_policy())[var]
+    # only servers with requiresApproval patterns in the OLD object, matched by name in the new one
+    assert expr.startswith("variables.oldGatedMcp.filter(s, variables.newMcp.exists(n, n.name == s.name && (")
+    assert "size(s.?requiresApproval.orValue([])) > 0" in _vars(admission.guard_policy())["oldGatedMcp"]
 
 
 def test_the_gated_fields_are_what_decides_a_call():

@@ -369,3 +369,44 @@ def test_a_tenant_holding_star_is_not_the_operator_where_the_operator_is_named(g
         g.kubectl("delete", "validatingadmissionpolicy", name, "--ignore-not-found", check=False)
         if os.environ.get("AGENTRUN_E2E_KEEP") is None:
             g.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_a_patch_only_author_cannot_change_a_gated_mcp_server(g):
+    """An MCP server with requiresApproval patterns is guarded like a gated HTTP tool: its url, headers
+    Secret and sideEffects, its patterns (removal) and the server itself need ``approve``; adding a
+    pattern, and any change of an ungated server, stay open to the author."""
+    doc = g.doc("mcp")
+    doc["spec"]["agent"]["mcpServers"] = [
+        {"name": "ledger", "url": "http://127.0.0.1:9/mcp", "requiresApproval": ["book_*"]},
+        {"name": "docs", "url": "http://127.0.0.1:9/docs"},
+    ]
+    g.create(doc, user="carol")
+    refused = [
+        ([{"op": "replace", "path": "/spec/agent/mcpServers/0/url", "value": "http://127.0.0.1:9/attacker"}],
+         "spec.agent.mcpServers[ledger].url", "may not change the URL of an MCP server with requiresApproval"),
+        ([{"op": "replace", "path": "/spec/agent/mcpServers/0/requiresApproval", "value": []}],
+         "spec.agent.mcpServers[ledger].requiresApproval", "may not remove a requiresApproval pattern of an MCP server"),
+        ([{"op": "replace", "path": "/spec/agent/mcpServers/0/sideEffects", "value": []}],
+         "spec.agent.mcpServers[ledger].sideEffects", "may not change sideEffects of an MCP server with requiresApproval"),
+        ([{"op": "add", "path": "/spec/agent/mcpServers/0/headersSecretRef", "value": {"name": "s", "key": "k"}}],
+         "spec.agent.mcpServers[ledger].headersSecretRef",
+         "may not change the headers Secret of an MCP server with requiresApproval"),
+        ([{"op": "remove", "path": "/spec/agent/mcpServers/0"}],
+         "spec.agent.mcpServers[ledger]", "may not remove an MCP server with requiresApproval"),
+    ]
+    for patch, field, what in refused:
+        r = g.patch("carol", "mcp", patch)
+        assert r.returncode != 0, (field, r.stdout)
+        assert f'{field}: user "carol" {what} in agentrun {g.ns}/mcp' in r.stderr, (field, r.stderr)
+        assert VERB in r.stderr and admission.VAP_GUARD in r.stderr, (field, r.stderr)
+    ledger = g.get("mcp")["spec"]["agent"]["mcpServers"][0]
+    assert (ledger["url"], ledger["requiresApproval"]) == ("http://127.0.0.1:9/mcp", ["book_*"])
+
+    for patch in ([{"op": "add", "path": "/spec/agent/mcpServers/0/requiresApproval/-", "value": "pay_*"}],
+                  [{"op": "replace", "path": "/spec/agent/mcpServers/1/url", "value": "http://127.0.0.1:9/d2"}],
+                  [{"op": "replace", "path": "/spec/agent/mcpServers/0/timeout", "value": "9s"}]):
+        r = g.patch("carol", "mcp", patch)
+        assert r.returncode == 0, (patch, r.stderr)
+    r = g.patch("alice", "mcp", [{"op": "replace", "path": "/spec/agent/mcpServers/0/url",
+                                  "value": "http://127.0.0.1:9/mcp2"}], groups=("finance",))
+    assert r.returncode == 0, r.stderr

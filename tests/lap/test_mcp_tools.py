@@ -5,6 +5,7 @@ examples/mcp_tool_server.py in its own process, whose ledger counts executions).
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -365,3 +366,35 @@ def test_the_lap_job_gets_each_mcp_servers_header_secret_by_reference() -> None:
     mcp = [e for e in env if e["name"].startswith("AGENTRUN_MCP_HEADERS_")]
     assert mcp == [{"name": "AGENTRUN_MCP_HEADERS_LEDGER",
                     "valueFrom": {"secretKeyRef": {"name": "ledger-token", "key": "headers"}}}]
+
+
+def test_a_duplicate_in_progress_is_retried_with_the_same_key_never_shown_to_the_model(tmp_path: Path) -> None:
+    """The server answers a second call of a key still running "not executed" (the toolkit's
+    MCP_NOT_EXECUTED_META_KEY): the lap does not hand the model an error (it could ask again under a
+    new key and book twice); it retries with the same key and, while it stays in progress, fails the lap
+    retryably; the next attempt gets the stored result. One execution by the server's record."""
+    import threading
+
+    from toolkit_servers import example_server, record
+
+    from agentrun.api.mcp import McpToolRef
+    from agentrun.lap.tools.mcp import McpToolRunner
+
+    with example_server("mcp_tool_server.py", tmp_path / "ledger.sqlite3", "--delay", "3", "--wait-seconds",
+                        "0.2") as url:
+        server = McpServer.model_validate({"name": "ledger", "url": url + "/mcp"})
+        book = McpToolRef(server=server, tool="book_invoice")
+        key = "r_8f2a1c0d111122223333444455556666:1:ledger__book_invoice:c9"
+        args = {"invoice": "INV-9", "amount_cents": 5}
+        first: list[Any] = []
+        t = threading.Thread(target=lambda: first.append(McpToolRunner().call(book, args, key)))
+        t.start()
+        time.sleep(0.8)
+        with pytest.raises(RetryableLapError, match=r"not executed by the server \(idempotency-key-in-progress\)"
+                                                    r".*\(2 tries\); the lap is retried \(key "):
+            McpToolRunner(tries=2, backoff_seconds=0.01).call(book, args, key)
+        t.join()
+        again = McpToolRunner().call(book, args, key)
+        rec = record(url)
+    assert first[0].status == "ok" and again == first[0]
+    assert rec["executions"] == {key: 1}, rec

@@ -75,3 +75,35 @@ def test_the_key_in_the_http_header_alone_is_honoured_and_survives_a_restart(tmp
     err, text = _result(b)
     assert err and "differ" in text and KEY in text
     assert rec["executions"] == {KEY: 1} and rec["bookings"] == 1
+
+
+def test_a_duplicate_still_in_progress_is_answered_not_executed_never_a_plain_error(tmp_path: Path) -> None:
+    """A second call with the key while the first still runs (past ``wait_seconds``): an isError
+    result carrying ``MCP_NOT_EXECUTED_META_KEY`` (the lap then sends the same key again), not a
+    plain tool error a model could answer with a new call under a new key."""
+    from agentrun.api.contract import MCP_NOT_EXECUTED_META_KEY
+
+    async def main(url: str) -> list[Any]:
+        out: list[Any] = []
+        async with Client(url + "/mcp") as c:
+            async def one(delay: float) -> None:
+                await anyio.sleep(delay)
+                out.append(await c.call_tool("book_invoice", {"invoice": "INV-9", "amount_cents": 5},
+                                             meta={MCP_IDEMPOTENCY_META_KEY: KEY}))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, 0.0)
+                tg.start_soon(one, 0.3)
+            out.append(await c.call_tool("book_invoice", {"invoice": "INV-9", "amount_cents": 5},
+                                         meta={MCP_IDEMPOTENCY_META_KEY: KEY}))
+        return out
+
+    with example_server("mcp_tool_server.py", tmp_path / "ledger.sqlite3", "--delay", "2", "--wait-seconds",
+                        "0.2") as url:
+        second, first, again = anyio.run(main, url)
+        rec = record(url)
+    assert rec["executions"] == {KEY: 1}, rec
+    assert second.is_error and (second.meta or {}).get(MCP_NOT_EXECUTED_META_KEY) == "idempotency-key-in-progress"
+    assert KEY in second.content[0].text
+    assert not first.is_error and _result(again) == _result(first)
+    assert not (first.meta or {}).get(MCP_NOT_EXECUTED_META_KEY)

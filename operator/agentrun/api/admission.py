@@ -359,6 +359,21 @@ GATED_TOOL_FIELDS: Final = (
 )
 
 
+#: The fields of an MCP server with requiresApproval patterns that decide what its gated calls do:
+#: (field, CEL true when the new server ``n`` changed it against the old ``s``, what the change does).
+#: Patterns may be added to requiresApproval (more calls gated), not removed.
+GATED_MCP_FIELDS: Final = (
+    ("url", "n.url != s.url", "change the URL of an MCP server with requiresApproval"),
+    ("headersSecretRef", "has(n.headersSecretRef) != has(s.headersSecretRef) || "
+     "(has(s.headersSecretRef) && n.headersSecretRef != s.headersSecretRef)",
+     "change the headers Secret of an MCP server with requiresApproval"),
+    ("requiresApproval", "!s.requiresApproval.all(p, p in n.?requiresApproval.orValue([]))",
+     "remove a requiresApproval pattern of an MCP server"),
+    ("sideEffects", "n.?sideEffects.orValue(['*']) != s.?sideEffects.orValue(['*'])",
+     "change sideEffects of an MCP server with requiresApproval"),
+)
+
+
 def _gated_var(field: str) -> str:
     """The variable listing the gated tools whose ``field`` changed: ``http.url`` -> ``gatedHttpUrl``."""
     return "gated" + "".join(p[0].upper() + p[1:] for p in field.split("."))
@@ -386,6 +401,22 @@ def guard_policy() -> dict[str, Any]:
             "name": _gated_var(field),
             "expression": f"variables.oldGated.filter(t, variables.newTools.exists(n, n.name == t.name && ({changed})))"
                           ".map(t, t.name)",
+        })
+    mcp_changed = ("oldObject != null && object.spec.agent.?mcpServers.orValue([]) != "
+                   "oldObject.spec.agent.?mcpServers.orValue([])")
+    variables += [
+        {"name": "oldGatedMcp",
+         "expression": f"!({mcp_changed}) ? [] : oldObject.spec.agent.?mcpServers.orValue([])"
+                       ".filter(s, size(s.?requiresApproval.orValue([])) > 0)"},
+        {"name": "newMcp", "expression": "object.spec.agent.?mcpServers.orValue([])"},
+        {"name": "gatedMcpRemoved",
+         "expression": "variables.oldGatedMcp.filter(s, !variables.newMcp.exists(n, n.name == s.name)).map(s, s.name)"},
+    ]
+    for field, changed, _ in GATED_MCP_FIELDS:
+        variables.append({
+            "name": _gated_var("mcp." + field),
+            "expression": f"variables.oldGatedMcp.filter(s, variables.newMcp.exists(n, n.name == s.name && ({changed})))"
+                          ".map(s, s.name)",
         })
     old_owner = "oldObject.spec.?approval.?owner.orValue('')"
     variables += [
@@ -431,6 +462,13 @@ def guard_policy() -> dict[str, Any]:
         var = f"variables.{_gated_var(field)}"
         validations.append(rule(f"size({var}) == 0", f"{var}.map(n, 'spec.agent.tools[' + n + '].{field}').join(', ')",
                                 what))
+    validations.append(rule("size(variables.gatedMcpRemoved) == 0",
+                            "variables.gatedMcpRemoved.map(n, 'spec.agent.mcpServers[' + n + ']').join(', ')",
+                            "remove an MCP server with requiresApproval"))
+    for field, _, what in GATED_MCP_FIELDS:
+        var = f"variables.{_gated_var('mcp.' + field)}"
+        validations.append(rule(f"size({var}) == 0",
+                                f"{var}.map(n, 'spec.agent.mcpServers[' + n + '].{field}').join(', ')", what))
     validations += [
         rule("oldObject == null || object.spec.agent.?image.orValue('') == oldObject.spec.agent.?image.orValue('')",
              "'spec.agent.image'", "change the lap image"),

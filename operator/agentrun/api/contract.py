@@ -120,6 +120,13 @@ MCP_IDEMPOTENCY_META_KEY: Final = "agentrun.dev/idempotency-key"
 value the ``Idempotency-Key`` HTTP header carries): the lap sends it, ``agentrun.toolkit.mcp`` reads it
 (docs/tools.md)."""
 
+MCP_NOT_EXECUTED_META_KEY: Final = "agentrun.dev/not-executed"
+"""The ``_meta`` key of an MCP ``tools/call`` *result* (``isError``) by which a tool server says that the
+call was not executed and the same key may be sent again; its value names why (the toolkit's
+``idempotency-key-in-progress``: a concurrent duplicate still running). The lap retries such a
+result with the same key, as it retries an HTTP tool's 409, instead of handing the model an error it
+could answer with a new call under a new key (docs/tools.md)."""
+
 
 CALL_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """A tool call id as the lap journals it (``journal/<lap>/tool-<callId>.json``) and as a decision

@@ -48,6 +48,12 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "requiresApproval: true (someone must own the decision)",
         },
         {
+            "rule": "!has(self.agent.mcpServers) || !self.agent.mcpServers.exists(s, has(s.requiresApproval)"
+            " && size(s.requiresApproval) > 0) || (has(self.approval) && has(self.approval.owner))",
+            "message": "spec.approval.owner is required when a server in spec.agent.mcpServers has "
+            "requiresApproval patterns (someone must own the decision)",
+        },
+        {
             "rule": "has(self.forkFrom) == has(oldSelf.forkFrom) && (!has(self.forkFrom) || "
             "self.forkFrom == oldSelf.forkFrom)",
             "message": "spec.forkFrom is immutable: a run cannot start or stop being a fork",

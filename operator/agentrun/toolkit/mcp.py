@@ -18,9 +18,12 @@ The tool function must take a ``Context`` parameter (any name): that is how the 
 request. The fingerprint is the tool function's qualified name and its arguments (canonical JSON,
 the context left out). The result is stored as JSON (``pydantic_core.to_jsonable_python``: dicts,
 lists, strings, numbers, pydantic models); a repeat returns the stored JSON value, which the SDK
-turns into the same tool result. A refusal (same key with other arguments, still in progress after
-``wait_seconds``, a result over ``max_body_bytes`` not stored) raises the SDK's ``ToolError`` with
-the toolkit's message: the caller gets an ``isError`` result naming the key. An exception from the
+turns into the same tool result. A refusal (same key with other arguments, a result over
+``max_body_bytes`` not stored) raises the SDK's ``ToolError`` with the toolkit's message: the caller
+gets an ``isError`` result naming the key. A key still in progress after ``wait_seconds`` (a
+concurrent duplicate) is answered with an ``isError`` result whose ``_meta`` carries
+``agentrun.api.contract.MCP_NOT_EXECUTED_META_KEY``: the lap sends the same key again later, never
+a new call. An exception from the
 tool is not stored: the key is released and the next call with it executes again.
 """
 
@@ -35,12 +38,14 @@ from typing import Any, TypeVar
 import anyio.to_thread
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.utilities.context_injection import find_context_parameter
+from mcp_types import CallToolResult, TextContent
 from pydantic_core import to_jsonable_python
 
-from agentrun.api.contract import MCP_IDEMPOTENCY_META_KEY
+from agentrun.api.contract import MCP_IDEMPOTENCY_META_KEY, MCP_NOT_EXECUTED_META_KEY
 from agentrun.toolkit.core import (
     HEADER,
     IdempotencyError,
+    KeyInProgress,
     KeyInvalid,
     Policy,
     begin_async,
@@ -108,6 +113,10 @@ def idempotent_tool(store: Store | str | Path | None = None, *, wait_seconds: fl
                 if token is None:
                     assert stored is not None
                     return decode_result(key, stored, policy.max_body_bytes)
+            except KeyInProgress as e:
+                # not executed by this request: the caller must send the same key again, not a new call
+                return CallToolResult(content=[TextContent(type="text", text=e.message)], is_error=True,
+                                      _meta={MCP_NOT_EXECUTED_META_KEY: e.code})
             except IdempotencyError as e:
                 raise ToolError(e.message) from None
             return await execute_async(st, key, token, lambda: run(kwargs),

@@ -35,7 +35,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from agentrun.api.contract import IDEMPOTENCY_KEY_HEADER, MCP_IDEMPOTENCY_META_KEY, mcp_headers_env
+from agentrun.api.contract import (
+    IDEMPOTENCY_KEY_HEADER,
+    MCP_IDEMPOTENCY_META_KEY,
+    MCP_NOT_EXECUTED_META_KEY,
+    mcp_headers_env,
+)
 from agentrun.api.mcp import McpToolRef
 from agentrun.api.spec import McpServer
 from agentrun.api.tenancy import AddressRules
@@ -141,6 +146,20 @@ class _Answered(Exception):
     """The server answered a call with a JSON-RPC error that is not transient: an error result."""
 
 
+class NotExecuted(Exception):
+    """The server answered that it did not execute the call and the same key may be sent again
+    (an ``isError`` result with ``MCP_NOT_EXECUTED_META_KEY`` in its ``_meta``: a concurrent
+    duplicate still in progress). Transient: retried with the same key, never shown to the model."""
+
+
+def not_executed(result: Any) -> str | None:
+    """Why the server says ``result`` (a ``CallToolResult``) was not executed, or None."""
+    if not getattr(result, "is_error", False):
+        return None
+    why = (getattr(result, "meta", None) or {}).get(MCP_NOT_EXECUTED_META_KEY)
+    return truncate(escape_controls(str(why))[0], 80) if why else None
+
+
 def classify(error: BaseException) -> tuple[Literal["refused", "answered", "transient"], BaseException]:
     """How a failure of an MCP request counts: an address the policies deny (permanent), a JSON-RPC
     error the server answered with (an error result), or a transport failure (retried)."""
@@ -163,6 +182,8 @@ def _describe(error: BaseException) -> str:
 
     if isinstance(error, MCPError):
         return f"JSON-RPC error {error.code}: {truncate(escape_controls(error.message)[0], 200)}"
+    if isinstance(error, NotExecuted):
+        return f"not executed by the server ({error})"
     if isinstance(error, TimeoutError) or "Timeout" in type(error).__name__:
         return "timed out"
     return f"connection failed ({type(error).__name__})"
@@ -299,7 +320,11 @@ class McpToolRunner:
         meta = {MCP_IDEMPOTENCY_META_KEY: idempotency_key} if keyed else None
 
         async def op(client: Any) -> Any:
-            return await client.call_tool(tool.tool, arguments, meta=meta)
+            result = await client.call_tool(tool.tool, arguments, meta=meta)
+            why = not_executed(result)
+            if why is not None:
+                raise NotExecuted(why)
+            return result
 
         try:
             result = self._run(f"tool '{tool.name}'", tool.server, extra, op)
