@@ -26,8 +26,10 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from agentrun.api.approval import ANN_CREATED_BY
 from agentrun.api.crdgen import GROUP, VERSION
 from agentrun.api.lifecycle import ANN_CANCELLED_BY
+from agentrun.api.reasons import ScheduleReason as R
 from agentrun.api.schedule import KIND, LABEL_SCHEDULE, PLURAL
 from agentrun.kube.client import EVENTS, Client, path
 from agentrun.kube.informer import Informer
@@ -203,14 +205,14 @@ class ScheduleController:
         await self.execute(key, sched, p)
 
     async def execute(self, key: Key, sched: Schedule, p: Plan) -> None:
-        ns = sched.namespace
+        ns, existed = sched.namespace, False
         for a in p.actions:
             if isinstance(a, DeleteRun):
                 await self._delete_run(ns, a)
             elif isinstance(a, CancelRun):
                 await self._cancel_run(ns, a)
             elif isinstance(a, CreateRun):
-                problem = await self._create_run(ns, a)
+                existed, problem = await self._create_run(ns, a)
                 if problem is not None:
                     r = refused(self.clock(), sched, a.name, problem)
                     await self._post_events(sched, r.actions)
@@ -219,7 +221,7 @@ class ScheduleController:
                     log.warning("schedule %s/%s: run %s refused (%s); tried again in %.1f s", *key, a.name,
                                 problem[:300], delay)
                     return
-            elif isinstance(a, Event):
+            elif isinstance(a, Event) and not (existed and a.reason == R.RUN_CREATED):
                 await self._event(sched, a)
         await self._write_status(key, sched, p.status)
         if p.requeue_after is not None:
@@ -233,22 +235,27 @@ class ScheduleController:
             if isinstance(a, Event):
                 await self._event(sched, a)
 
-    async def _create_run(self, ns: str, a: CreateRun) -> str | None:
-        """Create the run; None when it exists now (created, or already: 409 is that time done), else
-        the API server's refusal."""
+    async def _create_run(self, ns: str, a: CreateRun) -> tuple[bool, str | None]:
+        """Create the run: (whether it existed already: 409 is that time done, the API server's
+        refusal or None)."""
         from kubernetes.client.exceptions import ApiException
 
+        body = a.body
+        user = await self._whoami()
+        if user:  # who created the run (agentrun-approvals; stamped over by the API server where it can)
+            meta = body["metadata"]
+            body = {**body, "metadata": {**meta, "annotations": {**meta.get("annotations", {}), ANN_CREATED_BY: user}}}
         try:
-            await self.kube.request("POST", path(RUNS, ns), body=a.body)
+            await self.kube.request("POST", path(RUNS, ns), body=body)
             log.info("schedule: created run %s/%s for %s", ns, a.name, a.scheduled.isoformat())
         except ApiException as exc:
             if exc.status == 409:
                 log.info("schedule: run %s/%s exists already (created before)", ns, a.name)
-                return None
+                return True, None
             if exc.status in REFUSED_STATUSES:
-                return _api_message(exc)
+                return False, _api_message(exc)
             raise
-        return None
+        return False, None
 
     async def _cancel_run(self, ns: str, a: CancelRun) -> None:
         from kubernetes.client.exceptions import ApiException
