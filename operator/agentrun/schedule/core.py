@@ -243,7 +243,9 @@ def _ended_status(old: dict[str, Any], runs: list[Run]) -> dict[str, Any]:
 def _active(runs: list[Run]) -> list[dict[str, Any]]:
     out = []
     for r in sorted(runs, key=lambda r: (r.when, r.name)):
-        ref: dict[str, Any] = {"name": r.name, "uid": r.uid}
+        ref: dict[str, Any] = {"name": r.name}
+        if r.uid:  # a run just created has none until the cache has it
+            ref["uid"] = r.uid
         if r.scheduled:
             ref["scheduledTime"] = fmt(r.scheduled)
         out.append(ref)
