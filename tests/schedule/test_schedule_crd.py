@@ -97,3 +97,10 @@ def test_run_names_fit_a_dns_label():
     name = "a" * s.MAX_NAME_CHARS
     assert len(run_name(name, datetime(9999, 12, 31, 23, 59, tzinfo=UTC))) <= 63
     assert run_name("nightly", datetime(2030, 1, 1, tzinfo=UTC)) == "nightly-31557600"
+
+
+def test_no_category_shadows_a_resource_name():
+    """kubectl expands a category before it maps a resource name: a category "agentrun" holding the
+    schedules made `kubectl get agentrun NAME` look for an AgentSchedule NAME too, and fail."""
+    names = {crdgen.SINGULAR, crdgen.PLURAL, *crdgen.SHORT_NAMES, s.SINGULAR, s.PLURAL, *s.SHORT_NAMES}
+    assert not names & set(s.CATEGORIES)

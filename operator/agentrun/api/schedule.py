@@ -29,7 +29,7 @@ KIND = "AgentSchedule"
 PLURAL = "agentschedules"
 SINGULAR = "agentschedule"
 SHORT_NAMES = ["asched"]
-CATEGORIES = ["agentrun"]
+CATEGORIES = ["all"]  # as CronJob; not "agentrun": `kubectl get agentrun NAME` expands that category
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
 #: Label of every run a schedule created: the schedule's name (runs are also owned by it).
