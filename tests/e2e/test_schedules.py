@@ -163,6 +163,8 @@ def test_every_minute_forbid_history_and_a_kill_at_a_schedule_time(env):
     _wait(f"run {r6}", lambda: r6 in env.run_names(name), timeout=30, interval=0.05)
     env.kill_operator()
     uid6 = env.get(r6)["metadata"]["uid"]
+    written = (env.sched(name).get("status") or {}).get("lastScheduleTime") == m6.strftime("%Y-%m-%dT%H:%M:%SZ")
+    sys.stderr.write(f"killed {'after' if written else 'before'} the status write of {r6}\n")
     env.start_operator("op-b")  # another identity: it takes the Lease once op-a's expires
     _wait("lastScheduleTime after the restart", lambda: (env.sched(name).get("status") or {}).get(
         "lastScheduleTime") == m6.strftime("%Y-%m-%dT%H:%M:%SZ"), timeout=60)
