@@ -45,7 +45,7 @@ test-stress:
 
 # mypy --strict on the typed layers, and the import-linter contracts of .importlinter
 TYPED = operator/agentrun/api operator/agentrun/checkpoint operator/agentrun/controller operator/agentrun/lap operator/agentrun/kube \
-	operator/agentrun/metrics operator/agentrun/cli operator/agentrun/inbox operator/agentrun/notify operator/agentrun/testfault operator/agentrun/toolkit
+	operator/agentrun/metrics operator/agentrun/cli operator/agentrun/inbox operator/agentrun/notify operator/agentrun/testfault operator/agentrun/toolkit operator/agentrun/schedule
 
 lint:
 	$(PYTHON) -m ruff check operator tests bench e2e tools

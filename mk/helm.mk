@@ -14,6 +14,7 @@ helm-crds:
 	cp crds/agentrun.dev_agentruns.yaml $(CHART)/crds/agentrun.dev_agentruns.yaml
 	cp crds/agentrun.dev_admission-policies.yaml crds/agentrun.dev_admission-mutating.yaml $(CHART)/files/
 	cp crds/agentrun.dev_agentrunpolicies.yaml $(CHART)/crds/agentrun.dev_agentrunpolicies.yaml
+	cp crds/agentrun.dev_agentschedules.yaml $(CHART)/crds/agentrun.dev_agentschedules.yaml
 	cp crds/agentrun.dev_tenancy-policy.yaml $(CHART)/files/
 
 ## render the chart's alerts with default values into the plain promtool/Prometheus rules file

@@ -69,6 +69,11 @@ def test_rbac_least_privilege(helm, values):
         ("agentruns/status", "operate"),  # how the admission policy agentrun-status-owner knows the operator
         *{("jobs", v) for v in ("create", "list", "watch", "delete")},
         ("pods", "list"),  # read on demand (controller/reconciler.py), not watched
+        # schedules (agentrun.schedule, docs/scheduling.md): watched, their status written, their runs created
+        *{("agentschedules", v) for v in ("list", "watch")},
+        ("agentschedules/status", "patch"),
+        ("agentschedules/finalizers", "update"),  # blockOwnerDeletion of the runs' ownerReference
+        ("agentruns", "create"),
         # no CRD list/watch: Kopf's scanning is disabled in every mode (rbac.crdWatch, deprecated, is off)
         *{("leases", v) for v in ("create", "get", "update", "patch")},
         # the tenancy re-check's watches (tenancy.operatorRecheck)

@@ -378,8 +378,14 @@ def render_reference() -> str:
 @click.option("--tenancy", type=click.Choice(["crd", "policy", "local"]), default=None,
               help="Print the tenancy guardrails instead: the AgentRunPolicy CRD, the admission policy and its "
               "default binding, or the local control plane's AgentRunPolicy (api/tenancy_admission.py).")
-def crd_command(reference: bool, admission: str | None, tenancy: str | None) -> None:
+@click.option("--schedule", is_flag=True, help="Print the AgentSchedule CRD instead (api/schedule.py).")
+def crd_command(reference: bool, admission: str | None, tenancy: str | None, schedule: bool = False) -> None:
     """Print the AgentRun CustomResourceDefinition (YAML), generated from the models."""
+    if schedule:
+        from .schedule import render_crd as render_schedule
+
+        sys.stdout.write(render_schedule())
+        return
     if tenancy:
         from .tenancy_admission import render as render_tenancy
 

@@ -93,6 +93,25 @@ class Reason(StrEnum):
     NOT_FAILED = "NotFailed"
 
 
+class ScheduleReason(StrEnum):
+    """Reasons of an AgentSchedule's Ready condition and of its Events (agentrun.schedule)."""
+
+    # the Ready condition
+    SCHEDULING = "Scheduling"  # True: runs are started at the scheduled times
+    SUSPENDED = "Suspended"  # spec.suspend
+    INVALID_SCHEDULE = "InvalidSchedule"  # cron refuses spec.schedule (the API server checks its shape only)
+    INVALID_TIME_ZONE = "InvalidTimeZone"  # spec.timeZone is not in the zone database
+    INVALID_SPEC = "InvalidSpec"  # the spec does not parse (a CRD older than the operator)
+    RUN_REFUSED = "RunRefused"  # the API server refused to create the run (an admission policy, a quota)
+    # Events
+    RUN_CREATED = "RunCreated"
+    RUN_REPLACED = "RunReplaced"  # concurrencyPolicy Replace cancelled an active run
+    RUN_DELETED = "RunDeleted"  # history limits
+    RUN_ALREADY_ACTIVE = "RunAlreadyActive"  # concurrencyPolicy Forbid skipped a time
+    STARTING_DEADLINE_EXCEEDED = "StartingDeadlineExceeded"  # a missed time past startingDeadlineSeconds
+    TOO_MANY_MISSED_TIMES = "TooManyMissedTimes"  # more than 100 times missed (only the latest is started)
+
+
 #: Event reasons of the lap cadence (one per lap): rate-limited per run before they are posted, as
 #: client-go's spam filter does (``agentrun.controller.events``); counted when suppressed
 #: (``agentrun_events_suppressed_total{reason}``). Every other Event is always posted.

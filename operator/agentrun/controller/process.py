@@ -28,7 +28,7 @@ from typing import Any
 import kopf
 
 from .eventloop import operator_loop
-from .reconciler import Controller
+from .reconciler import Controller, exact_namespaces, namespace_matcher
 
 __all__ = ["REGISTRY", "live", "memo_for", "run", "settings", "waiting_for"]
 
@@ -108,10 +108,17 @@ async def _startup(memo: kopf.Memo, **_: Any) -> None:
         await memo.controller.start()
     except ValueError as exc:  # a bad setting (the notifier's): retrying the startup cannot fix it
         raise kopf.PermanentError(str(exc)) from None
+    if memo.get("schedules") is None:  # AgentSchedules (agentrun.schedule): beside the runs, on the same Lease
+        from agentrun.schedule.shell import attach
+
+        ns = memo.controller.config.namespaces
+        memo.schedules = attach(memo.controller, list(ns) if exact_namespaces(ns) else [None], namespace_matcher(ns))
 
 
 @kopf.on.cleanup(registry=REGISTRY)
 async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if memo.get("schedules") is not None:
+        await memo.schedules.stop()
     await memo.controller.stop()
 
 
