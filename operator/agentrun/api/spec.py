@@ -206,9 +206,7 @@ McpToolGlob = Annotated[str, StringConstraints(pattern=MCP_TOOL_GLOB_PATTERN, ma
 
 
 class McpServer(APIModel):
-    """An MCP server (streamable HTTP transport) whose tools the model may call. The lap lists its
-    tools at the start of each lap, records the list in the checkpoint, and calls them with the
-    call's idempotency key (``Idempotency-Key`` header and ``_meta``; docs/tools.md)."""
+    """An MCP server (streamable HTTP transport) whose tools the model may call (docs/tools.md)."""
 
     name: str = Field(
         min_length=1,
