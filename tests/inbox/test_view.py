@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentrun.api.approval import arguments_sha256
-from agentrun.cli.approvals import StoredCall
+from agentrun.api.approval import StoredCall
 from agentrun.inbox import view
 from agentrun.inbox.laps import LapSummary
 

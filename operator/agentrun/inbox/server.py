@@ -29,10 +29,18 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
-from agentrun.api.approval import MAX_CALL_ID_CHARS, MAX_REASON_CHARS, SHA256_HEX_CHARS
+from agentrun.api.approval import (
+    AWAITING,
+    MAX_CALL_ID_CHARS,
+    MAX_REASON_CHARS,
+    SHA256_HEX_CHARS,
+    binding,
+    decision_patch,
+    queue_rows,
+    refusal,
+)
 from agentrun.api.crdgen import PLURAL
 from agentrun.api.text import one_line
-from agentrun.cli.approvals import AWAITING, binding, decision_patch, queue_rows, refusal
 from agentrun.inbox import assets, identity, view
 from agentrun.inbox.kube import RUNS, ApiError, AudienceRefused, Kube, User
 from agentrun.inbox.laps import LapReader
