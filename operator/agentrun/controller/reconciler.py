@@ -45,13 +45,13 @@ from agentrun.api.contract import LABEL_RUN_UID
 from agentrun.api.status import TERMINAL_PHASES, AgentRunStatus
 from agentrun.checkpoint.schema import RunRef
 from agentrun.kube.client import JOBS, PODS, Client, load_api_client, path
-from agentrun.kube.informer import Informer, strip
+from agentrun.kube.informer import Informer, rv_int, strip
 from agentrun.kube.lease import KubeLeaseAPI, LeaseElector
 from agentrun.kube.queue import WorkQueue
 from agentrun.notify.sender import from_env as notify_from_env
 
 from . import decide as d
-from .cache import RESOURCES, RUNS, TRANSFORMS, Cache, Key, rv_int
+from .cache import RESOURCES, RUNS, TRANSFORMS, Cache, Key
 from .config import OperatorConfig
 from .decide.observe import current_jobs, job_state, needs_pod_read, observe, parse_run, pod_check_due, pod_waiting
 from .execute import Executor, RetryWithBackoff
