@@ -59,7 +59,7 @@ from .logs import run_logger
 from .memos import JobMemo, SpecMemo
 from .podreads import PodReads
 from .podreads import selector as pod_selector
-from .policycheck import PolicyCheck
+from .policycheck import PolicyCheck, wanted
 from .tenancy import KINDS as TENANCY_KINDS
 from .tenancy import NAMESPACES, PolicyStore
 
@@ -170,14 +170,15 @@ class Controller:
         # One API client, one connection pool for every request and watch of this process (the
         # watches hold one connection each).
         tenancy_watches = 2 + len(watch_ns) if cfg.tenancy_recheck else 0
-        kube = self.kube = Client(load_api_client(), WORKERS + 3 * len(watch_ns) + tenancy_watches + 2,
-                                  metrics.kube_request)
+        admission_watches = len(wanted(cfg.admission_policies))  # one per policy and binding (policycheck.py)
+        kube = self.kube = Client(load_api_client(), WORKERS + 3 * len(watch_ns) + tenancy_watches
+                                  + admission_watches + 2, metrics.kube_request)
         self.executor = Executor(cfg, kube, self.cache, self._specs)
         loop = self._loop = asyncio.get_running_loop()
         self._tasks.append(asyncio.ensure_future(loop.run_in_executor(None, self.executor.warm)))
-        # the admission policies: checked now and every resync (policycheck.py); no lap before the first verdict
-        self.admission = PolicyCheck(cfg.admission_policies, cfg.allow_missing_policies, self.executor.call,
-                                     on_change=self._admission_changed)
+        # the admission policies: listed and watched (policycheck.py); no lap before the first verdict
+        self.admission = PolicyCheck(cfg.admission_policies, cfg.allow_missing_policies, kube,
+                                     on_change=self._admission_changed, watch_seconds=cfg.watch_timeout_seconds)
         self._tasks.append(asyncio.create_task(self.admission.run(cfg.resync_seconds)))
         if cfg.tenancy_recheck:
             self.policies = PolicyStore(on_change=self._policies_changed)
