@@ -91,8 +91,8 @@ class APIModel(BaseModel):
     """Base of every API model: camelCase on the wire, unknown fields refused. Descriptions are
     ``Field(description=...)`` (the CRDs' schemas; ``crdgen.undocumented_fields`` finds a field
     without one), never attribute docstrings: pydantic reads those by parsing each model's module
-    source (``use_attribute_docstrings``), 6-15 ms of CPU of every process that imports the models
-    (a lap pod's start), for descriptions the generated CRDs did not use."""
+    source (``use_attribute_docstrings``), CPU that every process importing the models (a lap pod's
+    start) would pay for descriptions the generated CRDs do not use."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,

@@ -52,7 +52,7 @@ class LapReader:
     def __init__(self, env: dict[str, str] | None = None, cache_size: int = 512) -> None:
         self.env = dict(os.environ if env is None else env)
         self._cache: OrderedDict[tuple[str, int], Any] = OrderedDict()
-        self._stores: dict[tuple[Any, ...], Any] = {}  # one client per store location (making one costs ~0.1 s)
+        self._stores: dict[tuple[Any, ...], Any] = {}  # one client per store location (making one is costly)
         self._lock = threading.Lock()
         self.cache_size = cache_size
 

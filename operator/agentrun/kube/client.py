@@ -92,7 +92,7 @@ def request_labels(method: str, url: str) -> tuple[str, str]:
 
 
 def loads(data: bytes | str) -> Any:
-    """A JSON document from the API server: orjson (a third of ``json.loads``'s CPU on a Job), and
+    """A JSON document from the API server: orjson (less CPU than ``json.loads``: every watch event is one), and
     ``json`` for what orjson refuses (a lone surrogate escape); what neither reads raises
     ``json``'s error. (orjson reads an integer beyond 64 bits as a float: the API server never
     sends one, it decodes such a number as a float itself.)"""
@@ -202,8 +202,8 @@ class Client:
 
     def base(self) -> tuple[str, dict[str, str]]:
         """The API server's URL and the headers of every request, from the ``kubernetes`` client's
-        ``param_serialize``, reused for :data:`HEADERS_REUSE_SECONDS` (made per request they cost a
-        tenth of a reconcile's CPU). Blocking: a refresh may read a file or run a credential plugin."""
+        ``param_serialize``, reused for :data:`HEADERS_REUSE_SECONDS` (made per request, they would
+        be a large part of each request's CPU). Blocking: a refresh may read a file or run a credential plugin."""
         fresh = self.fresh_base()
         if fresh is not None:
             return fresh
