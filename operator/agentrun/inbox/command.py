@@ -135,7 +135,8 @@ def inbox_command(listen: str, port: int, port_file: str | None, auth: str, user
                         request_timeout=float(_seconds(request_timeout, "--request-timeout")), max_pending=max_pending)
     if key_text:
         settings.key = key_text.encode()
-    kube = Kube.connect(kubeconfig, context)
+    # a connection per watch (at most max_watches), and up to 64 requests of page loads at once
+    kube = Kube.connect(kubeconfig, context, pool_size=settings.max_watches + 64)
     ctx = None
     scheme = "http"
     if tls_cert:

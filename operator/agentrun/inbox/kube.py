@@ -78,7 +78,8 @@ class Kube:
     @classmethod
     def connect(cls, kubeconfig: str | None = None, context: str | None = None, pool_size: int = 64) -> Kube:
         """The inbox's own credentials: in a pod (no kubeconfig given) its ServiceAccount, else the
-        kubeconfig (``--kubeconfig``/``--context``, else KUBECONFIG)."""
+        kubeconfig (``--kubeconfig``/``--context``, else KUBECONFIG). ``pool_size``: connections to
+        the API server at most, one per open watch and one per request in flight."""
         return cls(Client(load_api_client(kubeconfig, context), pool_size))
 
     def _wait(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
