@@ -170,3 +170,4 @@ def inbox_command(listen: str, port: int, port_file: str | None, auth: str, user
         pass
     finally:
         srv.server_close()
+        kube.close()
