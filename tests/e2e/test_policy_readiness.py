@@ -184,19 +184,19 @@ def test_a_run_created_right_after_a_deletion_gets_no_job(env: ReadyEnv) -> None
     deletion's watch event reaches the operator as soon as the API server has written it; the run's
     own comes after a `kubectl apply` (a process start, a request): the run is held. (A polling
     check, an hour between two GETs here, starts its lap.)"""
-    policy = admission.VAP_DECISIONS
+    binding = admission.VAP_DECISIONS
     name = "in-the-window"
-    env.kubectl("delete", "validatingadmissionpolicy", policy)
+    env.kubectl("delete", "validatingadmissionpolicybinding", binding)
     try:
         env.apply(env.run_doc(name, [{"content": "done"}]))
         cond = wait_for("Progressing=False AdmissionPoliciesMissing for a run created right after the deletion",
                         lambda: (c := env.progressing(name)).get("reason") == "AdmissionPoliciesMissing" and c,
                         timeout=30)
-        assert f"ValidatingAdmissionPolicy {policy}" in cond["message"], cond
+        assert f"ValidatingAdmissionPolicyBinding {binding}" in cond["message"], cond
         assert env.jobs(name) == [], _diagnostics(env, name)
         assert env.readyz() == 503
     finally:
         env.kubectl("apply", "-f", str(POLICIES_FILE))
-    wait_for("/readyz 200 once the policy is back", lambda: env.readyz() == 200, timeout=WATCH_BOUND_SECONDS)
+    wait_for("/readyz 200 once the binding is back", lambda: env.readyz() == 200, timeout=WATCH_BOUND_SECONDS)
     assert env.wait_phase(name, "Succeeded", "Failed", timeout=180)["phase"] == "Succeeded"
     assert len(env.jobs(name)) == 1
