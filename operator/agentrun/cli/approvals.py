@@ -10,9 +10,10 @@ API server has no MutatingAdmissionPolicy, overwritten by it where it has, see d
 and only on a run that is waiting right now, so a decision is never queued in advance. A decision
 the API server refuses (no ``approve`` permission) is one line naming the permission.
 
-The formatting (``queue_rows``, ``format_table``; columns and durations from ``cli.output``) is
-pure: rows are built from AgentRun dicts and ``now``; the Kubernetes I/O lives in ``_api`` and the
-click commands.
+What a pending approval is, its queue rows, the binding of the call that was shown, the decision
+patch and the refusal text are ``agentrun.api.approval``'s, shared with the inbox and the operator;
+this module formats them (``format_table``, ``show_text``) and does the Kubernetes I/O (``_api`` and
+the click commands).
 """
 
 from __future__ import annotations
