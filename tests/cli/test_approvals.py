@@ -9,7 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from click.testing import CliRunner
 
+from agentrun.api import approval
 from agentrun.api.approval import arguments_sha256
+from agentrun.api.types import parse_time
 from agentrun.cli import approvals as ap
 from agentrun.cli.main import SUBCOMMANDS, main
 
@@ -53,10 +55,10 @@ def test_human_duration(seconds, text):
 
 
 def test_parse_time_forms():
-    assert ap.parse_time("2026-11-30T12:00:00Z") == NOW
-    assert ap.parse_time("2026-11-30T12:00:00.250000Z") == NOW + timedelta(milliseconds=250)
-    assert ap.parse_time("2026-11-30T13:00:00+01:00") == NOW
-    assert ap.parse_time(None) is None and ap.parse_time("yesterday") is None
+    assert parse_time("2026-11-30T12:00:00Z") == NOW
+    assert parse_time("2026-11-30T12:00:00.250000Z") == NOW + timedelta(milliseconds=250)
+    assert parse_time("2026-11-30T13:00:00+01:00") == NOW
+    assert parse_time(None) is None and parse_time("yesterday") is None
 
 
 def test_queue_only_awaiting_oldest_first_with_age_deadline_and_on_timeout():
@@ -67,7 +69,7 @@ def test_queue_only_awaiting_oldest_first_with_age_deadline_and_on_timeout():
         run("suspended", phase="Suspended"),
         run("default-policy", requested_ago=600, on_timeout=None),
     ]
-    rows = ap.queue_rows(runs, NOW)
+    rows = approval.queue_rows(runs, NOW)
     assert [r["name"] for r in rows] == ["older", "default-policy", "newer"]
     older, default, newer = rows
     assert (older["namespace"], older["tool"], older["lap"], older["onTimeout"]) == ("team-b", "wire", 7, "fail")
@@ -81,26 +83,26 @@ def test_queue_only_awaiting_oldest_first_with_age_deadline_and_on_timeout():
 
 
 def test_deadline_exactly_now_is_overdue():
-    row = ap.queue_rows([run("x", deadline_in=0)], NOW)[0]
+    row = approval.queue_rows([run("x", deadline_in=0)], NOW)[0]
     assert ap.deadline_cell(row["secondsLeft"]) == "overdue"
     assert ap.deadline_cell(1) == "1s" and ap.deadline_cell(None) == "<none>"
 
 
 def test_owner_filter_and_owner_fallbacks():
     runs = [run("a", owner="alice"), run("b", owner="bob")]
-    assert [r["name"] for r in ap.queue_rows(runs, NOW, owner="bob")] == ["b"]
-    assert ap.queue_rows(runs, NOW, owner="carol") == []
+    assert [r["name"] for r in approval.queue_rows(runs, NOW, owner="bob")] == ["b"]
+    assert approval.queue_rows(runs, NOW, owner="carol") == []
     # approval without an owner: status.waitingOn, then spec.approval.owner
     r = run("c", owner="team-c")
     del r["status"]["approval"]["owner"]
-    assert ap.queue_rows([r], NOW)[0]["owner"] == "team-c"
+    assert approval.queue_rows([r], NOW)[0]["owner"] == "team-c"
     del r["status"]["waitingOn"]
     r["spec"]["approval"]["owner"] = "spec-owner"
-    assert ap.queue_rows([r], NOW)[0]["owner"] == "spec-owner"
+    assert approval.queue_rows([r], NOW)[0]["owner"] == "spec-owner"
 
 
 def test_table_is_aligned_with_the_header():
-    rows = ap.queue_rows([run("short"), run("a-much-longer-name", ns="ns")], NOW)
+    rows = approval.queue_rows([run("short"), run("a-much-longer-name", ns="ns")], NOW)
     lines = ap.format_table(rows).splitlines()
     assert lines[0].split() == list(ap.COLUMNS)
     col = lines[0].index("OWNER")
@@ -118,9 +120,9 @@ def test_show_text_prints_arguments_as_json_and_deadline():
 
 
 def test_decision_patch_is_what_kubectl_annotate_sets():
-    assert ap.decision_patch(True, "ok", "7") == {
+    assert approval.decision_patch(True, "ok", "7") == {
         "metadata": {"annotations": {"approved": "true", "agentrun.dev/reason": "ok"}, "resourceVersion": "7"}}
-    assert ap.decision_patch(False, None, None) == {"metadata": {"annotations": {"approved": "false"}}}
+    assert approval.decision_patch(False, None, None) == {"metadata": {"annotations": {"approved": "false"}}}
 
 
 # ------------------------------------------------------------------- commands with a fake API
@@ -160,12 +162,12 @@ def fake(monkeypatch):
     monkeypatch.setattr(ap, "_now", lambda: NOW)
     # the two reads beside the run (real ones: tests/e2e/test_approval_authz.py)
     monkeypatch.setattr(ap, "_whoami", lambda: "alice")
-    monkeypatch.setattr(ap, "_stored_call", lambda run: STORED.get(run["metadata"]["name"], ap.StoredCall(error="no store")))
+    monkeypatch.setattr(ap, "_stored_call", lambda run: STORED.get(run["metadata"]["name"], approval.StoredCall(error="no store")))
     return api
 
 
 FULL_ARGS = {"orderId": "1001", "note": "x" * 5000}
-STORED = {"waiting": ap.StoredCall(arguments=FULL_ARGS, call_id="call-waiting", lap=3)}
+STORED = {"waiting": approval.StoredCall(arguments=FULL_ARGS, call_id="call-waiting", lap=3)}
 
 
 def invoke(*args: str):
@@ -255,21 +257,21 @@ def test_show(fake):
 
 def test_binding_prefers_the_store_and_warns_on_a_differing_digest():
     w = run("w")
-    stored = ap.StoredCall(arguments={"a": 1}, call_id="call-w", lap=3)
-    assert ap.binding(w, stored) == ("call-w", arguments_sha256({"a": 1}), [])
+    stored = approval.StoredCall(arguments={"a": 1}, call_id="call-w", lap=3)
+    assert approval.binding(w, stored) == ("call-w", arguments_sha256({"a": 1}), [])
     w["status"]["approval"]["argumentsSha256"] = "f" * 64
-    call_id, sha, warnings = ap.binding(w, stored)
+    call_id, sha, warnings = approval.binding(w, stored)
     assert sha == arguments_sha256({"a": 1}) and "differs from status.approval.argumentsSha256" in warnings[0]
     # the store unreadable: the operator's digest in status
-    call_id, sha, warnings = ap.binding(w, ap.StoredCall(error="no credentials"))
+    call_id, sha, warnings = approval.binding(w, approval.StoredCall(error="no credentials"))
     assert (call_id, sha) == ("call-w", "f" * 64) and "no credentials" in warnings[0]
     # the store's pending call is another one: no digest of it is sent
-    call_id, sha, warnings = ap.binding(run("v"), ap.StoredCall(arguments={"a": 1}, call_id="other", lap=4))
+    call_id, sha, warnings = approval.binding(run("v"), approval.StoredCall(arguments={"a": 1}, call_id="other", lap=4))
     assert (call_id, sha) == ("call-v", None) and "moved on" in warnings[0]
 
 
 def test_decision_patch_binding_and_decider():
-    assert ap.decision_patch(True, None, None, call_id="c", sha256="s", decided_by="u") == {"metadata": {
+    assert approval.decision_patch(True, None, None, call_id="c", sha256="s", decided_by="u") == {"metadata": {
         "annotations": {"approved": "true", "agentrun.dev/call-id": "c", "agentrun.dev/arguments-sha256": "s",
                         "agentrun.dev/decided-by": "u"}}}
 
@@ -314,7 +316,7 @@ def test_the_queue_and_show_name_the_target_and_the_approvals_so_far():
         "targetSha256": "ab" * 32, "approvalsRequired": 2,
         "approvedBy": [{"user": "alice", "at": "2026-11-30T11:59:00Z"}],
     })
-    (row,) = ap.queue_rows([r], NOW)
+    (row,) = approval.queue_rows([r], NOW)
     cells = ap.table_cells(row)
     assert cells[4:6] == ["POST https://pay.example/refund?token=…", "1 of 2"]
     assert row["approvedBy"] == ["alice"] and row["targetSha256"] == "ab" * 32
@@ -324,10 +326,10 @@ def test_the_queue_and_show_name_the_target_and_the_approvals_so_far():
     assert "Approvals:   1 of 2 (alice at 2026-11-30T11:59:00Z)" in text and "ab" * 32 in text
     long = dict(r["status"]["approval"]["target"], url="https://pay.example/" + "x" * 300 + "\x1b[2J")
     r["status"]["approval"]["target"] = long
-    cell = ap.table_cells(ap.queue_rows([r], NOW)[0])[4]
+    cell = ap.table_cells(approval.queue_rows([r], NOW)[0])[4]
     assert len(cell) <= ap.TARGET_CELL_CHARS and "\x1b" not in cell
 
 
 def test_a_decision_binds_the_target_that_was_shown():
-    body = ap.decision_patch(True, None, "42", call_id="c1", sha256="a" * 64, target_sha256="b" * 64)
+    body = approval.decision_patch(True, None, "42", call_id="c1", sha256="a" * 64, target_sha256="b" * 64)
     assert body["metadata"]["annotations"]["agentrun.dev/target-sha256"] == "b" * 64

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "checkpoint"))
 from ckpt_builders import RUN, make_record  # noqa: E402
 
+from agentrun.checkpoint import locate  # noqa: E402
 from agentrun.cli import approvals as ap  # noqa: E402
 from agentrun.cli import fork as fk
 from agentrun.cli import kube
@@ -86,7 +87,7 @@ def test_runs_show_the_cause_of_a_failing_or_retrying_run_on_one_bounded_line():
 # ---------------------------------------------------------------------------- store resolution
 
 def test_store_prefix_from_the_status_object_uri():
-    f = tr.store_prefix_from_status
+    f = locate.store_prefix_from_status
     assert f("s3://b/pre/fix/ns/n/u/laps/00000003.json", "ns", "n", "u") == "s3://b/pre/fix"
     assert f("s3://b/ns/n/u/snapshots/00000002.json", "ns", "n", "u") == "s3://b"
     assert f("s3://b/pre/xns/n/u/laps/1.json", "ns", "n", "u") is None  # not a segment boundary
@@ -99,16 +100,16 @@ def test_resolve_store_precedence_flags_env_spec_status():
             "spec": {"checkpoint": {"region": "eu-1"}},
             "status": {"checkpoint": {"uri": "s3://b/p/ns/n/u/laps/00000001.json", "endpoint": "http://st:9000",
                                       "pathStyle": True, "region": "us-9"}}}
-    got = tr.resolve_store({}, {}, body)
+    got = locate.resolve_store({}, {}, body)
     assert (got["uri"], got["endpoint"], got["region"], got["pathStyle"]) == ("s3://b/p", "http://st:9000", "eu-1", True)
     assert got["from"] == {"uri": "status.checkpoint.uri", "endpoint": "status.checkpoint.endpoint",
                            "region": "spec.checkpoint.region", "pathStyle": "status.checkpoint.pathStyle"}
     env = {"AGENTRUN_CHECKPOINT_URI": "s3://envb/x", "AGENTRUN_S3_ENDPOINT": "http://env:1", "AGENTRUN_S3_PATH_STYLE": "false"}
-    got = tr.resolve_store({}, env, body)
+    got = locate.resolve_store({}, env, body)
     assert (got["uri"], got["endpoint"], got["pathStyle"]) == ("s3://envb/x", "http://env:1", False)
-    got = tr.resolve_store({"uri": "s3://flag/y", "endpoint": "http://flag:2", "path_style": True, "region": "r"}, env, body)
+    got = locate.resolve_store({"uri": "s3://flag/y", "endpoint": "http://flag:2", "path_style": True, "region": "r"}, env, body)
     assert (got["uri"], got["endpoint"], got["region"], got["pathStyle"]) == ("s3://flag/y", "http://flag:2", "r", True)
-    assert tr.resolve_store({}, {}, {"metadata": {}, "spec": {}, "status": {}})["uri"] is None
+    assert locate.resolve_store({}, {}, {"metadata": {}, "spec": {}, "status": {}})["uri"] is None
 
 
 def test_resolve_store_prefers_the_pinned_status_store_to_env_and_spec():
@@ -119,10 +120,10 @@ def test_resolve_store_prefers_the_pinned_status_store_to_env_and_spec():
             "status": {"store": {"uri": "s3://pinned/p", "endpoint": "http://pin:9000", "pathStyle": False},
                        "checkpoint": {"uri": "s3://b/p/ns/n/u/laps/00000001.json", "pathStyle": True}}}
     env = {"AGENTRUN_CHECKPOINT_URI": "s3://envb/x", "AGENTRUN_S3_ENDPOINT": "http://env:1", "AGENTRUN_S3_PATH_STYLE": "true"}
-    got = tr.resolve_store({}, env, body)
+    got = locate.resolve_store({}, env, body)
     assert (got["uri"], got["endpoint"], got["pathStyle"]) == ("s3://pinned/p", "http://pin:9000", False)
     assert got["from"]["uri"] == "status.store.uri"
-    got = tr.resolve_store({"uri": "s3://flag/y"}, env, body)
+    got = locate.resolve_store({"uri": "s3://flag/y"}, env, body)
     assert got["uri"] == "s3://flag/y"
 
 

@@ -1,6 +1,7 @@
 """The operator's check of its admission policies (controller/policycheck.py): what it requires,
 how it judges what the API server returns (missing, outdated, tampered, not served), how it reads
-(one discovery GET and one GET per object), and its state (readiness, recovery, transient errors)."""
+(one discovery GET, then a list and a watch of each object by name, against a real HTTP server), and
+its state (readiness at once on a watch event, recovery, refusals)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import admission, policy_version, tenancy_admission
 from agentrun.controller.config import OperatorConfig
@@ -21,10 +21,10 @@ from agentrun.controller.policycheck import (
     NOT_SERVED,
     RESOURCES,
     PolicyCheck,
-    read,
     verdict,
     wanted,
 )
+from agentrun.kube.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL = ("approvals", "stamping", "tenancy")
@@ -177,82 +177,184 @@ def test_a_bad_policy_set_name_is_refused_naming_the_variable():
     assert cfg.admission_policies == ALL and not cfg.allow_missing_policies
 
 
-class FakeAPI:
-    """The API server's answers to the check's GETs (a dict of objects; a set of served resources)."""
+class FakeApiServer:
+    """The API server's admissionregistration.k8s.io/v1 over HTTP on loopback (aiohttp): discovery
+    (``served``), the list of one object by ``fieldSelector=metadata.name`` and its watch, whose
+    events the test sends (:meth:`send`). ``requests`` records (verb, resource, name) of each
+    request; ``refuse`` answers the lists and watches of the resources in it with a 403."""
 
     def __init__(self, objects: dict[tuple[str, str], Any], served: set[str] | None = None) -> None:
         self.objects = objects
         self.served = set(RESOURCES.values()) if served is None else served
-        self.requests: list[str] = []
-        self.fail: Exception | None = None
+        self.requests: list[tuple[str, str, str]] = []
+        self.refuse: set[str] = set()
+        self.watches: dict[tuple[str, str], asyncio.Queue[dict[str, Any] | None]] = {}
+        self.runner: Any = None
+        self.closing = False
 
-    async def call(self, method: str, path: str, **_: Any) -> Any:
-        assert method == "GET"
-        self.requests.append(path)
-        if self.fail is not None:
-            raise self.fail
-        if path == GROUP_VERSION:
-            return {"kind": "APIResourceList", "resources": [{"name": r} for r in sorted(self.served)]}
-        resource, name = path[len(GROUP_VERSION) + 1:].split("/")
+    async def handle(self, request: Any) -> Any:
+        from aiohttp import web
+
+        if request.path == GROUP_VERSION:
+            self.requests.append(("discovery", "", ""))
+            return web.json_response({"kind": "APIResourceList", "resources": [{"name": r} for r in sorted(self.served)]})
+        resource = request.path[len(GROUP_VERSION) + 1:]
+        field = request.query.get("fieldSelector", "")
+        assert field.startswith("metadata.name="), request.url  # by name: what RBAC's resourceNames can grant
+        name = field[len("metadata.name="):]
         kind = next(k for k, r in RESOURCES.items() if r == resource)
-        obj = self.objects.get((kind, name))
-        if obj is None:
-            raise ApiException(status=404, reason="Not Found", body=json.dumps({"kind": "Status", "code": 404}))
-        return obj
+        watch = request.query.get("watch") == "true"
+        self.requests.append(("watch" if watch else "list", resource, name))
+        if resource in self.refuse:
+            return web.json_response({"kind": "Status", "code": 403, "message": "forbidden"}, status=403)
+        if not watch:
+            obj = self.objects.get((kind, name))
+            return web.json_response({"metadata": {"resourceVersion": "10"}, "items": [obj] if obj else []})
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        queue = self.watches.setdefault((kind, name), asyncio.Queue())
+        while not self.closing and (ev := await queue.get()) is not None:
+            await resp.write(json.dumps(ev).encode() + b"\n")
+        return resp
+
+    async def start(self) -> Client:
+        from aiohttp import web
+        from kubernetes.client import ApiClient, Configuration
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        self.runner = web.AppRunner(app, shutdown_timeout=1.0)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return Client(ApiClient(Configuration(host=f"http://127.0.0.1:{port}")), 64)
+
+    def send(self, kind: str, name: str, type_: str, obj: dict[str, Any]) -> None:
+        self.watches.setdefault((kind, name), asyncio.Queue()).put_nowait({"type": type_, "object": obj})
+
+    async def stop(self, client: Client) -> None:
+        self.closing = True
+        for q in self.watches.values():
+            q.put_nowait(None)
+        await client.close()
+        await self.runner.cleanup()
 
 
-def test_read_gets_each_object_by_name_and_skips_kinds_not_served():
-    api = FakeAPI(_installed(), served={"validatingadmissionpolicies", "validatingadmissionpolicybindings"})
-    wants = wanted(ALL)
-    got = asyncio.run(read(api.call, wants))
-    validating = [w for w in wants if w.set != "stamping"]
-    assert api.requests[0] == GROUP_VERSION and len(api.requests) == 1 + len(validating)  # no mutating one asked for
-    assert all(got[(w.kind, w.name)] is NOT_SERVED for w in wants if w.set == "stamping")
-    assert verdict(wants, got) is None
-    del api.objects[("ValidatingAdmissionPolicyBinding", "agentrun-tenancy")]
-    got = asyncio.run(read(api.call, wants))
-    assert got[("ValidatingAdmissionPolicyBinding", "agentrun-tenancy")] is None
+async def _until(check: Any, seconds: float = 20.0) -> None:
+    """Wait (a bound, not a measurement) until ``check()`` is true."""
+    for _ in range(int(seconds / 0.01)):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not within the bound")
 
 
-def test_the_check_blocks_until_checked_recovers_without_restart_and_keeps_its_verdict_on_a_blip():
-    api = FakeAPI(_installed())
-    changes: list[int] = []
-    check = PolicyCheck(ALL, False, api.call, on_change=lambda: changes.append(1))
+def test_it_lists_and_watches_each_object_by_name_and_skips_kinds_not_served():
+    api = FakeApiServer(_installed(), served={"validatingadmissionpolicies", "validatingadmissionpolicybindings"})
 
     async def main() -> None:
-        assert not check.ready and check.blocking is not None  # not checked yet: no lap
-        assert await check.check() is None
-        assert check.ready and check.blocking is None and changes == []
-        binding = api.objects.pop(("ValidatingAdmissionPolicyBinding", admission.VAP_STATUS))
-        p = await check.check()
-        assert p is not None and not check.ready and check.blocking == p and changes == [1]
-        await check.check()  # the same verdict: no change
-        assert changes == [1]
-        api.objects[("ValidatingAdmissionPolicyBinding", admission.VAP_STATUS)] = binding
-        assert await check.check() is None and check.ready and changes == [1, 1]
-        api.fail = ApiException(status=500, reason="Internal Server Error")
-        assert await check.check() is None and check.ready  # a blip keeps the verdict
-        api.fail = ApiException(status=403, reason="Forbidden")
-        p = await check.check()
-        assert p is not None and p.reason == "AdmissionPoliciesUnknown" and "HTTP 403" in p.message
-        assert "admission-reader" in p.message and not check.ready
+        client = await api.start()
+        check = PolicyCheck(ALL, False, client, watch_seconds=60)
+        task = asyncio.create_task(check.run(3600))
+        try:
+            await _until(lambda: check.checked.is_set())
+            validating = [w for w in check.wants if w.set != "stamping"]
+            await _until(lambda: len([r for r in api.requests if r[0] == "watch"]) == len(validating))
+            assert api.requests[0] == ("discovery", "", "")
+            assert sorted(r for r in api.requests if r[0] == "list") == sorted(
+                ("list", RESOURCES[w.kind], w.name) for w in validating)  # no mutating one asked for
+            assert all(check.got[(w.kind, w.name)] is NOT_SERVED for w in check.wants if w.set == "stamping")
+            assert check.ready and check.blocking is None
+        finally:
+            task.cancel()
+            await api.stop(client)
 
     asyncio.run(main())
 
 
-def test_an_unreadable_first_check_blocks_and_allow_missing_lets_laps_start():
-    api = FakeAPI({})
-    api.fail = TimeoutError("GET /apis/admissionregistration.k8s.io/v1: no answer from the API server within 30.0s")
+def test_a_deletion_on_the_watch_makes_it_unready_at_once_and_its_return_ready_again_without_a_request():
+    api = FakeApiServer(_installed())
+    changes: list[int] = []
 
     async def main() -> None:
-        check = PolicyCheck(ALL, False, api.call)
-        p = await check.check()
-        assert p is not None and p.reason == "AdmissionPoliciesUnknown" and "no answer" in p.message
-        assert not check.ready and check.blocking == p
-        lax = PolicyCheck(ALL, True, FakeAPI({}).call)
-        p = await lax.check()
-        assert p is not None and p.reason == "AdmissionPoliciesMissing"
-        assert lax.ready and lax.blocking is None  # allowed: laps start (logged as a warning)
+        client = await api.start()
+        check = PolicyCheck(ALL, False, client, on_change=lambda: changes.append(1), watch_seconds=60)
+        assert not check.ready and check.blocking is not None  # not checked yet: no lap
+        task = asyncio.create_task(check.run(3600))  # no resync within the test: only the watch can tell
+        try:
+            await _until(lambda: check.ready)
+            await _until(lambda: len([r for r in api.requests if r[0] == "watch"]) == len(check.wants))
+            made = len(api.requests)
+            key = ("ValidatingAdmissionPolicyBinding", admission.VAP_DECISIONS)
+            binding = api.objects[key]
+            api.send(*key, "DELETED", binding)
+            await _until(lambda: not check.ready)
+            p = check.blocking
+            assert p is not None and p.reason == "AdmissionPoliciesMissing"
+            assert f"missing: ValidatingAdmissionPolicyBinding {admission.VAP_DECISIONS}" in p.message
+            assert changes == [1]
+            # edited: the version marker of another release
+            pkey = ("ValidatingAdmissionPolicy", admission.VAP_STATUS)
+            edited = copy.deepcopy(api.objects[pkey])
+            edited["metadata"]["annotations"][policy_version.ANNOTATION] = "0" * 64
+            api.send(*pkey, "MODIFIED", edited)
+            await _until(lambda: "outdated" in (check.blocking.message if check.blocking else ""))
+            api.send(*pkey, "MODIFIED", api.objects[pkey])
+            api.send(*key, "ADDED", binding)
+            await _until(lambda: check.ready)
+            # missing; missing and outdated; missing; in place: each verdict queued the runs again
+            assert changes == [1, 1, 1, 1] and len(api.requests) == made  # the watch told it all: no GET
+        finally:
+            task.cancel()
+            await api.stop(client)
+
+    asyncio.run(main())
+
+
+def test_a_refused_list_blocks_naming_the_reader_role_and_allow_missing_lets_laps_start():
+    api = FakeApiServer(_installed())
+    api.refuse = {"validatingadmissionpolicybindings"}
+
+    async def main() -> None:
+        client = await api.start()
+        check = PolicyCheck(ALL, False, client, watch_seconds=60)
+        task = asyncio.create_task(check.run(3600))
+        lax = PolicyCheck(ALL, True, client, watch_seconds=60)
+        lax_task = asyncio.create_task(lax.run(3600))
+        try:
+            await _until(lambda: check.checked.is_set() and lax.checked.is_set())
+            p = check.blocking
+            assert p is not None and p.reason == "AdmissionPoliciesUnknown" and "HTTP 403" in p.message
+            assert "admission-reader" in p.message and "list and watch" in p.message and not check.ready
+            assert lax.ready and lax.blocking is None  # allowed: laps start (logged as a warning)
+        finally:
+            task.cancel()
+            lax_task.cancel()
+            await api.stop(client)
+
+    asyncio.run(main())
+
+
+def test_an_unanswered_discovery_blocks_until_it_answers():
+    async def main() -> None:
+        import socket
+
+        from kubernetes.client import ApiClient, Configuration
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]  # nothing listens there
+        client = Client(ApiClient(Configuration(host=f"http://127.0.0.1:{port}")))
+        check = PolicyCheck(ALL, False, client)
+        task = asyncio.create_task(check.run(3600))
+        try:
+            await _until(lambda: check.checked.is_set())
+            p = check.blocking
+            assert p is not None and p.reason == "AdmissionPoliciesUnknown" and not check.ready
+            assert "admissionregistration.k8s.io/v1 API" in p.message
+        finally:
+            task.cancel()
+            await client.close()
 
     asyncio.run(main())
 

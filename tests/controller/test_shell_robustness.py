@@ -331,7 +331,7 @@ def test_the_operator_is_ready_only_once_its_cache_synced_and_live_while_it_sync
     assert not ready() and not live()  # synced, and the Lease loop does not tick: broken
     c.elector.last_tick = __import__("time").monotonic()  # type: ignore[union-attr]
     assert not ready() and live()  # the admission policies not checked yet (policycheck.py)
-    c.admission = PolicyCheck(("approvals",), False, call=None)  # type: ignore[arg-type]
+    c.admission = PolicyCheck(("approvals",), False, None)
     c.admission._record(d.AdmissionProblem("AdmissionPoliciesMissing", "missing: x"))
     assert not ready() and live()  # checked: missing
     c.admission._record(None)

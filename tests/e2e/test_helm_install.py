@@ -333,14 +333,14 @@ def expected_tenancy_reader(run_ns: str) -> dict[str, set[str]]:
     }
 
 
-#: The admission policy check (controller/policycheck.py; ClusterRole <release>-admission-reader): a get
-#: of each of the operator's own policies and bindings, by name.
+#: The admission policy check (controller/policycheck.py; ClusterRole <release>-admission-reader): a list
+#: and watch of each of the operator's own policies and bindings, by name.
 VALIDATING_NAMES = ("agentrun-approval-guard", "agentrun-decisions", "agentrun-lifecycle", "agentrun-status-owner",
                     "agentrun-tenancy")
 MUTATING_NAMES = ("agentrun-stamp-canceller", "agentrun-stamp-creator", "agentrun-stamp-decider",
                   "agentrun-stamp-decider-status", "agentrun-stamp-retry-requester")
 EXPECTED_ADMISSION_READER = {
-    f"{res}.admissionregistration.k8s.io [{name}]": {"get"}
+    f"{res}.admissionregistration.k8s.io [{name}]": {"list", "watch"}
     for res, names in (("validatingadmissionpolicies", VALIDATING_NAMES), ("validatingadmissionpolicybindings", VALIDATING_NAMES),
                        ("mutatingadmissionpolicies", MUTATING_NAMES), ("mutatingadmissionpolicybindings", MUTATING_NAMES))
     for name in names
@@ -368,7 +368,7 @@ def test_rbac_is_exactly_what_the_operator_uses(henv, diag):
     for verb in ("get", "list", "watch"):
         r = henv.kubectl("auth", "can-i", verb, "secrets", f"--as={sa_user}", "--all-namespaces", check=False)
         assert r.stdout.strip() == "no", (verb, r.stdout, r.stderr)
-    # nothing cluster-scoped but the re-check's three reads and the admission check's gets by name: no
+    # nothing cluster-scoped but the re-check's three reads and the admission check's watches by name: no
     # CRD access, no listing of namespaces, two ClusterRoleBindings (the tenancy and admission readers)
     for verb, res in (("list", "customresourcedefinitions.apiextensions.k8s.io"),
                       ("watch", "customresourcedefinitions.apiextensions.k8s.io"),

@@ -3,15 +3,18 @@ controller/policycheck.py, docs/operations.md#admission-policies), on the real l
 
 Without the binding of ``agentrun-decisions`` the API server no longer checks who decides an
 approval: anyone who may patch a run could approve. So when the binding is deleted, the operator
-(checking at start and every resync: 5 s here) turns unready (/readyz 503), and a new run gets no
-Job: its condition Progressing=False with reason AdmissionPoliciesMissing names the binding, and
+(which watches its policies and bindings by name) turns unready (/readyz 503) on the watch event,
+within seconds and not at a resync (AGENTRUN_RESYNC_SECONDS is an hour here: issue 29's window
+between two checks is closed), and a new run gets no Job: its condition Progressing=False with reason AdmissionPoliciesMissing names the binding, and
 ONE Warning Event says so. When the binding is back (the generated file applied again) the operator
 is ready again without a restart and the same run goes on to Succeeded. A policy whose version
 marker is not the one this operator's code computes (an older chart) holds the runs the same way,
 with reason AdmissionPoliciesOutdated.
 
 Fails on a main without the check: the run starts its lap at once and no such condition, Event or
-readiness change exists.
+readiness change exists. Fails on a main that checks by polling (a GET of every policy at start and
+every resync): with an hour's resync the deletion is not seen within the bound, and a run created
+right after it would start its lap.
 
 Meanwhile the replica is alive: Kopf's liveness endpoint (controller/process.py, the chart's
 livenessProbe) answers 200, and its ``ready`` probe says the replica waits for its admission
@@ -41,6 +44,10 @@ from agentrun.api import admission, policy_version
 pytestmark = [pytest.mark.e2e]
 
 POLICIES_FILE = ROOT / "crds" / "agentrun.dev_admission-policies.yaml"
+RESYNC_SECONDS = 3600
+#: How soon a deleted or edited policy must make the replica unready: a watch event's delivery
+#: and a readiness poll, far below any resync.
+WATCH_BOUND_SECONDS = 10
 
 
 class ReadyEnv(Env):
@@ -52,7 +59,9 @@ class ReadyEnv(Env):
         fh = open(self.log, "ab")  # noqa: SIM115 (the operator's log for its lifetime)
         self.proc = subprocess.Popen([sys.executable, "-m", "agentrun.cli.main", "operator"],
                                      env=self.operator_env(AGENTRUN_METRICS_PORT=str(self.port),
-                                                           AGENTRUN_LIVENESS_PORT=str(self.liveness_port)),
+                                                           AGENTRUN_LIVENESS_PORT=str(self.liveness_port),
+                                                           # no resync within the tests: only the watch can tell
+                                                           AGENTRUN_RESYNC_SECONDS=str(RESYNC_SECONDS)),
                                      stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
 
     def liveness(self) -> tuple[int, Any]:
@@ -116,7 +125,8 @@ def test_a_deleted_binding_holds_every_lap_until_it_is_back(env: ReadyEnv) -> No
     binding = admission.VAP_DECISIONS
     env.kubectl("delete", "validatingadmissionpolicybinding", binding)
     try:
-        wait_for("/readyz 503 once the binding is gone", lambda: env.readyz() == 503, timeout=60)
+        # the watch event, not a resync (an hour away): issue 29's "deleted between checks" window
+        wait_for("/readyz 503 once the binding is gone", lambda: env.readyz() == 503, timeout=WATCH_BOUND_SECONDS)
         assert f"missing: ValidatingAdmissionPolicyBinding {binding}" in env.log_text()
         wait_for("Kopf's liveness endpoint: alive, waiting for the admission policies",
                  lambda: env.alive_and_waiting_for(["admission policies"]), timeout=30)
@@ -140,7 +150,7 @@ def test_a_deleted_binding_holds_every_lap_until_it_is_back(env: ReadyEnv) -> No
     finally:
         env.kubectl("apply", "-f", str(POLICIES_FILE))
     # back: ready again, without a restart, and the held run goes on
-    wait_for("/readyz 200 once the binding is back", lambda: env.readyz() == 200, timeout=60)
+    wait_for("/readyz 200 once the binding is back", lambda: env.readyz() == 200, timeout=WATCH_BOUND_SECONDS)
     st = env.wait_phase(name, "Succeeded", "Failed", timeout=180)
     assert st["phase"] == "Succeeded", (st, _diagnostics(env, name))
     assert len(env.jobs(name)) == 1
@@ -153,7 +163,7 @@ def test_a_policy_of_another_version_holds_the_laps_as_outdated(env: ReadyEnv) -
     want = policy_version.marker(admission.status_policy())
     env.kubectl("annotate", "--overwrite", "validatingadmissionpolicy", policy, f"{key}={'0' * 64}")
     try:
-        wait_for("/readyz 503 with an outdated policy", lambda: env.readyz() == 503, timeout=60)
+        wait_for("/readyz 503 with an outdated policy", lambda: env.readyz() == 503, timeout=WATCH_BOUND_SECONDS)
         name = "outdated"
         env.apply(env.run_doc(name, [{"content": "done"}]))
         cond = wait_for("Progressing=False AdmissionPoliciesOutdated",
@@ -164,5 +174,29 @@ def test_a_policy_of_another_version_holds_the_laps_as_outdated(env: ReadyEnv) -
         assert env.jobs(name) == []
     finally:
         env.kubectl("annotate", "--overwrite", "validatingadmissionpolicy", policy, f"{key}={want}")
-    wait_for("/readyz 200 with the expected version", lambda: env.readyz() == 200, timeout=60)
+    wait_for("/readyz 200 with the expected version", lambda: env.readyz() == 200, timeout=WATCH_BOUND_SECONDS)
     assert env.wait_phase(name, "Succeeded", "Failed", timeout=180)["phase"] == "Succeeded"
+
+
+def test_a_run_created_right_after_a_deletion_gets_no_job(env: ReadyEnv) -> None:
+    """The window issue 29 left open: a policy deleted between two checks, and a run created in
+    it. Here the run is created as soon as `kubectl delete` returns, before any readiness poll. The
+    deletion's watch event reaches the operator as soon as the API server has written it; the run's
+    own comes after a `kubectl apply` (a process start, a request): the run is held. (A polling
+    check, an hour between two GETs here, starts its lap.)"""
+    binding = admission.VAP_DECISIONS
+    name = "in-the-window"
+    env.kubectl("delete", "validatingadmissionpolicybinding", binding)
+    try:
+        env.apply(env.run_doc(name, [{"content": "done"}]))
+        cond = wait_for("Progressing=False AdmissionPoliciesMissing for a run created right after the deletion",
+                        lambda: (c := env.progressing(name)).get("reason") == "AdmissionPoliciesMissing" and c,
+                        timeout=30)
+        assert f"ValidatingAdmissionPolicyBinding {binding}" in cond["message"], cond
+        assert env.jobs(name) == [], _diagnostics(env, name)
+        assert env.readyz() == 503
+    finally:
+        env.kubectl("apply", "-f", str(POLICIES_FILE))
+    wait_for("/readyz 200 once the binding is back", lambda: env.readyz() == 200, timeout=WATCH_BOUND_SECONDS)
+    assert env.wait_phase(name, "Succeeded", "Failed", timeout=180)["phase"] == "Succeeded"
+    assert len(env.jobs(name)) == 1

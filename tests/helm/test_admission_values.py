@@ -98,7 +98,7 @@ def test_the_reader_role_names_exactly_the_policies_the_operator_checks(helm):
     _, docs = template(helm)
     role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-admission-reader"))
     granted = {(res, name) for r in role["rules"] for res in r["resources"] for name in r["resourceNames"]
-               if r["verbs"] == ["get"]}
+               if r["verbs"] == ["list", "watch"]}
     checked = {(RESOURCES[w.kind], w.name) for w in wanted(("approvals", "stamping", "tenancy"))}
     assert granted == checked
     binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == role["metadata"]["name"])

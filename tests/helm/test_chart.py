@@ -80,13 +80,13 @@ def test_rbac_least_privilege(helm, values):
         *{("namespaces", v) for v in ("get", "list", "watch")},
         *{("validatingadmissionpolicybindings", v) for v in ("list", "watch")},
         *{("agentrunpolicies", v) for v in ("list", "watch")},
-        # the admission policy check (controller/policycheck.py): its own policies, by name
-        *{(res, "get") for res in ("validatingadmissionpolicies", "validatingadmissionpolicybindings",
-                                   "mutatingadmissionpolicies", "mutatingadmissionpolicybindings")},
+        # the admission policy check (controller/policycheck.py): its own policies, by name, listed and watched
+        *{(res, v) for res in ("validatingadmissionpolicies", "validatingadmissionpolicybindings",
+                               "mutatingadmissionpolicies", "mutatingadmissionpolicybindings") for v in ("list", "watch")},
     }
     admission_rules = [r for _, _, r in rules if "validatingadmissionpolicies" in r["resources"]
                        or "mutatingadmissionpolicies" in r["resources"]]
-    assert admission_rules and all(r.get("resourceNames") and r["verbs"] == ["get"] for r in admission_rules)
+    assert admission_rules and all(r.get("resourceNames") and r["verbs"] == ["list", "watch"] for r in admission_rules)
     lease_rules = [r for _, ns, r in rules if "leases" in r["resources"]]
     assert all(ns == "agentrun-system" for _, ns, r in rules if "leases" in r["resources"])
     assert any(r.get("resourceNames") == ["agentrun-operator"] for r in lease_rules)

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from agentrun.inbox import identity
-from agentrun.inbox.kube import AudienceRefused, Connection, Kube, User
+from agentrun.inbox.kube import AudienceRefused, Kube, User
 from agentrun.inbox.server import Inbox, Settings, make_server
 
 KEY = b"h" * 32
@@ -299,8 +299,10 @@ class FakeTokenReviewer(BaseHTTPRequestHandler):
     the audiences in ``answer`` (an authenticator that ignores the requested audiences answers none)."""
 
     answer: list[str] = []
+    seen: list[tuple[str | None, str | None]] = []  # (Authorization, Impersonate-User) of each request
 
     def do_POST(self):
+        type(self).seen.append((self.headers.get("Authorization"), self.headers.get("Impersonate-User")))
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         doc = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": body["spec"],
                "status": {"authenticated": True, "user": {"username": "alice", "groups": ["g"]},
@@ -319,20 +321,33 @@ class FakeTokenReviewer(BaseHTTPRequestHandler):
 @pytest.mark.parametrize("answered, ok", [([], False), (["kubernetes"], False), (["inbox"], True),
                                           (["other", "inbox"], True)])
 def test_the_audiences_of_the_tokenreview_answer_are_checked(answered, ok):
-    handler = type("H", (FakeTokenReviewer,), {"answer": answered})
+    handler = type("H", (FakeTokenReviewer,), {"answer": answered, "seen": []})
     api = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=api.serve_forever, daemon=True).start()
     try:
-        kube = Kube(Connection(host=f"http://127.0.0.1:{api.server_address[1]}", token="inbox-sa-token"))
+        kube = inbox_kube(f"http://127.0.0.1:{api.server_address[1]}")
         if ok:
             assert kube.token_review("t", ["inbox"]) == User("alice", ("g",))
         else:
             with pytest.raises(AudienceRefused, match="inbox"):
                 kube.token_review("t", ["inbox"])
         assert kube.token_review("t") == User("alice", ("g",))  # no audience required: not checked
+        assert handler.seen == [("Bearer inbox-sa-token", None)] * 2  # as the inbox itself, not impersonated
     finally:
+        kube.close()
         api.shutdown()
         api.server_close()
+
+
+def inbox_kube(host: str) -> Kube:
+    """The inbox's client of the API server at ``host`` with the bearer token ``inbox-sa-token``."""
+    from kubernetes import client
+
+    from agentrun.kube.client import Client
+
+    conf = client.Configuration(host=host, api_key={"BearerToken": "inbox-sa-token"},
+                                api_key_prefix={"BearerToken": "Bearer"})
+    return Kube(Client(client.ApiClient(conf)))
 
 
 @pytest.mark.parametrize("args, text", [

@@ -2,8 +2,11 @@
 fails the test if called: what must be refused before anything reaches the API server is."""
 from __future__ import annotations
 
+import json
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -194,11 +197,11 @@ def test_a_repeated_identity_header_is_refused(proxy_url):
 # --- the watches behind /events: bounded, never stuck ---
 
 class WatchApi:
-    """A narrow stand-in of kube.Kube for the watch logic: ``lists`` answers list_runs per scope
-    (an ApiError to raise, or items), ``events`` are yielded by watch_runs."""
+    """A narrow stand-in of kube.Kube for where to watch: ``list_runs`` answers per scope (403 for
+    ``forbidden``), ``list_namespaces`` the namespaces; a watch is never started."""
 
-    def __init__(self, namespaces=(), forbidden=(), events=(), on_event=None):
-        self.namespaces, self.forbidden, self.events, self.on_event = list(namespaces), set(forbidden), events, on_event
+    def __init__(self, namespaces=(), forbidden=()):
+        self.namespaces, self.forbidden = list(namespaces), set(forbidden)
         self.calls: list[tuple[str, object]] = []
         self._lock = threading.Lock()
 
@@ -222,62 +225,150 @@ class WatchApi:
             raise ApiError(403, '{"message": "forbidden"}', f"list agentruns in {scope}")
         return {"metadata": {"resourceVersion": "1"}, "items": []}
 
-    def watch_runs(self, user, scope, rv, timeout):
+    def watch_runs(self, user, scope, sink, watch_seconds):
         self._call("watch", scope)
-        for i, ev in enumerate(self.events):
-            if self.on_event:
-                self.on_event(i)
-            yield ev
+        raise AssertionError("a watch was started")
 
 
-def _run_watch(app, scope, out, stop):
-    t = threading.Thread(target=app.watch, args=(User("alice"), scope, out, stop), daemon=True)
-    t.start()
-    t.join(30)  # a bound, not a measurement: the watch must have returned by itself
-    return t
+class FakeApiServer(BaseHTTPRequestHandler):
+    """An API server's agentruns list and watch over HTTP (loopback): ``lists`` and ``watches``
+    script the answers per call (a status code, or a list of watch events; a watch whose script is
+    used up stays open and silent); ``seen`` records each request's method, path, query and the
+    identity it was sent with."""
+
+    lists: list = []
+    watches: list = []
+    seen: list = []
+
+    def do_GET(self):
+        u = urlsplit(self.path)
+        q = parse_qs(u.query)
+        cls = type(self)
+        cls.seen.append(("watch" if q.get("watch") == ["true"] else "list", u.path, q,
+                         self.headers.get("Authorization"), self.headers.get("Impersonate-User"),
+                         self.headers.get_all("Impersonate-Group") or []))
+        script = (cls.watches if q.get("watch") == ["true"] else cls.lists)
+        item = script.pop(0) if script else None
+        if isinstance(item, int):
+            body = json.dumps({"kind": "Status", "code": item, "message": "scripted"}).encode()
+            self.send_response(item)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        if q.get("watch") != ["true"]:
+            body = json.dumps({"metadata": {"resourceVersion": "5"}, "items": []}).encode()
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.end_headers()  # HTTP/1.0: the body ends when the connection does
+        for ev in item or []:
+            self.wfile.write(json.dumps(ev).encode() + b"\n")
+            self.wfile.flush()
+        if item is None:
+            time.sleep(30)  # open and silent until the client goes
+
+    def log_message(self, *a):
+        pass
 
 
-def test_a_forbidden_scope_is_not_watched_again_and_sends_nothing():
+@pytest.fixture
+def api():
+    """(the fake API server's handler class, an inbox Kube that reaches it as ``inbox-sa-token``)."""
+    from tests.inbox.test_hardening import inbox_kube
+
+    handler = type("Api", (FakeApiServer,), {"lists": [], "watches": [], "seen": []})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    kube = inbox_kube(f"http://127.0.0.1:{srv.server_address[1]}")
+    yield handler, kube
+    kube.close()
+    srv.shutdown()
+    srv.server_close()
+
+
+def _until(check, seconds=20.0):
+    """Wait (a bound, not a measurement) until ``check()`` is true."""
+    end = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < end, "not within the bound"
+        time.sleep(0.02)
+
+
+def _run(name, rv):
+    return {"metadata": {"namespace": "a", "name": name, "resourceVersion": str(rv)}}
+
+
+def test_the_watch_lists_and_watches_as_the_person_and_each_change_reaches_the_stream(api):
     import queue
 
-    api = WatchApi(forbidden={"secret-ns"})
+    handler, kube = api
+    handler.watches = [[{"type": "MODIFIED", "object": _run("r", 6)},
+                        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "7"}}},
+                        {"type": "DELETED", "object": _run("s", 8)}]]
     out: queue.Queue = queue.Queue(maxsize=10)
-    stop = threading.Event()
-    t = _run_watch(Inbox(api, Settings()), "secret-ns", out, stop)
-    assert not t.is_alive(), "the watch of a forbidden namespace kept retrying"
-    assert out.empty() and api.calls == [("list", "secret-ns")]
+    app = Inbox(kube, Settings())
+    w = app.watch(User("alice", ("team-a", "approvers")), "a", out)
+    _until(lambda: out.qsize() == 2)
+    assert [out.get_nowait(), out.get_nowait()] == [{"type": "MODIFIED", "key": "a/r"}, {"type": "DELETED", "key": "a/s"}]
+    _until(lambda: len(handler.seen) >= 3)  # the list, the watch, the watch again from the last version seen
+    (l_verb, l_path, _, l_auth, l_user, l_groups), (w_verb, _, w_query, w_auth, w_user, w_groups) = handler.seen[:2]
+    assert (l_verb, l_path) == ("list", "/apis/agentrun.dev/v1alpha1/namespaces/a/agentruns")
+    assert w_verb == "watch" and w_query["resourceVersion"] == ["5"] and handler.seen[2][2]["resourceVersion"] == ["8"]
+    # every request carries the inbox's own credentials AND the person: the API server authorizes the person
+    assert l_auth == w_auth == "Bearer inbox-sa-token"
+    assert l_user == w_user == "alice" and l_groups == w_groups == ["team-a", "approvers"]
+    app.unwatch(w)
+    _until(lambda: w._task is not None and w._task.done())
 
 
-def test_a_refusal_inside_the_watch_stream_ends_it_too_and_a_410_asks_for_one_resync():
+def test_a_forbidden_scope_is_not_watched_again_and_sends_nothing(api):
     import queue
 
+    handler, kube = api
+    handler.lists = [403]
     out: queue.Queue = queue.Queue(maxsize=10)
-    api = WatchApi(events=[{"type": "ERROR", "object": {"kind": "Status", "code": 403, "message": "forbidden"}}])
-    t = _run_watch(Inbox(api, Settings()), "a", out, threading.Event())
-    assert not t.is_alive() and out.empty() and api.calls == [("list", "a"), ("watch", "a")]
+    w = Inbox(kube, Settings()).watch(User("alice"), "secret-ns", out)
+    _until(lambda: w._task is not None and w._task.done())  # ended by itself, not retrying
+    assert out.empty() and [c[0] for c in handler.seen] == ["list"]
 
-    class Expired(WatchApi):  # the first watch is too old (410), the second is refused (403)
-        def watch_runs(self, user, scope, rv, timeout):
-            self._call("watch", scope)
-            code = 410 if len(self.calls) == 2 else 403
-            yield {"type": "ERROR", "object": {"kind": "Status", "code": code}}
 
-    api = Expired()
-    t = _run_watch(Inbox(api, Settings()), "a", out, threading.Event())
-    assert not t.is_alive() and api.calls == [("list", "a"), ("watch", "a"), ("list", "a"), ("watch", "a")]
+def test_a_refusal_inside_the_watch_stream_ends_it_too_and_a_410_asks_for_one_resync(api):
+    import queue
+
+    handler, kube = api
+    out: queue.Queue = queue.Queue(maxsize=10)
+    handler.watches = [[{"type": "ERROR", "object": {"kind": "Status", "code": 403, "message": "forbidden"}}]]
+    w = Inbox(kube, Settings()).watch(User("alice"), "a", out)
+    _until(lambda: w._task is not None and w._task.done())
+    assert out.empty() and [c[0] for c in handler.seen] == ["list", "watch"]
+
+    # the first watch is too old (410): list again, one RESYNC; the second is refused (403): the end
+    handler.seen.clear()
+    handler.watches = [[{"type": "ERROR", "object": {"kind": "Status", "code": 410}}],
+                       [{"type": "ERROR", "object": {"kind": "Status", "code": 403}}]]
+    w = Inbox(kube, Settings()).watch(User("alice"), "a", out)
+    _until(lambda: w._task is not None and w._task.done())
+    assert [c[0] for c in handler.seen] == ["list", "watch", "list", "watch"]
     assert out.get_nowait() == {"type": "RESYNC", "key": ""} and out.empty()
 
 
-def test_a_full_queue_never_blocks_the_watch_and_stop_ends_it():
+def test_a_full_queue_never_blocks_the_watch_and_unwatch_ends_it(api):
     import queue
 
-    stop = threading.Event()
-    ev = {"type": "MODIFIED", "object": {"metadata": {"namespace": "a", "name": "r", "resourceVersion": "2"}}}
-    api = WatchApi(events=[ev] * 50, on_event=lambda i: stop.set() if i == 40 else None)
+    handler, kube = api
+    handler.watches = [[{"type": "MODIFIED", "object": _run("r", 10 + i)} for i in range(50)]]
     out: queue.Queue = queue.Queue(maxsize=3)  # nobody reads it: the stream's consumer is gone
-    t = _run_watch(Inbox(api, Settings()), "a", out, stop)
-    assert not t.is_alive(), "the watch hung on a full queue"
-    assert out.qsize() == 3
+    app = Inbox(kube, Settings())
+    w = app.watch(User("alice"), "a", out)
+    _until(lambda: len(handler.seen) >= 3)  # all 50 went through (dropped beyond 3), and it watches on from rv 59
+    assert out.qsize() == 3 and handler.seen[2][2]["resourceVersion"] == ["59"]
+    app.unwatch(w)
+    _until(lambda: w._task is not None and w._task.done())
 
 
 def test_watches_only_where_the_page_could_list_runs():
@@ -303,7 +394,6 @@ def test_a_stream_over_too_many_namespaces_polls_instead_of_starting_a_watch_eac
             lines = r.iter_lines()
             while "POLL" not in next(lines):  # a change arrives without any watch
                 pass
-        assert not [t for t in threading.enumerate() if t.name.startswith("inbox-watch-")]
         assert not [c for c in api.calls if c[0] == "watch"]
         assert app.watches._value == app.settings.max_watches  # every permit back
     finally:

@@ -7,8 +7,7 @@ from datetime import UTC, datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentrun.api.approval import arguments_sha256
-from agentrun.cli.approvals import StoredCall
+from agentrun.api.approval import StoredCall, arguments_sha256
 from agentrun.inbox import view
 from agentrun.inbox.laps import LapSummary
 

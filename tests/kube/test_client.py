@@ -7,6 +7,7 @@ into its documents."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -203,3 +204,36 @@ def test_loads_reads_what_json_reads() -> None:
     assert loads(b'{"m": "\\ud800x"}') == {"m": "\ud800x"}
     with pytest.raises(json.JSONDecodeError):
         loads(b'{"a": ')
+
+
+def test_a_requests_own_headers_go_beside_the_clients_and_may_repeat_but_never_replace_its_credentials() -> None:
+    seen: list[tuple[str, list[str], list[str]]] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen.append((request.headers["authorization"], request.headers.getall("Impersonate-User", []),
+                     request.headers.getall("Impersonate-Group", [])))
+        if request.query.get("watch") == "true":
+            resp = web.StreamResponse()
+            await resp.prepare(request)
+            await resp.write(b'{"type": "ADDED", "object": {}}\n')
+            return resp
+        return web.Response(body=b"{}", content_type="application/json")
+
+    async def go() -> None:
+        runner, url = await _serve(handler)
+        k = Client(ApiClient(url))
+        person = [("Impersonate-User", "alice"), ("Impersonate-Group", "a"), ("Impersonate-Group", "b")]
+        try:
+            await k.request("GET", "/api/v1/namespaces", headers=person)
+            async with contextlib.aclosing(k.stream("/api/v1/namespaces", {}, (5.0, 5.0), headers=person)) as events:
+                assert [ev async for ev in events] == [{"type": "ADDED", "object": {}}]
+            await k.request("GET", "/api/v1/namespaces")  # without: as the client itself
+            for name in ("Authorization", "authorization", "Host", "Content-Type"):
+                with pytest.raises(ValueError, match=name):
+                    await k.request("GET", "/api/v1/namespaces", headers=[(name, "x")])
+        finally:
+            await k.close()
+            await runner.cleanup()
+
+    asyncio.run(go())
+    assert seen == [("Bearer t1", ["alice"], ["a", "b"])] * 2 + [("Bearer t1", [], [])]

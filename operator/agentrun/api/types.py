@@ -42,6 +42,21 @@ def parse_duration(value: str) -> float:
     return sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value))
 
 
+def human_duration(seconds: float) -> str:
+    """kubectl-style: ``45s``, ``3m12s``, ``2h5m``, ``3d4h`` (two units at most, floor)."""
+    s = max(0, int(seconds))
+    d, rem = divmod(s, 86400)
+    h, rem = divmod(rem, 3600)
+    m, sec = divmod(rem, 60)
+    if d:
+        return f"{d}d{h}h" if h else f"{d}d"
+    if h:
+        return f"{h}h{m}m" if m else f"{h}h"
+    if m:
+        return f"{m}m{sec}s" if sec else f"{m}m"
+    return f"{sec}s"
+
+
 def parse_time(value: Any) -> datetime | None:
     """A time as the API server writes it (RFC 3339, ``...Z``, fractions allowed) or a datetime;
     None when unset or malformed. A naive time is taken as UTC."""
@@ -76,8 +91,8 @@ class APIModel(BaseModel):
     """Base of every API model: camelCase on the wire, unknown fields refused. Descriptions are
     ``Field(description=...)`` (the CRDs' schemas; ``crdgen.undocumented_fields`` finds a field
     without one), never attribute docstrings: pydantic reads those by parsing each model's module
-    source (``use_attribute_docstrings``), 6-15 ms of CPU of every process that imports the models
-    (a lap pod's start), for descriptions the generated CRDs did not use."""
+    source (``use_attribute_docstrings``), CPU that every process importing the models (a lap pod's
+    start) would pay for descriptions the generated CRDs do not use."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,

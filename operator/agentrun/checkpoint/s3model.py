@@ -1,10 +1,10 @@
 """The data botocore loads for the checkpoint store's S3 client, trimmed to what that client needs.
 
-Making an S3 client, botocore parses the whole S3 service model (``s3/2006-03-01/service-2.json.gz``,
-1.7 MB of JSON: every S3 operation with its documentation, 12-15 ms of CPU) and the endpoints of
-every AWS service (``endpoints.json``, 1.2 MB, 15-18 ms), after listing its data directory (~450
-services) twice (10-12 ms): 40 ms of every lap pod's start. Made from the installed botocore's
-data by ``python -m agentrun.checkpoint.s3model`` into ``botocore_data/``:
+Making an S3 client, botocore parses the whole S3 service model (``s3/2006-03-01/service-2.json.gz``:
+every S3 operation with its documentation) and the endpoints of every AWS service
+(``endpoints.json``), after listing its data directory (every AWS service) twice, at every lap
+pod's start (what that costs, and what the trimmed data saves: bench/analysis.md). Made from the
+installed botocore's data by ``python -m agentrun.checkpoint.s3model`` into ``botocore_data/``:
 
 - ``model/``: the S3 service model with only the operations in ``OPERATIONS`` and the shapes they
   reach, each as botocore has it, without the ``documentation`` strings of operations and shapes

@@ -39,7 +39,7 @@ class CheckpointModel(APIModel):
     refused) whose validator is built on first use (``defer_build``), so a lap pod builds only the
     models it uses, and those it first uses after its model request only then; and whose field
     descriptions are not read from the attribute docstrings below (pydantic parses the module's
-    source for that, ~7 ms of a lap's start, and no JSON schema is generated from these models)."""
+    source for that, at every lap's start, and no JSON schema is generated from these models)."""
 
     model_config = ConfigDict(defer_build=True, use_attribute_docstrings=False)
 

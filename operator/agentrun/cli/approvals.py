@@ -10,9 +10,10 @@ API server has no MutatingAdmissionPolicy, overwritten by it where it has, see d
 and only on a run that is waiting right now, so a decision is never queued in advance. A decision
 the API server refuses (no ``approve`` permission) is one line naming the permission.
 
-The formatting (``queue_rows``, ``format_table``; columns and durations from ``cli.output``) is
-pure: rows are built from AgentRun dicts and ``now``; the Kubernetes I/O lives in ``_api`` and the
-click commands.
+What a pending approval is, its queue rows, the binding of the call that was shown, the decision
+patch and the refusal text are ``agentrun.api.approval``'s, shared with the inbox and the operator;
+this module formats them (``format_table``, ``show_text``) and does the Kubernetes I/O (``_api`` and
+the click commands).
 """
 
 from __future__ import annotations
@@ -20,24 +21,25 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import click
 
 from agentrun.api.approval import (
-    ANN_APPROVED,
-    ANN_ARGUMENTS_SHA256,
-    ANN_CALL_ID,
     ANN_DECIDED_BY,
-    ANN_REASON,
-    ANN_TARGET_SHA256,
-    arguments_sha256,
+    AWAITING,
+    StoredCall,
+    approvals_text,
+    binding,
+    decision_patch,
+    queue_rows,
+    refusal,
+    target_text,
 )
 from agentrun.api.crdgen import GROUP, PLURAL, VERSION
 from agentrun.api.text import one_line
-from agentrun.api.types import parse_time
+from agentrun.api.types import human_duration, parse_time
 from agentrun.cli.exitcodes import ExitCode
 from agentrun.cli.kube import (
     CLIError,
@@ -50,74 +52,14 @@ from agentrun.cli.kube import (
     kube_options,
     list_runs,
 )
-from agentrun.cli.output import columns, human_duration, output_option, render, run_name
+from agentrun.cli.output import columns, output_option, render, run_name
 
 F = TypeVar("F", bound=Callable[..., Any])
-AWAITING = "AwaitingApproval"
 COLUMNS = ("NAMESPACE", "NAME", "OWNER", "TOOL", "TARGET", "APPROVALS", "LAP", "AGE", "DEADLINE", "ON-TIMEOUT")
 TARGET_CELL_CHARS = 60
 
 
-def approvals_text(ap: dict[str, Any]) -> str:
-    """"1 of 2": the distinct approvals so far of the required ones (status.approval.approvedBy,
-    approvalsRequired); a decided approval counts what decided it."""
-    required = ap.get("approvalsRequired")
-    required = required if isinstance(required, int) and not isinstance(required, bool) and required > 0 else 1
-    done = len([v for v in ap.get("approvedBy") or [] if isinstance(v, dict)])
-    if ap.get("state") == "Approved":
-        done = max(done, 1)
-    return f"{min(done, required)} of {required}"
-
-
-def target_text(ap: dict[str, Any], limit: int = 512) -> str:
-    """Where the call goes: "METHOD URL" (status.approval.target: no credentials), one line."""
-    target = ap.get("target") or {}
-    if not isinstance(target, dict) or not target.get("url"):
-        return "<unknown>"
-    return one_line(f"{target.get('method') or '?'} {target['url']}", limit)
-
-
 # ------------------------------------------------------------------------------- pure formatting
-
-def queue_rows(runs: list[dict[str, Any]], now: datetime, owner: str | None = None) -> list[dict[str, Any]]:
-    """The approval queue: one row per run in phase AwaitingApproval (optionally of one owner),
-    oldest request first (then namespace, name). ``now`` must be timezone-aware."""
-    rows = []
-    for run in runs:
-        st = run.get("status") or {}
-        if st.get("phase") != AWAITING:
-            continue
-        meta = run.get("metadata") or {}
-        spec_ap = (run.get("spec") or {}).get("approval") or {}
-        ap = st.get("approval") or {}
-        who = ap.get("owner") or st.get("waitingOn") or spec_ap.get("owner") or "unassigned"
-        if owner is not None and who != owner:
-            continue
-        requested = parse_time(ap.get("requestedAt")) or parse_time(meta.get("creationTimestamp"))
-        deadline = parse_time(ap.get("deadline"))
-        rows.append({
-            "namespace": meta.get("namespace", ""),
-            "name": meta.get("name", ""),
-            "owner": who,
-            "tool": ap.get("tool") or "",
-            "target": ap.get("target") or None,
-            "targetSha256": ap.get("targetSha256"),
-            "approvals": approvals_text(ap),
-            "approvedBy": [v.get("user") for v in ap.get("approvedBy") or [] if isinstance(v, dict)],
-            "lap": ap.get("lap", st.get("lap")),
-            "callId": ap.get("callId"),
-            "requestedAt": ap.get("requestedAt"),
-            "deadline": ap.get("deadline"),
-            "ageSeconds": int((now - requested).total_seconds()) if requested else None,
-            "secondsLeft": int((deadline - now).total_seconds()) if deadline else None,
-            "onTimeout": spec_ap.get("onTimeout", "reject"),
-            "_sort": requested or datetime.max.replace(tzinfo=UTC),
-        })
-    rows.sort(key=lambda r: (r["_sort"], r["namespace"], r["name"]))
-    for r in rows:
-        del r["_sort"]
-    return rows
-
 
 def deadline_cell(seconds_left: int | None) -> str:
     if seconds_left is None:
@@ -152,44 +94,6 @@ def format_table(rows: list[dict[str, Any]], wide: bool = False) -> str:
 def render_queue(rows: list[dict[str, Any]], output: str) -> str:
     return render(output, rows, table=lambda: format_table(rows), wide=lambda: format_table(rows, wide=True),
                   names=lambda: [run_name(r["name"]) for r in rows], items=rows)
-
-
-@dataclass(frozen=True)
-class StoredCall:
-    """The pending call as the checkpoint store holds it (``arguments`` None: not readable)."""
-
-    arguments: dict[str, Any] | None = None
-    call_id: str | None = None
-    lap: int | None = None
-    error: str | None = None
-
-    @property
-    def sha256(self) -> str | None:
-        return arguments_sha256(self.arguments) if self.arguments is not None else None
-
-
-def binding(run: dict[str, Any], stored: StoredCall) -> tuple[str | None, str | None, list[str]]:
-    """(call id, arguments sha256, warnings) of the pending call, for showing and for a decision.
-    The call id is status.approval.callId; the digest is the store's (of the full arguments) when
-    the store holds that call, else status.approval.argumentsSha256 (written by the operator)."""
-    ap = ((run.get("status") or {}).get("approval")) or {}
-    call_id = ap.get("callId")
-    status_sha = ap.get("argumentsSha256")
-    warnings = []
-    sha = None
-    if stored.arguments is not None and stored.call_id not in (None, call_id):
-        warnings.append(f"the checkpoint store's pending call is {stored.call_id}, status says {call_id}: "
-                        "the run moved on; show it again")
-    elif stored.arguments is not None:
-        sha = stored.sha256
-        if status_sha and status_sha != sha:
-            warnings.append(f"the sha256 of the arguments in the checkpoint store ({sha}) differs from "
-                            f"status.approval.argumentsSha256 ({status_sha}): do not decide before finding out why")
-    if sha is None and status_sha:
-        sha = status_sha
-    if stored.error:
-        warnings.append(f"full arguments not read from the checkpoint store: {stored.error}")
-    return call_id, sha, warnings
 
 
 def show_text(run: dict[str, Any], now: datetime, stored: StoredCall | None = None) -> str:
@@ -246,46 +150,6 @@ def show_text(run: dict[str, Any], now: datetime, stored: StoredCall | None = No
     return "\n".join(out)
 
 
-def decision_patch(approve: bool, reason: str | None, resource_version: str | None, *,
-                   call_id: str | None = None, sha256: str | None = None, decided_by: str | None = None,
-                   target_sha256: str | None = None) -> dict[str, Any]:
-    """The metadata merge patch of a decision: the annotations a user would type with kubectl, plus
-    the binding of the call that was shown (call id, arguments sha256, target sha256) and the decider. With the
-    resourceVersion the run was read at, the API server refuses the patch (409) if the run changed
-    in between (e.g. timed out), so the check and the decision are one step."""
-    annotations = {ANN_APPROVED: "true" if approve else "false"}
-    if reason:
-        annotations[ANN_REASON] = reason
-    if call_id:
-        annotations[ANN_CALL_ID] = call_id
-    if sha256:
-        annotations[ANN_ARGUMENTS_SHA256] = sha256
-    if target_sha256:
-        annotations[ANN_TARGET_SHA256] = target_sha256
-    if decided_by:
-        annotations[ANN_DECIDED_BY] = decided_by
-    meta: dict[str, Any] = {"annotations": annotations}
-    if resource_version:
-        meta["resourceVersion"] = resource_version
-    return {"metadata": meta}
-
-
-def refusal(e: Any) -> str | None:
-    """The API server's message of a refused decision (an admission policy's, naming the missing
-    permission), or None when the error carries none."""
-    try:
-        body = json.loads(getattr(e, "body", None) or "{}")
-    except (TypeError, ValueError):
-        return None
-    msg = body.get("message") if isinstance(body, dict) else None
-    if not msg:
-        return None
-    # "agentruns.agentrun.dev "x" is forbidden: ValidatingAdmissionPolicy '...' with binding '...'
-    # denied request: <the policy's message>": keep the policy's message
-    marker = "denied request: "
-    return str(msg.split(marker, 1)[1] if marker in msg else msg)
-
-
 # ------------------------------------------------------------------------------------------ I/O
 
 def _api() -> tuple[Any, str]:
@@ -304,11 +168,12 @@ def _get_run(api: Any, ns: str, name: str) -> dict[str, Any]:
 def _stored_call(run: dict[str, Any]) -> StoredCall:
     """The pending call from the run's checkpoint store: the lap record of status.approval.lap
     holds it (``pendingApproval``). The store is found as ``agentrun trace`` finds it
-    (``cli.trace.resolve_store``: AGENTRUN_CHECKPOINT_URI/AGENTRUN_S3_*, spec, status); credentials
+    (``checkpoint.locate.resolve_store``: AGENTRUN_CHECKPOINT_URI/AGENTRUN_S3_*, spec, status); credentials
     from the AWS chain. Never raises: an unreadable store is reported in ``error``."""
     from agentrun.checkpoint.errors import CheckpointError
+    from agentrun.checkpoint.locate import resolve_store
     from agentrun.checkpoint.schema import RunRef
-    from agentrun.cli.trace import open_store, resolve_store, store_error
+    from agentrun.cli.trace import open_store, store_error
 
     meta = run.get("metadata") or {}
     st = run.get("status") or {}

@@ -10,9 +10,9 @@ from typing import Any
 import click
 
 from agentrun.api.text import one_line
-from agentrun.api.types import parse_time
+from agentrun.api.types import human_duration, parse_time
 from agentrun.cli.kube import complete_runs, connect, core_api, current_options, get_run, kube_options
-from agentrun.cli.output import colour_phase, columns, human_duration, output_option, render, run_name
+from agentrun.cli.output import colour_phase, columns, output_option, render, run_name
 
 MAX_EVENTS = 15
 

@@ -1,7 +1,7 @@
 """The ``agentrun`` console script. ``agentrun lap`` exactly (the lap Job's command line, see
-``controller/decide/jobs.py``) runs the lap without importing click (``agentrun.lap.entry``: 20-25 ms of
-CPU of every lap pod's start); any other command line, ``agentrun lap --help`` included, goes to
-the click group ``agentrun.cli.main:main``."""
+``controller/decide/jobs.py``) runs the lap without importing click (``agentrun.lap.entry``: importing
+the CLI is CPU every lap pod's start would pay for nothing it uses); any other command line,
+``agentrun lap --help`` included, goes to the click group ``agentrun.cli.main:main``."""
 
 from __future__ import annotations
 

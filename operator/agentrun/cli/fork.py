@@ -20,9 +20,10 @@ import yaml
 
 from agentrun.api.crdgen import GROUP, KIND, PLURAL, VERSION
 from agentrun.checkpoint.errors import CheckpointError, CheckpointNotFound
+from agentrun.checkpoint.locate import resolve_store
 from agentrun.checkpoint.schema import RunRef
 from agentrun.cli.kube import CLIError, api_error, connect, current_options, get_run, kube_options, unreachable
-from agentrun.cli.trace import open_store, resolve_store, store_error
+from agentrun.cli.trace import open_store, store_error
 
 LABEL_FORKED_FROM = "agentrun.dev/forked-from"
 ANN_FORKED_FROM = "agentrun.dev/forked-from"

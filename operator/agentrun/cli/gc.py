@@ -108,8 +108,8 @@ def render(found: list[PrefixUsage], store_uri: str, deleted: Mapping[tuple[str,
 # ------------------------------------------------------------------------------------ the command
 
 def _store(uri: str | None, endpoint: str | None, region: str | None, path_style: bool | None) -> Any:
+    from agentrun.checkpoint.locate import resolve_store
     from agentrun.checkpoint.store import CheckpointStore, StoreConfig
-    from agentrun.cli.trace import resolve_store
 
     loc = resolve_store({"uri": uri, "endpoint": endpoint, "region": region, "path_style": path_style},
                         os.environ, None)

@@ -121,7 +121,7 @@ def summary(run: dict[str, Any]) -> str:
 def _patch(api: Any, ns: str, name: str, body: dict[str, Any], verb: str) -> dict[str, Any]:
     from kubernetes.client.exceptions import ApiException
 
-    from agentrun.cli.approvals import refusal
+    from agentrun.api.approval import refusal
     from agentrun.cli.kube import status_code, unreachable
 
     try:

@@ -99,7 +99,8 @@ def _print_pod(ns: str, pod: Any, follow: bool) -> bool:
 
 
 def _print_stored(run: dict[str, Any], lap: int) -> None:
-    from agentrun.cli.trace import open_store, resolve_store, store_error
+    from agentrun.checkpoint.locate import resolve_store
+    from agentrun.cli.trace import open_store, store_error
 
     meta = run["metadata"]
     where = resolve_store({}, os.environ, run)

@@ -11,10 +11,10 @@ import click
 
 from agentrun.api.status import TERMINAL_PHASES
 from agentrun.api.text import one_line
-from agentrun.api.types import parse_time
+from agentrun.api.types import human_duration, parse_time
 from agentrun.cli.approvals import _now
 from agentrun.cli.kube import check_namespace_flags, connect, current_options, kube_options, list_runs
-from agentrun.cli.output import colour_phase, columns, human_duration, output_option, run_name, terminal_width
+from agentrun.cli.output import colour_phase, columns, output_option, run_name, terminal_width
 
 COLUMNS = ("NAME", "PHASE", "LAP", "SINCE-CHECKPOINT", "COST", "WAITING-ON", "CAUSE")
 WIDE_COLUMNS = ("AGENT-VERSION", "FORKED-FROM", "RETRIES")

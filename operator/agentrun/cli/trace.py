@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -35,73 +34,14 @@ import click
 
 from agentrun.api.status import TERMINAL_PHASES
 from agentrun.checkpoint.errors import CheckpointError, CheckpointNotFound
+from agentrun.checkpoint.locate import open_located, resolve_store
 from agentrun.checkpoint.schema import LapRecord, RunRef
 from agentrun.checkpoint.trace import format_lap, format_trace, one_line
 from agentrun.cli.exitcodes import outcome_code
 from agentrun.cli.kube import CLIError, complete_runs, connect, current_options, get_run, kube_options, load_config
 from agentrun.cli.output import OutputFormat, render, terminal_width
 
-_OBJECT_URI = re.compile(r"^s3://(?P<bucket>[^/]+)/(?P<key>.+)$")
-_TRUE = ("true", "1", "yes")
-
-
 # ------------------------------------------------------------------------------------ pure parts
-
-def store_prefix_from_status(object_uri: str, namespace: str, name: str, uid: str) -> str | None:
-    """``s3://bucket/PREFIX`` from the URI of a checkpoint object of the run
-    (``s3://bucket/PREFIX/<ns>/<name>/<uid>/laps/00000003.json``), or None if it is not one."""
-    m = _OBJECT_URI.match(object_uri or "")
-    if not m:
-        return None
-    marker = f"{namespace}/{name}/{uid}/"
-    key = m["key"]
-    at = key.find(marker)
-    if at < 0 or (at > 0 and key[at - 1] != "/"):
-        return None
-    prefix = key[:at].rstrip("/")
-    return f"s3://{m['bucket']}" + (f"/{prefix}" if prefix else "")
-
-
-def resolve_store(flags: Mapping[str, Any], env: Mapping[str, str], run: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The store location: ``{"uri", "endpoint", "region", "pathStyle", "from": {field: source}}``.
-    Sources in order: flags, status.store (the location pinned before the run's first Job, which
-    the operator uses for the run's whole life), environment, spec.checkpoint, status.checkpoint.
-    ``uri`` may be None (nothing names the store); the caller says so."""
-    meta = (run or {}).get("metadata") or {}
-    pinned = ((run or {}).get("status") or {}).get("store") or {}
-    spec_ck = ((run or {}).get("spec") or {}).get("checkpoint") or {}
-    st_ck = ((run or {}).get("status") or {}).get("checkpoint") or {}
-    st_uri = None
-    if st_ck.get("uri") and meta:
-        st_uri = store_prefix_from_status(st_ck["uri"], meta.get("namespace", ""), meta.get("name", ""),
-                                          meta.get("uid", ""))
-    env_ps = env.get("AGENTRUN_S3_PATH_STYLE", "").strip().lower()
-    candidates: dict[str, list[tuple[str, Any]]] = {
-        "uri": [("flag --uri", flags.get("uri")), ("status.store.uri", pinned.get("uri")),
-                ("AGENTRUN_CHECKPOINT_URI", env.get("AGENTRUN_CHECKPOINT_URI")),
-                ("spec.checkpoint.uri", spec_ck.get("uri")), ("status.checkpoint.uri", st_uri)],
-        "endpoint": [("flag --endpoint", flags.get("endpoint")), ("status.store.endpoint", pinned.get("endpoint")),
-                     ("AGENTRUN_S3_ENDPOINT", env.get("AGENTRUN_S3_ENDPOINT")),
-                     ("spec.checkpoint.endpoint", spec_ck.get("endpoint")),
-                     ("status.checkpoint.endpoint", st_ck.get("endpoint"))],
-        "region": [("flag --region", flags.get("region")), ("status.store.region", pinned.get("region")),
-                   ("AGENTRUN_S3_REGION", env.get("AGENTRUN_S3_REGION")),
-                   ("spec.checkpoint.region", spec_ck.get("region")), ("status.checkpoint.region", st_ck.get("region"))],
-        "pathStyle": [("flag --path-style", flags.get("path_style")),
-                      ("status.store.pathStyle", pinned.get("pathStyle") if pinned else None),
-                      ("AGENTRUN_S3_PATH_STYLE", (env_ps in _TRUE) if env_ps else None),
-                      ("spec.checkpoint.pathStyle", spec_ck.get("pathStyle")),
-                      ("status.checkpoint.pathStyle", st_ck.get("pathStyle"))],
-    }
-    out: dict[str, Any] = {"uri": None, "endpoint": None, "region": None, "pathStyle": False, "from": {}}
-    for field, options in candidates.items():
-        for source, value in options:
-            if value not in (None, ""):
-                out[field] = value
-                out["from"][field] = source
-                break
-    return out
-
 
 def lap_doc(record: LapRecord, key: str | None = None, sha256: str | None = None,
             size: int | None = None) -> dict[str, Any]:
@@ -198,11 +138,8 @@ def _first_line(error: Exception) -> str:
 
 
 def open_store(where: Mapping[str, Any]) -> Any:
-    from agentrun.checkpoint.store import CheckpointStore, StoreConfig
-
     try:
-        return CheckpointStore(StoreConfig(uri=where["uri"], endpoint_url=where["endpoint"] or None,
-                                           region=where["region"] or None, path_style=bool(where["pathStyle"])))
+        return open_located(where)
     except CheckpointError as e:
         raise CLIError(str(e)) from None
     except ValueError as e:  # bad URI / endpoint

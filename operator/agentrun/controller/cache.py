@@ -33,7 +33,7 @@ from typing import Any
 
 from agentrun.api.contract import LABEL_RUN_UID
 from agentrun.kube.client import JOBS, PODS
-from agentrun.kube.informer import strip
+from agentrun.kube.informer import is_newer, rv_int, strip
 from agentrun.notify.plan import outcome_due
 
 from .decide.observe import job_state
@@ -46,24 +46,6 @@ Key = tuple[str, str]  # (namespace, name)
 #: The resource of each kind of the cache.
 RESOURCES = {"runs": RUNS, "jobs": JOBS, "pods": PODS}
 AWAITING = "AwaitingApproval"
-
-
-def rv_int(obj: dict[str, Any] | None) -> int | None:
-    try:
-        return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
-    except (TypeError, ValueError):
-        return None
-
-
-def is_newer(new: dict[str, Any], old: dict[str, Any] | None) -> bool:
-    """True when ``new`` is a later version than ``old`` (or there is no ``old``)."""
-    if old is None:
-        return True
-    a, b = rv_int(new), rv_int(old)
-    if a is None or b is None:
-        return ((new.get("metadata") or {}).get("resourceVersion")
-                != (old.get("metadata") or {}).get("resourceVersion"))
-    return a > b
 
 
 def key_of(obj: dict[str, Any]) -> Key:

@@ -14,8 +14,8 @@ import click
 @click.command("operator", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--namespace", "-n", "namespaces", multiple=True,
               help="Namespace to watch (repeatable). Default: AGENTRUN_NAMESPACES, else cluster-wide.")
-@click.option("--metrics-port", type=int, default=None, help="Port of /metrics and /readyz (0: off).")
-@click.option("--liveness-port", type=int, default=None, help="Port of Kopf's liveness endpoint /healthz (0: off).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="Port of /metrics and /readyz (0: off).")
+@click.option("--liveness-port", type=click.IntRange(0, 65535), default=None, help="Port of Kopf's liveness endpoint /healthz (0: off).")
 @click.option("--log-format", type=click.Choice(["json", "text"]), default=None, help="Log format.")
 @click.option("--verbose", "-v", is_flag=True, help="Debug logs.")
 def operator_command(namespaces: tuple[str, ...], metrics_port: int | None, liveness_port: int | None,

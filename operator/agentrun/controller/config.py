@@ -158,6 +158,12 @@ class OperatorConfig:
                 raise ValueError(f"expected 1 to 1800 seconds, got {n}")
             return n
 
+        def port(raw: str) -> int:
+            n = int(raw)
+            if not 0 <= n <= 65535:
+                raise ValueError(f"expected a TCP port, 1 to 65535 (0: off), got {n}")
+            return n
+
         def log_format(raw: str) -> str:
             if raw not in ("json", "text"):
                 raise ValueError("expected json or text")
@@ -180,8 +186,8 @@ class OperatorConfig:
         parse("AGENTRUN_LAP_LIMITS", json_map, "default_limits")
         parse("AGENTRUN_JOB_TTL_SECONDS", ttl, "job_ttl_seconds")
         parse("AGENTRUN_NAMESPACES", lambda v: tuple(n.strip() for n in v.split(",") if n.strip()), "namespaces")
-        parse("AGENTRUN_METRICS_PORT", int, "metrics_port")
-        parse("AGENTRUN_LIVENESS_PORT", int, "liveness_port")
+        parse("AGENTRUN_METRICS_PORT", port, "metrics_port")
+        parse("AGENTRUN_LIVENESS_PORT", port, "liveness_port")
         parse("AGENTRUN_LOG_FORMAT", log_format, "log_format")
         parse("AGENTRUN_LEASE_NAME", str, "lease_name")
         parse("POD_NAMESPACE", str, "lease_namespace")

@@ -1,11 +1,10 @@
 """The operator's event loop: uvloop unless ``AGENTRUN_EVENT_LOOP=asyncio``.
 
 Everything the operator does per lap runs on this loop: the API server's watches and requests
-(agentrun.kube.client), the lap record's S3 GET, the Lease. uvloop (libuv, with its transports and TLS in Cython) does the
-same work as asyncio's selector loop with less CPU per wake-up, socket read and TLS record: in an
-interleaved A/B of ``bench_operator_cluster.py overhead`` (bench/analysis.md) 12.0 / 14.0 against
-15.0 / 20.0 ms of CPU per lap at 1 run and 11.9 / 12.7 against 13.2 ms at 50 runs. Kopf runs on
-either (``kopf.run(loop=...)``, as its own CLI does when uvloop is installed).
+(agentrun.kube.client), the lap record's S3 GET, the Lease. uvloop (libuv, with its transports and
+TLS in Cython) does the same work as asyncio's selector loop with less CPU per wake-up, socket read
+and TLS record, which is most of the operator's work per lap (the A/B is in bench/analysis.md).
+Kopf runs on either (``kopf.run(loop=...)``, as its own CLI does when uvloop is installed).
 """
 
 from __future__ import annotations

@@ -157,8 +157,8 @@ class Executor:
 
     def warm(self) -> None:
         """Load, at start-up and in a thread, what the first checkpoint read loads (botocore, an S3
-        client of the configured store, the record models): ~0.1 s of CPU the first lap after a
-        restart would otherwise wait for. Best effort: a failure here is the first read's to report."""
+        client of the configured store, the record models), which the first lap after a restart
+        would otherwise wait for. Best effort: a failure here is the first read's to report."""
         try:
             from agentrun.checkpoint.schema import LapRecord
             from agentrun.checkpoint.store import StoreConfig, make_client

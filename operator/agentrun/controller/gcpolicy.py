@@ -10,10 +10,8 @@ So: a first threshold of :data:`GEN0_THRESHOLD` once ``agentrun operator`` has i
 modules (a young collection every ~60 watch events), and once the watch cache has listed, what is
 alive then (the imports, the listed cache) is moved out of the collector's sight with
 :func:`gc.freeze` (CPython's documented way for a long-lived process); the objects of later events
-are collected as before. Counted over a 50-run overhead benchmark (bench/analysis.md): 450 young,
-40 middle and 3 full collections (0.33 s of CPU, start-up included) with the defaults; 185-192 /
-16-17 / 2 (0.12-0.22 s, nearly all of it during the imports, before the threshold is raised) with
-these settings.
+are collected as before: fewer collections, none of them over the long-lived objects (the counts
+with and without these settings are in bench/analysis.md).
 """
 
 from __future__ import annotations

@@ -45,13 +45,13 @@ from agentrun.api.contract import LABEL_RUN_UID
 from agentrun.api.status import TERMINAL_PHASES, AgentRunStatus
 from agentrun.checkpoint.schema import RunRef
 from agentrun.kube.client import JOBS, PODS, Client, load_api_client, path
-from agentrun.kube.informer import Informer, strip
+from agentrun.kube.informer import Informer, rv_int, strip
 from agentrun.kube.lease import KubeLeaseAPI, LeaseElector
 from agentrun.kube.queue import WorkQueue
 from agentrun.notify.sender import from_env as notify_from_env
 
 from . import decide as d
-from .cache import RESOURCES, RUNS, TRANSFORMS, Cache, Key, rv_int
+from .cache import RESOURCES, RUNS, TRANSFORMS, Cache, Key
 from .config import OperatorConfig
 from .decide.observe import current_jobs, job_state, needs_pod_read, observe, parse_run, pod_check_due, pod_waiting
 from .execute import Executor, RetryWithBackoff
@@ -59,7 +59,7 @@ from .logs import run_logger
 from .memos import JobMemo, SpecMemo
 from .podreads import PodReads
 from .podreads import selector as pod_selector
-from .policycheck import PolicyCheck
+from .policycheck import PolicyCheck, wanted
 from .tenancy import KINDS as TENANCY_KINDS
 from .tenancy import NAMESPACES, PolicyStore
 
@@ -170,14 +170,15 @@ class Controller:
         # One API client, one connection pool for every request and watch of this process (the
         # watches hold one connection each).
         tenancy_watches = 2 + len(watch_ns) if cfg.tenancy_recheck else 0
-        kube = self.kube = Client(load_api_client(), WORKERS + 3 * len(watch_ns) + tenancy_watches + 2,
-                                  metrics.kube_request)
+        admission_watches = len(wanted(cfg.admission_policies))  # one per policy and binding (policycheck.py)
+        kube = self.kube = Client(load_api_client(), WORKERS + 3 * len(watch_ns) + tenancy_watches
+                                  + admission_watches + 2, metrics.kube_request)
         self.executor = Executor(cfg, kube, self.cache, self._specs)
         loop = self._loop = asyncio.get_running_loop()
         self._tasks.append(asyncio.ensure_future(loop.run_in_executor(None, self.executor.warm)))
-        # the admission policies: checked now and every resync (policycheck.py); no lap before the first verdict
-        self.admission = PolicyCheck(cfg.admission_policies, cfg.allow_missing_policies, self.executor.call,
-                                     on_change=self._admission_changed)
+        # the admission policies: listed and watched (policycheck.py); no lap before the first verdict
+        self.admission = PolicyCheck(cfg.admission_policies, cfg.allow_missing_policies, kube,
+                                     on_change=self._admission_changed, watch_seconds=cfg.watch_timeout_seconds)
         self._tasks.append(asyncio.create_task(self.admission.run(cfg.resync_seconds)))
         if cfg.tenancy_recheck:
             self.policies = PolicyStore(on_change=self._policies_changed)

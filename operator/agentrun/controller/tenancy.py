@@ -34,8 +34,8 @@ from agentrun.api.tenancy import (
     resolve_refs,
 )
 from agentrun.api.text import one_line
+from agentrun.kube.informer import is_newer, rv_int
 
-from .cache import is_newer, rv_int
 from .decide.observe import spec_error_text
 
 log = logging.getLogger("agentrun.controller")

@@ -101,11 +101,10 @@ def inbox_command(listen: str, port: int, port_file: str | None, auth: str, user
     key is AGENTRUN_INBOX_SESSION_KEY (at least 32 characters; from a Secret); without it a random
     key is made and sessions end when the process does. S3 credentials (read-only suffice) come
     from the AWS chain, for the run's recent laps."""
-    from agentrun.inbox.kube import Kube, load_connection
+    from agentrun.inbox.kube import Kube
     from agentrun.inbox.server import Inbox, Settings, make_server
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # its INFO lines are one per request
     key_text = os.environ.get("AGENTRUN_INBOX_SESSION_KEY", "")
     if key_text and len(key_text) < 32:
         raise click.ClickException("AGENTRUN_INBOX_SESSION_KEY must be at least 32 characters")
@@ -136,7 +135,8 @@ def inbox_command(listen: str, port: int, port_file: str | None, auth: str, user
                         request_timeout=float(_seconds(request_timeout, "--request-timeout")), max_pending=max_pending)
     if key_text:
         settings.key = key_text.encode()
-    kube = Kube(load_connection(kubeconfig, context))
+    # a connection per watch (at most max_watches), and up to 64 requests of page loads at once
+    kube = Kube.connect(kubeconfig, context, pool_size=settings.max_watches + 64)
     ctx = None
     scheme = "http"
     if tls_cert:
@@ -170,3 +170,4 @@ def inbox_command(listen: str, port: int, port_file: str | None, auth: str, user
         pass
     finally:
         srv.server_close()
+        kube.close()

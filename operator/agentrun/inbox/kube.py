@@ -1,28 +1,38 @@
-"""The inbox's API server client: every request for a person carries ``Impersonate-User`` and
+"""The inbox's API server calls: every request for a person carries ``Impersonate-User`` and
 ``Impersonate-Group`` so the API server authorizes (RBAC) and admits (the approval policies) it as
 that person. The inbox's own identity (its ServiceAccount) is used for two things only: the
 impersonation itself and TokenReview.
 
-A thin layer over httpx (a dependency of the project already): the kubernetes client cannot send
-per-request impersonation headers from many threads at once without sharing state.
+The transport is ``agentrun.kube``'s: one :class:`~agentrun.kube.client.Client` (one aiohttp
+session, the ``kubernetes`` client's configuration for auth) and its informer for the live updates.
+The inbox's HTTP server is threaded (the standard library's, a thread per connection); its threads
+call the client on one event loop that runs in a thread of its own (:class:`Kube`), as the standalone
+notifier does: every request thread shares one connection pool, a watch is a task on that loop and
+not a thread, and nothing in the request handlers has to be async.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import os
 import threading
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-import httpx
+import aiohttp
 
 from agentrun.api.crdgen import GROUP, PLURAL, VERSION
+from agentrun.kube.client import Client, load_api_client, path
+from agentrun.kube.informer import Informer
 
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-RUNS = f"/apis/{GROUP}/{VERSION}"
+RUNS = (f"/apis/{GROUP}/{VERSION}", PLURAL)
+T = TypeVar("T")
+
+
+def runs_path(namespace: str | None, name: str | None = None) -> str:
+    """The REST path of the agentruns in ``namespace`` (None: all), or of one."""
+    return path(RUNS, namespace, name)
 
 
 class ApiError(Exception):
@@ -53,99 +63,61 @@ class User:
         return [("Impersonate-User", self.name), *(("Impersonate-Group", g) for g in self.groups)]
 
 
-@dataclass
-class Connection:
-    """How the inbox reaches the API server as itself: host, CA, client certificate or token."""
-
-    host: str
-    verify: Any = True
-    cert: tuple[str, str] | None = None
-    token: str | None = None
-    token_file: str | None = None
-    _token_read: float = field(default=0.0, repr=False)
-
-    def bearer(self) -> str | None:
-        if self.token_file:  # a projected ServiceAccount token is rotated on disk: re-read it each minute
-            now = time.monotonic()
-            if self.token is None or now - self._token_read > 60:
-                with open(self.token_file) as fh:
-                    self.token = fh.read().strip()
-                self._token_read = now
-        return self.token
-
-
-def load_connection(kubeconfig: str | None = None, context: str | None = None) -> Connection:
-    """In a pod (no kubeconfig given or set): the ServiceAccount; else the kubeconfig."""
-    path = kubeconfig or os.environ.get("KUBECONFIG")
-    if not path and os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(f"{SA_DIR}/token"):
-        host = os.environ["KUBERNETES_SERVICE_HOST"]
-        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        if ":" in host:
-            host = f"[{host}]"
-        return Connection(host=f"https://{host}:{port}", verify=f"{SA_DIR}/ca.crt", token_file=f"{SA_DIR}/token")
-    from kubernetes import client, config
-
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=path.split(":")[0] if path else None, context=context,
-                            client_configuration=cfg)
-    keys = cfg.api_key or {}
-    auth = keys.get("BearerToken") or keys.get("authorization") or ""  # the key name differs across client versions
-    token = auth[len("Bearer "):] if auth.startswith("Bearer ") else None
-    verify: Any = cfg.ssl_ca_cert or True
-    if not cfg.verify_ssl:
-        verify = False
-    cert = (cfg.cert_file, cfg.key_file) if cfg.cert_file and cfg.key_file else None
-    return Connection(host=cfg.host.rstrip("/"), verify=verify, cert=cert, token=token)
-
-
 class Kube:
-    """API calls as a ``User`` (impersonated) or, for TokenReview only, as the inbox itself."""
+    """API calls as a ``User`` (impersonated) or, for TokenReview only, as the inbox itself, sent by
+    ``client`` on an event loop in a thread of its own; the calling thread waits for the answer.
+    A non-2xx answer raises :class:`ApiError`; no answer (connection refused, timed out) is an
+    ApiError 502 too, so every caller has one error to handle."""
 
-    def __init__(self, conn: Connection, timeout: float = 15.0) -> None:
-        self.conn = conn
-        self._local = threading.local()
-        self.timeout = timeout
+    def __init__(self, client: Client, timeout: float = 15.0) -> None:
+        self.client, self.timeout = client, timeout
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="inbox-api")
+        self._thread.start()
 
-    def _client(self) -> httpx.Client:
-        c = getattr(self._local, "client", None)
-        if c is None:
-            c = httpx.Client(base_url=self.conn.host, verify=self.conn.verify, cert=self.conn.cert,
-                             timeout=self.timeout)
-            self._local.client = c
-        return c
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None, context: str | None = None, pool_size: int = 64) -> Kube:
+        """The inbox's own credentials: in a pod (no kubeconfig given) its ServiceAccount, else the
+        kubeconfig (``--kubeconfig``/``--context``, else KUBECONFIG). ``pool_size``: connections to
+        the API server at most, one per open watch and one per request in flight."""
+        return cls(Client(load_api_client(kubeconfig, context), pool_size))
 
-    def _headers(self, user: User | None, extra: dict[str, str] | None = None) -> list[tuple[str, str]]:
-        h: list[tuple[str, str]] = [("Accept", "application/json")]
-        token = self.conn.bearer()
-        if token:
-            h.append(("Authorization", f"Bearer {token}"))
-        if user is not None:
-            h += user.headers()
-        h += list((extra or {}).items())
-        return h
+    def _wait(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def request(self, method: str, path: str, user: User | None, *, what: str, body: Any = None,
                 params: dict[str, Any] | None = None, content_type: str = "application/json") -> dict[str, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        r = self._client().request(method, path, params=params, content=data,
-                                   headers=self._headers(user, {"Content-Type": content_type} if data else None))
-        if r.status_code >= 300:
-            raise ApiError(r.status_code, r.text[:4000], what)
-        doc: dict[str, Any] = r.json()
-        return doc
+        from kubernetes.client.exceptions import ApiException
+
+        call = self.client.request(method, path, query=params, body=body,
+                                   content_type=content_type if body is not None else None,
+                                   timeout=self.timeout, headers=user.headers() if user is not None else None)
+        try:
+            doc = self._wait(call, self.timeout + 5)
+        except ApiException as e:
+            raise ApiError(e.status or 0, str(e.body or "")[:4000], what) from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise ApiError(502, json.dumps({"message": f"no answer from the API server: {type(e).__name__}"}),
+                           what) from None
+        return doc if isinstance(doc, dict) else {}
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self._thread.is_alive():
+            self._wait(self.client.close(), timeout)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout)
 
     # --- as the person ----------------------------------------------------------------------
 
     def list_runs(self, user: User, namespace: str | None) -> dict[str, Any]:
-        path = f"{RUNS}/namespaces/{namespace}/{PLURAL}" if namespace else f"{RUNS}/{PLURAL}"
-        return self.request("GET", path, user, what=f"list agentruns{' in ' + namespace if namespace else ''}")
+        return self.request("GET", runs_path(namespace), user,
+                            what=f"list agentruns{' in ' + namespace if namespace else ''}")
 
     def get_run(self, user: User, namespace: str, name: str) -> dict[str, Any]:
-        return self.request("GET", f"{RUNS}/namespaces/{namespace}/{PLURAL}/{name}", user,
-                            what=f"get agentrun {namespace}/{name}")
+        return self.request("GET", runs_path(namespace, name), user, what=f"get agentrun {namespace}/{name}")
 
     def patch_run(self, user: User, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return self.request("PATCH", f"{RUNS}/namespaces/{namespace}/{PLURAL}/{name}", user, body=patch,
+        return self.request("PATCH", runs_path(namespace, name), user, body=patch,
                             content_type="application/merge-patch+json", what=f"patch agentrun {namespace}/{name}")
 
     def list_namespaces(self, user: User) -> list[str]:
@@ -161,22 +133,19 @@ class Kube:
                            what="create selfsubjectaccessreview")
         return bool((doc.get("status") or {}).get("allowed"))
 
-    def watch_runs(self, user: User, namespace: str | None, resource_version: str,
-                   timeout_seconds: int = 50) -> Iterator[dict[str, Any]]:
-        """The watch events (``{"type", "object"}``) of agentruns from ``resource_version``; ends
-        after ``timeout_seconds`` (the server closes it) or on an error (ApiError)."""
-        path = f"{RUNS}/namespaces/{namespace}/{PLURAL}" if namespace else f"{RUNS}/{PLURAL}"
-        params = {"watch": "1", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
-                  "timeoutSeconds": str(timeout_seconds)}
-        timeout = httpx.Timeout(self.timeout, read=timeout_seconds + 15)
-        with httpx.Client(base_url=self.conn.host, verify=self.conn.verify, cert=self.conn.cert,
-                          timeout=timeout) as c, c.stream("GET", path, params=params,
-                                                          headers=self._headers(user)) as r:
-            if r.status_code >= 300:
-                raise ApiError(r.status_code, r.read().decode(errors="replace")[:4000], "watch agentruns")
-            for line in r.iter_lines():
-                if line.strip():
-                    yield json.loads(line)
+    def watch_runs(self, user: User, namespace: str | None, sink: Any, watch_seconds: int) -> Informer:
+        """Start an informer of the agentruns ``user`` sees in ``namespace`` (None: all), handing
+        every change to ``sink`` on the loop (``replace``, ``event``, ``refused``: see
+        :class:`~agentrun.kube.informer.Informer`); a refusal (401, 403) ends it. Stop it with
+        :meth:`unwatch`."""
+        informer = Informer(self.client, "agentruns", namespace, None, sink, self.loop, resource=RUNS,
+                            watch_seconds=watch_seconds, headers=user.headers(), stop_refused=True)
+        self.loop.call_soon_threadsafe(informer.start)
+        return informer
+
+    def unwatch(self, informer: Informer) -> None:
+        """Stop ``informer`` (from any thread): its watch is closed on the loop."""
+        self.loop.call_soon_threadsafe(informer.stop)
 
     # --- as the inbox itself ----------------------------------------------------------------
 

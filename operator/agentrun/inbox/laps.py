@@ -15,8 +15,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from agentrun.api.approval import StoredCall
 from agentrun.checkpoint.trace import one_line
-from agentrun.cli.approvals import StoredCall
 
 MAX_TEXT = 600  # characters of one message or result shown
 MAX_ARGS = 200  # characters of a tool call's arguments in a lap summary
@@ -52,13 +52,13 @@ class LapReader:
     def __init__(self, env: dict[str, str] | None = None, cache_size: int = 512) -> None:
         self.env = dict(os.environ if env is None else env)
         self._cache: OrderedDict[tuple[str, int], Any] = OrderedDict()
-        self._stores: dict[tuple[Any, ...], Any] = {}  # one client per store location (making one costs ~0.1 s)
+        self._stores: dict[tuple[Any, ...], Any] = {}  # one client per store location (making one is costly)
         self._lock = threading.Lock()
         self.cache_size = cache_size
 
     def _store(self, run: dict[str, Any]) -> tuple[Any, Any]:
+        from agentrun.checkpoint.locate import open_located, resolve_store
         from agentrun.checkpoint.schema import RunRef
-        from agentrun.cli.trace import open_store, resolve_store
 
         meta = run.get("metadata") or {}
         where = resolve_store({}, self.env, run)
@@ -69,7 +69,7 @@ class LapReader:
         with self._lock:
             store = self._stores.get(key)
         if store is None:
-            store = open_store(where)
+            store = open_located(where)
             with self._lock:
                 if len(self._stores) > 64:
                     self._stores.clear()

@@ -5,7 +5,7 @@ events: one ``change`` per watch event on the agentruns the person can see), ``P
 ``GET|POST /login``, ``POST /logout``, ``GET /healthz``, ``GET /static/app.{css,js}``.
 
 Every read and every decision is sent to the API server impersonating the signed-in person
-(``kube.Kube``), so RBAC and the approval admission policies decide; the inbox checks nothing the
+(``inbox.kube.Kube`` over ``agentrun.kube``'s client), so RBAC and the approval admission policies decide; the inbox checks nothing the
 API server would not (the Approve button is hidden for someone a SelfSubjectAccessReview says may
 not ``approve``, but a forged POST is sent on and refused by the API server itself).
 """
@@ -27,14 +27,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import httpx
-
-from agentrun.api.approval import MAX_CALL_ID_CHARS, MAX_REASON_CHARS, SHA256_HEX_CHARS
-from agentrun.api.crdgen import PLURAL
+from agentrun.api.approval import (
+    AWAITING,
+    MAX_CALL_ID_CHARS,
+    MAX_REASON_CHARS,
+    SHA256_HEX_CHARS,
+    binding,
+    decision_patch,
+    queue_rows,
+    refusal,
+)
 from agentrun.api.text import one_line
-from agentrun.cli.approvals import AWAITING, binding, decision_patch, queue_rows, refusal
 from agentrun.inbox import assets, identity, view
-from agentrun.inbox.kube import RUNS, ApiError, AudienceRefused, Kube, User
+from agentrun.inbox.kube import ApiError, AudienceRefused, Kube, User, runs_path
 from agentrun.inbox.laps import LapReader
 
 log = logging.getLogger("agentrun.inbox")
@@ -76,7 +81,7 @@ class Settings:
     sse_seconds: int = 300  # an event stream is closed after this long; the browser reconnects
     watch_seconds: int = 50
     max_streams: int = 200  # open /events streams, all people together
-    max_watches: int = 1000  # API watches (one thread each), all streams together
+    max_watches: int = 1000  # API watches (one informer each), all streams together
     max_watches_per_stream: int = 20  # more scopes than this: the stream polls instead of watching
     poll_seconds: int = 30  # a polling stream's "change" interval
     session_recheck: int = 300  # token mode: the token is checked again (TokenReview) this often
@@ -115,7 +120,7 @@ class Inbox:
         if self.settings.namespaces:
             return list(self.settings.namespaces), []
         try:
-            self.kube.request("GET", f"{RUNS}/{PLURAL}", user, params={"limit": "1"}, what="list agentruns")
+            self.kube.request("GET", runs_path(None), user, params={"limit": "1"}, what="list agentruns")
             return [None], []
         except ApiError as e:
             if e.status != 403:
@@ -243,53 +248,41 @@ class Inbox:
                 self._listable.clear()
             self._listable[(user.name, user.groups)] = (time.monotonic(), frozenset(namespaces))
 
-    def watch(self, user: User, scope: str | None, out: queue.Queue[dict[str, Any]], stop: threading.Event) -> None:
-        """Put one ``{"type", "key"}`` per watch event on ``out`` until ``stop``; re-lists on 410.
+    def watch(self, user: User, scope: str | None, out: queue.Queue[dict[str, Any]]) -> Any:
+        """Start the watch of ``scope`` as ``user`` (an informer on the API client's loop): one
+        ``{"type", "key"}`` per change on ``out``, a ``RESYNC`` when it had to list again (a 410:
+        events may have been missed). Returns the informer, for :meth:`unwatch`.
 
         Never blocks on ``out``: when it is full the event is dropped (the page re-lists everything
-        on any change, so the queued ones already cover it) and ``stop`` is checked on every event.
-        A 403 ends the watch of that scope for good, silently (the person may not list AgentRuns
-        there: nothing changed that the page should re-list for); other errors are retried with a
-        growing pause, without an event."""
-        rv = None
-        pause = 2.0
-        where = scope or "all namespaces"
-        while not stop.is_set():
-            try:
-                if rv is None:
-                    rv = self.kube.list_runs(user, scope).get("metadata", {}).get("resourceVersion") or "0"
-                for ev in self.kube.watch_runs(user, scope, rv, self.settings.watch_seconds):
-                    if stop.is_set():
-                        return
-                    pause = 2.0
-                    obj = ev.get("object") or {}
-                    meta = obj.get("metadata") or {}
-                    if ev.get("type") == "ERROR":
-                        code = obj.get("code")
-                        if code == 410:
-                            rv = None
-                            _offer(out, {"type": "RESYNC", "key": ""})  # events may have been missed
-                            break
-                        raise ApiError(int(code) if isinstance(code, int) else 500, json.dumps(obj)[:4000],
-                                       "watch agentruns")
-                    rv = meta.get("resourceVersion") or rv
-                    if ev.get("type") != "BOOKMARK":
-                        _offer(out, {"type": ev.get("type"), "key": f"{meta.get('namespace')}/{meta.get('name')}"})
-            except ApiError as e:
-                if e.status == 410:
-                    rv = None
-                    _offer(out, {"type": "RESYNC", "key": ""})
-                    continue
-                if e.status == 403:
-                    log.info("watch of %s for %s: forbidden; not watched", where, user.name[:64])
-                    return
-                log.warning("watch of %s for %s: HTTP %s; again in %.0f s", where, user.name[:64], e.status, pause)
-                stop.wait(pause)
-                pause = min(pause * 2, 60.0)
-            except Exception as e:  # network: try again shortly
-                log.warning("watch of %s for %s: %s", where, user.name[:64], type(e).__name__)
-                stop.wait(pause)
-                pause = min(pause * 2, 60.0)
+        on any change, so the queued ones already cover it). A refusal (403) ends the watch of that
+        scope for good, silently (the person may not list AgentRuns there: nothing changed that the
+        page should re-list for); other errors are retried by the informer with backoff, without an
+        event."""
+        return self.kube.watch_runs(user, scope, Changes(out, user, scope), self.settings.watch_seconds)
+
+    def unwatch(self, watch: Any) -> None:
+        self.kube.unwatch(watch)
+
+
+class Changes:
+    """The sink of one scope's informer (called on the API client's loop): what changed, as the
+    page's event stream says it."""
+
+    def __init__(self, out: queue.Queue[dict[str, Any]], user: User, scope: str | None) -> None:
+        self.out, self.who, self.where = out, user.name[:64], scope or "all namespaces"
+        self.listed = False
+
+    def replace(self, kind: str, scope: str | None, items: list[dict[str, Any]]) -> None:
+        if self.listed:  # listed again (the watch expired): events may have been missed
+            _offer(self.out, {"type": "RESYNC", "key": ""})
+        self.listed = True
+
+    def event(self, kind: str, type_: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        _offer(self.out, {"type": type_, "key": f"{meta.get('namespace')}/{meta.get('name')}"})
+
+    def refused(self, kind: str, status: int, scope: str | None) -> None:
+        log.info("watch of %s for %s: HTTP %s; not watched", self.where, self.who, status)
 
 
 def _offer(out: queue.Queue[dict[str, Any]], item: dict[str, Any]) -> None:
@@ -482,7 +475,7 @@ class Handler(BaseHTTPRequestHandler):
         except AudienceRefused as e:
             log.info("session of %s ended: %s", who, one_line(str(e), 300))
             user = None
-        except (ApiError, httpx.HTTPError) as e:
+        except ApiError as e:
             log.warning("re-check of the session of %s: TokenReview failed: %s", who, one_line(str(e), 300))
             return None, {}, (502, "The API server could not check your sign-in again (TokenReview): try again shortly.")
         finally:
@@ -653,7 +646,7 @@ class Handler(BaseHTTPRequestHandler):
     def _events(self, session: identity.Session, headers: Headers) -> None:
         """Server-sent events: ``change`` on each watch event of the person's agentruns, a comment
         every 15 s, closed after ``sse_seconds`` (the browser reconnects and the page refreshes).
-        At most ``max_watches_per_stream`` watches (one thread each) per stream and ``max_watches``
+        At most ``max_watches_per_stream`` watches (informers on the API client's loop) per stream and ``max_watches``
         in all; beyond either, the stream sends a ``change`` every ``poll_seconds`` instead. It ends
         no later than the session, and in token mode when the token is due to be checked again
         (the browser reconnects, and that request checks it)."""
@@ -665,7 +658,7 @@ class Handler(BaseHTTPRequestHandler):
             left = min(left, session.checked + app.settings.session_recheck - now)
         if not app.streams.acquire(blocking=False):
             return self._json(503, {"message": "too many live connections"})
-        stop = threading.Event()
+        watches: list[Any] = []
         held = 0
         try:
             scopes = app.watch_scopes(user)
@@ -692,9 +685,7 @@ class Handler(BaseHTTPRequestHandler):
             self._log(200)
             out: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=1000)
             for scope in scopes or []:
-                threading.Thread(target=self._watch_then_release, args=(user, scope, out, stop), daemon=True,
-                                 name=f"inbox-watch-{scope or 'all'}").start()
-                held -= 1  # the thread releases its own
+                watches.append(app.watch(user, scope, out))
             self.wfile.write(b"retry: 2000\n\n")
             self.wfile.flush()
             end = time.monotonic() + max(1.0, min(float(app.settings.sse_seconds), left))
@@ -716,17 +707,11 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, OSError):
             pass
         finally:
-            stop.set()
+            for w in watches:
+                app.unwatch(w)
             for _ in range(held):
                 app.watches.release()
             app.streams.release()
-
-    def _watch_then_release(self, user: User, scope: str | None, out: queue.Queue[dict[str, Any]],
-                            stop: threading.Event) -> None:
-        try:
-            self.app.watch(user, scope, out, stop)
-        finally:
-            self.app.watches.release()
 
 
 class InboxServer(ThreadingHTTPServer):

@@ -13,12 +13,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from agentrun.api.approval import MAX_REASON_CHARS
+from agentrun.api.approval import AWAITING, MAX_REASON_CHARS, StoredCall, binding, queue_rows
 from agentrun.api.lifecycle import APPROVAL_WITHDRAWN
 from agentrun.api.text import one_line
-from agentrun.api.types import parse_time
-from agentrun.cli.approvals import AWAITING, StoredCall, binding, queue_rows
-from agentrun.cli.output import human_duration
+from agentrun.api.types import human_duration, parse_time
 from agentrun.inbox.laps import LapSummary
 
 MAX_TASK = 2000

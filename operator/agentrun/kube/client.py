@@ -17,7 +17,7 @@ import asyncio
 import json
 import ssl
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -27,6 +27,11 @@ from yarl import URL
 
 Count = Callable[[str, str, "int | str"], None]
 Timeout = float | tuple[float, float] | None
+#: Headers of one request beside the client's own, as (name, value) pairs: a name may repeat
+#: (``Impersonate-Group``), and none may replace the client's credentials.
+Headers = Sequence[tuple[str, str]]
+#: What a request's own headers may not set: the client's credentials and what it sets itself.
+RESERVED_HEADERS = frozenset({"authorization", "host", "content-type", "accept", "content-length"})
 
 #: (group/version prefix, plural) of the built-in resources the operator reads and writes.
 JOBS = ("/apis/batch/v1", "jobs")
@@ -87,7 +92,7 @@ def request_labels(method: str, url: str) -> tuple[str, str]:
 
 
 def loads(data: bytes | str) -> Any:
-    """A JSON document from the API server: orjson (a third of ``json.loads``'s CPU on a Job), and
+    """A JSON document from the API server: orjson (less CPU than ``json.loads``: every watch event is one), and
     ``json`` for what orjson refuses (a lone surrogate escape); what neither reads raises
     ``json``'s error. (orjson reads an integer beyond 64 bits as a float: the API server never
     sends one, it decodes such a number as a float itself.)"""
@@ -197,8 +202,8 @@ class Client:
 
     def base(self) -> tuple[str, dict[str, str]]:
         """The API server's URL and the headers of every request, from the ``kubernetes`` client's
-        ``param_serialize``, reused for :data:`HEADERS_REUSE_SECONDS` (made per request they cost a
-        tenth of a reconcile's CPU). Blocking: a refresh may read a file or run a credential plugin."""
+        ``param_serialize``, reused for :data:`HEADERS_REUSE_SECONDS` (made per request, they would
+        be a large part of each request's CPU). Blocking: a refresh may read a file or run a credential plugin."""
         fresh = self.fresh_base()
         if fresh is not None:
             return fresh
@@ -211,13 +216,19 @@ class Client:
         """A request was answered 401: the credentials rotated, the next request makes them again."""
         self._prepared = None
 
-    async def _prepare(self, path_: str, query: dict[str, Any] | None, body: Any,
-                       content_type: str | None) -> tuple[str, dict[str, str]]:
+    async def _prepare(self, path_: str, query: dict[str, Any] | None, body: Any, content_type: str | None,
+                       extra: Headers | None) -> tuple[str, dict[str, str] | list[tuple[str, str]]]:
         fresh = self.fresh_base()
         base, common = fresh if fresh is not None else await asyncio.to_thread(self.base)
-        headers = {**common, "Accept": "application/json"}
+        own = {**common, "Accept": "application/json"}
         if body is not None:
-            headers["Content-Type"] = content_type or "application/json"
+            own["Content-Type"] = content_type or "application/json"
+        headers: dict[str, str] | list[tuple[str, str]] = own
+        if extra:
+            for name, _ in extra:
+                if name.lower() in RESERVED_HEADERS:
+                    raise ValueError(f"a request's own headers may not set {name}")
+            headers = [*own.items(), *extra]
         url = base + path_
         if query:
             url += "?" + urlencode({k: v for k, v in query.items() if v is not None})
@@ -254,8 +265,9 @@ class Client:
             self.count(verb, resource, code)
 
     async def _send(self, method: str, path_: str, query: dict[str, Any] | None, body: Any,
-                    content_type: str | None, timeout: Timeout, what: str) -> aiohttp.ClientResponse:
-        url, headers = await self._prepare(path_, query, body, content_type)
+                    content_type: str | None, timeout: Timeout, what: str,
+                    headers_: Headers | None = None) -> aiohttp.ClientResponse:
+        url, headers = await self._prepare(path_, query, body, content_type, headers_)
         verb, resource = request_labels(method, url)
         try:
             resp = await self._open().request(
@@ -272,9 +284,11 @@ class Client:
         return resp
 
     async def request(self, method: str, path_: str, *, query: dict[str, Any] | None = None, body: Any = None,
-                      content_type: str | None = None, timeout: Timeout = 30.0) -> Any:
-        """The response's JSON document; an ``ApiException`` (status, reason, body) on a non-2xx."""
-        resp = await self._send(method, path_, query, body, content_type, timeout, method)
+                      content_type: str | None = None, timeout: Timeout = 30.0, headers: Headers | None = None) -> Any:
+        """The response's JSON document; an ``ApiException`` (status, reason, body) on a non-2xx.
+        ``headers`` are sent beside the client's own (``Impersonate-User``: the request is then
+        authorized and admitted as that user)."""
+        resp = await self._send(method, path_, query, body, content_type, timeout, method, headers)
         async with resp:
             try:
                 raw = await resp.read()
@@ -284,12 +298,12 @@ class Client:
             raise api_exception(resp.status, resp.reason, raw.decode("utf-8", "replace"))
         return loads(raw) if raw else None
 
-    async def stream(self, path_: str, query: dict[str, Any],
-                     timeout: tuple[float, float]) -> AsyncGenerator[dict[str, Any], None]:
+    async def stream(self, path_: str, query: dict[str, Any], timeout: tuple[float, float],
+                     headers: Headers | None = None) -> AsyncGenerator[dict[str, Any], None]:
         """The events of a watch (``watch=true`` is added), one JSON document per line; the watch is
         counted when its response begins. Close it (``contextlib.aclosing``) to end the watch
-        before the server does."""
-        resp = await self._send("GET", path_, {**query, "watch": "true"}, None, None, timeout, "watch")
+        before the server does. ``headers`` as for :meth:`request`."""
+        resp = await self._send("GET", path_, {**query, "watch": "true"}, None, None, timeout, "watch", headers)
         async with resp:
             if not 200 <= resp.status <= 299:
                 raise api_exception(resp.status, resp.reason, (await resp.read()).decode("utf-8", "replace"))
@@ -309,14 +323,19 @@ class Client:
         self._session = None
 
 
-def load_api_client() -> Any:
+def load_api_client(config_file: str | None = None, context: str | None = None) -> Any:
     """The ``kubernetes`` client of this process's credentials: the in-cluster config (the
-    ServiceAccount token, refreshed), else the kubeconfig (exec plugins, client certificates)."""
+    ServiceAccount token, refreshed), else the kubeconfig (exec plugins, client certificates).
+    A ``config_file`` or ``context`` given names the kubeconfig to use instead."""
     from kubernetes import client
     from kubernetes import config as kconfig
 
-    try:
-        kconfig.load_incluster_config()
-    except kconfig.ConfigException:
-        kconfig.load_kube_config()
-    return client.ApiClient(client.Configuration.get_default_copy())
+    if config_file is None and context is None:
+        try:
+            kconfig.load_incluster_config()
+        except kconfig.ConfigException:
+            kconfig.load_kube_config()
+        return client.ApiClient(client.Configuration.get_default_copy())
+    conf = client.Configuration()
+    kconfig.load_kube_config(config_file=config_file, context=context, client_configuration=conf)
+    return client.ApiClient(conf)

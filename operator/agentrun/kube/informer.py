@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from .client import Client, path
+from .client import Client, Headers, path
 
 log = logging.getLogger("agentrun.kube")
 
@@ -35,6 +35,26 @@ def strip(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+def rv_int(obj: dict[str, Any] | None) -> int | None:
+    """The object's resourceVersion as an integer (None: unset or not a number)."""
+    try:
+        return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
+    except (TypeError, ValueError):
+        return None
+
+
+def is_newer(new: dict[str, Any], old: dict[str, Any] | None) -> bool:
+    """True when ``new`` is a later version than ``old`` (or there is no ``old``): a write's answer
+    kept before an older watch event is not replaced by it."""
+    if old is None:
+        return True
+    a, b = rv_int(new), rv_int(old)
+    if a is None or b is None:
+        return ((new.get("metadata") or {}).get("resourceVersion")
+                != (old.get("metadata") or {}).get("resourceVersion"))
+    return a > b
+
+
 class _Expired(Exception):
     """The watch's resourceVersion is too old (410 Gone): list again."""
 
@@ -52,13 +72,17 @@ class Informer:
     ``replace`` instead of the namespace). An ``optional`` informer whose first list is refused
     (403, or 404: not served) tells the sink (``refused(kind, status, scope)``), counts as synced and
     lists again every :data:`REFUSED_RETRY` seconds; once it has listed, a refusal is an error like
-    any other (retried with backoff, the sink keeps what it was told last)."""
+    any other (retried with backoff, the sink keeps what it was told last). With ``stop_refused``
+    a refusal (401, 403) of its list or watch, before or after it listed, tells the sink
+    (``refused``) and ends the informer: a reader whose access is not its own to restore (a person
+    impersonated) does not ask again. ``headers`` go with its every request (``Impersonate-User``)."""
 
     def __init__(self, client: Client, kind: str, namespace: str | None, selector: str | None,
                  sink: Any, loop: asyncio.AbstractEventLoop, *, resource: tuple[str, str],
                  transform: Callable[[dict[str, Any]], dict[str, Any]] = strip, optional: bool = False,
                  field_selector: str | None = None, scope: str | None = None,
-                 watch_seconds: int = WATCH_SECONDS) -> None:
+                 watch_seconds: int = WATCH_SECONDS, headers: Headers | None = None,
+                 stop_refused: bool = False) -> None:
         self.client, self.kind, self.namespace, self.selector = client, kind, namespace, selector
         #: The server ends each watch after this long (the informer watches again from its
         #: resourceVersion); the client drops a watch silent for WATCH_READ_MARGIN_SECONDS more.
@@ -71,6 +95,8 @@ class Informer:
         #: 403) after it had listed: its part of the cache no longer moves. None once it lists again.
         self.refused_since: float | None = None
         self.sink, self.loop, self.optional, self.transform = sink, loop, optional, transform
+        self.headers, self.stop_refused = headers, stop_refused
+        self._own: dict[str, Any] = {"headers": headers} if headers else {}  # the requests' own headers, if any
         self.synced = asyncio.Event()
         self._stopped = False
         self._task: asyncio.Task[None] | None = None
@@ -153,10 +179,11 @@ class Informer:
     # ------------------------------------------------------------------ the loop
 
     async def _get(self, query: dict[str, Any]) -> Any:
-        return await self.client.request("GET", self.path, query=query, timeout=(10.0, 120.0))
+        return await self.client.request("GET", self.path, query=query, timeout=(10.0, 120.0), **self._own)
 
     def _watch(self, rv: str) -> AsyncGenerator[dict[str, Any], None]:
-        return self.client.stream(self.path, self._watch_query(rv), (10.0, self.watch_seconds + WATCH_READ_MARGIN_SECONDS))
+        return self.client.stream(self.path, self._watch_query(rv), (10.0, self.watch_seconds + WATCH_READ_MARGIN_SECONDS),
+                                  **self._own)
 
     def _apply(self, fn: Callable[..., None], *args: Any) -> None:
         try:
@@ -191,7 +218,13 @@ class Informer:
                 self._failures = 0
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - an informer never stops but by stop()
+            except Exception as exc:  # noqa: BLE001 - an informer never stops but by stop() (or a refusal)
+                status = getattr(exc, "status", None)
+                if self.stop_refused and status in (401, 403):
+                    self._apply(self.sink.refused, self.kind, status, self.scope)
+                    self.synced.set()
+                    self._stopped = True
+                    return
                 wait, relist = self._failed(exc)
                 if relist:
                     rv = None

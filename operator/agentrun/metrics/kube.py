@@ -21,7 +21,7 @@ RESOURCES: tuple[str, ...] = (
     "agentruns", "agentruns/status", "jobs", "pods", "events", "leases",
     # the tenancy re-check's watches (agentrun.controller.tenancy)
     "namespaces", "validatingadmissionpolicybindings", "agentrunpolicies",
-    # the admission policy check's gets by name, every resync (agentrun.controller.policycheck)
+    # the admission policy check's lists and watches by name (agentrun.controller.policycheck)
     "validatingadmissionpolicies", "mutatingadmissionpolicies", "mutatingadmissionpolicybindings",
     "other",
 )

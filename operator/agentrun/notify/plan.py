@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from agentrun.api.approval import AWAITING
 from agentrun.api.lifecycle import OUTCOMES
 from agentrun.api.text import escape_controls, one_line
 from agentrun.api.types import parse_time
@@ -170,7 +171,7 @@ def approval_announcements(run: dict[str, Any], now: datetime, settings: Setting
     """The approval messages due for ``run`` now, in order, none already delivered for its pending call."""
     st = run.get("status") or {}
     ap = st.get("approval") or {}
-    if st.get("phase") != "AwaitingApproval" or ap.get("state") != "Pending" or not ap.get("callId"):
+    if st.get("phase") != AWAITING or ap.get("state") != "Pending" or not ap.get("callId"):
         return []
     notified = ap.get("notified") or {}
     same = notified.get("callId") == ap["callId"] and notified.get("targetSha256") == ap.get("targetSha256")

@@ -33,7 +33,7 @@ import httpx
 
 from agentrun.api.crdgen import GROUP, PLURAL, VERSION
 from agentrun.kube.client import Client, path
-from agentrun.kube.informer import Informer
+from agentrun.kube.informer import Informer, is_newer
 from agentrun.notify import plan
 
 log = logging.getLogger("agentrun.notify")
@@ -221,13 +221,8 @@ class WatchedRuns:
         """Keep ``obj`` unless the one kept is a later version (a status write's answer before
         an older watch event)."""
         key = self._key(obj)
-        old = self._runs.get(key)
-        try:
-            if old is not None and int(old["metadata"]["resourceVersion"]) > int(obj["metadata"]["resourceVersion"]):
-                return
-        except (KeyError, TypeError, ValueError):
-            pass
-        self._runs[key] = obj
+        if is_newer(obj, self._runs.get(key)):
+            self._runs[key] = obj
 
     def replace(self, kind: str, scope: str | None, items: list[dict[str, Any]]) -> None:
         with self._lock:
