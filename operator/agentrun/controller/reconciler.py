@@ -171,8 +171,11 @@ class Controller:
         # watches hold one connection each).
         tenancy_watches = 2 + len(watch_ns) if cfg.tenancy_recheck else 0
         admission_watches = len(wanted(cfg.admission_policies))  # one per policy and binding (policycheck.py)
+        # the schedule controller (agentrun.schedule.shell, started by process.py on this client): one
+        # AgentSchedule watch per namespace and its 4 workers
+        schedule_share = len(watch_ns) + 4
         kube = self.kube = Client(load_api_client(), WORKERS + 3 * len(watch_ns) + tenancy_watches
-                                  + admission_watches + 2, metrics.kube_request)
+                                  + admission_watches + schedule_share + 2, metrics.kube_request)
         self.executor = Executor(cfg, kube, self.cache, self._specs)
         loop = self._loop = asyncio.get_running_loop()
         self._tasks.append(asyncio.ensure_future(loop.run_in_executor(None, self.executor.warm)))
