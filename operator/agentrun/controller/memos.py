@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agentrun.api.spec import AgentRunSpec
+from agentrun.api.spec import AgentRunManifestSpec, AgentRunSpec
 
 from .decide.observe import observed_job, parse_spec
 from .decide.observed import ObservedJob
@@ -67,7 +67,7 @@ class SpecMemo:
     def _put(self, key: tuple[str, str], entry: list[Any]) -> None:
         put_bounded(self._memo, key, entry, self.limit)
 
-    def parse(self, key: tuple[str, str], raw: Any) -> tuple[AgentRunSpec | None, str | None]:
+    def parse(self, key: tuple[str, str], raw: Any) -> tuple[AgentRunSpec | AgentRunManifestSpec | None, str | None]:
         hit = self._memo.get(key)
         if hit is not None and hit[0] is not _UNLISTED and (hit[0] is raw or hit[0] == raw):
             return hit[1], hit[2]
