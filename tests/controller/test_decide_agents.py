@@ -169,3 +169,46 @@ def test_pin_or_follow_property(versions: list[str], in_flight: list[bool]) -> N
                 assert w.status.agent.version == version
             if dec.spec is not None:
                 assert dec.spec.agent.version == w.status.agent.version
+
+
+# -- the shell's parts: the cache queues the runs of a changed Agent; the current resolution -------
+
+
+def test_the_cache_queues_the_runs_naming_a_changed_agent() -> None:
+    from agentrun.controller.cache import Cache
+
+    queued: list[tuple[str, str]] = []
+    cache = Cache(on_change=queued.append)
+    run = {"metadata": {"namespace": "ns", "name": "r1", "uid": "u1", "resourceVersion": "1"},
+           "spec": {"agentRef": {"name": "writer"}}}
+    cache.event("runs", "ADDED", run)
+    cache.event("runs", "ADDED", {"metadata": {"namespace": "ns", "name": "inline", "uid": "u2",
+                                               "resourceVersion": "2"}, "spec": {"agent": {}}})
+    queued.clear()
+    agent_doc = {"metadata": {"namespace": "ns", "name": "writer", "resourceVersion": "3", "generation": 1}}
+    cache.event("agents", "ADDED", agent_doc)
+    assert queued == [("ns", "r1")] and cache.agent("ns", "writer") is not None
+    cache.event("agents", "MODIFIED", {**agent_doc, "metadata": {**agent_doc["metadata"], "resourceVersion": "4"}})
+    assert queued == [("ns", "r1")]  # a status-only change (same generation) queues nothing
+    cache.event("agents", "MODIFIED", {"metadata": {**agent_doc["metadata"], "resourceVersion": "5", "generation": 2}})
+    cache.event("agents", "DELETED", {"metadata": {**agent_doc["metadata"], "resourceVersion": "6", "generation": 2}})
+    assert queued == [("ns", "r1")] * 3
+    cache.event("runs", "DELETED", {**run, "metadata": {**run["metadata"], "resourceVersion": "7"}})
+    cache.event("agents", "ADDED", agent_doc)
+    assert len(queued) == 3  # the run is gone: nothing names the Agent
+
+
+def test_resolve_current_says_why() -> None:
+    from agentrun.controller.reconciler import resolve_current
+
+    missing = resolve_current(None, "writer", REQUEST)
+    assert isinstance(missing, AgentProblem) and missing.reason == Reason.AGENT_NOT_FOUND
+    unreadable = resolve_current(None, "writer", REQUEST, 403)
+    assert isinstance(unreadable, AgentProblem) and "HTTP 403" in unreadable.message
+    invalid = resolve_current({"spec": {"version": "v1"}}, "writer", REQUEST)
+    assert isinstance(invalid, AgentProblem) and invalid.reason == Reason.AGENT_INVALID
+    assert "spec.model" in invalid.message
+    ok = resolve_current({"metadata": {"generation": 3}, "spec": {
+        "version": "v1", "model": {"provider": "scripted", "script": [{"content": "x"}]},
+        "parameters": [{"name": "topic"}]}}, "writer", REQUEST)
+    assert isinstance(ok, ResolvedAgent) and ok.generation == 3 and ok.task == "Summarise etcd"

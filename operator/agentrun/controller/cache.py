@@ -132,6 +132,9 @@ class Cache:
         self.jobs: dict[Key, dict[str, Any]] = {}
         self.pods: dict[Key, dict[str, Any]] = {}
         self.agents: dict[Key, dict[str, Any]] = {}
+        #: Kinds an optional informer may not list (kind -> HTTP status: 403 no RBAC, 404 not served),
+        #: until a list of it succeeds: the Agents of a cluster without the Agent CRD or the RBAC.
+        self.unreadable: dict[str, int] = {}
         self._runs_by_agent: dict[Key, set[Key]] = {}  # (namespace, Agent name) -> the runs naming it
         self._run_by_uid: dict[str, Key] = {}
         self._jobs_by_uid: dict[str, set[Key]] = {}
@@ -224,9 +227,14 @@ class Cache:
         self.events[kind] = self.events.get(kind, 0) + 1
         self._apply(kind, type_, obj, notify=True)
 
+    def refused(self, kind: str, status: int, scope: str | None = None) -> None:
+        """An optional informer's list of ``kind`` was refused (403, 404): it tries again later."""
+        self.unreadable[kind] = status
+
     def replace(self, kind: str, namespace: str | None, items: list[dict[str, Any]]) -> None:
         """A (re)list of ``kind`` in ``namespace`` (None: everywhere): objects no longer listed were
         deleted meanwhile."""
+        self.unreadable.pop(kind, None)
         store = self._store(kind)
         listed = {key_of(o) for o in items}
         for key in [k for k in store if (namespace is None or k[0] == namespace) and k not in listed]:

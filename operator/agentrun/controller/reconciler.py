@@ -517,7 +517,8 @@ class Controller:
         (or why not), and its pinned copy (``status.agent``), read once per digest."""
         assert self.executor is not None and o.request is not None and o.request.agent_ref is not None
         name = o.request.agent_ref.name
-        current = resolve_current(self.cache.agent(o.namespace, name), name, o.request)
+        current = resolve_current(self.cache.agent(o.namespace, name), name, o.request,
+                                  self.cache.unreadable.get("agents"))
         pinned = await self.executor.pinned_agent(o, run, o.request)
         return dataclasses.replace(o, agent_current=current, agent_pinned=pinned)
 
@@ -646,9 +647,15 @@ def _resource_of(inf: Informer) -> str:
     return inf.path.rsplit("/", 1)[-1]
 
 
-def resolve_current(doc: dict[str, Any] | None, name: str, request: AgentRunManifestSpec) -> ResolvedAgent | AgentProblem:
+def resolve_current(doc: dict[str, Any] | None, name: str, request: AgentRunManifestSpec,
+                    unreadable: int | None = None) -> ResolvedAgent | AgentProblem:
     """The cached Agent ``name`` resolved with the run (``agentrun.api.agent.resolve``), or why it
-    cannot be: not found, its spec invalid, the run's parameters or task not fitting it."""
+    cannot be: not found (or Agents not readable: ``unreadable``, the HTTP status of the refused
+    list), its spec invalid, the run's parameters or task not fitting it."""
+    if doc is None and unreadable is not None:
+        return AgentProblem(Reason.AGENT_NOT_FOUND, f"spec.agentRef.name: Agent {name} cannot be read: the operator "
+                            f"may not list and watch agents.agentrun.dev (HTTP {unreadable}: the Agent CRD is not "
+                            "installed, or the operator's RBAC predates it)")
     if doc is None:
         return AgentProblem(Reason.AGENT_NOT_FOUND, f"spec.agentRef.name: Agent {name} not found in the run's "
                             "namespace")
