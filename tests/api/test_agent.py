@@ -181,8 +181,10 @@ def test_manifest_needs_exactly_one_agent() -> None:
         AgentRunManifestSpec.model_validate({"task": "t"})
     with pytest.raises(pydantic.ValidationError, match="spec.parameters needs spec.agentRef"):
         AgentRunManifestSpec.model_validate({"task": "t", "agent": agent, "parameters": {"a": "b"}})
-    inline = AgentRunManifestSpec.model_validate({"task": "{{ kept }}", "agent": agent}).inline()
+    inline = AgentRunManifestSpec.model_validate({"task": "{{ kept }}", "agent": agent})
     assert inline.task == "{{ kept }}"  # an inline run's task is used as written
+    with pytest.raises(pydantic.ValidationError, match="spec.task is required with an inline spec.agent"):
+        AgentRunManifestSpec.model_validate({"agent": agent})
 
 
 # -- the CRD --------------------------------------------------------------------------------------

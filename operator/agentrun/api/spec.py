@@ -562,10 +562,3 @@ class AgentRunManifestSpec(RunSpecFields):
         if self.parameters is not None and self.agent_ref is None:
             raise ValueError("spec.parameters needs spec.agentRef (an inline spec.agent declares no parameters)")
         return self
-
-    def inline(self) -> AgentRunSpec:
-        """The effective spec of a run with an inline ``spec.agent`` (the spec as written)."""
-        if self.agent is None:
-            raise ValueError("the run names an Agent (spec.agentRef): resolve it first")
-        doc = self.model_dump(by_alias=True, exclude_unset=True, exclude={"agent_ref", "parameters"})
-        return AgentRunSpec.model_validate(doc)

@@ -374,7 +374,9 @@ class Executor:
                 missing = pruned_field(wire, stored.get("status") if isinstance(stored, dict) else None)
                 if missing is not None:
                     return d.NotStored(missing)
-            metrics.observe_run(ns, name, body.get("spec") or {}, wire)
+            # a run of an Agent: its budget and retry are the effective ones (the Agent's, the run's fields over them)
+            metrics.observe_run(ns, name, spec.to_api() if o.request is not None and spec is not None
+                                else body.get("spec") or {}, wire)
             if wr.status.phase != o.status.phase:
                 rlog.info("phase %s -> %s: %s", o.status.phase, wr.status.phase, wr.status.message)
         for a in decision.of(d.DeleteCheckpoints):
