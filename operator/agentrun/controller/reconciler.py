@@ -70,7 +70,7 @@ from .decide.observe import (
 )
 from .execute import Executor, RetryWithBackoff
 from .logs import run_logger
-from .memos import JobMemo, SpecMemo
+from .memos import JobMemo, SpecMemo, put_bounded
 from .podreads import PodReads
 from .podreads import selector as pod_selector
 from .policycheck import PolicyCheck
@@ -162,6 +162,7 @@ class Controller:
         self.pod_reads = PodReads(self._list_pods, POD_READ_WINDOW_SECONDS)  # the checks' reads, batched
         self._reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
         self._specs = SpecMemo()  # each run's parsed spec while its JSON is unchanged, and its lap JSON
+        self._resolutions: dict[Key, Any] = {}  # a run of an Agent: its Agent's resolution, per Agent version
         self._not_leader: set[Key] = set()  # keys taken from the queue while not acting (see process)
         self._not_leader_timer: asyncio.TimerHandle | None = None  # their recheck, while there are some
         self.policies: PolicyStore | None = None  # the tenancy re-check's watched policies (None: off)
@@ -408,6 +409,7 @@ class Controller:
         self.queue.discard(key)
         self._reconciled_at.pop(key, None)
         self._specs.forget(key)
+        self._resolutions.pop(key, None)
         if self.executor is not None:
             self.executor.forget(key)
         metrics.forget_run(*key)
@@ -517,8 +519,16 @@ class Controller:
         (or why not), and its pinned copy (``status.agent``), read once per digest."""
         assert self.executor is not None and o.request is not None and o.request.agent_ref is not None
         name = o.request.agent_ref.name
-        current = resolve_current(self.cache.agent(o.namespace, name), name, o.request,
-                                  self.cache.unreadable.get("agents"))
+        doc = self.cache.agent(o.namespace, name)
+        unreadable = self.cache.unreadable.get("agents")
+        # resolved again only when the Agent (its resourceVersion) or the run's parsed spec changed
+        memo = (rv_int(doc), unreadable)
+        hit = self._resolutions.get((o.namespace, o.name))
+        if hit is not None and hit[0] == memo and hit[1] is o.request:
+            current = hit[2]
+        else:
+            current = resolve_current(doc, name, o.request, unreadable)
+            put_bounded(self._resolutions, (o.namespace, o.name), (memo, o.request, current), 100_000)
         pinned = await self.executor.pinned_agent(o, run, o.request)
         return dataclasses.replace(o, agent_current=current, agent_pinned=pinned)
 
