@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from agentrun.api.agent import AgentDefinitionSpec, AgentProblem, ResolvedAgent, resolve
 from agentrun.api.reasons import Reason
-from agentrun.api.spec import AgentRunManifestSpec
+from agentrun.api.spec import AgentRunManifestSpec, CancelSpec
 from agentrun.api.status import ActiveJob, AgentRunStatus
 from agentrun.controller import decide as d
 from agentrun.controller.decide.agents import REFUSED_RETRY_SECONDS
@@ -40,11 +40,12 @@ class AgentWorld:
     copies: dict[str, ResolvedAgent] = dataclasses.field(default_factory=dict)
     events: list[d.Event] = dataclasses.field(default_factory=list)
     stored: int = 0
+    request: AgentRunManifestSpec = dataclasses.field(default_factory=lambda: REQUEST)
 
     def observed(self, pinned: d.PinnedAgentRead | None = None) -> d.Observed:
         if pinned is None and self.status.agent is not None and self.status.agent.digest in self.copies:
             pinned = d.PinnedAgentRead(self.status.agent.digest, "ok", self.copies[self.status.agent.digest])
-        return d.Observed(namespace="ns", name="run", uid=UID, generation=1, spec=None, request=REQUEST,
+        return d.Observed(namespace="ns", name="run", uid=UID, generation=1, spec=None, request=self.request,
                           status=self.status, now=T0, resolved_store=STORE, store_probe=PROBE_OK,
                           agent_current=self.current, agent_pinned=pinned)
 
@@ -82,6 +83,16 @@ def test_a_missing_agent_holds_the_run_with_one_event_and_a_backoff() -> None:
     (job,) = dec.of(d.CreateJob)
     assert job.agent_version == "v1" and dec.spec is not None
     assert dec.spec.task == "Summarise etcd" and dec.spec.budget.max_laps == 5  # the run's field wins
+
+
+def test_a_run_held_on_its_agent_can_be_cancelled() -> None:
+    w = AgentWorld(current=AgentProblem(Reason.AGENT_NOT_FOUND, "spec.agentRef.name: Agent writer not found"))
+    w.once()
+    w.request = REQUEST.model_copy(update={"cancel": CancelSpec(reason="wrong agent")})
+    dec = w.once()
+    assert w.status.phase == "Cancelled" and not dec.of(d.CreateJob)
+    assert w.status.lifecycle is not None and w.status.lifecycle.cancel_reason == "wrong agent"
+    assert d.decide(w.observed()).status is None  # terminal: nothing more
 
 
 def test_invalid_parameters_are_refused_once() -> None:

@@ -31,6 +31,7 @@ from agentrun.api.text import one_line
 
 from .actions import Decision, RequeueAfter, StoreAgent
 from .context import MAX_CONDITION_MESSAGE_CHARS, StatusWriter, condition, hold
+from .lifecycle import cancel_run
 from .observed import Observed
 
 #: How soon a run whose Agent cannot be resolved is looked at again (besides every change of the Agent).
@@ -49,8 +50,11 @@ def resolve_agent(o: Observed) -> tuple[Observed, Decision | None]:
     cur = o.agent_current
     terminal = st.phase in TERMINAL_PHASES
     if pin is None:
-        if terminal:  # ended before it ever ran (a cancel, a deadline): nothing to run
+        if terminal:  # ended before it ever ran (a cancel): nothing to run
             return o, w.finish(touch_generation=False)
+        cancelled = cancel_run(w, req.cancel)  # a cancel of a run held on its Agent is taken as it is
+        if cancelled is not None:
+            return o, cancelled
         if isinstance(cur, ResolvedAgent):
             return o, _pin(w, cur, first=True)
         return o, _refuse(w, cur or AgentProblem(Reason.AGENT_NOT_FOUND, f"spec.agentRef.name: Agent "
