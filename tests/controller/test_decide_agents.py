@@ -137,6 +137,22 @@ def test_follow_latest_moves_only_at_a_lap_boundary() -> None:
     assert job.agent_version == "v2"
 
 
+def test_follow_latest_moves_when_the_lap_in_flight_is_seen_finished() -> None:
+    """The decision that records a lap's end creates the next Job: the pin moves first (the status
+    alone), then the next Job runs the new definition."""
+    w = pinned_world("FollowLatest")
+    aj = w.status.active_job
+    assert aj is not None
+    w.current = agent("v2", "FollowLatest")
+    finished = d.ObservedJob(aj.name, aj.lap, aj.attempt, "succeeded", exit_code=0, agent_version="v1")
+    o = dataclasses.replace(w.observed(), jobs=(finished,))
+    dec = d.decide(o)
+    (store,) = dec.of(d.StoreAgent)
+    dec = d.decide(dataclasses.replace(o, agent_pinned=d.PinnedAgentRead(store.digest, "ok", store.resolved)))
+    assert dec.status is not None and dec.status.agent is not None and dec.status.agent.version == "v2"
+    assert not dec.of(d.CreateJob) and dec.status.active_job == aj  # the lap's end is the next pass's
+
+
 def test_an_unreadable_pinned_copy_holds_the_run() -> None:
     w = pinned_world("Pinned")
     w.status = w.status.model_copy(update={"active_job": None})

@@ -12,8 +12,9 @@ of it (``core.decide``), from the facts the shell gathered (``Observed.request``
   changes (the cache queues its runs) and every :data:`REFUSED_RETRY_SECONDS`. Nothing is lost:
   fixing the Agent starts the run.
 * Pinned: the run runs its pinned copy. An Agent with ``rollout: FollowLatest`` whose current
-  resolution has another digest moves the pin at a lap boundary (no lap in flight, no approval
-  pending, not terminal): stored and recorded the same way, with a Normal ``AgentRolledOut`` Event.
+  resolution has another digest moves the pin at a lap boundary (:func:`at_boundary`: no Job in
+  flight, or the active one seen finished; no approval pending; not terminal): stored and recorded
+  the same way (the status alone, before the next Job), with a Normal ``AgentRolledOut`` Event.
   A Pinned Agent's edits, its deletion, or a problem of its current resolution leave a pinned
   run as it is.
 * The effective spec (:func:`agentrun.api.agent.effective_spec`) replaces ``Observed.spec`` for the
@@ -60,7 +61,7 @@ def resolve_agent(o: Observed) -> tuple[Observed, Decision | None]:
         return o, _refuse(w, cur or AgentProblem(Reason.AGENT_NOT_FOUND, f"spec.agentRef.name: Agent "
                                                  f"{req.agent_ref.name if req.agent_ref else ''} not found"))
     if (isinstance(cur, ResolvedAgent) and cur.rollout == "FollowLatest" and not terminal
-            and st.active_job is None and st.phase != "AwaitingApproval" and cur.digest() != pin.digest):
+            and at_boundary(o) and cur.digest() != pin.digest):
         return o, _pin(w, cur, first=False)
     read = o.agent_pinned
     if read is None or read.digest != pin.digest or read.kind != "ok" or read.resolved is None:
@@ -69,6 +70,18 @@ def resolve_agent(o: Observed) -> tuple[Observed, Decision | None]:
                         f"the run's pinned Agent copy {pin.name} (version {pin.version}, sha256 {pin.digest}) "
                         f"cannot be read from the checkpoint store: {detail}")
     return dataclasses.replace(o, spec=effective_spec(req, read.resolved)), None
+
+
+def at_boundary(o: Observed) -> bool:
+    """Between two Jobs of the run: none in flight (no ``status.activeJob``, or its Job is seen
+    finished: the decision that records its end creates the next one, which then runs the new pin)
+    and no approval pending."""
+    if o.status.phase == "AwaitingApproval":
+        return False
+    aj = o.status.active_job
+    if aj is None:
+        return True
+    return any(j.name == aj.name and j.state != "active" for j in o.jobs)
 
 
 def _pin(w: StatusWriter, cur: ResolvedAgent, first: bool) -> Decision:
