@@ -44,9 +44,9 @@ def agent_doc(name: str, version: str, rollout: str, note_url: str, script: list
     }}
 
 
-def run_doc(name: str, agent: str, params: dict[str, str], **spec: Any) -> dict:
+def run_doc(name: str, agent_name: str, params: dict[str, str], **spec: Any) -> dict:
     return {"apiVersion": API, "kind": "AgentRun", "metadata": {"name": name},
-            "spec": {"agentRef": {"name": agent}, "parameters": params, "lapTimeout": "15m", **spec}}
+            "spec": {"agentRef": {"name": agent_name}, "parameters": params, "lapTimeout": "15m", **spec}}
 
 
 def versions(env: Any, name: str) -> list[str]:  # noqa: F811
@@ -100,8 +100,6 @@ def test_pinned_runs_keep_their_agent_and_follow_latest_switches_at_a_lap_bounda
                                        run["status"]["agent"]["digest"])
         assert copy.task == "Write about CRDs in 300 words" and copy.parameters == {"topic": "CRDs", "words": 300}
         assert copy.budget.max_laps == 5 and copy.agent.version == "v1"
-        r = cli(env, "trace", "pin-b", "-n", env.ns)
-        assert r.returncode == 0 and "v1" in r.stdout, r.stderr
     finally:
         gate.close()
 
