@@ -528,6 +528,7 @@ API_MANIFESTS = ("agentrun.dev_agentruns.yaml", "agentrun.dev_admission-policies
                  "agentrun.dev_admission-mutating.yaml", "agentrun.dev_tenancy-policy.yaml",
                  "../e2e/tenancy-local-policy.yaml")
 TENANCY_CRD = "agentrun.dev_agentrunpolicies.yaml"
+AGENT_CRD = "agentrun.dev_agents.yaml"  # the Agent kind (a run's spec.agentRef)
 #: ``helm template`` arguments saying that the local control plane serves both admission kinds (plain
 #: `helm template` cannot tell, and the chart then fails: docs/operations.md#admission-policies).
 ADMISSION_APIS = ["--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
@@ -538,9 +539,10 @@ def install_api(cluster: Cluster) -> None:
     """Apply the CRDs, the approval and tenancy admission policies and the local AgentRunPolicy
     (idempotent), wait for the CRDs and until the policies admit AgentRuns."""
     crds = Path(__file__).resolve().parents[1] / "crds"
-    cluster.kubectl_run("apply", "-f", str(crds / API_MANIFESTS[0]), "-f", str(crds / TENANCY_CRD))
+    cluster.kubectl_run("apply", "-f", str(crds / API_MANIFESTS[0]), "-f", str(crds / TENANCY_CRD),
+                        "-f", str(crds / AGENT_CRD))
     cluster.kubectl_run("wait", "--for=condition=Established", "crd/agentruns.agentrun.dev",
-                        "crd/agentrunpolicies.agentrun.dev", "--timeout=60s")
+                        "crd/agentrunpolicies.agentrun.dev", "crd/agents.agentrun.dev", "--timeout=60s")
     files = [a for name in API_MANIFESTS[1:] for a in ("-f", str(crds / name))]
     cluster.kubectl_run("apply", *files)
     wait_decisions_admitted(cluster)

@@ -2,6 +2,7 @@
 .PHONY: crds
 crds:
 	agentrun crd > crds/agentrun.dev_agentruns.yaml
+	agentrun crd --agent > crds/agentrun.dev_agents.yaml
 	agentrun crd --reference > docs/crd-reference.md
 	agentrun crd --admission validating > crds/agentrun.dev_admission-policies.yaml
 	agentrun crd --admission mutating > crds/agentrun.dev_admission-mutating.yaml

@@ -12,6 +12,7 @@ helm-tools:
 ## admission policies into files/ (rendered by templates/admission-policies.yaml where the API exists)
 helm-crds:
 	cp crds/agentrun.dev_agentruns.yaml $(CHART)/crds/agentrun.dev_agentruns.yaml
+	cp crds/agentrun.dev_agents.yaml $(CHART)/crds/agentrun.dev_agents.yaml
 	cp crds/agentrun.dev_admission-policies.yaml crds/agentrun.dev_admission-mutating.yaml $(CHART)/files/
 	cp crds/agentrun.dev_agentrunpolicies.yaml $(CHART)/crds/agentrun.dev_agentrunpolicies.yaml
 	cp crds/agentrun.dev_agentschedules.yaml $(CHART)/crds/agentrun.dev_agentschedules.yaml

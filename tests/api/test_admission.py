@@ -161,7 +161,7 @@ def test_the_gated_fields_are_what_decides_a_call():
     assert fields == {"requiresApproval", "http.url", "http.method", "http.headersSecretRef", "parameters",
                       "sideEffects"}
     old_gated = _vars(admission.guard_policy())["oldGated"]
-    assert "oldObject.spec.agent.?tools.orValue([]).filter(t, t.?requiresApproval.orValue(false))" in old_gated
+    assert "oldObject.spec.?agent.?tools.orValue([]).filter(t, t.?requiresApproval.orValue(false))" in old_gated
     removed = _guard_rule("may not remove a tool with requiresApproval")
     assert removed["expression"] == "variables.canApprove || size(variables.gatedRemoved) == 0"
 

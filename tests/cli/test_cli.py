@@ -58,7 +58,7 @@ def test_run_rows_and_table():
 def test_runs_json_and_yaml_shapes():
     rows = rn.run_rows([run("a")], NOW)
     doc = json.loads(rn.render(rows, "json", False))
-    assert set(doc[0]) == {"namespace", "name", "phase", "lap", "lastCheckpointTime", "secondsSinceCheckpoint",
+    assert set(doc[0]) == {"namespace", "name", "agent", "agentPinned", "phase", "lap", "lastCheckpointTime", "secondsSinceCheckpoint",
                            "costUSD", "waitingOn", "agentVersion", "forkedFrom", "message", "cause",
                            "retriesInPlace"}
     import yaml

@@ -67,6 +67,7 @@ def test_rbac_least_privilege(helm, values):
         *{("agentruns", v) for v in ("list", "watch", "patch", "delete")},
         ("agentruns/status", "patch"),
         ("agentruns/status", "operate"),  # how the admission policy agentrun-status-owner knows the operator
+        *{("agents", v) for v in ("list", "watch")},  # a run's spec.agentRef, resolved from the watch cache
         *{("jobs", v) for v in ("create", "list", "watch", "delete")},
         ("pods", "list"),  # read on demand (controller/reconciler.py), not watched
         # schedules (agentrun.schedule, docs/scheduling.md): watched, their status written, their runs created

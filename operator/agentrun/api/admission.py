@@ -384,15 +384,15 @@ def guard_policy() -> dict[str, Any]:
     verb; the creator annotation is the API server's."""
     k = _CREATED_BY
     new_has, old_has = f"{k} in variables.newAnn", f"{k} in variables.oldAnn"
-    tools_changed = ("oldObject != null && object.spec.agent.?tools.orValue([]) != "
-                     "oldObject.spec.agent.?tools.orValue([])")
+    tools_changed = ("oldObject != null && object.spec.?agent.?tools.orValue([]) != "
+                     "oldObject.spec.?agent.?tools.orValue([])")
     variables: list[dict[str, str]] = [
         *ANNOTATION_VARIABLES[:2],
         {"name": "canApprove", "expression": CAN_APPROVE},
         {"name": "oldGated",
          "expression": f"!({tools_changed}) ? [] : "
-                       "oldObject.spec.agent.?tools.orValue([]).filter(t, t.?requiresApproval.orValue(false))"},
-        {"name": "newTools", "expression": "object.spec.agent.?tools.orValue([])"},
+                       "oldObject.spec.?agent.?tools.orValue([]).filter(t, t.?requiresApproval.orValue(false))"},
+        {"name": "newTools", "expression": "object.spec.?agent.?tools.orValue([])"},
         {"name": "gatedRemoved",
          "expression": "variables.oldGated.filter(t, !variables.newTools.exists(n, n.name == t.name)).map(t, t.name)"},
     ]
@@ -402,13 +402,13 @@ def guard_policy() -> dict[str, Any]:
             "expression": f"variables.oldGated.filter(t, variables.newTools.exists(n, n.name == t.name && ({changed})))"
                           ".map(t, t.name)",
         })
-    mcp_changed = ("oldObject != null && object.spec.agent.?mcpServers.orValue([]) != "
-                   "oldObject.spec.agent.?mcpServers.orValue([])")
+    mcp_changed = ("oldObject != null && object.spec.?agent.?mcpServers.orValue([]) != "
+                   "oldObject.spec.?agent.?mcpServers.orValue([])")
     variables += [
         {"name": "oldGatedMcp",
-         "expression": f"!({mcp_changed}) ? [] : oldObject.spec.agent.?mcpServers.orValue([])"
+         "expression": f"!({mcp_changed}) ? [] : oldObject.spec.?agent.?mcpServers.orValue([])"
                        ".filter(s, size(s.?requiresApproval.orValue([])) > 0)"},
-        {"name": "newMcp", "expression": "object.spec.agent.?mcpServers.orValue([])"},
+        {"name": "newMcp", "expression": "object.spec.?agent.?mcpServers.orValue([])"},
         {"name": "gatedMcpRemoved",
          "expression": "variables.oldGatedMcp.filter(s, !variables.newMcp.exists(n, n.name == s.name)).map(s, s.name)"},
     ]
@@ -470,7 +470,7 @@ def guard_policy() -> dict[str, Any]:
         validations.append(rule(f"size({var}) == 0",
                                 f"{var}.map(n, 'spec.agent.mcpServers[' + n + '].{field}').join(', ')", what))
     validations += [
-        rule("oldObject == null || object.spec.agent.?image.orValue('') == oldObject.spec.agent.?image.orValue('')",
+        rule("oldObject == null || object.spec.?agent.?image.orValue('') == oldObject.spec.?agent.?image.orValue('')",
              "'spec.agent.image'", "change the lap image"),
         rule("!variables.ownerChanged", "'spec.approval.owner'", "change who decides", CHANGES_WHO_DECIDES),
         rule("oldObject == null || object.spec.?approval.?approvers.orValue(1) >= "

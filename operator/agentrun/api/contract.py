@@ -167,6 +167,7 @@ LAPS_DIR = "laps/"
 SNAPSHOTS_DIR = "snapshots/"
 JOURNAL_DIR = "journal/"
 ATTEMPTS_DIR = "attempts/"
+AGENTS_DIR = "agents/"
 MAX_LAP = 99_999_999
 MAX_ATTEMPT = 999
 
@@ -202,6 +203,14 @@ def attempt_object(lap: int, attempt: int) -> str:
     return f"{ATTEMPTS_DIR}{lap:08d}-{attempt:03d}.json"
 
 
+def agent_object(digest: str) -> str:
+    """``agents/<sha256>.json``: a resolved Agent copy of a run of an Agent (``spec.agentRef``),
+    content-addressed by the sha256 of its canonical JSON (``status.agent.digest``; create-only)."""
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise ValueError(f"an Agent copy's digest is 64 hex characters, got {digest[:80]!r}")
+    return f"{AGENTS_DIR}{digest}.json"
+
+
 def describe() -> str:
     """The contract as text (``python -m agentrun.api.contract``): what docs/contracts.md points at."""
     out = ["Lap Job environment (operator -> runner):"]
@@ -214,7 +223,7 @@ def describe() -> str:
     out += [f"  {r.value:<24} AttemptReason.{r.name}" for r in AttemptReason]
     out.append("Store layout, under " + run_prefix("PREFIX", "<namespace>", "<name>", "<uid>") + ":")
     out += [f"  {lap_object(1)}", f"  {snapshot_object(10)}", f"  {journal_object(1, 'model')}",
-            f"  {attempt_object(1, 1)}"]
+            f"  {attempt_object(1, 1)}", f"  {AGENTS_DIR}<sha256>.json"]
     out.append("Failure log line (termination message): msg in " + ", ".join(repr(m) for m in FAILURE_LOG_MESSAGES)
                + f", cause in field {FAILURE_LOG_ERROR_FIELD!r}")
     return "\n".join(out)

@@ -25,7 +25,7 @@ from typing import Any
 import click
 import yaml
 
-from .spec import AgentRunSpec
+from .spec import AgentRunManifestSpec
 from .status import AgentRunStatus
 
 GROUP = "agentrun.dev"
@@ -42,14 +42,14 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 CEL_RULES: dict[str, list[dict[str, str]]] = {
     "spec": [
         {
-            "rule": "!has(self.agent.tools) || !self.agent.tools.exists(t, has(t.requiresApproval)"
-            " && t.requiresApproval) || (has(self.approval) && has(self.approval.owner))",
+            "rule": "!has(self.agent) || !has(self.agent.tools) || !self.agent.tools.exists(t, "
+            "has(t.requiresApproval) && t.requiresApproval) || (has(self.approval) && has(self.approval.owner))",
             "message": "spec.approval.owner is required when a tool in spec.agent.tools has "
             "requiresApproval: true (someone must own the decision)",
         },
         {
-            "rule": "!has(self.agent.mcpServers) || !self.agent.mcpServers.exists(s, has(s.requiresApproval)"
-            " && size(s.requiresApproval) > 0) || (has(self.approval) && has(self.approval.owner))",
+            "rule": "!has(self.agent) || !has(self.agent.mcpServers) || !self.agent.mcpServers.exists(s, "
+            "has(s.requiresApproval) && size(s.requiresApproval) > 0) || (has(self.approval) && has(self.approval.owner))",
             "message": "spec.approval.owner is required when a server in spec.agent.mcpServers has "
             "requiresApproval patterns (someone must own the decision)",
         },
@@ -57,6 +57,33 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "rule": "has(self.forkFrom) == has(oldSelf.forkFrom) && (!has(self.forkFrom) || "
             "self.forkFrom == oldSelf.forkFrom)",
             "message": "spec.forkFrom is immutable: a run cannot start or stop being a fork",
+        },
+        {
+            "rule": "has(self.agent) != has(self.agentRef)",
+            "message": "spec.agent, spec.agentRef: exactly one must be set (the agent inline, or the name of an Agent)",
+        },
+        {
+            "rule": "has(self.task) || has(self.agentRef)",
+            "message": "spec.task is required with an inline spec.agent (a run of an Agent may take the Agent's "
+            "spec.task)",
+        },
+        {
+            "rule": "has(self.task) == has(oldSelf.task)",
+            "message": "spec.task is immutable: it cannot be added or removed after creation",
+        },
+        {
+            "rule": "!has(self.parameters) || has(self.agentRef)",
+            "message": "spec.parameters needs spec.agentRef (an inline spec.agent declares no parameters)",
+        },
+        {
+            "rule": "has(self.agentRef) == has(oldSelf.agentRef) && (!has(self.agentRef) || "
+            "self.agentRef == oldSelf.agentRef)",
+            "message": "spec.agentRef is immutable: a run cannot change the Agent it runs",
+        },
+        {
+            "rule": "has(self.parameters) == has(oldSelf.parameters) && (!has(self.parameters) || "
+            "self.parameters == oldSelf.parameters)",
+            "message": "spec.parameters is immutable: create a new AgentRun for new parameters",
         },
     ],
     "spec.task": [
@@ -143,6 +170,20 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".status.storage.bytes",
         "description": "Stored bytes of the run's checkpoints so far.",
     },
+    {
+        "name": "Agent",
+        "type": "string",
+        "priority": 1,
+        "jsonPath": ".spec.agentRef.name",
+        "description": "The Agent the run runs (spec.agentRef).",
+    },
+    {
+        "name": "Agent-Digest",
+        "type": "string",
+        "priority": 1,
+        "jsonPath": ".status.agent.digest",
+        "description": "sha256 of the Agent definition the run has pinned (status.agent).",
+    },
     {"name": "Message", "type": "string", "priority": 1, "jsonPath": ".status.message", "description": "Details."},
 ]
 
@@ -208,7 +249,7 @@ def _attach(schema: dict[str, Any], path: str, key: str, value: Any) -> None:
 
 def openapi_schema() -> dict[str, Any]:
     """The openAPIV3Schema of the AgentRun resource."""
-    spec = AgentRunSpec.model_json_schema(by_alias=True, mode="validation")
+    spec = AgentRunManifestSpec.model_json_schema(by_alias=True, mode="validation")
     status = AgentRunStatus.model_json_schema(by_alias=True, mode="serialization")
     spec_s = structural(spec, spec.get("$defs", {}))
     status_s = structural(status, status.get("$defs", {}))
@@ -268,6 +309,100 @@ def crd() -> dict[str, Any]:
     }
 
 
+# -- the Agent resource (api/agent.py) ----------------------------------------------------------
+
+AGENT_KIND = "Agent"
+AGENT_PLURAL = "agents"
+AGENT_SINGULAR = "agent"
+AGENT_CRD_NAME = f"{AGENT_PLURAL}.{GROUP}"
+
+AGENT_CEL_RULES: dict[str, list[dict[str, str]]] = {
+    "spec.model": [
+        {
+            "rule": "self.provider != 'scripted' || (has(self.script) && size(self.script) > 0)",
+            "message": "spec.model.script must not be empty when spec.model.provider is \"scripted\"",
+        },
+    ],
+    "spec.retry.backoff": [
+        {
+            "rule": "!has(self.initial) || !has(self.max) || duration(self.max) >= duration(self.initial)",
+            "message": "spec.retry.backoff.max must not be shorter than spec.retry.backoff.initial",
+        },
+    ],
+    "spec.parameters": [
+        {
+            "rule": "self.all(p, !has(p.type) || p.type == 'string' || !has(p.default) || "
+            "(p.type == 'integer' && p.default.matches('^[-+]?[0-9]{1,18}$')) || "
+            "(p.type == 'boolean' && p.default in ['true', 'false']) || "
+            "(p.type == 'number' && p.default.matches('^[-+]?([0-9]+(\\\\.[0-9]*)?|\\\\.[0-9]+)([eE][-+]?[0-9]{1,3})?$')))",
+            "message": "spec.parameters[].default must be a value of the parameter's type "
+            "(integer: digits; number: a decimal; boolean: true or false)",
+        },
+    ],
+}
+
+AGENT_PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Version", "type": "string", "jsonPath": ".spec.version", "description": "Version of the agent."},
+    {"name": "Model", "type": "string", "jsonPath": ".spec.model.name", "description": "Model name."},
+    {"name": "Rollout", "type": "string", "jsonPath": ".spec.rollout",
+     "description": "How runs follow edits: Pinned (default) or FollowLatest."},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Provider", "type": "string", "priority": 1, "jsonPath": ".spec.model.provider",
+     "description": "Model provider."},
+]
+
+
+def agent_openapi_schema() -> dict[str, Any]:
+    """The openAPIV3Schema of the Agent resource."""
+    from .agent import AgentDefinitionSpec
+
+    spec = AgentDefinitionSpec.model_json_schema(by_alias=True, mode="validation")
+    root: dict[str, Any] = {
+        "type": "object",
+        "description": "An Agent: an agent declared once (its model, window, tools, default budget, approval and "
+        "retry policies, and typed parameters), run by name from an AgentRun's spec.agentRef. A run pins the "
+        "definition it resolved at its first lap (status.agent) unless spec.rollout is FollowLatest.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "APIVersion of the object: agentrun.dev/v1alpha1."},
+            "kind": {"type": "string", "description": "Kind of the object: Agent."},
+            "metadata": {"type": "object"},
+            "spec": structural(spec, spec.get("$defs", {})),
+        },
+    }
+    wrapped = {"properties": root["properties"]}
+    for path, rules in AGENT_CEL_RULES.items():
+        _attach(wrapped, path, "x-kubernetes-validations", copy.deepcopy(rules))
+    return root
+
+
+def agent_crd() -> dict[str, Any]:
+    """The CustomResourceDefinition of Agent. No categories: "agentrun" names the AgentRun kind."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": AGENT_CRD_NAME,
+            "annotations": {"agentrun.dev/generated-by": "agentrun crd --agent (operator/agentrun/api/crdgen.py)"},
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": AGENT_KIND, "listKind": f"{AGENT_KIND}List", "plural": AGENT_PLURAL,
+                      "singular": AGENT_SINGULAR},
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "additionalPrinterColumns": AGENT_PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": agent_openapi_schema()},
+                }
+            ],
+        },
+    }
+
+
 def undocumented_fields(schema: dict[str, Any], path: str = "") -> list[str]:
     """Paths of properties without a non-empty description."""
     missing: list[str] = []
@@ -300,6 +435,12 @@ def render_crd() -> str:
     """The CRD as YAML text (what ``crds/agentrun.dev_agentruns.yaml`` holds)."""
     header = "# GENERATED by `agentrun crd` from operator/agentrun/api/{spec,status}.py: do not edit.\n"
     return header + "---\n" + yaml.dump(crd(), Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
+
+
+def render_agent_crd() -> str:
+    """The Agent CRD as YAML text (what ``crds/agentrun.dev_agents.yaml`` holds)."""
+    header = "# GENERATED by `agentrun crd --agent` from operator/agentrun/api/{agent,spec}.py: do not edit.\n"
+    return header + "---\n" + yaml.dump(agent_crd(), Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
 
 
 def _type_of(node: dict[str, Any]) -> str:
@@ -367,6 +508,17 @@ def render_reference() -> str:
     for part in ("spec", "status"):
         lines += ["", f"## {part}", "", "| field | type | description | constraints |", "|---|---|---|---|"]
         _rows(schema["properties"][part], part, lines)
+    lines += ["", f"# Agent reference (`{GROUP}/{VERSION}`)", "",
+              f"Kind `{AGENT_KIND}`, plural `{AGENT_PLURAL}`. Namespaced; run by an AgentRun's `spec.agentRef` "
+              "(docs/concepts.md#agents).", "", "## Validation rules (CEL, checked by the API server)", ""]
+    for path, rules in AGENT_CEL_RULES.items():
+        for r in rules:
+            lines.append(f"- `{path}`: {r['message']} — `{r['rule']}`")
+    lines += ["", "## Printer columns", "", "| column | JSONPath | wide only |", "|---|---|---|"]
+    for c in AGENT_PRINTER_COLUMNS:
+        lines.append(f"| {c['name']} | `{c['jsonPath']}` | {'yes' if c.get('priority') else ''} |")
+    lines += ["", "## Agent spec", "", "| field | type | description | constraints |", "|---|---|---|---|"]
+    _rows(agent_openapi_schema()["properties"]["spec"], "spec", lines)
     return "\n".join(lines) + "\n"
 
 
@@ -379,8 +531,13 @@ def render_reference() -> str:
               help="Print the tenancy guardrails instead: the AgentRunPolicy CRD, the admission policy and its "
               "default binding, or the local control plane's AgentRunPolicy (api/tenancy_admission.py).")
 @click.option("--schedule", is_flag=True, help="Print the AgentSchedule CRD instead (api/schedule.py).")
-def crd_command(reference: bool, admission: str | None, tenancy: str | None, schedule: bool = False) -> None:
+@click.option("--agent", "agent", is_flag=True, help="Print the Agent CRD instead (api/agent.py).")
+def crd_command(reference: bool, admission: str | None, tenancy: str | None, schedule: bool = False,
+                agent: bool = False) -> None:
     """Print the AgentRun CustomResourceDefinition (YAML), generated from the models."""
+    if agent:
+        sys.stdout.write(render_agent_crd())
+        return
     if schedule:
         from .schedule import render_crd as render_schedule
 

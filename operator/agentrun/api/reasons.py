@@ -48,6 +48,13 @@ class Reason(StrEnum):
     # retries in place (annotation agentrun.dev/retry)
     RETRIED = "Retried"
     RETRY_REFUSED = "RetryRefused"
+    # runs of an Agent (spec.agentRef; agentrun.api.agent)
+    AGENT_NOT_FOUND = "AgentNotFound"
+    AGENT_INVALID = "AgentInvalid"
+    INVALID_PARAMETERS = "InvalidParameters"
+    AGENT_PINNED = "AgentPinned"
+    AGENT_ROLLED_OUT = "AgentRolledOut"
+    PINNED_AGENT_UNREADABLE = "PinnedAgentUnreadable"
     # the store
     STORE_PINNED = "StorePinned"
     STORE_UNAVAILABLE = "StoreUnavailable"

@@ -536,11 +536,9 @@ class NotifySpec(APIModel):
     )
 
 
-class AgentRunSpec(APIModel):
-    """Desired state of an AgentRun: the task, the agent, and the policies of the run."""
+class RunSpecFields(APIModel):
+    """The fields an AgentRun's spec has whether it declares its agent inline or names an Agent."""
 
-    task: str = Field(min_length=1, max_length=65536, description="The task given to the agent. Immutable.")
-    agent: AgentSpec = Field(description="The agent: version, image, model and tools.")
     budget: BudgetSpec = Field(default_factory=BudgetSpec, description="Limits of laps and cost.")
     approval: ApprovalSpec = Field(default_factory=ApprovalSpec, description="Human approval policy.")
     retry: RetrySpec = Field(default_factory=RetrySpec, description="Retry policy of failed laps.")
@@ -590,6 +588,16 @@ class AgentRunSpec(APIModel):
         ),
     )
 
+
+
+class AgentRunSpec(RunSpecFields):
+    """The effective spec of a run: the task and the agent it runs, and the policies of the run. What the
+    operator acts on and the lap receives (``AGENTRUN_SPEC``): an inline ``spec.agent`` as written, or a
+    run of an Agent resolved against its pinned copy (``agentrun.api.agent.effective_spec``)."""
+
+    task: str = Field(min_length=1, max_length=65536, description="The task given to the agent. Immutable.")
+    agent: AgentSpec = Field(description="The agent: version, image, model and tools.")
+
     @model_validator(mode="after")
     def _tool_names_unique(self) -> AgentRunSpec:
         names = [t.name for t in self.agent.tools]
@@ -601,3 +609,69 @@ class AgentRunSpec(APIModel):
     def tool(self, name: str) -> ToolSpec | None:
         """The declared tool of that name, or None."""
         return next((t for t in self.agent.tools if t.name == name), None)
+
+
+#: Name of an Agent's parameter, as ``{{ name }}`` in a run's task and a key of spec.parameters.
+PARAMETER_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
+#: Most parameters of an Agent (and of a run), and the longest value of one.
+MAX_PARAMETERS = 64
+MAX_PARAMETER_VALUE_CHARS = 8192
+
+
+class AgentRef(APIModel):
+    """The Agent (same namespace) a run runs."""
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="Name of the Agent, in the AgentRun's namespace.",
+    )
+
+
+ParameterValue = Annotated[str, StringConstraints(max_length=MAX_PARAMETER_VALUE_CHARS)]
+
+
+class AgentRunManifestSpec(RunSpecFields):
+    """Desired state of an AgentRun as written: the task, the agent (inline, or an Agent by name with
+    parameters), and the policies of the run. The CRD's spec schema; the operator turns it into an
+    :class:`AgentRunSpec` (inline: as is; spec.agentRef: from the Agent's pinned copy)."""
+
+    task: str | None = Field(
+        default=None, min_length=1, max_length=65536,
+        description=(
+            "The task given to the agent. Immutable. Required with an inline spec.agent (used as written). With "
+            "spec.agentRef it may name the Agent's parameters as {{ name }} (\\{{ is a literal {{; "
+            "docs/concepts.md#agents); unset, the Agent's spec.task is rendered."
+        ),
+    )
+
+    agent: AgentSpec | None = Field(
+        default=None,
+        description="The agent, inline: version, image, model and tools. Exactly one of agent and agentRef.",
+    )
+    agent_ref: AgentRef | None = Field(
+        default=None,
+        description=(
+            "The Agent of this namespace the run runs (exactly one of agent and agentRef). Its definition is "
+            "pinned at the first lap (status.agent); later edits of the Agent reach the run only when the Agent "
+            "says rollout: FollowLatest. Its budget, approval and retry are the run's defaults: a field the run "
+            "sets itself wins. Immutable."
+        ),
+    )
+    parameters: dict[str, ParameterValue] | None = Field(
+        default=None,
+        max_length=MAX_PARAMETERS,
+        description=(
+            "Values of the Agent's declared parameters (spec.agentRef only), as strings: an integer, number or "
+            "boolean parameter's value is parsed as one. The task names them as {{ name }}. Immutable."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _agent_or_ref(self) -> AgentRunManifestSpec:
+        if (self.agent is None) == (self.agent_ref is None):
+            raise ValueError("spec.agent, spec.agentRef: exactly one must be set (the agent inline, or the name of an Agent)")
+        if self.agent is not None and self.task is None:
+            raise ValueError("spec.task is required with an inline spec.agent")
+        if self.parameters is not None and self.agent_ref is None:
+            raise ValueError("spec.parameters needs spec.agentRef (an inline spec.agent declares no parameters)")
+        return self

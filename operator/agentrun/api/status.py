@@ -303,6 +303,19 @@ class LifecycleStatus(APIModel):
     )
 
 
+class PinnedAgent(APIModel):
+    """The Agent definition a run of an Agent (spec.agentRef) runs: its resolved copy, stored
+    content-addressed in the run's checkpoint prefix (agents/<digest>.json)."""
+
+    name: str = Field(max_length=253, description="Name of the Agent.")
+    version: str = Field(max_length=63, description="spec.version of the Agent when it was resolved.")
+    digest: str = Field(
+        min_length=SHA256_HEX_CHARS, max_length=SHA256_HEX_CHARS, pattern=f"^[0-9a-f]{{{SHA256_HEX_CHARS}}}$",
+        description="sha256 (hex) of the resolved copy (the agent, rendered task, parameters and policies).",
+    )
+    pinned_at: datetime | None = Field(default=None, description="When the operator recorded it.")
+
+
 class AgentRunStatus(APIModel):
     """Observed state of an AgentRun."""
 
@@ -320,6 +333,13 @@ class AgentRunStatus(APIModel):
     observed_generation: int | None = Field(default=None, description="The metadata.generation last acted on.")
     lap: int = Field(default=0, description="Last checkpointed lap (0: none yet).")
     agent_version: str | None = Field(default=None, description="Agent version that wrote the last checkpoint.")
+    agent: PinnedAgent | None = Field(
+        default=None,
+        description=(
+            "Of a run of an Agent (spec.agentRef): the definition it runs, pinned at its first lap (a "
+            "rollout: FollowLatest Agent's edits move it at a lap boundary)."
+        ),
+    )
     checkpoint: CheckpointRef | None = Field(default=None, description="The latest lap checkpoint.")
     store: StoreLocation | None = Field(
         default=None,

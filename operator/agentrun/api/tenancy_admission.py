@@ -129,8 +129,10 @@ MCP_HOST: Final = "(isURL(x.url) ? url(x.url).getHostname().lowerAscii() : '')"
 def variables() -> list[dict[str, str]]:
     Img, S, D, C, A = t.ImagePolicy, t.SecretPolicy, t.DestinationPolicy, t.CheckpointPolicy, t.ApprovalPolicy  # noqa: N806
     spec = "object.spec"
-    tools = f"{spec}.agent.?tools.orValue([])"
-    mcp = f"{spec}.agent.?mcpServers.orValue([])"
+    # a run of an Agent (spec.agentRef) has no spec.agent: its definition is checked by the operator's
+    # re-check of the copy it pins (controller/tenancy.py), not here
+    tools = f"{spec}.?agent.?tools.orValue([])"
+    mcp = f"{spec}.?agent.?mcpServers.orValue([])"
     url_info = ("{'f': string(u.f), 'v': string(u.v), 's': isURL(u.v) ? url(u.v).getScheme().lowerAscii() : "
                 "(u.v.startsWith('https://') ? 'https' : u.v.startsWith('http://') ? 'http' : ''), "
                 "'h': isURL(u.v) ? url(u.v).getHostname().lowerAscii() : '', 'k': 'url'}")
@@ -158,13 +160,13 @@ def variables() -> list[dict[str, str]]:
         {"name": "maxLaps", "expression": "params.?spec.?budget.?maxLaps.orValue(0)"},
         {"name": "maxCost", "expression": "params.?spec.?budget.?maxCostUSD.orValue('')"},
         {"name": "imageViolations", "expression":
-            f"!has({spec}.agent.image) || variables.imagePrefixes.exists(p, p == '*' || "
+            f"!has({spec}.agent) || !has({spec}.agent.image) || variables.imagePrefixes.exists(p, p == '*' || "
             f"{spec}.agent.image.startsWith(p)) || {spec}.agent.image in variables.imageDigests ? [] : ["
             + _msg("'spec.agent.image'", f"{spec}.agent.image",
                    "'is not under an allowed prefix (images.allowedPrefixes) nor an allowed digest "
                    "(images.allowedDigests)'", "images") + "]"},
         {"name": "secretRefs", "expression":
-            f"(has({spec}.agent.model.apiKeySecretRef) ? [{{'f': 'spec.agent.model.apiKeySecretRef.name', "
+            f"(has({spec}.agent) && has({spec}.agent.model.apiKeySecretRef) ? [{{'f': 'spec.agent.model.apiKeySecretRef.name', "
             f"'v': string({spec}.agent.model.apiKeySecretRef.name)}}] : []) + "
             f"{tools}.filter(x, has(x.http.headersSecretRef)).map(x, {{'f': 'spec.agent.tools[' + string(x.name) + "
             f"'].http.headersSecretRef.name', 'v': string(x.http.headersSecretRef.name)}}) + "
@@ -177,7 +179,7 @@ def variables() -> list[dict[str, str]]:
             "r.v.startsWith(p.substring(0, size(p) - 1)) : r.v == p))).map(r, "
             + _msg("r.f", "r.v", "'is not an allowed Secret name'", "secrets.allowedNames") + ")"},
         {"name": "urls", "expression":
-            f"(has({spec}.agent.model.baseURL) ? [{{'f': 'spec.agent.model.baseURL', 'v': "
+            f"(has({spec}.agent) && has({spec}.agent.model.baseURL) ? [{{'f': 'spec.agent.model.baseURL', 'v': "
             f"string({spec}.agent.model.baseURL)}}] : []) + {tools}.map(x, {{'f': 'spec.agent.tools[' + "
             "string(x.name) + '].http.url', 'v': string(x.http.url)}) + "
             f"{mcp}.map(x, {{'f': 'spec.agent.mcpServers[' + string(x.name) + '].url', 'v': string(x.url)}})"},

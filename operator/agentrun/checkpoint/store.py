@@ -5,6 +5,8 @@
         snapshots/<lap:08d>.json               RunState after that lap, every K laps (conditional put)
         journal/<lap:08d>/<name>.json          JournalEntry (conditional put)
         attempts/<lap:08d>-<attempt:03d>.json  AttemptFailure (best effort, overwrite)
+        agents/<sha256>.json                   ResolvedAgent of a run of an Agent (content-addressed,
+                                               create-only; written by the operator, status.agent.digest)
 
 Every object is canonical JSON (sorted keys, compact separators), gzip-compressed since schema 3
 (``checkpoint/codec.py``, docs/checkpoint-format.md), with the sha256 of its stored bytes in the
@@ -34,6 +36,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from agentrun.api import contract
+from agentrun.api.agent import ResolvedAgent
 from agentrun.api.contract import Env
 from agentrun.api.types import redact_url
 from agentrun.checkpoint.blobstore import BlobStore
@@ -710,6 +713,32 @@ class CheckpointStore:
         if found is None:
             return None
         return parse_model(AttemptFailure, found[0], key).body
+
+    # ---- the pinned Agent copy of a run of an Agent (api/agent.py) ------------------------
+
+    def agent_key(self, run: RunRef, digest: str) -> str:
+        return self.run_prefix(run) + contract.agent_object(digest)
+
+    def put_agent(self, run: RunRef, resolved: ResolvedAgent) -> StoredObject:
+        """Store the resolved copy under its digest, create-only (the same copy stored again is a
+        no-op); CorruptCheckpoint when other bytes sit under that digest."""
+        digest = resolved.digest()
+        key = self.agent_key(run, digest)
+        stored, written = self._put_once(key, encode_object(resolved.to_api()))
+        if not written:
+            raise CorruptCheckpoint(f"checkpoint {key}: another object holds this Agent copy's digest", key)
+        return stored
+
+    def get_agent(self, run: RunRef, digest: str) -> ResolvedAgent:
+        """The resolved copy of that digest, verified (its bytes' sha256, then the digest of its
+        content); CheckpointNotFound, CorruptCheckpoint, StoreUnavailable."""
+        key = self.agent_key(run, digest)
+        blob = self.blobs.get(key)
+        verify_sha256(blob.data, blob.metadata.get("sha256"), key)
+        resolved = parse_model(ResolvedAgent, decode_document(blob.data, key), key)
+        if resolved.digest() != digest:
+            raise CorruptCheckpoint(f"checkpoint {key}: its content's sha256 is {resolved.digest()}, not {digest}", key)
+        return resolved
 
     # ---- retention -------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "approve": "agentrun.cli.approvals:approve_run_command",
     "reject": "agentrun.cli.approvals:reject_run_command",
     "runs": "agentrun.cli.runs:runs_command",
+    "run": "agentrun.cli.run:run_command",
     "fork": "agentrun.cli.fork:fork_command",
     "gc": "agentrun.cli.gc:gc_command",
     "inbox": "agentrun.inbox.command:inbox_command",

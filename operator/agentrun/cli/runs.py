@@ -17,10 +17,11 @@ from agentrun.cli.kube import check_namespace_flags, connect, current_options, k
 from agentrun.cli.output import colour_phase, columns, output_option, run_name, terminal_width
 
 COLUMNS = ("NAME", "PHASE", "LAP", "SINCE-CHECKPOINT", "COST", "WAITING-ON", "CAUSE")
-WIDE_COLUMNS = ("AGENT-VERSION", "FORKED-FROM", "RETRIES")
+WIDE_COLUMNS = ("AGENT", "AGENT-VERSION", "FORKED-FROM", "RETRIES")
 MAX_CAUSE_COLUMN = 100
 # Progressing reasons of a run that is held up by something it names (the condition's message).
-_HELD_UP = ("SecretMissing", "LapPodConfigError", "StoreUnavailable")
+_HELD_UP = ("SecretMissing", "LapPodConfigError", "StoreUnavailable", "AgentNotFound", "AgentInvalid",
+            "InvalidParameters", "PinnedAgentUnreadable")
 
 
 def run_cause(status: dict[str, Any]) -> str | None:
@@ -49,9 +50,13 @@ def run_rows(runs: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
         st = run.get("status") or {}
         last = parse_time(st.get("lastCheckpointTime"))
         fork = (run.get("spec") or {}).get("forkFrom")
+        ref = (run.get("spec") or {}).get("agentRef") or {}
+        pinned = st.get("agent") or {}
         rows.append({
             "namespace": meta.get("namespace", ""),
             "name": meta.get("name", ""),
+            "agent": ref.get("name") if isinstance(ref, dict) else None,
+            "agentPinned": {"version": pinned.get("version"), "digest": pinned.get("digest")} if pinned else None,
             "phase": st.get("phase") or "Pending",
             "lap": int(st.get("lap") or 0),
             "lastCheckpointTime": st.get("lastCheckpointTime"),
@@ -78,7 +83,7 @@ def table_cells(row: dict[str, Any], with_namespace: bool, cause_chars: int = MA
     ]
     if wide:
         fork = row.get("forkedFrom")
-        cells += [row.get("agentVersion") or "<none>", f"{fork['name']}@{fork['lap']}" if fork else "<none>",
+        cells += [row.get("agent") or "<inline>", row.get("agentVersion") or "<none>", f"{fork['name']}@{fork['lap']}" if fork else "<none>",
                   str(row.get("retriesInPlace") or 0)]
     return ([row["namespace"]] if with_namespace else []) + cells
 
@@ -87,7 +92,7 @@ def format_runs(rows: list[dict[str, Any]], with_namespace: bool = False, width:
                 wide: bool = False) -> str:
     """kubectl-like columns, three spaces apart (NAMESPACE first with -A). The CAUSE column is cut
     to fit ``width`` (the terminal's; at least 20 characters, at most 100); ``wide`` cuts nothing and
-    adds AGENT-VERSION, FORKED-FROM and RETRIES (retries in place)."""
+    adds AGENT, AGENT-VERSION, FORKED-FROM and RETRIES (retries in place)."""
     header = (["NAMESPACE"] if with_namespace else []) + list(COLUMNS) + (list(WIDE_COLUMNS) if wide else [])
     cause = MAX_CAUSE_COLUMN
     if wide:
@@ -119,8 +124,10 @@ def render(rows: list[dict[str, Any]], output: str, with_namespace: bool, width:
 def runs_command(output: str) -> None:
     """List AgentRuns: NAME, PHASE, LAP (last checkpointed), SINCE-CHECKPOINT (time since the last
     checkpoint was written), COST (USD so far), WAITING-ON (owner of a pending approval) and CAUSE
-    (why a run failed, retries or is held up: the failing pod's cause, a missing Secret), cut to the
-    terminal's width. -o wide adds AGENT-VERSION, FORKED-FROM and RETRIES (retries in place)."""
+    (why a run failed, retries or is held up: the failing pod's cause, a missing Secret, a missing Agent), cut to the
+    terminal's width. -o wide adds AGENT (the Agent it runs, spec.agentRef, or <inline>), AGENT-VERSION,
+    FORKED-FROM and RETRIES (retries in place); -o json/yaml rows carry agent and agentPinned
+    (status.agent: version, digest)."""
     opts = current_options()
     check_namespace_flags(opts)
     api, ns = connect(opts)

@@ -20,7 +20,9 @@ What enqueues a run (``on_change``):
 - one of its Jobs appeared, disappeared, or changed *state* (active/succeeded/failed and its
   reason), not on every status update of the Job;
 - a Job whose pods the reconciler read because it was not ready (:attr:`Cache.pod_checked`)
-  became ready or not ready (a missing Secret created: the lap starts).
+  became ready or not ready (a missing Secret created: the lap starts);
+- the Agent it names (``spec.agentRef``) appeared, disappeared or its spec changed (a new
+  ``metadata.generation``): a run held on it starts, a FollowLatest run moves at its next lap.
 
 ``resourceVersion``s are compared as the integers the API server hands out (etcd revisions); an
 event older than the cached object is stale and ignored.
@@ -43,8 +45,10 @@ GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
 RUNS = (f"/apis/{GROUP}/{VERSION}", PLURAL)
 
 Key = tuple[str, str]  # (namespace, name)
+#: (group/version prefix, plural) of the Agents (a run's spec.agentRef; api/agent.py).
+AGENTS = (f"/apis/{GROUP}/{VERSION}", "agents")
 #: The resource of each kind of the cache.
-RESOURCES = {"runs": RUNS, "jobs": JOBS, "pods": PODS}
+RESOURCES = {"runs": RUNS, "jobs": JOBS, "pods": PODS, "agents": AGENTS}
 AWAITING = "AwaitingApproval"
 
 
@@ -109,6 +113,11 @@ class Cache:
         self.runs: dict[Key, dict[str, Any]] = {}
         self.jobs: dict[Key, dict[str, Any]] = {}
         self.pods: dict[Key, dict[str, Any]] = {}
+        self.agents: dict[Key, dict[str, Any]] = {}
+        #: Kinds an optional informer may not list (kind -> HTTP status: 403 no RBAC, 404 not served),
+        #: until a list of it succeeds: the Agents of a cluster without the Agent CRD or the RBAC.
+        self.unreadable: dict[str, int] = {}
+        self._runs_by_agent: dict[Key, set[Key]] = {}  # (namespace, Agent name) -> the runs naming it
         self._run_by_uid: dict[str, Key] = {}
         self._jobs_by_uid: dict[str, set[Key]] = {}
         self._pods_by_job: dict[Key, set[Key]] = {}
@@ -128,6 +137,9 @@ class Cache:
 
     def run(self, key: Key) -> dict[str, Any] | None:
         return self.runs.get(key)
+
+    def agent(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.agents.get((namespace, name))
 
     def jobs_of(self, namespace: str, uid: str) -> list[dict[str, Any]]:
         return [self.jobs[k] for k in sorted(self._jobs_by_uid.get(uid, ())) if k in self.jobs and k[0] == namespace]
@@ -197,9 +209,14 @@ class Cache:
         self.events[kind] = self.events.get(kind, 0) + 1
         self._apply(kind, type_, obj, notify=True)
 
+    def refused(self, kind: str, status: int, scope: str | None = None) -> None:
+        """An optional informer's list of ``kind`` was refused (403, 404): it tries again later."""
+        self.unreadable[kind] = status
+
     def replace(self, kind: str, namespace: str | None, items: list[dict[str, Any]]) -> None:
         """A (re)list of ``kind`` in ``namespace`` (None: everywhere): objects no longer listed were
         deleted meanwhile."""
+        self.unreadable.pop(kind, None)
         store = self._store(kind)
         listed = {key_of(o) for o in items}
         for key in [k for k in store if (namespace is None or k[0] == namespace) and k not in listed]:
@@ -208,7 +225,7 @@ class Cache:
             self._apply(kind, "ADDED", obj, notify=True, relist=True)
 
     def _store(self, kind: str) -> dict[Key, dict[str, Any]]:
-        return {"runs": self.runs, "jobs": self.jobs, "pods": self.pods}[kind]
+        return {"runs": self.runs, "jobs": self.jobs, "pods": self.pods, "agents": self.agents}[kind]
 
     def _apply(self, kind: str, type_: str, obj: dict[str, Any], *, notify: bool, relist: bool = False) -> None:
         obj = TRANSFORMS.get(kind, strip)(obj)
@@ -241,9 +258,16 @@ class Cache:
 
     def _index(self, kind: str, key: Key, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         meta = obj.get("metadata") or {}
+        if kind == "agents":
+            return
         if kind == "runs":
             if meta.get("uid"):
                 self._run_by_uid[meta["uid"]] = key
+            ref, before_ref = _agent_ref(obj), _agent_ref(old)
+            if before_ref is not None and before_ref != ref:
+                self._drop_agent_ref(key, before_ref)
+            if ref is not None:
+                self._runs_by_agent.setdefault((key[0], ref), set()).add(key)
             st = obj.get("status") or {}
             ap = st.get("approval") or {}
             if st.get("phase") == AWAITING and ap.get("state") == "Pending" and ap.get("callId"):
@@ -272,7 +296,12 @@ class Cache:
 
     def _unindex(self, kind: str, key: Key, old: dict[str, Any]) -> None:
         meta = old.get("metadata") or {}
+        if kind == "agents":
+            return
         if kind == "runs":
+            ref = _agent_ref(old)
+            if ref is not None:
+                self._drop_agent_ref(key, ref)
             if self._run_by_uid.get(meta.get("uid", "")) == key:
                 del self._run_by_uid[meta["uid"]]
             self.awaiting.pop(key, None)
@@ -297,6 +326,17 @@ class Cache:
                 if not keys:
                     del self._pods_by_job[(key[0], job or "")]
 
+    def _drop_agent_ref(self, key: Key, ref: str) -> None:
+        runs = self._runs_by_agent.get((key[0], ref))
+        if runs is not None:
+            runs.discard(key)
+            if not runs:
+                del self._runs_by_agent[(key[0], ref)]
+
+    def _agent_changed(self, key: Key, cause: str) -> None:
+        for run in sorted(self._runs_by_agent.get(key, ())):
+            self.enqueue(run, cause)
+
     def _owner(self, obj: dict[str, Any]) -> Key | None:
         uid = ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_RUN_UID)
         return self._run_by_uid.get(uid or "")
@@ -304,6 +344,12 @@ class Cache:
     def _notify(self, kind: str, key: Key, obj: dict[str, Any], old: dict[str, Any] | None, relist: bool) -> None:
         if kind == "runs":
             self.enqueue(key, "run listed" if relist else "run changed")
+            return
+        if kind == "agents":
+            if old is None or _generation(obj) != _generation(old):
+                self._agent_changed(key, "agent changed")
+            else:
+                self.skipped += 1
             return
         owner = self._owner(obj)
         if owner is None:
@@ -318,6 +364,9 @@ class Cache:
         self.skipped += 1  # pods: only the reconciler's own reads, which enqueue nothing
 
     def _notify_deleted(self, kind: str, key: Key, old: dict[str, Any]) -> None:
+        if kind == "agents":
+            self._agent_changed(key, "agent deleted")
+            return
         if kind == "runs":
             if self.on_deleted is not None:
                 self.on_deleted(key)
@@ -326,3 +375,14 @@ class Cache:
             owner = self._owner(old)
             if owner is not None:
                 self.enqueue(owner, "job deleted")
+
+
+def _agent_ref(run: dict[str, Any] | None) -> str | None:
+    """The Agent a run names (spec.agentRef.name), if any."""
+    ref = ((run or {}).get("spec") or {}).get("agentRef")
+    name = ref.get("name") if isinstance(ref, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+def _generation(obj: dict[str, Any]) -> Any:
+    return (obj.get("metadata") or {}).get("generation")

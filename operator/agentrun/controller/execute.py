@@ -24,7 +24,7 @@ from typing import Any
 
 from agentrun import metrics
 from agentrun.api.reasons import Reason
-from agentrun.api.spec import AgentRunSpec
+from agentrun.api.spec import AgentRunSpec, RunSpecFields
 from agentrun.api.status import StoreLocation
 from agentrun.checkpoint.schema import RunRef
 from agentrun.kube.client import EVENTS, JOBS, Client, path
@@ -36,7 +36,7 @@ from .decide.jobs import RunIdentity, build_job, effective_endpoint, spec_json
 from .decide.outcomes import pruned_field
 from .events import EventBudget
 from .logs import run_logger
-from .memos import SpecMemo
+from .memos import SpecMemo, put_bounded
 
 try:  # the test-fault switch (docs/chaos.md, "Negative control"): not in the wheel, so absent from the image
     from agentrun import testfault
@@ -117,6 +117,7 @@ class Executor:
         self._refusals: dict[Key, str] = {}
         """The last refused status write per run (its message): ONE Warning Event per refusal."""
         self.events = EventBudget()  # the routine Events' rate limit per run (events.py)
+        self._agents: dict[tuple[str, str], Any] = {}  # (run uid, digest) -> its pinned ResolvedAgent
 
     def forget(self, key: Key) -> None:
         self._refusals.pop(key, None)
@@ -170,7 +171,7 @@ class Executor:
         except Exception as exc:  # noqa: BLE001
             log.debug("warm-up of the checkpoint client skipped: %s", exc)
 
-    def store(self, spec: AgentRunSpec, loc: StoreLocation) -> Any:
+    def store(self, spec: RunSpecFields, loc: StoreLocation) -> Any:
         """The checkpoint store at the run's pinned location (status.store)."""
         from agentrun.checkpoint.store import CheckpointStore, StoreConfig
 
@@ -188,7 +189,28 @@ class Executor:
         event loop goes on with every other reconcile, watch and Lease renewal meanwhile."""
         return await asyncio.to_thread(store.get_lap, run, lap)
 
-    async def read(self, o: d.Observed, decision: d.Decision, run: RunRef, spec: AgentRunSpec | None) -> d.Observed:
+    async def pinned_agent(self, o: d.Observed, run: RunRef, spec: RunSpecFields) -> d.PinnedAgentRead | None:
+        """The run's pinned Agent copy (``status.agent.digest``): from memory, read once per digest
+        (and run) from the store after that; None for a run that has none."""
+        from agentrun.checkpoint import errors as ce
+
+        pin = o.status.agent
+        if pin is None:
+            return None
+        mkey = (run.uid, pin.digest)
+        hit = self._agents.get(mkey)
+        if hit is not None:
+            return d.PinnedAgentRead(pin.digest, "ok", hit)
+        try:
+            resolved = await asyncio.to_thread(self.store(spec, where(o)).get_agent, run, pin.digest)
+        except (ce.CorruptCheckpoint, ce.CheckpointNotFound, ce.UnsupportedSchemaVersion) as exc:
+            return d.PinnedAgentRead(pin.digest, "unreadable", error=str(exc))
+        except (ce.CheckpointError, ValueError) as exc:
+            return d.PinnedAgentRead(pin.digest, "unavailable", error=str(exc))
+        put_bounded(self._agents, mkey, resolved, 10_000)
+        return d.PinnedAgentRead(pin.digest, "ok", resolved)
+
+    async def read(self, o: d.Observed, decision: d.Decision, run: RunRef, spec: RunSpecFields | None) -> d.Observed:
         from agentrun.checkpoint import errors as ce
 
         assert spec is not None
@@ -217,6 +239,16 @@ class Executor:
                 o = replace(o, checkpoint=cp)
             elif isinstance(a, d.ProbeStore):
                 o = replace(o, store_probe=await asyncio.to_thread(probe_store, store))
+            elif isinstance(a, d.StoreAgent):
+                try:
+                    await asyncio.to_thread(store.put_agent, run, a.resolved)
+                    pr = d.PinnedAgentRead(a.digest, "ok", a.resolved)
+                    put_bounded(self._agents, (run.uid, a.digest), a.resolved, 10_000)
+                except ce.CorruptCheckpoint as exc:
+                    pr = d.PinnedAgentRead(a.digest, "unreadable", error=str(exc))
+                except ce.CheckpointError as exc:
+                    pr = d.PinnedAgentRead(a.digest, "unavailable", error=str(exc))
+                o = replace(o, agent_pinned=pr)
             elif isinstance(a, d.ReadAttemptFailure):
                 try:
                     report = await asyncio.to_thread(store.get_attempt_failure, run, a.lap, a.attempt)
@@ -342,7 +374,9 @@ class Executor:
                 missing = pruned_field(wire, stored.get("status") if isinstance(stored, dict) else None)
                 if missing is not None:
                     return d.NotStored(missing)
-            metrics.observe_run(ns, name, body.get("spec") or {}, wire)
+            # a run of an Agent: its budget and retry are the effective ones (the Agent's, the run's fields over them)
+            metrics.observe_run(ns, name, spec.to_api() if o.request is not None and spec is not None
+                                else body.get("spec") or {}, wire)
             if wr.status.phase != o.status.phase:
                 rlog.info("phase %s -> %s: %s", o.status.phase, wr.status.phase, wr.status.message)
         for a in decision.of(d.DeleteCheckpoints):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agentrun.api.spec import AgentRunSpec
+from agentrun.api.spec import AgentRunManifestSpec, AgentRunSpec
 
 from .decide.observe import observed_job, parse_spec
 from .decide.observed import ObservedJob
@@ -61,13 +61,13 @@ class SpecMemo:
 
     def __init__(self, limit: int = 100_000) -> None:
         self.limit = limit
-        # run -> [spec JSON as listed, its parsed spec, why it cannot be used, the lap's spec text]
+        # run -> [spec JSON as listed, its parsed spec, why it cannot be used, (the spec, the lap's spec text)]
         self._memo: dict[tuple[str, str], list[Any]] = {}
 
     def _put(self, key: tuple[str, str], entry: list[Any]) -> None:
         put_bounded(self._memo, key, entry, self.limit)
 
-    def parse(self, key: tuple[str, str], raw: Any) -> tuple[AgentRunSpec | None, str | None]:
+    def parse(self, key: tuple[str, str], raw: Any) -> tuple[AgentRunSpec | AgentRunManifestSpec | None, str | None]:
         hit = self._memo.get(key)
         if hit is not None and hit[0] is not _UNLISTED and (hit[0] is raw or hit[0] == raw):
             return hit[1], hit[2]
@@ -76,14 +76,15 @@ class SpecMemo:
         return spec, spec_error
 
     def text(self, key: tuple[str, str], spec: AgentRunSpec, dump: Callable[[AgentRunSpec], str]) -> str:
-        """``dump(spec)``, made again only when ``spec`` is not the parsed spec it was made of."""
+        """``dump(spec)``, made again only when ``spec`` is not the spec it was made of (the parsed
+        spec, or the effective spec of a run of an Agent: kept beside its parsed manifest)."""
         hit = self._memo.get(key)
-        if hit is None or hit[1] is not spec:
-            hit = [_UNLISTED, spec, None, None]  # a spec not parsed here: kept for its text only
+        if hit is None:
+            hit = [_UNLISTED, None, None, None]  # a spec not parsed here: kept for its text only
             self._put(key, hit)
-        if hit[3] is None:
-            hit[3] = dump(spec)
-        return str(hit[3])
+        if hit[3] is None or hit[3][0] is not spec:
+            hit[3] = (spec, dump(spec))
+        return str(hit[3][1])
 
     def forget(self, key: tuple[str, str]) -> None:
         self._memo.pop(key, None)

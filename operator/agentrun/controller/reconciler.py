@@ -40,8 +40,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import pydantic
+
 from agentrun import metrics
+from agentrun.api.agent import AgentDefinitionSpec, AgentProblem, ResolvedAgent, ResolveError, effective_spec, resolve
 from agentrun.api.contract import LABEL_RUN_UID
+from agentrun.api.reasons import Reason
+from agentrun.api.spec import AgentRunManifestSpec, AgentRunSpec
 from agentrun.api.status import TERMINAL_PHASES, AgentRunStatus
 from agentrun.checkpoint.schema import RunRef
 from agentrun.kube.client import JOBS, PODS, Client, load_api_client, path
@@ -53,10 +58,19 @@ from agentrun.notify.sender import from_env as notify_from_env
 from . import decide as d
 from .cache import RESOURCES, RUNS, TRANSFORMS, Cache, Key
 from .config import OperatorConfig
-from .decide.observe import current_jobs, job_state, needs_pod_read, observe, parse_run, pod_check_due, pod_waiting
+from .decide.observe import (
+    current_jobs,
+    job_state,
+    needs_pod_read,
+    observe,
+    parse_run,
+    pod_check_due,
+    pod_waiting,
+    spec_error_text,
+)
 from .execute import Executor, RetryWithBackoff
 from .logs import run_logger
-from .memos import JobMemo, SpecMemo
+from .memos import JobMemo, SpecMemo, put_bounded
 from .podreads import PodReads
 from .podreads import selector as pod_selector
 from .policycheck import PolicyCheck, wanted
@@ -148,6 +162,7 @@ class Controller:
         self.pod_reads = PodReads(self._list_pods, POD_READ_WINDOW_SECONDS)  # the checks' reads, batched
         self._reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
         self._specs = SpecMemo()  # each run's parsed spec while its JSON is unchanged, and its lap JSON
+        self._resolutions: dict[Key, Any] = {}  # a run of an Agent: its Agent's resolution, per Agent version
         self._not_leader: set[Key] = set()  # keys taken from the queue while not acting (see process)
         self._not_leader_timer: asyncio.TimerHandle | None = None  # their recheck, while there are some
         self.policies: PolicyStore | None = None  # the tenancy re-check's watched policies (None: off)
@@ -203,6 +218,10 @@ class Controller:
                 self.informers.append(Informer(kube, kind, ns, selector, self.cache, loop, resource=RESOURCES[kind],
                                                transform=TRANSFORMS.get(kind, strip),
                                                watch_seconds=cfg.watch_timeout_seconds))
+            # Agents (a run's spec.agentRef): optional, so a cluster without the Agent CRD (a chart
+            # upgrade does not upgrade CRDs) or without the RBAC still runs its inline runs
+            self.informers.append(Informer(kube, "agents", ns, None, self.cache, loop, resource=RESOURCES["agents"],
+                                           optional=True, watch_seconds=cfg.watch_timeout_seconds))
         for inf in self.informers:
             inf.start()
         if self.elector is None:
@@ -394,6 +413,7 @@ class Controller:
         self.queue.discard(key)
         self._reconciled_at.pop(key, None)
         self._specs.forget(key)
+        self._resolutions.pop(key, None)
         if self.executor is not None:
             self.executor.forget(key)
         metrics.forget_run(*key)
@@ -467,29 +487,54 @@ class Controller:
             await self._read_missing(body, parsed[2])
             o = observe(body, self.cache.jobs_of(ns, uid), lambda job: self.cache.pods_of(ns, job),
                         self.config, datetime.now(UTC), parsed, self._observed_jobs)
+            run = RunRef(namespace=ns, name=name, uid=uid)
+            if o.request is not None and not o.deleting:
+                o = await self._agent_facts(o, run)
             if self.policies is not None and o.spec is not None and not o.deleting \
                     and o.status.phase not in TERMINAL_PHASES:
                 check = await self._tenancy_check(ns, body.get("spec") or {})
                 o = dataclasses.replace(o, policy_check=check)
+            elif self.policies is not None and o.request is not None and not o.deleting \
+                    and o.status.phase not in TERMINAL_PHASES:
+                effective = _effective_of(o)  # a run of an Agent: the re-check of what it runs
+                if effective is not None:
+                    o = dataclasses.replace(o, policy_check=await self._tenancy_check(ns, effective.to_api()))
             held = self.admission.blocking if self.admission is not None else None
             if held is not None:  # rare: no copy of Observed while the policies are in place
                 o = dataclasses.replace(o, admission=held)
-            run = RunRef(namespace=ns, name=name, uid=uid)
             decision = d.decide(o)
             for _ in range(3):
                 if not decision.needs_read:
                     break
-                o = await self.executor.read(o, decision, run, o.spec)
+                o = await self.executor.read(o, decision, run, o.spec or o.request)
                 decision = d.decide(o)
             if decision.needs_read:
                 raise RuntimeError("decide kept asking for reads")
-            out = await self.executor.execute(body, o, decision, run, o.spec)
+            out = await self.executor.execute(body, o, decision, run, decision.spec or o.spec)
             requeue = out.requeue
             if not out.wrote:
                 return requeue
         # still writing after MAX_PASSES: a decision that does not converge; retry with the run's backoff
         run_logger(*key).warning("reconcile still writing after %d passes: retrying with backoff", MAX_PASSES)
         raise RetryWithBackoff(f"no convergence after {MAX_PASSES} passes")
+
+    async def _agent_facts(self, o: d.Observed, run: RunRef) -> d.Observed:
+        """A run of an Agent: its Agent from the watch cache, resolved with the run's parameters
+        (or why not), and its pinned copy (``status.agent``), read once per digest."""
+        assert self.executor is not None and o.request is not None and o.request.agent_ref is not None
+        name = o.request.agent_ref.name
+        doc = self.cache.agent(o.namespace, name)
+        unreadable = self.cache.unreadable.get("agents")
+        # resolved again only when the Agent (its resourceVersion) or the run's parsed spec changed
+        memo = (rv_int(doc), unreadable)
+        hit = self._resolutions.get((o.namespace, o.name))
+        if hit is not None and hit[0] == memo and hit[1] is o.request:
+            current = hit[2]
+        else:
+            current = resolve_current(doc, name, o.request, unreadable)
+            put_bounded(self._resolutions, (o.namespace, o.name), (memo, o.request, current), 100_000)
+        pinned = await self.executor.pinned_agent(o, run, o.request)
+        return dataclasses.replace(o, agent_current=current, agent_pinned=pinned)
 
     async def _read_missing(self, body: dict[str, Any], status: AgentRunStatus | None = None) -> None:
         """The rare reads the cache cannot answer: the recorded Job missing from it (deleted, or the
@@ -614,6 +659,38 @@ class Controller:
 def _resource_of(inf: Informer) -> str:
     """The plural resource an informer lists (the ``resource`` label of its metric)."""
     return inf.path.rsplit("/", 1)[-1]
+
+
+def resolve_current(doc: dict[str, Any] | None, name: str, request: AgentRunManifestSpec,
+                    unreadable: int | None = None) -> ResolvedAgent | AgentProblem:
+    """The cached Agent ``name`` resolved with the run (``agentrun.api.agent.resolve``), or why it
+    cannot be: not found (or Agents not readable: ``unreadable``, the HTTP status of the refused
+    list), its spec invalid, the run's parameters or task not fitting it."""
+    if doc is None and unreadable is not None:
+        return AgentProblem(Reason.AGENT_NOT_FOUND, f"spec.agentRef.name: Agent {name} cannot be read: the operator "
+                            f"may not list and watch agents.agentrun.dev (HTTP {unreadable}: the Agent CRD is not "
+                            "installed, or the operator's RBAC predates it)")
+    if doc is None:
+        return AgentProblem(Reason.AGENT_NOT_FOUND, f"spec.agentRef.name: Agent {name} not found in the run's "
+                            "namespace")
+    try:
+        definition = AgentDefinitionSpec.model_validate(doc.get("spec") or {})
+    except pydantic.ValidationError as exc:
+        return AgentProblem(Reason.AGENT_INVALID, f"spec.agentRef.name: Agent {name} cannot be used: "
+                            + spec_error_text(exc))
+    try:
+        return resolve(name, definition, request, (doc.get("metadata") or {}).get("generation"))
+    except ResolveError as exc:
+        return exc.problem
+
+
+def _effective_of(o: d.Observed) -> AgentRunSpec | None:
+    """The effective spec of a run of an Agent from its pinned copy, when read (for the tenancy re-check)."""
+    read = o.agent_pinned
+    if o.request is None or read is None or read.resolved is None or o.status.agent is None \
+            or read.digest != o.status.agent.digest:
+        return None
+    return effective_spec(o.request, read.resolved)
 
 
 def _status_of(body: dict[str, Any]) -> AgentRunStatus | None:

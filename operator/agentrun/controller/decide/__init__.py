@@ -76,6 +76,7 @@ from .actions import (
     RemoveAnnotations,
     RemoveFinalizer,
     RequeueAfter,
+    StoreAgent,
 )
 from .approvals import adoption_mismatch, approval_env
 from .context import CONDITION_TYPES, Ctx, StatusWriter, conditions_for, deferred_status, failed_status
@@ -90,6 +91,7 @@ from .observed import (
     JobState,
     Observed,
     ObservedJob,
+    PinnedAgentRead,
     StoreProbeRead,
 )
 from .outcomes import Conflict, Invalid, NotStored, Refused, Setback, StoreFailed, decide_after
@@ -108,7 +110,8 @@ __all__ = [
     "Action", "AddFinalizer", "Backoff", "Conflict", "Invalid", "NotStored", "Refused", "Setback", "StoreFailed", "AdmissionProblem", "ApprovalEnv", "AttemptFailureRead", "CheckpointRead", "CreateJob", "Ctx", "Decision",
     "DeleteCheckpoints", "DeleteJob", "DeleteRun", "Event", "ForkCheckpoint", "ForkRead", "JobState", "LapFinished",
     "LapRetried", "Observed", "ObservedJob", "PatchStatus", "ProbeStore", "ReadAttemptFailure", "ReadCheckpoint",
-    "RemoveAnnotations", "RemoveFinalizer", "RequeueAfter", "StatusWriter", "StoreProbeRead",
+    "PinnedAgentRead", "RemoveAnnotations", "RemoveFinalizer", "RequeueAfter", "StatusWriter", "StoreAgent",
+    "StoreProbeRead",
     "adoption_mismatch", "approval_env", "backoff_seconds", "bounded_decider", "bounded_reason", "classify_failure",
     "conditions_for", "decide", "decide_after", "deferred_status", "escape_controls", "failed_status", "job_name", "lap_cause",
     "next_lap_attempt",

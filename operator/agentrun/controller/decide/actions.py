@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import AgentRunStatus, StoreLocation
 
 from .jobs import ApprovalEnv
@@ -91,6 +92,17 @@ class ProbeStore:
 
 
 @dataclass(frozen=True)
+class StoreAgent:
+    """Write the run's resolved Agent copy content-addressed into its store prefix
+    (``agents/<digest>.json``, create-only: idempotent) before status.agent names it: the shell
+    adds a ``PinnedAgentRead`` of it."""
+
+    resolved: Any
+    """The :class:`~agentrun.api.agent.ResolvedAgent`."""
+    digest: str
+
+
+@dataclass(frozen=True)
 class DeleteRun:
     """Delete the AgentRun itself (spec.ttlSecondsAfterFinished passed), with a precondition on
     its uid. Its checkpoints then go or stay by spec.checkpoint.retention (the finalizer)."""
@@ -147,13 +159,16 @@ class Backoff:
 Action = (
     CreateJob | DeleteJob | PatchStatus | RemoveAnnotations | Event | RequeueAfter | ReadCheckpoint
     | ReadAttemptFailure | ForkCheckpoint | AddFinalizer | RemoveFinalizer | DeleteCheckpoints | LapFinished | LapRetried
-    | ProbeStore | DeleteRun | Backoff
+    | ProbeStore | DeleteRun | Backoff | StoreAgent
 )
 
 
 @dataclass
 class Decision:
     actions: list[Action] = field(default_factory=list)
+    spec: AgentRunSpec | None = None
+    """The effective spec ``decide`` acted on when it is not ``Observed.spec``: a run of an Agent,
+    resolved against its pinned copy (the shell builds the lap Job from it)."""
 
     def of(self, kind: type) -> list[Any]:
         return [a for a in self.actions if isinstance(a, kind)]
@@ -180,4 +195,4 @@ class Decision:
     @property
     def needs_read(self) -> bool:
         return bool(self.of(ReadCheckpoint) or self.of(ReadAttemptFailure) or self.of(ForkCheckpoint)
-                    or self.of(ProbeStore))
+                    or self.of(ProbeStore) or self.of(StoreAgent))

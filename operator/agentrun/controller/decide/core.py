@@ -9,6 +9,7 @@ from agentrun.api.status import TERMINAL_PHASES
 
 from .actions import FINALIZER, AddFinalizer, Decision, DeleteCheckpoints, DeleteJob, RemoveFinalizer
 from .admission import hold_decision
+from .agents import resolve_agent
 from .approvals import consume_annotation, take_decision
 from .context import Ctx, StatusWriter
 from .finish import expire
@@ -26,6 +27,20 @@ def decide(o: Observed) -> Decision:
     # Deletion: the Job goes with the owner (GC); the checkpoints only when retention is Delete.
     if o.deleting:
         return Decision([DeleteCheckpoints(), RemoveFinalizer()] if FINALIZER in o.finalizers else [])
+    if o.request is None:
+        return _decide(o)
+    # A run of an Agent: its store first (the pinned copy lives there), then the definition it runs.
+    if o.status.store is None and o.status.phase not in TERMINAL_PHASES:
+        return pin_store(StatusWriter(o))
+    resolved, first = resolve_agent(o)
+    if first is not None:
+        return first
+    decision = _decide(resolved)
+    decision.spec = resolved.spec
+    return decision
+
+
+def _decide(o: Observed) -> Decision:
     if o.spec is None:
         return _without_spec(StatusWriter(o))
     c = Ctx(o, o.spec)

@@ -25,7 +25,7 @@ from agentrun.api.contract import (
     mcp_headers_env,
     tool_headers_env,
 )
-from agentrun.api.spec import AgentRunSpec
+from agentrun.api.spec import AgentRunSpec, RunSpecFields
 from agentrun.api.status import StoreLocation
 from agentrun.api.tenancy import AddressRules
 from agentrun.api.types import parse_duration, redact_url
@@ -76,7 +76,7 @@ def approval_annotation(approval: ApprovalEnv | None) -> str:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
-def resolve_store(spec: AgentRunSpec, config: OperatorConfig) -> StoreLocation:
+def resolve_store(spec: RunSpecFields, config: OperatorConfig) -> StoreLocation:
     """The store a NEW run would use: spec.checkpoint, else the operator's defaults. A run uses the
     location pinned in its status.store (this, at its first Job), never a later resolution.
     Raises ValueError when there is no URI at all."""
@@ -103,7 +103,7 @@ def recordable_endpoint(endpoint: str | None) -> str | None:
     return endpoint
 
 
-def effective_endpoint(pinned: StoreLocation, spec: AgentRunSpec, config: OperatorConfig) -> str | None:
+def effective_endpoint(pinned: StoreLocation, spec: RunSpecFields, config: OperatorConfig) -> str | None:
     """The endpoint to connect to for a pinned store: the pinned one, or the configured one it was
     recorded from when that carried credentials (status never holds them)."""
     configured = spec.checkpoint.endpoint or config.s3_endpoint or None

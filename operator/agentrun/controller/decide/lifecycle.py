@@ -30,7 +30,7 @@ from agentrun.api.lifecycle import (
     retry_request_value,
 )
 from agentrun.api.reasons import Reason
-from agentrun.api.spec import AgentRunSpec
+from agentrun.api.spec import AgentRunSpec, CancelSpec
 from agentrun.api.status import TERMINAL_PHASES, AgentRunStatus, LapRetries, LifecycleStatus
 from agentrun.api.types import parse_duration
 
@@ -173,7 +173,7 @@ def _note_attempt(st: AgentRunStatus, lap: int, attempt: int, reason: str | None
 
 # ------------------------------------------------------------------------------- cancel, deadline
 
-def _stop(c: Ctx, phase: str, reason: Reason, message: str, why: str) -> Decision:
+def _stop(c: StatusWriter, phase: str, reason: Reason, message: str, why: str) -> Decision:
     """End a live run now: the Job in flight deleted with a grace period (the lap gets SIGTERM and
     keeps what it journaled), its attempt recorded (a retry runs the next one), a pending approval
     withdrawn."""
@@ -198,12 +198,18 @@ def _stop(c: Ctx, phase: str, reason: Reason, message: str, why: str) -> Decisio
 
 def take_cancel(c: Ctx) -> Decision | None:
     """``spec.cancel`` on a live run: stop it, phase Cancelled, who and why in status.lifecycle."""
-    o, st, spec = c.o, c.st, c.spec
-    if spec.cancel is None or st.phase in TERMINAL_PHASES:
+    return cancel_run(c, c.spec.cancel)
+
+
+def cancel_run(c: StatusWriter, cancel: CancelSpec | None) -> Decision | None:
+    """:func:`take_cancel` of a run whose spec is not resolved yet (a run of an Agent held before
+    its first lap: ``decide/agents.py``)."""
+    o, st = c.o, c.st
+    if cancel is None or st.phase in TERMINAL_PHASES:
         return None
     lc = lifecycle_of(st)
     lc.cancelled_by = bounded_decider(o.annotations.get(ANN_CANCELLED_BY))
-    lc.cancel_reason = bounded_reason(spec.cancel.reason or None)[0]
+    lc.cancel_reason = bounded_reason(cancel.reason or None)[0]
     lc.cancelled_at = o.now
     who = f" by {lc.cancelled_by}" if lc.cancelled_by else ""
     why = f": {lc.cancel_reason}" if lc.cancel_reason else ""

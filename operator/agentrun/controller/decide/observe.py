@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import pydantic
 
 from agentrun.api.contract import LABEL_ATTEMPT, LABEL_LAP
-from agentrun.api.spec import AgentRunSpec
+from agentrun.api.spec import AgentRunManifestSpec, AgentRunSpec
 from agentrun.api.status import AgentRunStatus
 from agentrun.api.types import parse_time
 
@@ -26,13 +26,16 @@ from .jobs import ANNOTATION_AGENT_VERSION, ANNOTATION_APPROVAL, job_name, resol
 from .observed import Observed, ObservedJob
 from .retries import next_lap_attempt
 
-Parsed = tuple[AgentRunSpec | None, str | None, AgentRunStatus]
+#: A run's spec as parsed: the effective spec of an inline ``spec.agent``, or the manifest of a run
+#: of an Agent (``spec.agentRef``: resolved by ``decide``, ``decide/agents.py``).
+RunSpec = AgentRunSpec | AgentRunManifestSpec
+Parsed = tuple[RunSpec | None, str | None, AgentRunStatus]
 
 
 class SpecParser(Protocol):
     """The shell's memo of :func:`parse_spec` per run (``controller/memos.py``: ``SpecMemo``)."""
 
-    def parse(self, key: tuple[str, str], raw: Any) -> tuple[AgentRunSpec | None, str | None]: ...
+    def parse(self, key: tuple[str, str], raw: Any) -> tuple[RunSpec | None, str | None]: ...
 
 
 class JobObserver(Protocol):
@@ -190,9 +193,12 @@ def pod_check_due(job: dict[str, Any], now: datetime, grace: float) -> float | N
     return max(0.0, grace - (now - created).total_seconds())
 
 
-def parse_spec(raw: Any) -> tuple[AgentRunSpec | None, str | None]:
-    """The run's spec, or why it cannot be used."""
+def parse_spec(raw: Any) -> tuple[RunSpec | None, str | None]:
+    """The run's spec, or why it cannot be used: an inline ``spec.agent`` parsed as the effective
+    spec (as before Agents existed), a ``spec.agentRef`` as the manifest."""
     try:
+        if isinstance(raw, dict) and ("agentRef" in raw or "parameters" in raw):
+            return AgentRunManifestSpec.model_validate(raw), None
         return AgentRunSpec.model_validate(raw or {}), None
     except pydantic.ValidationError as exc:
         return None, spec_error_text(exc)
@@ -222,7 +228,9 @@ def observe(body: dict[str, Any], jobs: list[dict[str, Any]], pods_of: Callable[
     has it already; ``job_memo``: the Jobs other than the current ones observed through it."""
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-    spec, spec_error, status = parsed if parsed is not None else parse_run(body)
+    parsed_spec, spec_error, status = parsed if parsed is not None else parse_run(body)
+    spec = parsed_spec if isinstance(parsed_spec, AgentRunSpec) else None
+    request = parsed_spec if isinstance(parsed_spec, AgentRunManifestSpec) else None
     current = current_jobs(name, uid, status)
     observed_jobs = []
     for job in jobs:
@@ -234,14 +242,14 @@ def observe(body: dict[str, Any], jobs: list[dict[str, Any]], pods_of: Callable[
         if oj is not None:
             observed_jobs.append(oj)
     resolved, store_error = None, None
-    if spec is not None:
+    if parsed_spec is not None:
         try:
-            resolved = resolve_store(spec, config)
+            resolved = resolve_store(parsed_spec, config)
         except (ValueError, pydantic.ValidationError) as exc:
             store_error = str(exc)
     return Observed(
         namespace=namespace, name=name, uid=uid, generation=int(meta.get("generation") or 1),
-        spec=spec, spec_error=spec_error, status=status, now=now,
+        spec=spec, request=request, spec_error=spec_error, status=status, now=now,
         pod_config_grace_seconds=config.pod_config_grace_seconds, lap_image=config.lap_image,
         resolved_store=resolved, store_error=store_error,
         annotations=dict(meta.get("annotations") or {}), finalizers=tuple(meta.get("finalizers") or ()),

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from agentrun.api.spec import AgentRunSpec
+from agentrun.api.agent import AgentProblem, ResolvedAgent
+from agentrun.api.spec import AgentRunManifestSpec, AgentRunSpec
 from agentrun.api.status import AgentRunStatus, StoreLocation
 from agentrun.api.tenancy import PolicyCheck
 from agentrun.checkpoint.schema import LapRecord, RunState
@@ -116,6 +117,17 @@ class AdmissionProblem:
 
 
 @dataclass(frozen=True)
+class PinnedAgentRead:
+    """The run's pinned Agent copy (``status.agent.digest``), as the shell read it from the store (or
+    from its memory of that digest), or just wrote it (``StoreAgent``)."""
+
+    digest: str
+    kind: Literal["ok", "unavailable", "unreadable"]
+    resolved: ResolvedAgent | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class Observed:
     namespace: str
     name: str
@@ -155,6 +167,14 @@ class Observed:
     """The operator's admission policies are missing or not the version its code expects (the
     shell's check, ``controller/policycheck.py``); None: in place (or allowed to be missing). While
     set, decide starts no lap Job and takes no approval decision."""
+    request: AgentRunManifestSpec | None = None
+    """A run of an Agent (``spec.agentRef``): its spec as written (``spec`` is None until ``decide``
+    resolved it against the pinned copy: ``decide/agents.py``)."""
+    agent_current: ResolvedAgent | AgentProblem | None = None
+    """Of a run of an Agent: its Agent as the watch cache holds it now, resolved with the run's
+    parameters by the shell (``agentrun.api.agent.resolve``), or why it cannot be."""
+    agent_pinned: PinnedAgentRead | None = None
+    """Of a run of an Agent: the copy ``status.agent.digest`` names (read by the shell)."""
     refusal: str | None = None
     """The run's refusal streak, as the shell remembers it (the last ``Backoff.streak``, until a
     reconcile succeeds): ``decide_after`` posts one Event per streak."""

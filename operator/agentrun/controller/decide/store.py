@@ -9,7 +9,7 @@ from agentrun.api.reasons import ConditionType, Reason
 from agentrun.api.status import AgentRunStatus, StoreLocation
 
 from .actions import Decision, ProbeStore, RequeueAfter
-from .context import Ctx, condition
+from .context import Ctx, StatusWriter, condition
 from .observed import ObservedJob
 
 _STORE_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
@@ -45,7 +45,7 @@ def pinned_store(status: AgentRunStatus, namespace: str, name: str, uid: str,
     return job_store
 
 
-def pin_store(c: Ctx) -> Decision:
+def pin_store(c: StatusWriter) -> Decision:
     """Fix the run's store in status.store; nothing else this pass (the next pass, once the status is
     stored, goes on)."""
     o, st = c.o, c.st
