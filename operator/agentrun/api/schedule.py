@@ -2,7 +2,7 @@
 
 These pydantic models are the source of truth of the AgentSchedule CRD (``agentrun crd --schedule``,
 ``make crds``), as :mod:`.spec` is of the AgentRun's. The run template's ``spec`` *is* an
-:class:`~agentrun.api.spec.AgentRunSpec`, so every field a run has (and every field it gains) is
+:class:`~agentrun.api.spec.AgentRunManifestSpec` (an inline agent, or an Agent by name with parameters), so every field a run has (and every field it gains) is
 there too. The operator's schedule controller (``agentrun.schedule``) reads them; docs/scheduling.md
 says how the times are chosen.
 
@@ -21,7 +21,7 @@ from pydantic import Field
 
 from .crdgen import CEL_RULES as RUN_CEL_RULES
 from .crdgen import GROUP, VERSION, _Dumper, structural
-from .spec import AgentRunSpec
+from .spec import AgentRunManifestSpec
 from .status import Condition
 from .types import APIModel
 
@@ -96,7 +96,9 @@ class RunTemplate(APIModel):
     metadata: RunTemplateMetadata = Field(
         default_factory=RunTemplateMetadata, description="Labels and annotations of each run."
     )
-    spec: AgentRunSpec = Field(description="The spec of each run: an AgentRun's spec (docs/crd-reference.md).")
+    spec: AgentRunManifestSpec = Field(
+        description="The spec of each run: an AgentRun's spec, with an inline agent or an Agent's name and "
+        "parameters (docs/crd-reference.md).")
 
 
 class AgentScheduleSpec(APIModel):
