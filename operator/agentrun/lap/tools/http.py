@@ -48,9 +48,14 @@ def headers_env_name(tool: str) -> str:
 
 def tool_headers_from_env(tools: list[ToolSpec], env: Mapping[str, str]) -> dict[str, dict[str, str]]:
     """Extra headers per tool. A malformed value is a ConfigError naming the variable, not the value."""
+    return headers_from_env([(t.name, headers_env_name(t.name)) for t in tools], env)
+
+
+def headers_from_env(named: list[tuple[str, str]], env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """Extra headers per name (an HTTP tool's, an MCP server's) from the variable given for it: a JSON
+    object of header names to values. A malformed value is a ConfigError naming the variable, not the value."""
     out: dict[str, dict[str, str]] = {}
-    for t in tools:
-        var = headers_env_name(t.name)
+    for name, var in named:
         raw = env.get(var)
         if not raw:
             continue
@@ -60,7 +65,7 @@ def tool_headers_from_env(tools: list[ToolSpec], env: Mapping[str, str]) -> dict
             raise ConfigError(f"{var} is not a JSON object of header names to values") from None
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             raise ConfigError(f"{var} must be a JSON object of string header names to string values")
-        out[t.name] = value
+        out[name] = value
     return out
 
 

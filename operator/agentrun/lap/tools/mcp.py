@@ -50,7 +50,7 @@ from agentrun.checkpoint.schema import McpServerTools, McpToolInfo
 from agentrun.lap.errors import ConfigError, PermanentLapError, RetryableLapError
 from agentrun.lap.interfaces import ToolOutcome
 from agentrun.lap.netguard import AddressRefused, check_host, resolve, rules_from_env
-from agentrun.lap.tools.http import truncation_marker
+from agentrun.lap.tools.http import headers_from_env, truncation_marker
 
 if TYPE_CHECKING:
     import httpx2
@@ -73,20 +73,7 @@ def preload() -> None:
 
 def mcp_headers_from_env(servers: list[McpServer], env: Mapping[str, str]) -> dict[str, dict[str, str]]:
     """Extra headers per server. A malformed value is a ConfigError naming the variable, not the value."""
-    out: dict[str, dict[str, str]] = {}
-    for s in servers:
-        var = mcp_headers_env(s.name)
-        raw = env.get(var)
-        if not raw:
-            continue
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            raise ConfigError(f"{var} is not a JSON object of header names to values") from None
-        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-            raise ConfigError(f"{var} must be a JSON object of string header names to string values")
-        out[s.name] = value
-    return out
+    return headers_from_env([(s.name, mcp_headers_env(s.name)) for s in servers], env)
 
 
 def bounded_listing(server: McpServer, tools: Iterable[Any], info: Any) -> McpServerTools:
