@@ -311,8 +311,13 @@ def diag(henv, request):
 # watch cache needs (controller/cache.py: list/watch AgentRuns, Jobs and pods). Nothing else, and nothing cluster-scoped: with
 # exact watchNamespaces Kopf's scanning is disabled (no namespace list, no CRD list/watch).
 EXPECTED_RUN_NS = {
-    "agentruns.agentrun.dev []": {"list", "watch", "patch", "delete"},
+    # create: the schedule controller creates a schedule's runs (agentrun.schedule)
+    "agentruns.agentrun.dev []": {"list", "watch", "patch", "delete", "create"},
     "agentruns.agentrun.dev/status []": {"patch", "operate"},  # operate: docs/security.md
+    "agents.agentrun.dev []": {"list", "watch"},  # runs of an Agent are resolved from the watch cache
+    "agentschedules.agentrun.dev []": {"list", "watch"},
+    "agentschedules.agentrun.dev/status []": {"patch"},
+    "agentschedules.agentrun.dev/finalizers []": {"update"},  # blockOwnerDeletion on a schedule's runs
     "jobs.batch []": {"create", "list", "watch", "delete"},
     "pods []": {"list"},
     "events []": {"create"},
