@@ -571,29 +571,36 @@ def wait_tenancy_admitted(cluster: Cluster, timeout: float = 90, namespace: str 
         time.sleep(1)
 
 
-# What the API server answers while a MutatingAdmissionPolicy's type converter does not know a
-# CRD's kind yet (it learns new CRD schemas some seconds after Established): every decision is
-# refused with 503 until then.
-_TYPE_CONVERTER_LAG = "There can be a delay between when CustomResourceDefinitions are created"
-
-
 def wait_decisions_admitted(cluster: Cluster, timeout: float = 90) -> None:
-    """Wait until a decision on an AgentRun passes the decider-stamping MutatingAdmissionPolicy.
+    """Wait until AgentRuns pass every MutatingAdmissionPolicy that stamps them.
 
-    Established only says the CRD is served; the policy's type converter picks the new schema up
-    later, and until then ``kubectl annotate agentrun X approved=true`` gets a 503. Probe with a
-    server-side dry-run create carrying the annotation (the policy matches CREATE): any answer but
-    that 503 (the probe's empty spec is then refused by the schema) means decisions are admitted."""
-    probe = ('{"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": "admission-probe",'
-             ' "namespace": "default", "annotations": {"approved": "true"}}, "spec": {}}')
+    Established only says the CRD is served. A policy is loaded some time after it is applied, and its
+    type converter picks the CRD's schema up later still: until then every AgentRun it matches is
+    refused with a 503 ("There can be a delay between when CustomResourceDefinitions are created").
+    So a probe that merely got no 503 proves nothing (the policy may not be loaded yet). Probe with a
+    server-side dry-run create of a valid run carrying ``approved``, and wait until the answer shows
+    both stamps (``agentrun.dev/created-by`` and ``agentrun.dev/decided-by``): both policies ran."""
+    probe = json.loads(json.dumps(_TENANCY_PROBE))
+    probe["metadata"]["name"] = "admission-probe"
+    probe["metadata"]["annotations"] = {"approved": "true"}
     deadline = time.monotonic() + timeout
     while True:
-        r = cluster.kubectl_run("create", "--dry-run=server", "-f", "-", input=probe, check=False)
-        if _TYPE_CONVERTER_LAG not in r.stderr:
-            return
+        r = cluster.kubectl_run("create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(probe),
+                                check=False)
+        if r.returncode == 0:
+            stamped = json.loads(r.stdout).get("metadata", {}).get("annotations", {})
+            if _STAMPS <= stamped.keys():
+                return
+            why = f"the answer lacks {sorted(_STAMPS - stamped.keys())}"
+        else:
+            why = r.stderr.strip()
         if time.monotonic() > deadline:
-            raise ClusterError(f"decisions on AgentRuns still refused after {timeout:.0f}s: {r.stderr.strip()}")
+            raise ClusterError(f"AgentRuns not yet stamped by the admission policies after {timeout:.0f}s: {why}")
         time.sleep(1)
+
+
+#: What the mutating admission policies stamp on a created run that carries a decision.
+_STAMPS = frozenset({"agentrun.dev/created-by", "agentrun.dev/decided-by"})
 
 
 # ------------------------------------------------------------------ S3
@@ -723,6 +730,9 @@ def _main(argv: list[str] | None = None) -> int:
     p.add_argument("namespace")
     p.add_argument("sa")
     p.add_argument("out")
+    p = sub.add_parser("wait-admitted", help="wait until a valid AgentRun passes the tenancy policy and the "
+                       "stamping admission policies (after kubectl apply -f crds/)")
+    p.add_argument("--dir", default=default_dir)
     sub.add_parser("build")
     a = ap.parse_args(argv)
 
@@ -754,6 +764,10 @@ def _main(argv: list[str] | None = None) -> int:
             print(f"export {k}={v}")
     elif a.cmd == "s3-down":
         stop_s3(a.dir)
+    elif a.cmd == "wait-admitted":
+        c = Cluster.load(a.dir)
+        wait_tenancy_admitted(c)
+        wait_decisions_admitted(c)
     elif a.cmd == "sa-kubeconfig":
         print(sa_kubeconfig(Cluster.load(a.dir), a.namespace, a.sa, a.out))
     return 0

@@ -126,18 +126,9 @@ kubectl wait --for=condition=Established crd/agentruns.agentrun.dev crd/agentrun
 # loopback is intended (the tool server and S3 listen on 127.0.0.1); link-local, cloud metadata and
 # the API server stay refused. Wait until a valid run passes it (paramKind and param picked up).
 kubectl apply -f e2e/tenancy-local-policy.yaml
-tprobe='{"apiVersion":"agentrun.dev/v1alpha1","kind":"AgentRun","metadata":{"name":"tenancy-probe","namespace":"default"},"spec":{"task":"probe","agent":{"version":"v1","model":{"provider":"scripted","script":[{"content":"done"}]}}}}'
-for _ in $(seq 90); do
-  echo "$tprobe" | kubectl create --dry-run=server -f - >/dev/null 2>&1 && break
-  sleep 1
-done
-# The decider-stamping MutatingAdmissionPolicy learns the new CRD's schema some seconds after
-# Established; until then a decision gets a 503 (docs/operations.md). Probe with a dry-run create.
-probe='{"apiVersion":"agentrun.dev/v1alpha1","kind":"AgentRun","metadata":{"name":"admission-probe","namespace":"default","annotations":{"approved":"true"}},"spec":{}}'
-for _ in $(seq 90); do
-  echo "$probe" | kubectl create --dry-run=server -f - 2>&1 | grep -q "There can be a delay" || break
-  sleep 1
-done
+# The admission policies are loaded, and learn the new CRDs' schemas, some seconds after Established;
+# until then runs are refused (docs/operations.md). Wait until a valid run passes them all.
+"$PY" e2e/cluster.py wait-admitted --dir "$DEV_DIR"
 kubectl create serviceaccount agentrun-lap --dry-run=client -o yaml | kubectl apply -f -
 kubectl create secret generic agentrun-s3 --dry-run=client -o yaml \
   --from-literal=AWS_ACCESS_KEY_ID="$AWS_ACCESS_KEY_ID" \

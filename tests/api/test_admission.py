@@ -250,7 +250,8 @@ def test_the_chart_names_its_service_account_as_the_operator():
                           "--show-only", "templates/admission-policies.yaml"],
                          check=True, capture_output=True, text=True).stdout
     vaps = {d["metadata"]["name"]: d for d in yaml.safe_load_all(out) if d and d["kind"] == "ValidatingAdmissionPolicy"}
-    assert set(vaps) == {admission.VAP_DECISIONS, admission.VAP_STATUS, admission.VAP_GUARD, admission.VAP_LIFECYCLE}
+    assert set(vaps) == {admission.VAP_DECISIONS, admission.VAP_STATUS, admission.VAP_GUARD, admission.VAP_LIFECYCLE,
+                         admission.VAP_AGENT_GUARD}
     for name in (admission.VAP_DECISIONS, admission.VAP_STATUS):
         assert _vars(vaps[name])[admission.OPERATOR_USERNAMES_VAR] == '["system:serviceaccount:ops:op-sa"]'
         # nothing else differs from the generated policy

@@ -22,13 +22,13 @@ REQUEST = AgentRunManifestSpec.model_validate(
      "budget": {"maxLaps": 5}})
 
 
-def agent(version: str = "v1", rollout: str = "Pinned") -> ResolvedAgent:
+def agent(version: str = "v1", rollout: str = "Pinned", uid: str | None = "agent-uid-1") -> ResolvedAgent:
     definition = AgentDefinitionSpec.model_validate({
         "version": version, "rollout": rollout,
         "model": {"provider": "scripted", "script": [{"content": "done"}]},
         "parameters": [{"name": "topic", "required": True}], "budget": {"maxLaps": 50},
     })
-    return resolve("writer", definition, REQUEST)
+    return resolve("writer", definition, REQUEST, uid=uid)
 
 
 @dataclasses.dataclass
@@ -135,6 +135,22 @@ def test_follow_latest_moves_only_at_a_lap_boundary() -> None:
     dec = w.once()
     (job,) = dec.of(d.CreateJob)
     assert job.agent_version == "v2"
+
+
+def test_follow_latest_does_not_follow_an_agent_created_again_under_the_same_name() -> None:
+    """Deleting a FollowLatest Agent and creating another of the same name (a new uid) is not an edit
+    the admission policy sees: the run keeps its pinned copy. A pin without a uid (recorded before
+    uids were) follows as before."""
+    w = pinned_world("FollowLatest")
+    assert w.status.agent is not None and w.status.agent.uid == "agent-uid-1"
+    w.status = w.status.model_copy(update={"active_job": None, "lap": 1})
+    w.current = agent("v2", "FollowLatest", uid="agent-uid-2")
+    dec = d.decide(w.observed())
+    assert not dec.of(d.StoreAgent) and dec.spec is not None and dec.spec.agent.version == "v1"
+    legacy = w.status.agent.model_copy(update={"uid": None})
+    w.status = w.status.model_copy(update={"agent": legacy})
+    w.once()
+    assert w.status.agent is not None and w.status.agent.version == "v2" and w.status.agent.uid == "agent-uid-2"
 
 
 def test_follow_latest_moves_when_the_lap_in_flight_is_seen_finished() -> None:

@@ -59,7 +59,7 @@ def test_the_committed_files_carry_the_marker_the_code_computes():
     wants = wanted(ALL)
     assert sorted((w.set, w.kind, w.name) for w in wants) == sorted([
         *(("approvals", k, n) for n in (admission.VAP_DECISIONS, admission.VAP_STATUS, admission.VAP_GUARD,
-                                             admission.VAP_LIFECYCLE)
+                                             admission.VAP_LIFECYCLE, admission.VAP_AGENT_GUARD)
           for k in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")),
         *(("stamping", k, n) for n in (admission.MAP_ANNOTATION, admission.MAP_STATUS, admission.MAP_CREATOR,
                                             admission.MAP_RETRY, admission.MAP_CANCEL)

@@ -410,3 +410,68 @@ def test_a_patch_only_author_cannot_change_a_gated_mcp_server(g):
     r = g.patch("alice", "mcp", [{"op": "replace", "path": "/spec/agent/mcpServers/0/url",
                                   "value": "http://127.0.0.1:9/mcp2"}], groups=("finance",))
     assert r.returncode == 0, r.stderr
+
+
+def agent_doc(name: str, rollout: str) -> dict:
+    return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "Agent", "metadata": {"name": name}, "spec": {
+        "version": "v1", "rollout": rollout, "task": "guard {{ topic }}",
+        "parameters": [{"name": "topic"}], "approval": {"owner": "e2e-team"},
+        "model": {"provider": "scripted", "script": [{"content": "x"}]},
+        "tools": [{"name": "note", "http": {"url": "http://127.0.0.1:9/note"}},
+                  {"name": "wire", "requiresApproval": True, "http": {"url": "http://127.0.0.1:9/wire"}}],
+        "mcpServers": [{"name": "ledger", "url": "http://127.0.0.1:9/mcp", "requiresApproval": ["book_*"]}]}}
+
+
+def test_an_agent_author_cannot_change_what_runs_following_the_agent_call(g):
+    """An Agent with ``rollout: FollowLatest`` hands every edit to its runs in flight at their next lap:
+    its gated tools and MCP servers, its image and its approval policy change only with ``approve`` on
+    the namespace's AgentRuns (policy agentrun-agent-guard), and so does turning FollowLatest on. A
+    Pinned Agent's edits (which reach only runs not started) and ungated changes stay open to the
+    author; an approver may make them all."""
+    g.kubectl("create", "role", "agent-author", "-n", g.ns, "--verb=get,list,watch,create,update,patch",
+              "--resource=agents.agentrun.dev")
+    g.kubectl("create", "rolebinding", "agent-author", "-n", g.ns, "--role=agent-author", "--user=carol",
+              "--group=finance")
+
+    def patch(user: str, name: str, ops: list, groups: tuple[str, ...] = ()):
+        return g.as_user(user, "patch", "agent", name, "-n", g.ns, "--type=json", "-p", json.dumps(ops), groups=groups)
+
+    for name, rollout in (("follower", "FollowLatest"), ("pinned", "Pinned")):
+        r = g.as_user("carol", "apply", "-n", g.ns, "-f", "-", input=yaml.safe_dump(agent_doc(name, rollout)))
+        assert r.returncode == 0, r.stderr  # creating either is open to the author
+    refused = [
+        ([{"op": "replace", "path": "/spec/tools/1/http/url", "value": "http://127.0.0.1:9/attacker"}],
+         "spec.tools[wire].http.url", "may not change the URL of a tool with requiresApproval"),
+        ([{"op": "replace", "path": "/spec/tools/1/requiresApproval", "value": False}],
+         "spec.tools[wire].requiresApproval", "may not turn approval off (true to false)"),
+        ([{"op": "remove", "path": "/spec/tools/1"}], "spec.tools[wire]", "may not remove a tool with requiresApproval"),
+        ([{"op": "replace", "path": "/spec/mcpServers/0/requiresApproval", "value": []}],
+         "spec.mcpServers[ledger].requiresApproval", "may not remove a requiresApproval pattern of an MCP server"),
+        ([{"op": "add", "path": "/spec/image", "value": "registry.example/other:1"}],
+         "spec.image", "may not change the lap image"),
+        ([{"op": "replace", "path": "/spec/approval/owner", "value": "carol"}],
+         "spec.approval.owner", "may not change who decides"),
+    ]
+    for ops, field, what in refused:
+        r = patch("carol", "follower", ops)
+        assert r.returncode != 0, (field, r.stdout)
+        assert f'{field}: user "carol" {what} in Agent {g.ns}/follower' in r.stderr, (field, r.stderr)
+        assert VERB in r.stderr and admission.VAP_AGENT_GUARD in r.stderr, (field, r.stderr)
+        assert patch("carol", "pinned", ops).returncode == 0, field  # a Pinned Agent: open to its author
+    # turning FollowLatest on hands the Pinned Agent's edits (made above) to its runs in flight
+    flip = [{"op": "replace", "path": "/spec/rollout", "value": "FollowLatest"}]
+    r = patch("carol", "pinned", flip)
+    assert r.returncode != 0 and f'spec.rollout: user "carol" may not turn FollowLatest on in Agent {g.ns}/pinned' \
+        in r.stderr, r.stderr
+    spec = json.loads(g.kubectl("get", "agent", "follower", "-n", g.ns, "-o", "json").stdout)["spec"]
+    assert spec["tools"][1]["http"]["url"] == "http://127.0.0.1:9/wire" and spec["tools"][1]["requiresApproval"]
+    # ungated changes stay open: the ungated tool, a new requiresApproval pattern, the version
+    for ops in ([{"op": "replace", "path": "/spec/tools/0/http/url", "value": "http://127.0.0.1:9/note2"}],
+                [{"op": "add", "path": "/spec/mcpServers/0/requiresApproval/-", "value": "pay_*"}],
+                [{"op": "replace", "path": "/spec/version", "value": "v2"}]):
+        r = patch("carol", "follower", ops)
+        assert r.returncode == 0, (ops, r.stderr)
+    # an approver (group finance) may make them
+    for name, ops in (("follower", refused[0][0]), ("pinned", flip)):
+        r = patch("alice", name, ops, groups=("finance",))
+        assert r.returncode == 0, (name, r.stderr)

@@ -340,8 +340,8 @@ def expected_tenancy_reader(run_ns: str) -> dict[str, set[str]]:
 
 #: The admission policy check (controller/policycheck.py; ClusterRole <release>-admission-reader): a list
 #: and watch of each of the operator's own policies and bindings, by name.
-VALIDATING_NAMES = ("agentrun-approval-guard", "agentrun-decisions", "agentrun-lifecycle", "agentrun-status-owner",
-                    "agentrun-tenancy")
+VALIDATING_NAMES = ("agentrun-agent-guard", "agentrun-approval-guard", "agentrun-decisions", "agentrun-lifecycle",
+                    "agentrun-status-owner", "agentrun-tenancy")
 MUTATING_NAMES = ("agentrun-stamp-canceller", "agentrun-stamp-creator", "agentrun-stamp-decider",
                   "agentrun-stamp-decider-status", "agentrun-stamp-retry-requester")
 EXPECTED_ADMISSION_READER = {

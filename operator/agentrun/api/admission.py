@@ -22,6 +22,9 @@ admission, no webhook server. What each policy guarantees, and where, is in docs
   removed; ``spec.agent.image``; ``spec.approval.owner``; ``approvers`` lowered;
   ``distinctFromCreator`` turned off); the creator annotation :data:`~agentrun.api.approval.ANN_CREATED_BY`
   is the requesting user at CREATE and never changes afterwards.
+* :data:`VAP_AGENT_GUARD` (ValidatingAdmissionPolicy): the same changes in an Agent whose runs follow
+  its edits (``rollout: FollowLatest``), and turning FollowLatest on, need the approve verb on the
+  namespace's AgentRuns (:func:`agent_guard_policy`).
 * :data:`MAP_ANNOTATION` / :data:`MAP_STATUS` (MutatingAdmissionPolicy, Kubernetes >= 1.36):
   stamp the authenticated user into the decider field whenever a decision is set, overwriting
   whatever the client sent; so ``kubectl annotate agentrun X approved=true`` works as typed and
@@ -41,13 +44,14 @@ the operator there. Why both: docs/security.md.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Final
 
 import yaml
 
 from . import approval as ap
 from . import lifecycle as lc
-from .crdgen import GROUP, PLURAL, _Dumper, openapi_schema
+from .crdgen import AGENT_PLURAL, GROUP, PLURAL, _Dumper, openapi_schema
 from .policy_version import stamped
 
 OPERATE_VERB: Final = "operate"
@@ -59,6 +63,7 @@ APPROVER_CLUSTERROLE: Final = "agentrun-approver"
 VAP_DECISIONS: Final = "agentrun-decisions"
 VAP_STATUS: Final = "agentrun-status-owner"
 VAP_GUARD: Final = "agentrun-approval-guard"
+VAP_AGENT_GUARD: Final = "agentrun-agent-guard"
 MAP_ANNOTATION: Final = "agentrun-stamp-decider"
 MAP_STATUS: Final = "agentrun-stamp-decider-status"
 MAP_CREATOR: Final = "agentrun-stamp-creator"
@@ -379,20 +384,23 @@ def _gated_var(field: str) -> str:
     return "gated" + "".join(p[0].upper() + p[1:] for p in field.split("."))
 
 
-def guard_policy() -> dict[str, Any]:
-    """Spec changes that would change what an approved or a future gated call does need the approve
-    verb; the creator annotation is the API server's."""
-    k = _CREATED_BY
-    new_has, old_has = f"{k} in variables.newAnn", f"{k} in variables.oldAnn"
-    tools_changed = ("oldObject != null && object.spec.?agent.?tools.orValue([]) != "
-                     "oldObject.spec.?agent.?tools.orValue([])")
+Rule = Callable[..., dict[str, Any]]
+
+
+def _gated_parts(base: str, shown: str, rule: Rule) -> tuple[list[dict[str, str]], list[dict[str, Any]]]:
+    """The variables and validations guarding the gated tools and MCP servers of an agent definition
+    at ``base`` under ``object``/``oldObject`` (``.spec.?agent`` in a run, ``.spec`` in an Agent),
+    shown in refusals as ``shown`` (``spec.agent``, ``spec``); ``rule(expr, field, what)`` builds one
+    validation."""
+    def at(obj: str, field: str) -> str:
+        return f"{obj}{base}.?{field}.orValue([])"
+
+    tools_changed = f"oldObject != null && {at('object', 'tools')} != {at('oldObject', 'tools')}"
     variables: list[dict[str, str]] = [
-        *ANNOTATION_VARIABLES[:2],
-        {"name": "canApprove", "expression": CAN_APPROVE},
         {"name": "oldGated",
          "expression": f"!({tools_changed}) ? [] : "
-                       "oldObject.spec.?agent.?tools.orValue([]).filter(t, t.?requiresApproval.orValue(false))"},
-        {"name": "newTools", "expression": "object.spec.?agent.?tools.orValue([])"},
+                       f"{at('oldObject', 'tools')}.filter(t, t.?requiresApproval.orValue(false))"},
+        {"name": "newTools", "expression": at("object", "tools")},
         {"name": "gatedRemoved",
          "expression": "variables.oldGated.filter(t, !variables.newTools.exists(n, n.name == t.name)).map(t, t.name)"},
     ]
@@ -402,13 +410,12 @@ def guard_policy() -> dict[str, Any]:
             "expression": f"variables.oldGated.filter(t, variables.newTools.exists(n, n.name == t.name && ({changed})))"
                           ".map(t, t.name)",
         })
-    mcp_changed = ("oldObject != null && object.spec.?agent.?mcpServers.orValue([]) != "
-                   "oldObject.spec.?agent.?mcpServers.orValue([])")
+    mcp_changed = f"oldObject != null && {at('object', 'mcpServers')} != {at('oldObject', 'mcpServers')}"
     variables += [
         {"name": "oldGatedMcp",
-         "expression": f"!({mcp_changed}) ? [] : oldObject.spec.?agent.?mcpServers.orValue([])"
+         "expression": f"!({mcp_changed}) ? [] : {at('oldObject', 'mcpServers')}"
                        ".filter(s, size(s.?requiresApproval.orValue([])) > 0)"},
-        {"name": "newMcp", "expression": "object.spec.?agent.?mcpServers.orValue([])"},
+        {"name": "newMcp", "expression": at("object", "mcpServers")},
         {"name": "gatedMcpRemoved",
          "expression": "variables.oldGatedMcp.filter(s, !variables.newMcp.exists(n, n.name == s.name)).map(s, s.name)"},
     ]
@@ -418,18 +425,68 @@ def guard_policy() -> dict[str, Any]:
             "expression": f"variables.oldGatedMcp.filter(s, variables.newMcp.exists(n, n.name == s.name && ({changed})))"
                           ".map(s, s.name)",
         })
-    old_owner = "oldObject.spec.?approval.?owner.orValue('')"
-    variables += [
-        {"name": "ownerChanged",
-         "expression": f"oldObject != null && object.spec.?approval.?owner.orValue('') != {old_owner}"},
-        {"name": "oldOwnerGroup",
-         "expression": f"oldObject != null && {old_owner}.startsWith({_lit(OWNER_GROUP_PREFIX)}) ? "
-                       f"{old_owner}.substring({_PREFIX_LEN}) : ''"},
+    validations = [rule("size(variables.gatedRemoved) == 0",
+                        f"variables.gatedRemoved.map(n, '{shown}.tools[' + n + ']').join(', ')",
+                        "remove a tool with requiresApproval")]
+    for field, _, what in GATED_TOOL_FIELDS:
+        var = f"variables.{_gated_var(field)}"
+        validations.append(rule(f"size({var}) == 0", f"{var}.map(n, '{shown}.tools[' + n + '].{field}').join(', ')",
+                                what))
+    validations.append(rule("size(variables.gatedMcpRemoved) == 0",
+                            f"variables.gatedMcpRemoved.map(n, '{shown}.mcpServers[' + n + ']').join(', ')",
+                            "remove an MCP server with requiresApproval"))
+    for field, _, what in GATED_MCP_FIELDS:
+        var = f"variables.{_gated_var('mcp.' + field)}"
+        validations.append(rule(f"size({var}) == 0",
+                                f"{var}.map(n, '{shown}.mcpServers[' + n + '].{field}').join(', ')", what))
+    image = f"{base}.?image.orValue('')"
+    validations.append(rule(f"oldObject == null || object{image} == oldObject{image}", f"'{shown}.image'",
+                            "change the lap image"))
+    return variables, validations
+
+
+def _approval_rules(rule: Rule) -> list[dict[str, Any]]:
+    """Validations guarding who decides (``spec.approval``: owner, approvers, distinctFromCreator),
+    the same in a run and in an Agent (its runs' defaults)."""
+    return [
+        rule("!variables.ownerChanged", "'spec.approval.owner'", "change who decides", CHANGES_WHO_DECIDES),
+        rule("oldObject == null || object.spec.?approval.?approvers.orValue(1) >= "
+             "oldObject.spec.?approval.?approvers.orValue(1)",
+             "'spec.approval.approvers'", "lower the number of approvers", CHANGES_WHO_DECIDES),
+        rule("oldObject == null || !oldObject.spec.?approval.?distinctFromCreator.orValue(false) || "
+             "object.spec.?approval.?distinctFromCreator.orValue(false)",
+             "'spec.approval.distinctFromCreator'", "turn four eyes off (true to false)",
+             CHANGES_WHO_DECIDES),
     ]
+
+
+_OWNER_CHANGED = {"name": "ownerChanged", "expression": "oldObject != null && object.spec.?approval.?owner.orValue('')"
+                  " != oldObject.spec.?approval.?owner.orValue('')"}
+
+
+def guard_policy() -> dict[str, Any]:
+    """Spec changes that would change what an approved or a future gated call does need the approve
+    verb; the creator annotation is the API server's."""
+    k = _CREATED_BY
+    new_has, old_has = f"{k} in variables.newAnn", f"{k} in variables.oldAnn"
 
     def rule(expr: str, field: str, what: str, why: str = CHANGES_THE_CALL) -> dict[str, Any]:
         return {"expression": f"variables.canApprove || {expr}", "messageExpression": guard_message(field, what, why),
                 "reason": "Forbidden"}
+
+    gated_vars, gated_rules = _gated_parts(".spec.?agent", "spec.agent", rule)
+    variables: list[dict[str, str]] = [
+        *ANNOTATION_VARIABLES[:2],
+        {"name": "canApprove", "expression": CAN_APPROVE},
+        *gated_vars,
+    ]
+    old_owner = "oldObject.spec.?approval.?owner.orValue('')"
+    variables += [
+        _OWNER_CHANGED,
+        {"name": "oldOwnerGroup",
+         "expression": f"oldObject != null && {old_owner}.startsWith({_lit(OWNER_GROUP_PREFIX)}) ? "
+                       f"{old_owner}.substring({_PREFIX_LEN}) : ''"},
+    ]
 
     validations: list[dict[str, Any]] = [
         {
@@ -454,32 +511,10 @@ def guard_policy() -> dict[str, Any]:
                        "elsewhere set it to your own user name when you create the run); this run has none",
             "reason": "Forbidden",
         },
-        rule("size(variables.gatedRemoved) == 0",
-             "variables.gatedRemoved.map(n, 'spec.agent.tools[' + n + ']').join(', ')",
-             "remove a tool with requiresApproval"),
     ]
-    for field, _, what in GATED_TOOL_FIELDS:
-        var = f"variables.{_gated_var(field)}"
-        validations.append(rule(f"size({var}) == 0", f"{var}.map(n, 'spec.agent.tools[' + n + '].{field}').join(', ')",
-                                what))
-    validations.append(rule("size(variables.gatedMcpRemoved) == 0",
-                            "variables.gatedMcpRemoved.map(n, 'spec.agent.mcpServers[' + n + ']').join(', ')",
-                            "remove an MCP server with requiresApproval"))
-    for field, _, what in GATED_MCP_FIELDS:
-        var = f"variables.{_gated_var('mcp.' + field)}"
-        validations.append(rule(f"size({var}) == 0",
-                                f"{var}.map(n, 'spec.agent.mcpServers[' + n + '].{field}').join(', ')", what))
+    validations += gated_rules
+    validations += _approval_rules(rule)
     validations += [
-        rule("oldObject == null || object.spec.?agent.?image.orValue('') == oldObject.spec.?agent.?image.orValue('')",
-             "'spec.agent.image'", "change the lap image"),
-        rule("!variables.ownerChanged", "'spec.approval.owner'", "change who decides", CHANGES_WHO_DECIDES),
-        rule("oldObject == null || object.spec.?approval.?approvers.orValue(1) >= "
-             "oldObject.spec.?approval.?approvers.orValue(1)",
-             "'spec.approval.approvers'", "lower the number of approvers", CHANGES_WHO_DECIDES),
-        rule("oldObject == null || !oldObject.spec.?approval.?distinctFromCreator.orValue(false) || "
-             "object.spec.?approval.?distinctFromCreator.orValue(false)",
-             "'spec.approval.distinctFromCreator'", "turn four eyes off (true to false)",
-             CHANGES_WHO_DECIDES),
         {
             # four eyes cannot be turned off by the one person it keeps from deciding
             "expression": "oldObject == null || !oldObject.spec.?approval.?distinctFromCreator.orValue(false) || "
@@ -510,6 +545,58 @@ def guard_policy() -> dict[str, Any]:
             "matchConstraints": _rules([PLURAL]),
             "matchConditions": [{"name": "main-resource", "expression": ON_MAIN}],
             "variables": variables,
+            "validations": validations,
+        },
+    }
+
+
+_FOLLOWS = "object.spec.?rollout.orValue('Pinned') == 'FollowLatest'"
+CAN_APPROVE_IN_NAMESPACE = (f"authorizer.group({_lit(GROUP)}).resource({_lit(PLURAL)}).namespace(request.namespace)"
+                            f".check({_lit(ap.APPROVE_VERB)}).allowed()")
+"""The approve verb on every AgentRun of the namespace (an Agent's edit reaches all of its runs)."""
+FOLLOWS_WHY: Final = ("its runs take the new definition at their next lap (rollout FollowLatest), so that changes what "
+                      "an approved or a future gated call does")
+
+
+def agent_guard_message(field: str, what: str, why: str = FOLLOWS_WHY) -> str:
+    """messageExpression of an Agent edit refused for lack of the approve verb."""
+    return _needs_approve(f"{field} + ': ' + 'user \"' + {_USER} + '\" may not {what} in Agent ' + "
+                          f"request.namespace + '/' + request.name + ': {why} and'")
+
+
+def agent_guard_policy() -> dict[str, Any]:
+    """An edit of an Agent whose runs follow it (``rollout: FollowLatest``) reaches runs in flight at
+    their next lap, so the fields that decide what a gated call does, or who decides it, change only
+    with the approve verb on the namespace's AgentRuns, as in a run (:func:`guard_policy`); and so does
+    turning FollowLatest on. A Pinned Agent's edits reach only runs not started yet, whose creators
+    chose it. An Agent deleted and created again is another object, which runs do not follow
+    (``controller/decide/agents.py``)."""
+    def rule(expr: str, field: str, what: str, why: str = FOLLOWS_WHY) -> dict[str, Any]:
+        return {"expression": f"variables.canApprove || {expr}",
+                "messageExpression": agent_guard_message(field, what, why), "reason": "Forbidden"}
+
+    gated_vars, gated_rules = _gated_parts(".spec", "spec", rule)
+    validations = [
+        rule("oldObject.spec.?rollout.orValue('Pinned') == 'FollowLatest'", "'spec.rollout'",
+             "turn FollowLatest on",
+             "its runs in flight would take its current definition at their next lap, which changes what an "
+             "approved or a future gated call does"),
+        *gated_rules,
+        *_approval_rules(rule),
+    ]
+    return {
+        "apiVersion": VAP_API,
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": _meta(VAP_AGENT_GUARD),
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": [AGENT_PLURAL],
+            }]},
+            "matchConditions": [{"name": "main-resource", "expression": ON_MAIN},
+                                {"name": "follow-latest", "expression": _FOLLOWS}],
+            "variables": [{"name": "canApprove", "expression": CAN_APPROVE_IN_NAMESPACE}, *gated_vars,
+                          _OWNER_CHANGED],
             "validations": validations,
         },
     }
@@ -776,7 +863,8 @@ def stamp_cancel_policy() -> dict[str, Any]:
 
 def validating_documents() -> list[dict[str, Any]]:
     return stamped([decisions_policy(), _vap_binding(VAP_DECISIONS), status_policy(), _vap_binding(VAP_STATUS),
-                    guard_policy(), _vap_binding(VAP_GUARD), lifecycle_policy(), _vap_binding(VAP_LIFECYCLE)])
+                    guard_policy(), _vap_binding(VAP_GUARD), lifecycle_policy(), _vap_binding(VAP_LIFECYCLE),
+                    agent_guard_policy(), _vap_binding(VAP_AGENT_GUARD)])
 
 
 def mutating_documents() -> list[dict[str, Any]]:

@@ -133,6 +133,11 @@ class ResolvedAgent(APIModel):
     kind: Literal["ResolvedAgent"] = Field(default="ResolvedAgent", description="Kind of the stored document.")
     name: str = Field(description="Name of the Agent it was resolved from.")
     generation: int | None = Field(default=None, description="metadata.generation of the Agent then.")
+    uid: str | None = Field(
+        default=None, max_length=128,
+        description="metadata.uid of the Agent then: a FollowLatest run follows only that object, not an Agent "
+        "deleted and created again under the same name.",
+    )
     rollout: Rollout = Field(description="The Agent's rollout then.")
     agent: AgentSpec = Field(description="The agent.")
     task: str = Field(description="The rendered task.")
@@ -269,7 +274,7 @@ def _effective(default: M | None, run: M, run_set: bool, empty: type[M]) -> M:
 
 
 def resolve(name: str, definition: AgentDefinitionSpec, run: AgentRunManifestSpec,
-            generation: int | None = None) -> ResolvedAgent:
+            generation: int | None = None, uid: str | None = None) -> ResolvedAgent:
     """The resolved copy of ``run``'s Agent ``name``; ResolveError (InvalidParameters) when its
     parameters or task template do not fit the Agent."""
     typed, text = check_parameters(name, definition.parameters, run.parameters)
@@ -283,7 +288,7 @@ def resolve(name: str, definition: AgentDefinitionSpec, run: AgentRunManifestSpe
     try:
         fields = run.model_fields_set
         return ResolvedAgent(
-            name=name, generation=generation, rollout=definition.rollout, agent=definition.agent(), task=task,
+            name=name, generation=generation, uid=uid, rollout=definition.rollout, agent=definition.agent(), task=task,
             parameters=typed,
             budget=_effective(definition.budget, run.budget, "budget" in fields, BudgetSpec),
             approval=_effective(definition.approval, run.approval, "approval" in fields, ApprovalSpec),

@@ -313,6 +313,10 @@ class PinnedAgent(APIModel):
         min_length=SHA256_HEX_CHARS, max_length=SHA256_HEX_CHARS, pattern=f"^[0-9a-f]{{{SHA256_HEX_CHARS}}}$",
         description="sha256 (hex) of the resolved copy (the agent, rendered task, parameters and policies).",
     )
+    uid: str | None = Field(
+        default=None, max_length=128,
+        description="metadata.uid of the Agent it was resolved from (a FollowLatest run follows only this object).",
+    )
     pinned_at: datetime | None = Field(default=None, description="When the operator recorded it.")
 
 

@@ -679,7 +679,8 @@ def resolve_current(doc: dict[str, Any] | None, name: str, request: AgentRunMani
         return AgentProblem(Reason.AGENT_INVALID, f"spec.agentRef.name: Agent {name} cannot be used: "
                             + spec_error_text(exc))
     try:
-        return resolve(name, definition, request, (doc.get("metadata") or {}).get("generation"))
+        meta = doc.get("metadata") or {}
+        return resolve(name, definition, request, meta.get("generation"), meta.get("uid"))
     except ResolveError as exc:
         return exc.problem
 

@@ -15,8 +15,8 @@ of it (``core.decide``), from the facts the shell gathered (``Observed.request``
   resolution has another digest moves the pin at a lap boundary (:func:`at_boundary`: no Job in
   flight, or the active one seen finished; no approval pending; not terminal): stored and recorded
   the same way (the status alone, before the next Job), with a Normal ``AgentRolledOut`` Event.
-  A Pinned Agent's edits, its deletion, or a problem of its current resolution leave a pinned
-  run as it is.
+  A Pinned Agent's edits, its deletion, an Agent of the same name created again (another uid:
+  :func:`same_object`), or a problem of its current resolution leave a pinned run as it is.
 * The effective spec (:func:`agentrun.api.agent.effective_spec`) replaces ``Observed.spec`` for the
   rest of ``decide``; the agent version each lap records is the pinned copy's.
 """
@@ -61,7 +61,7 @@ def resolve_agent(o: Observed) -> tuple[Observed, Decision | None]:
         return o, _refuse(w, cur or AgentProblem(Reason.AGENT_NOT_FOUND, f"spec.agentRef.name: Agent "
                                                  f"{req.agent_ref.name if req.agent_ref else ''} not found"))
     if (isinstance(cur, ResolvedAgent) and cur.rollout == "FollowLatest" and not terminal
-            and at_boundary(o) and cur.digest() != pin.digest):
+            and at_boundary(o) and cur.digest() != pin.digest and same_object(pin.uid, cur.uid)):
         return o, _pin(w, cur, first=False)
     read = o.agent_pinned
     if read is None or read.digest != pin.digest or read.kind != "ok" or read.resolved is None:
@@ -70,6 +70,14 @@ def resolve_agent(o: Observed) -> tuple[Observed, Decision | None]:
                         f"the run's pinned Agent copy {pin.name} (version {pin.version}, sha256 {pin.digest}) "
                         f"cannot be read from the checkpoint store: {detail}")
     return dataclasses.replace(o, spec=effective_spec(req, read.resolved)), None
+
+
+def same_object(pinned_uid: str | None, current_uid: str | None) -> bool:
+    """Whether the current Agent is the object the run pinned: an Agent deleted and created again under
+    the same name is another object, and a FollowLatest run does not follow it (whoever may create
+    Agents could otherwise swap a run's tools under it; the admission policy guards only edits). A pin
+    recorded before uids were (no ``pinned_uid``) is taken as the same object."""
+    return pinned_uid is None or pinned_uid == current_uid
 
 
 def at_boundary(o: Observed) -> bool:
@@ -94,7 +102,7 @@ def _pin(w: StatusWriter, cur: ResolvedAgent, first: bool) -> Decision:
         return _hold(w, Reason.PINNED_AGENT_UNREADABLE, f"cannot store the run's Agent copy {cur.name} "
                      f"(version {cur.version}, sha256 {digest}) in the checkpoint store: {read.error}")
     old = w.st.agent
-    w.st.agent = PinnedAgent(name=cur.name, version=cur.version, digest=digest, pinned_at=w.o.now)
+    w.st.agent = PinnedAgent(name=cur.name, version=cur.version, digest=digest, uid=cur.uid, pinned_at=w.o.now)
     if first:
         w.event("Normal", Reason.AGENT_PINNED, f"Agent {cur.name} version {cur.version} pinned (sha256 {digest})")
     else:
