@@ -126,6 +126,8 @@ class World:
     """The operator's default lap image (Observed.lap_image)."""
     admission: d.AdmissionProblem | None = None
     """The admission policy check's verdict (Observed.admission); None: in place."""
+    queue: d.QueueSlot | None = None
+    """The run's place in its namespace's queue (Observed.queue); None: no limit."""
 
     def observed(self, checkpoint=None, attempt_failure=None, fork=None) -> d.Observed:
         return d.Observed(
@@ -136,6 +138,7 @@ class World:
             resolved_store=self.resolved_store, store_probe=self.probe,
             store_error=None if self.resolved_store else "no store configured for the test",
             policy_check=self.policy_check, lap_image=self.lap_image, admission=self.admission,
+            queue=self.queue,
         )
 
     def reconcile(self) -> d.Decision:

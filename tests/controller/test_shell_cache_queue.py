@@ -694,3 +694,29 @@ def test_a_replica_whose_cache_is_refused_for_long_must_not_lead():
     runs.refused_since = None  # it listed again
     assert c._eligible() is None
     assert metrics.REGISTRY.get_sample_value("agentrun_informer_synced", {"resource": "agentruns"}) == 1.0
+
+
+def test_a_slot_freed_wakes_the_waiting_runs_of_its_namespace_even_on_an_own_write(cache):
+    """decide/queue.py: the cache keeps, per namespace, the runs holding a slot and the waiting ones;
+    a run that finishes (here through the operator's own write, which enqueues nothing else) enqueues
+    the waiting runs of its namespace, not of others."""
+    c, changed, _ = cache
+
+    def obj(ns: str, name: str, rv: int, **status: Any) -> dict[str, Any]:
+        return {"metadata": {"namespace": ns, "name": name, "uid": f"{ns}-{name}", "resourceVersion": str(rv)},
+                "spec": {}, "status": status}
+
+    c.event("runs", "ADDED", obj("ns", "active", 1, phase="Running", activeJob={"name": "j"}))
+    c.event("runs", "ADDED", obj("ns", "w1", 2, phase="Queued"))
+    c.event("runs", "ADDED", obj("ns", "w2", 3))
+    c.event("runs", "ADDED", obj("other", "w3", 4, phase="Queued"))
+    assert c.active_count("ns") == 1 and sorted(r["metadata"]["name"] for r in c.waiting_runs("ns")) == ["w1", "w2"]
+    changed.clear()
+    c.put("runs", obj("ns", "active", 5, phase="Succeeded", lap=2))
+    assert sorted(changed) == [("ns", "w1"), ("ns", "w2")] and c.active_count("ns") == 0
+    changed.clear()
+    c.event("runs", "MODIFIED", obj("ns", "w1", 6, phase="Running", activeJob={"name": "j1"}))
+    assert changed == [("ns", "w1")] and c.active_count("ns") == 1 and len(c.waiting_runs("ns")) == 1
+    changed.clear()
+    c.event("runs", "DELETED", obj("ns", "w1", 7, phase="Running", activeJob={"name": "j1"}))
+    assert changed == [("ns", "w2")] and c.active_count("ns") == 0

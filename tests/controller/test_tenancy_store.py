@@ -157,3 +157,15 @@ def test_a_refused_namespace_watched_by_name_concerns_only_its_own_runs(store):
     assert not s.not_enforced("a") and s.refusals == {}
     s.refused("bindings", 403)  # a cluster-wide kind: nothing is enforced
     assert s.not_enforced("a") and s.not_enforced("b")
+
+
+def test_the_concurrency_limit_of_a_namespace_is_the_lowest_maxactiveruns_of_its_policies(store):
+    """decide/queue.py: the limit comes from the policies the namespace's bindings select; a change of
+    it names the namespaces whose (queued) runs must be looked at again."""
+    s, changes = store
+    assert s.limit("a") is None and s.limit("b") is None
+    limited = policy("strict", 8, ["*"])
+    limited["spec"]["maxActiveRuns"] = 2
+    s.event("policies", "MODIFIED", limited)
+    assert s.limit("b") == (2, "strict") and s.limit("a") is None
+    assert changes and (changes[-1] is None or "b" in changes[-1])

@@ -150,6 +150,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {
+        "name": "Queue",
+        "type": "integer",
+        "priority": 1,
+        "jsonPath": ".status.queue.position",
+        "description": "Place in the namespace's queue of a Queued run (an AgentRunPolicy's maxActiveRuns).",
+    },
+    {
         "name": "Retries",
         "type": "integer",
         "priority": 1,

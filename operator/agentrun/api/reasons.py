@@ -25,6 +25,8 @@ class Reason(StrEnum):
 
     # progress of laps
     LAP_STARTING = "LapStarting"
+    QUEUED = "Queued"  # the namespace is at an AgentRunPolicy's maxActiveRuns: the run waits (status.queue)
+    ADMITTED = "Admitted"  # a queued run got a slot: it starts
     LAP_RUNNING = "LapRunning"
     LAP_CHECKPOINTED = "LapCheckpointed"
     LAP_RETRY = "LapRetry"

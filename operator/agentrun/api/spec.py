@@ -550,6 +550,11 @@ class RunSpecFields(APIModel):
         default=None, description="Resources of lap pods. Defaults to the operator's configuration."
     )
     suspend: bool = Field(default=False, description="Pause the run between laps; set false to resume.")
+    priority: int = Field(
+        default=0, ge=-1000, le=1000,
+        description="Order of admission where an AgentRunPolicy's maxActiveRuns queues runs: higher first, then "
+        "creation order. No effect without such a limit.",
+    )
     fork_from: ForkFromSpec | None = Field(
         default=None,
         description=(

@@ -26,6 +26,7 @@ from .types import USD, APIModel
 
 Phase = Literal[
     "Pending",  # accepted, no lap started yet; or the lap pod cannot start (condition SecretMissing)
+    "Queued",  # not started: its namespace is at an AgentRunPolicy's maxActiveRuns (status.queue)
     "Running",  # a lap Job is running (or about to be created)
     "Retrying",  # the last attempt failed; waiting for the backoff before the next attempt
     "AwaitingApproval",  # waiting for a human decision; no Job, no process
@@ -320,6 +321,15 @@ class PinnedAgent(APIModel):
     pinned_at: datetime | None = Field(default=None, description="When the operator recorded it.")
 
 
+class QueueStatus(APIModel):
+    """Where a run that has not started waits: its namespace is at an AgentRunPolicy's maxActiveRuns."""
+
+    position: int = Field(ge=1, description="Place in the namespace's queue (1: admitted at the next free slot).")
+    active: int = Field(ge=0, description="Active runs of the namespace (started, not finished) when last looked at.")
+    limit: int = Field(ge=1, description="The maxActiveRuns in force (the lowest of the policies that set one).")
+    policy: str = Field(max_length=253, description="The AgentRunPolicy whose maxActiveRuns that is.")
+
+
 class AgentRunStatus(APIModel):
     """Observed state of an AgentRun."""
 
@@ -327,7 +337,8 @@ class AgentRunStatus(APIModel):
         default="Pending",
         description=(
             "Summary of the run's state, for humans: Pending (no lap started yet, or the lap pod cannot start, "
-            "e.g. a missing Secret: see conditions), Running, Retrying (backoff before the next attempt), "
+            "e.g. a missing Secret: see conditions), Queued (not started: an AgentRunPolicy's maxActiveRuns is "
+            "reached in its namespace; status.queue), Running, Retrying (backoff before the next attempt), "
             "AwaitingApproval, Suspended, and the terminal Succeeded, Failed, BudgetExceeded, Cancelled "
             "(spec.cancel) and DeadlineExceeded (spec.activeDeadline). A retry in place (annotation "
             "agentrun.dev/retry) continues a Failed, BudgetExceeded, Cancelled or DeadlineExceeded run."
@@ -336,6 +347,11 @@ class AgentRunStatus(APIModel):
     message: str | None = Field(default=None, max_length=4096, description="Details of the phase.")
     observed_generation: int | None = Field(default=None, description="The metadata.generation last acted on.")
     lap: int = Field(default=0, description="Last checkpointed lap (0: none yet).")
+    queue: QueueStatus | None = Field(
+        default=None,
+        description="Of a Queued run: its place in its namespace's queue (admitted by spec.priority, then creation "
+        "order; docs/scheduling.md#concurrency-limits).",
+    )
     agent_version: str | None = Field(default=None, description="Agent version that wrote the last checkpoint.")
     agent: PinnedAgent | None = Field(
         default=None,

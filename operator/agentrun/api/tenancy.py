@@ -230,6 +230,13 @@ class AgentRunPolicySpec(APIModel):
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy, description="Allowed checkpoint stores.")
     budget: BudgetPolicy = Field(default_factory=BudgetPolicy, description="Budget ceilings.")
     approval: ApprovalPolicy = Field(default_factory=ApprovalPolicy, description="Approvals runs must ask for.")
+    max_active_runs: int | None = Field(
+        default=None, ge=1, le=100_000,
+        description="Most AgentRuns of a namespace this policy applies to that may be active at once (started and "
+        "not finished). A run beyond it waits in phase Queued, starting no Job, and is admitted by spec.priority, "
+        "then creation order, as active runs finish. Enforced by the operator from its watch cache, not at "
+        "admission; the lowest of the policies that apply wins. Unset: no limit.",
+    )
 
 
 # --------------------------------------------------------------------------- the pure checker

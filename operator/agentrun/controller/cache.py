@@ -39,6 +39,7 @@ from agentrun.kube.informer import is_newer, rv_int, strip
 from agentrun.notify.plan import outcome_due
 
 from .decide.observe import job_state
+from .decide.queue import slot_state
 
 GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
 #: (group/version prefix, plural) of the AgentRuns.
@@ -118,6 +119,10 @@ class Cache:
         #: until a list of it succeeds: the Agents of a cluster without the Agent CRD or the RBAC.
         self.unreadable: dict[str, int] = {}
         self._runs_by_agent: dict[Key, set[Key]] = {}  # (namespace, Agent name) -> the runs naming it
+        #: Per namespace, the runs that hold a slot of a concurrency limit and the ones that wait for
+        #: one (decide/queue.py slot_state): a slot freed enqueues the waiting runs of its namespace.
+        self.holding: dict[str, set[Key]] = {}
+        self.waiting: dict[str, set[Key]] = {}
         self._run_by_uid: dict[str, Key] = {}
         self._jobs_by_uid: dict[str, set[Key]] = {}
         self._pods_by_job: dict[Key, set[Key]] = {}
@@ -160,6 +165,14 @@ class Cache:
         old = self.pods.pop(key, None)
         if old is not None:
             self._unindex("pods", key, old)
+
+    def waiting_runs(self, namespace: str) -> list[dict[str, Any]]:
+        """The runs of ``namespace`` that wait for a slot (not started, not finished)."""
+        return [self.runs[k] for k in self.waiting.get(namespace, ()) if k in self.runs]
+
+    def active_count(self, namespace: str) -> int:
+        """How many runs of ``namespace`` hold a slot (started, not finished)."""
+        return len(self.holding.get(namespace, ()))
 
     def awaiting_runs(self) -> list[dict[str, Any]]:
         """The runs waiting on an approval, by key. The dicts are the cached ones: a change
@@ -268,6 +281,7 @@ class Cache:
                 self._drop_agent_ref(key, before_ref)
             if ref is not None:
                 self._runs_by_agent.setdefault((key[0], ref), set()).add(key)
+            self._slot(key, slot_state(obj))
             st = obj.get("status") or {}
             ap = st.get("approval") or {}
             if st.get("phase") == AWAITING and ap.get("state") == "Pending" and ap.get("callId"):
@@ -304,6 +318,7 @@ class Cache:
                 self._drop_agent_ref(key, ref)
             if self._run_by_uid.get(meta.get("uid", "")) == key:
                 del self._run_by_uid[meta["uid"]]
+            self._slot(key, None)
             self.awaiting.pop(key, None)
             self.outcomes_due.pop(key, None)
         elif kind == "jobs":
@@ -325,6 +340,24 @@ class Cache:
                 keys.discard(key)
                 if not keys:
                     del self._pods_by_job[(key[0], job or "")]
+
+    def _slot(self, key: Key, state: str | None) -> None:
+        """Index the run by its slot state; a run that stops holding a slot (finished, deleted) wakes
+        the waiting runs of its namespace (one of them may be admitted now)."""
+        ns = key[0]
+        held = key in self.holding.get(ns, ())
+        for index, member in ((self.holding, state == "holds"), (self.waiting, state == "waits")):
+            keys = index.get(ns)
+            if member:
+                index.setdefault(ns, set()).add(key)
+            elif keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del index[ns]
+        if held and state is None:
+            for run in sorted(self.waiting.get(ns, ())):
+                if run != key:
+                    self.enqueue(run, "slot freed")
 
     def _drop_agent_ref(self, key: Key, ref: str) -> None:
         runs = self._runs_by_agent.get((key[0], ref))

@@ -68,6 +68,7 @@ from .decide.observe import (
     pod_waiting,
     spec_error_text,
 )
+from .decide.queue import place, slot_state
 from .execute import Executor, RetryWithBackoff
 from .logs import run_logger
 from .memos import JobMemo, SpecMemo, put_bounded
@@ -499,6 +500,11 @@ class Controller:
                 effective = _effective_of(o)  # a run of an Agent: the re-check of what it runs
                 if effective is not None:
                     o = dataclasses.replace(o, policy_check=await self._tenancy_check(ns, effective.to_api()))
+            if self.policies is not None and not o.deleting and slot_state(body) == "waits":
+                limit = self.policies.limit(ns)
+                if limit is not None:
+                    o = dataclasses.replace(o, queue=place(name, self.cache.waiting_runs(ns),
+                                                           self.cache.active_count(ns), *limit))
             held = self.admission.blocking if self.admission is not None else None
             if held is not None:  # rare: no copy of Observed while the policies are in place
                 o = dataclasses.replace(o, admission=held)

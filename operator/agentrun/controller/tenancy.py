@@ -226,6 +226,14 @@ class PolicyStore:
                  for name, p in self.policies.items() if name in self._parsed}
         return resolve_refs(binding_refs(list(self.bindings.values()), labels), known)
 
+    def limit(self, namespace: str) -> tuple[int, str] | None:
+        """The concurrency limit of ``namespace``: the lowest ``maxActiveRuns`` of the policies that
+        apply to it, with the policy's name; None: none sets one (or the policies are not read)."""
+        policies = self.policies_for(namespace) or {}
+        limits = sorted((p.max_active_runs, name) for name, p in policies.items()
+                        if isinstance(p, AgentRunPolicySpec) and p.max_active_runs is not None)
+        return limits[0] if limits else None
+
     def check(self, namespace: str, spec: dict[str, Any]) -> PolicyCheck | None:
         """The verdict for a run of ``namespace`` with ``spec`` (None: not enforced)."""
         policies = self.policies_for(namespace)

@@ -92,6 +92,7 @@ from .observed import (
     Observed,
     ObservedJob,
     PinnedAgentRead,
+    QueueSlot,
     StoreProbeRead,
 )
 from .outcomes import Conflict, Invalid, NotStored, Refused, Setback, StoreFailed, decide_after
@@ -110,7 +111,7 @@ __all__ = [
     "Action", "AddFinalizer", "Backoff", "Conflict", "Invalid", "NotStored", "Refused", "Setback", "StoreFailed", "AdmissionProblem", "ApprovalEnv", "AttemptFailureRead", "CheckpointRead", "CreateJob", "Ctx", "Decision",
     "DeleteCheckpoints", "DeleteJob", "DeleteRun", "Event", "ForkCheckpoint", "ForkRead", "JobState", "LapFinished",
     "LapRetried", "Observed", "ObservedJob", "PatchStatus", "ProbeStore", "ReadAttemptFailure", "ReadCheckpoint",
-    "PinnedAgentRead", "RemoveAnnotations", "RemoveFinalizer", "RequeueAfter", "StatusWriter", "StoreAgent",
+    "PinnedAgentRead", "QueueSlot", "RemoveAnnotations", "RemoveFinalizer", "RequeueAfter", "StatusWriter", "StoreAgent",
     "StoreProbeRead",
     "adoption_mismatch", "approval_env", "backoff_seconds", "bounded_decider", "bounded_reason", "classify_failure",
     "conditions_for", "decide", "decide_after", "deferred_status", "escape_controls", "failed_status", "job_name", "lap_cause",

@@ -18,6 +18,8 @@ from .jobs import job_name
 from .laps import adopt, next_step, observe_active, successors
 from .lifecycle import refuse_retry, take_cancel, take_deadline, take_retry
 from .observed import Observed
+from .queue import admit, hold_in_queue
+from .queue import waits as queue_waits
 from .retries import next_lap_attempt
 from .store import check_store_probe, pin_store
 
@@ -80,6 +82,11 @@ def _decide(o: Observed) -> Decision:
     # before the operator touches its store or starts a lap (a lap in flight ends first).
     if o.policy_check is not None and not o.policy_check.ok and st.active_job is None:
         return c.fail(Reason.POLICY_VIOLATION, o.policy_check.message)
+
+    # A concurrency limit (AgentRunPolicy maxActiveRuns): a run that has not started waits for a slot.
+    if queue_waits(c) and o.queue is not None and not o.queue.admitted:
+        return hold_in_queue(c, o.queue)
+    admit(c)
 
     # Fencing rests on the store honouring If-None-Match: probe it before the run's first write.
     fresh = st.lap == 0 and st.active_job is None and st.checkpoint is None

@@ -128,6 +128,24 @@ class PinnedAgentRead:
 
 
 @dataclass(frozen=True)
+class QueueSlot:
+    """A run that has not started, in a namespace an AgentRunPolicy limits (``maxActiveRuns``), as
+    the shell placed it from its watch cache (``decide/queue.py``): ``admitted`` when the active runs
+    plus the waiting ones before it (and itself) fit the limit."""
+
+    position: int
+    """1-based place among the namespace's waiting runs (by spec.priority, then creation)."""
+    active: int
+    """Runs of the namespace that hold a slot (started, not finished)."""
+    limit: int
+    policy: str
+
+    @property
+    def admitted(self) -> bool:
+        return self.active + self.position <= self.limit
+
+
+@dataclass(frozen=True)
 class Observed:
     namespace: str
     name: str
@@ -175,6 +193,9 @@ class Observed:
     parameters by the shell (``agentrun.api.agent.resolve``), or why it cannot be."""
     agent_pinned: PinnedAgentRead | None = None
     """Of a run of an Agent: the copy ``status.agent.digest`` names (read by the shell)."""
+    queue: QueueSlot | None = None
+    """Of a run that has not started, where an AgentRunPolicy limits its namespace's active runs: its
+    place (``decide/queue.py``); None: no limit applies, or the run holds a slot."""
     refusal: str | None = None
     """The run's refusal streak, as the shell remembers it (the last ``Backoff.streak``, until a
     reconcile succeeds): ``decide_after`` posts one Event per streak."""
