@@ -1,9 +1,12 @@
 # make dev / dev-down: the whole product on this machine (see tools/dev.sh).
-#   make dev                      control plane + S3 + CRD + operator + tool server + the invoice
-#                                 example, stopped at its approval; prints what to type next
+#   make dev                      control plane + S3 + CRD + operator + tool server + MCP server +
+#                                 the invoice example, stopped at its approval, and the MCP agent
+#                                 example (examples/mcp-agent.yaml) run to Succeeded; prints what to
+#                                 type next
 #   DEV_APPROVE=auto make dev     approves it too, waits for Succeeded, prints the trace (CI)
 #   LOCALKUBE_DIR=/tmp/x make dev another state dir (default .localkube); ports: DEV_TOOL_PORT,
-#                                 DEV_METRICS_PORT (busy defaults fall back to free ports)
+#                                 DEV_MCP_PORT, DEV_METRICS_PORT, DEV_INBOX_PORT (busy defaults
+#                                 fall back to free ports)
 #   make dev-down                 stops everything started from that dir
 .PHONY: dev dev-down dev-install
 dev: dev-install

@@ -3,19 +3,23 @@
 #
 #   tools/dev.sh [up]   a local control plane (etcd, kube-apiserver, kube-controller-manager, a
 #                       process kubelet), an S3 server, the CRD, the operator, the recording tool
-#                       server, and examples/invoice-run.yaml applied; waits until the run asks
-#                       for approval and prints what to type next.
+#                       server, the MCP ledger server (examples/mcp_tool_server.py), and
+#                       examples/invoice-run.yaml and examples/mcp-agent.yaml (an Agent whose tools
+#                       come from that MCP server, and a run of it) applied; waits until the invoice
+#                       run asks for approval and the MCP agent's run Succeeded, and prints what to
+#                       type next.
 #   tools/dev.sh down   stops all of it (`make dev-down`): no process, no pid file left.
 #
-# A second `up` reuses the control plane, S3 and the tool server when they are alive (a dead or
+# A second `up` reuses the control plane, S3 and the tool and MCP servers when they are alive (a dead or
 # half-started one is cleaned up and started again), restarts the operator (so it runs the current
-# code) and re-applies the example (unchanged if it exists).
+# code) and re-applies the examples (unchanged if they exist).
 #
 # Environment:
 #   LOCALKUBE_DIR     state directory (default .localkube): kubeconfig, logs, pids, dev.env
 #   DEV_APPROVE       manual (default): stop at AwaitingApproval and leave the decision to you;
 #                     auto: approve it, wait for Succeeded and print the trace (tests, CI)
 #   DEV_TOOL_PORT     port of the tool server (default 8765; a busy port falls back to a free one)
+#   DEV_MCP_PORT      port of the MCP ledger server (default 8766; same fallback)
 #   DEV_METRICS_PORT  port of the operator's /metrics (default 9090; same fallback)
 #   DEV_INBOX_PORT    port of the approval inbox (default 8088; same fallback)
 #   AGENTRUN_NODE     runc: lap pods run `agentrun lap` in the agentrun image under runc, with their
@@ -29,6 +33,8 @@ mkdir -p "$DEV_DIR"
 DEV_DIR=$(cd "$DEV_DIR" && pwd)
 RUN=invoices-2024-06
 EXAMPLE=examples/invoice-run.yaml
+MCP_RUN=ledger-inv-2001  # the run of the Agent in MCP_EXAMPLE
+MCP_EXAMPLE=examples/mcp-agent.yaml
 PY=${PYTHON:-python3}
 # how to refer to the state dir in the printed commands: relative when it is inside the repo
 SHOW_DIR=${DEV_DIR#"$ROOT"/}
@@ -58,6 +64,8 @@ down() {
   rm -f "$DEV_DIR/inbox.port"
   stop_pid "tool server" "$DEV_DIR/tool-server.pid"
   rm -f "$DEV_DIR/tool-server.port" "$DEV_DIR/metrics.port"
+  stop_pid "MCP server" "$DEV_DIR/mcp-server.pid"
+  rm -f "$DEV_DIR/mcp-server.port"
   "$PY" e2e/cluster.py s3-down --dir "$DEV_DIR/s3" || true
   "$PY" e2e/cluster.py down --dir "$DEV_DIR"
   rm -rf "$DEV_DIR/pods"  # the process kubelet's pod dirs (lap.pid, pod logs) of the stopped cluster
@@ -154,6 +162,33 @@ else
 fi
 TOOL_URL="http://127.0.0.1:$TOOL_PORT"
 
+# ---------------------------------------------------------------- MCP ledger server
+# examples/mcp_tool_server.py: an MCP server written with agentrun.toolkit; its ledger and the
+# toolkit's idempotency keys live in one SQLite file of the state dir (kept across restarts).
+# With AGENTRUN_NODE=runc the lap pods run the image, which has an MCP client only when the image's
+# pins include the mcp SDK; without it the MCP agent example is left out (said below).
+MCP_RUNS=yes
+if [ "$NODE" = runc ] && ! grep -qi '^mcp==' tools/image/requirements.txt; then MCP_RUNS=""; fi
+mcp_up() { curl -sf -o /dev/null "http://127.0.0.1:$1/_record"; }
+if alive "$DEV_DIR/mcp-server.pid" && [ -s "$DEV_DIR/mcp-server.port" ] && mcp_up "$(cat "$DEV_DIR/mcp-server.port")"; then
+  MCP_PORT=$(cat "$DEV_DIR/mcp-server.port")
+  say "MCP ledger server: already running on 127.0.0.1:$MCP_PORT (reused)"
+else
+  stop_pid "MCP server" "$DEV_DIR/mcp-server.pid"
+  want=${DEV_MCP_PORT:-8766}
+  MCP_PORT=$(pick_port "$want")
+  [ "$MCP_PORT" = "$want" ] || [ "$want" = 0 ] || echo "port $want is busy: the MCP server uses $MCP_PORT (set DEV_MCP_PORT to choose)"
+  say "MCP ledger server on 127.0.0.1:$MCP_PORT (examples/mcp_tool_server.py; ledger: $SHOW_DIR/ledger.sqlite3)"
+  rm -f "$DEV_DIR/mcp-server.port"
+  nohup "$PY" examples/mcp_tool_server.py --port "$MCP_PORT" --db "$DEV_DIR/ledger.sqlite3" \
+    > "$DEV_DIR/mcp-server.log" 2>&1 &
+  echo $! > "$DEV_DIR/mcp-server.pid"
+  for _ in $(seq 600); do mcp_up "$MCP_PORT" && break; alive "$DEV_DIR/mcp-server.pid" || break; sleep 0.1; done
+  mcp_up "$MCP_PORT" || { tail -20 "$DEV_DIR/mcp-server.log"; echo "the MCP server did not start" >&2; exit 1; }
+  echo "$MCP_PORT" > "$DEV_DIR/mcp-server.port"
+fi
+MCP_URL="http://127.0.0.1:$MCP_PORT"
+
 # ---------------------------------------------------------------- operator (always restarted)
 # It reads the checkpoints itself with the S3 credentials of its environment (the standard AWS
 # chain); lap pods get them from the Secret (secretKeyRef).
@@ -217,6 +252,7 @@ export AGENTRUN_CHECKPOINT_URI=$CHECKPOINT_URI
 export AGENTRUN_S3_ENDPOINT=$AWS_ENDPOINT_URL
 export AGENTRUN_S3_PATH_STYLE=true
 export AGENTRUN_TOOL_SERVER=$TOOL_URL
+export AGENTRUN_MCP_SERVER=$MCP_URL
 export AGENTRUN_METRICS_URL=http://127.0.0.1:$METRICS_PORT/metrics
 EOF
 
@@ -224,26 +260,38 @@ EOF
 say "kubectl apply -f $EXAMPLE   (tool URLs pointed at $TOOL_URL)"
 sed "s#http://127.0.0.1:8765/#$TOOL_URL/#g" "$EXAMPLE" > "$DEV_DIR/invoice-run.yaml"
 kubectl apply -f "$DEV_DIR/invoice-run.yaml"
+if [ -n "$MCP_RUNS" ]; then
+  say "kubectl apply -f $MCP_EXAMPLE   (an Agent whose tools come from the MCP server at $MCP_URL/mcp, and a run of it)"
+  sed "s#http://127.0.0.1:8766/#$MCP_URL/#g" "$MCP_EXAMPLE" > "$DEV_DIR/mcp-agent.yaml"
+  kubectl apply -f "$DEV_DIR/mcp-agent.yaml"
+else
+  say "AGENTRUN_NODE=runc: $MCP_EXAMPLE left out (the image has no MCP client: mcp is not in tools/image/requirements.txt)"
+fi
 
-phase() { kubectl get agentrun "$RUN" -o jsonpath='{.status.phase}' 2>/dev/null || true; }
-lap() { kubectl get agentrun "$RUN" -o jsonpath='{.status.lap}' 2>/dev/null || true; }
-wait_phase() {  # $1 timeout seconds, then the phases to wait for; prints each new lap
-  local timeout=$1 end last="" p l; shift
+phase() { kubectl get agentrun "${1:-$RUN}" -o jsonpath='{.status.phase}' 2>/dev/null || true; }
+lap() { kubectl get agentrun "${1:-$RUN}" -o jsonpath='{.status.lap}' 2>/dev/null || true; }
+wait_run() {  # $1 run, $2 timeout seconds, then the phases to wait for; prints each new lap
+  local run=$1 timeout=$2 end last="" p l; shift 2
   end=$(( $(date +%s) + timeout ))
   while :; do
-    p=$(phase); l=$(lap)
-    [ "$p $l" = "$last" ] || { echo "  $RUN: ${p:-Pending} lap ${l:-0}"; last="$p $l"; }
+    p=$(phase "$run"); l=$(lap "$run")
+    [ "$p $l" = "$last" ] || { echo "  $run: ${p:-Pending} lap ${l:-0}"; last="$p $l"; }
     for want in "$@"; do [ "$p" = "$want" ] && return 0; done
     case "$p" in Failed|BudgetExceeded)
-      kubectl get agentrun "$RUN" -o wide; echo "the run ended $p; see $SHOW_DIR/operator.log" >&2; return 1 ;;
+      kubectl get agentrun "$run" -o wide; echo "the run ended $p; see $SHOW_DIR/operator.log" >&2; return 1 ;;
     esac
-    [ "$(date +%s)" -lt "$end" ] || { echo "timed out waiting for $RUN to reach $*" >&2; kubectl get agentrun "$RUN" -o wide; return 1; }
+    [ "$(date +%s)" -lt "$end" ] || { echo "timed out waiting for $run to reach $*" >&2; kubectl get agentrun "$run" -o wide; return 1; }
     alive "$DEV_DIR/operator.pid" || { tail -20 "$DEV_DIR/operator.log"; echo "the operator died" >&2; return 1; }
     sleep 0.5
   done
 }
+wait_phase() { wait_run "$RUN" "$@"; }  # the invoice run
 say "waiting for the run to ask for approval (8 laps: fetch the batch, book 6 invoices, ask to pay)"
 wait_phase 300 AwaitingApproval Succeeded
+if [ -n "$MCP_RUNS" ]; then
+  say "waiting for $MCP_RUN, the MCP agent's run (3 laps: ledger__book_invoice, ledger__lookup_invoice, done)"
+  wait_run "$MCP_RUN" 300 Succeeded
+fi
 kubectl get agentruns
 
 trace_cmd="agentrun trace $RUN"
@@ -259,6 +307,16 @@ if [ "$MODE" = auto ]; then
   (source "$DEV_DIR/dev.env" && agentrun trace "$RUN")
   say "the tool server's record: each side effect once"
   "$PY" examples/tool_server.py --show --url "$TOOL_URL"
+  if [ -n "$MCP_RUNS" ]; then
+    say "agentrun trace $MCP_RUN   (the MCP agent's run)"
+    # shellcheck disable=SC1091
+    (source "$DEV_DIR/dev.env" && agentrun trace "$MCP_RUN")
+    say "the MCP ledger's record (GET $MCP_URL/_record): each booking once"
+    curl -sf "$MCP_URL/_record" | "$PY" -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps(r, sort_keys=True))
+twice = sum(1 for n in r["executions"].values() if n > 1)
+print("%d booking(s), %d key(s), %d key(s) executed twice, %d without a key"
+      % (r["bookings"], len(r["executions"]), twice, r["withoutKey"]))'
+  fi
 fi
 
 step() { printf '  %-64s # %s\n' "$1" "$2"; }
@@ -274,9 +332,14 @@ else
 fi
 step "$trace_cmd" "each lap, from the checkpoint store"
 step "python3 examples/tool_server.py --show" "each side effect once, with its key"
+if [ -n "$MCP_RUNS" ]; then
+  step "agentrun describe $MCP_RUN" "the MCP agent's run: the Agent it runs (status.agent)"
+  step "agentrun trace $MCP_RUN" "its laps: the ledger__* tools over MCP"
+  step "curl -s \$AGENTRUN_MCP_SERVER/_record" "the MCP ledger: each booking once, by key"
+fi
 step "$( [ "$SHOW_DIR" = .localkube ] || printf 'LOCALKUBE_DIR=%s ' "$SHOW_DIR")make dev-down" "stop everything"
 # the token travels in the URL's fragment, which the browser never sends to a server
 printf '\n\033[1m== Approval inbox (docs/inbox.md): open this to sign in as the dev approver\033[0m\n  %s/login#token=%s\n' \
   "$INBOX_URL" "$(kubectl create token dev-approver --duration=24h)"
 echo "  (or sign in at $INBOX_URL/login with any token: kubectl create token NAME)"
-echo "tool server: $TOOL_URL   metrics: http://127.0.0.1:$METRICS_PORT/metrics   logs: $SHOW_DIR/*.log"
+echo "tool server: $TOOL_URL   MCP server: $MCP_URL/mcp   metrics: http://127.0.0.1:$METRICS_PORT/metrics   logs: $SHOW_DIR/*.log"

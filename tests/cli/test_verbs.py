@@ -175,6 +175,32 @@ def test_describe_is_bounded_and_complete():
         assert want in text, want
 
 
+def test_describe_shows_the_pinned_agent_of_a_run_of_an_agent():
+    digest = "ab12cd34ef56" + "0" * 52
+    r = run("m", phase="Succeeded", agent={"name": "ledger-clerk", "version": "2026.12.1", "digest": digest,
+                                           "uid": "u-1", "pinnedAt": "2030-01-01T00:02:00Z"})
+    r["spec"] = {"agentRef": {"name": "ledger-clerk"}, "parameters": {"invoice": "INV-2001", "amountCents": "12500"},
+                 "budget": {"maxLaps": 4}}
+    text = ds.describe_text(r, [], lc_now())
+    lines = text.splitlines()
+    assert ("  Agent:          ledger-clerk version 2026.12.1, digest sha256:ab12cd34ef56, "
+            "pinned 2030-01-01T00:02:00Z (3m ago)") in lines, text
+    assert digest not in text  # the short digest; the full one: -o yaml
+    assert "  Agent ref:      ledger-clerk" in lines and "  Parameters:     amountCents=12500, invoice=INV-2001" in lines
+    # what the run leaves unset is the Agent's, not a default of an inline run
+    assert "  Budget:         maxLaps 4, maxCostUSD <the Agent's>" in lines
+    assert not any(ln.startswith("  Model:") or ln.startswith("  Tools:") for ln in lines), text
+
+
+def test_describe_without_a_pinned_agent_and_hostile_values_stay_bounded():
+    assert "  Agent:          <none>" in ds.describe_text(run("plain"), [], lc_now()).splitlines()
+    r = run("h", agent={"name": "a\x1b[2J" + "n" * 600, "version": "v\n2", "digest": "f" * 64})
+    r["spec"] = {"agentRef": {"name": "x"}, "parameters": {f"p{i}": "v" * 500 for i in range(40)}}
+    text = ds.describe_text(r, [], lc_now())
+    assert "\x1b" not in text and "\n2" not in text and max(len(line) for line in text.splitlines()) < 1200
+    assert "... (30 more)" in text and "digest sha256:ffffffffffff" in text and "pinned" not in text
+
+
 def lc_now():
     from datetime import UTC, datetime
 

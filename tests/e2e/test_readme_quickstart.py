@@ -4,23 +4,30 @@ The shell blocks of README.md marked ``<!-- quickstart -->`` are run in order in
 (so ``source .localkube/dev.env`` carries over), from the repository root, with two changes a user
 never sees: the state directory is a private temp dir (``LOCALKUBE_DIR``, so this test never
 touches a developer's ``.localkube/``; ``.localkube/`` in a command is read as that dir) and the
-tool server and metrics ports are free ports (``DEV_TOOL_PORT=0 DEV_METRICS_PORT=0``), so parallel
-sessions cannot collide. Between the blocks and the final ``make dev-down`` the test runs
-``DEV_APPROVE=auto make dev`` a second time and checks that it reuses what runs (no duplicate
-process). At the end nothing started from the dir may be alive and no pid file may be left.
+tool server, MCP server and metrics ports are free ports (``DEV_TOOL_PORT=0 DEV_MCP_PORT=0
+DEV_METRICS_PORT=0``), so parallel sessions cannot collide. ``make dev`` also runs the MCP agent
+example (examples/mcp-agent.yaml: an Agent whose tools come from examples/mcp_tool_server.py, and a
+run of it): the run Succeeded, its ``status.agent`` names the Agent, and the MCP server's own record
+(``GET /_record``) has each booking executed exactly once. Between the blocks and the final ``make
+dev-down`` the test runs ``DEV_APPROVE=auto make dev`` a second time and checks that it reuses what
+runs (no duplicate process, no booking again). At the end nothing started from the dir may be alive
+and no pid file may be left.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -32,6 +39,7 @@ MARK = "<!-- quickstart -->"
 # seconds: each step's own budget; the test's pytest timeout is their sum plus slack
 QUICKSTART_BUDGET, SECOND_DEV_BUDGET, DOWN_BUDGET, CLEANUP_BUDGET = 900, 300, 120, 120
 RUN = "invoices-2024-06"
+MCP_EXAMPLE = ROOT / "examples" / "mcp-agent.yaml"
 
 
 def quickstart_blocks(text: str) -> list[list[str]]:
@@ -92,6 +100,42 @@ def _bash(script: str, env: dict, timeout: float, log: Path) -> subprocess.Compl
     return subprocess.CompletedProcess(p.args, p.returncode, log.read_text())
 
 
+def _mcp_example() -> tuple[str, str, str, int]:
+    """(Agent name, its version, run name, bookings its scripted model makes) of examples/mcp-agent.yaml."""
+    docs = {d["kind"]: d for d in yaml.safe_load_all(MCP_EXAMPLE.read_text())}
+    agent, run = docs["Agent"], docs["AgentRun"]
+    assert run["spec"]["agentRef"]["name"] == agent["metadata"]["name"]
+    bookings = sum(1 for turn in agent["spec"]["model"]["script"] for call in turn.get("toolCalls") or []
+                   if call["name"] == "ledger__book_invoice")
+    return agent["metadata"]["name"], agent["spec"]["version"], run["metadata"]["name"], bookings
+
+
+def _kubectl_json(state: Path, env: dict, *args: str) -> dict:
+    p = subprocess.run(["bash", "-c", f'source "{state}/dev.env" && kubectl "$@" -o json', "_", *args], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def _check_mcp_run(state: Path, env: dict) -> dict:
+    """The MCP agent's run Succeeded running the example's Agent, and the MCP server's own record has
+    each of its bookings executed exactly once, keyed by the run; returns the record."""
+    agent, version, run_name, bookings = _mcp_example()
+    run = _kubectl_json(state, env, "get", "agentrun", run_name)
+    st = run["status"]
+    assert st["phase"] == "Succeeded", st
+    assert st["agent"]["name"] == agent and st["agent"]["version"] == version, st["agent"]
+    assert re.fullmatch(r"[0-9a-f]{64}", st["agent"]["digest"]), st["agent"]
+    port = (state / "mcp-server.port").read_text().strip()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/_record", timeout=10) as r:
+        record = json.load(r)
+    key_id = "r_" + run["metadata"]["uid"].replace("-", "")
+    assert bookings >= 1 and record["bookings"] == bookings and record["withoutKey"] == 0, record
+    assert len(record["executions"]) == bookings and set(record["executions"].values()) == {1}, record
+    assert all(k.startswith(key_id + ":") and ":ledger__book_invoice:" in k for k in record["executions"]), record
+    return record
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -109,7 +153,8 @@ def test_readme_quickstart_as_written(tmp_path):
     main_cmds = [c for b in blocks[:-1] for c in b]
     down_cmds = blocks[-1]
     assert down_cmds == ["make dev-down"], down_cmds
-    env = {**os.environ, "LOCALKUBE_DIR": str(state), "DEV_TOOL_PORT": "0", "DEV_METRICS_PORT": "0"}
+    env = {**os.environ, "LOCALKUBE_DIR": str(state), "DEV_TOOL_PORT": "0", "DEV_MCP_PORT": "0",
+           "DEV_METRICS_PORT": "0"}
     env.pop("DEV_APPROVE", None)
     env.pop("KUBECONFIG", None)
     t0 = time.monotonic()
@@ -121,6 +166,8 @@ def test_readme_quickstart_as_written(tmp_path):
         assert "AwaitingApproval" in first and "] Next: type these in your shell" in first, first[-3000:]
         assert f"agentrun approve {RUN}" in first and "dev.env" in first, first[-3000:]
         assert re.search(rf"{RUN}\s+AwaitingApproval\s+8\s", first), first[-3000:]
+        mcp_run = _mcp_example()[2]
+        assert f"  {mcp_run}: Succeeded lap " in first and f"agentrun describe {mcp_run}" in first, first[-3000:]
         assert "finance-approvers" in out["agentrun approvals"], out["agentrun approvals"]
         assert re.search(rf"{RUN}\s+Succeeded\s+10\s", out["kubectl get agentruns"]), out["kubectl get agentruns"]
         trace = out[f"agentrun trace {RUN} --lap 9"]
@@ -131,22 +178,36 @@ def test_readme_quickstart_as_written(tmp_path):
         assert "9 call(s) executed" in show and "0 key(s) executed twice" in show, show
         fork_trace = out[f"agentrun trace {RUN}-b --lap 9"]
         assert "forked from" in fork_trace and "schedule_payment:rejected" in fork_trace, fork_trace
+        record = _check_mcp_run(state, env)
+        agent, version = _mcp_example()[:2]
+        d = subprocess.run(["bash", "-c", f'source "{state}/dev.env" && agentrun describe {mcp_run}'], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert d.returncode == 0, d.stderr
+        assert re.search(rf"^  Agent:\s+{agent} version {re.escape(version)}, digest sha256:[0-9a-f]{{12}}, pinned ",
+                         d.stdout, re.M), d.stdout
 
         # a second `make dev` is quick and safe: everything reused, the operator restarted once
-        pids = {n: int((state / f"{n}.pid").read_text()) for n in ("localkube", "tool-server", "operator")}
+        pids = {n: int((state / f"{n}.pid").read_text()) for n in ("localkube", "tool-server", "mcp-server", "operator")}
         t1 = time.monotonic()
         r2 = _bash("make dev", {**env, "DEV_APPROVE": "auto"}, timeout=SECOND_DEV_BUDGET, log=tmp_path / "second.log")
         second = time.monotonic() - t1
         assert r2.returncode == 0, r2.stdout[-4000:]
-        for what in ("control plane: already running", "S3 server: already running", "tool server: already running"):
+        for what in ("control plane: already running", "S3 server: already running", "tool server: already running",
+                     "MCP ledger server: already running"):
             assert what in r2.stdout, r2.stdout[-4000:]
         assert f"{RUN} unchanged" in r2.stdout and "0 key(s) executed twice" in r2.stdout, r2.stdout[-4000:]
         assert int((state / "localkube.pid").read_text()) == pids["localkube"]
         assert int((state / "tool-server.pid").read_text()) == pids["tool-server"]
+        assert int((state / "mcp-server.pid").read_text()) == pids["mcp-server"]
+        assert f"{mcp_run} unchanged" in r2.stdout and "0 key(s) executed twice, 0 without a key" in r2.stdout, \
+            r2.stdout[-4000:]
+        assert _check_mcp_run(state, env) == record  # the run was not run again: no booking again
         new_operator = int((state / "operator.pid").read_text())
         assert new_operator != pids["operator"] and not _alive(pids["operator"]) and _alive(new_operator)
-        servers = [p for p, cmd in leftover_processes(state) if "tool_server.py" in cmd]
+        servers = [p for p, cmd in leftover_processes(state) if "examples/tool_server.py" in cmd]
         assert servers == [pids["tool-server"]], servers
+        mcp_servers = [p for p, cmd in leftover_processes(state) if "examples/mcp_tool_server.py" in cmd]
+        assert mcp_servers == [pids["mcp-server"]], mcp_servers
         print(f"quickstart (first make dev .. fork) {t1 - t0:.0f}s, second make dev {second:.1f}s")
 
         r3 = _bash(_script(down_cmds), env, timeout=DOWN_BUDGET, log=tmp_path / "down.log")

@@ -116,6 +116,22 @@ def test_a_run_from_before_targets_renders_as_before():
     assert "Will run" not in html and "approvals" not in html and "targetSha256" not in html
 
 
+def test_the_card_of_a_run_of_an_agent_names_the_agent_it_runs():
+    r = run()
+    r["status"]["agent"] = {"name": "ledger-clerk", "version": "2026.12.1", "digest": "a" * 64}
+    c = view.card(r, NOW, StoredCall(arguments=ARGS, call_id="call_1", lap=3), [], None, can_decide=True)
+    assert c.agent == "Agent ledger-clerk version 2026.12.1"
+    assert '<dt>Runs</dt><dd><span class="agent">Agent ledger-clerk version 2026.12.1</span></dd>' in view.card_html(c, "t")
+    plain = view.card(run(), NOW, StoredCall(), [], None, True)
+    assert plain.agent is None and 'class="agent"' not in view.card_html(plain, "t")
+    r["status"]["agent"] = {"name": "<blink>x</blink>\n" + "n" * 900, "version": "<q>v</q>"}
+    hostile = view.card(r, NOW, StoredCall(), [], None, True)
+    html = view.card_html(hostile, "t")
+    assert "<blink>" not in html and "<q>" not in html and "&lt;blink&gt;x" in html and "\n" not in hostile.agent
+    assert len(hostile.agent) < 400
+    assert "n" * 300 not in html
+
+
 def test_target_and_approvers_from_the_run_are_escaped_and_bounded():
     evil = {"method": "GET<script>", "url": "https://x.example/" + "a" * 5000 + "\u202e<img src=x>",
             "headersSecret": "<b>s</b>"}

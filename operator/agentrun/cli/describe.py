@@ -1,6 +1,7 @@
 """``agentrun describe RUN``: one run as ``kubectl describe`` shows an object: a summary of the spec,
-the status, the conditions, the approval and the recent Events. ``describe_text`` is pure; every
-value that comes from a user or a model is one line and bounded (``api.text.one_line``)."""
+the status (with the Agent definition a run of an Agent runs, ``status.agent``), the conditions,
+the approval and the recent Events. ``describe_text`` is pure; every value that comes from a user
+or a model is one line and bounded (``api.text.one_line``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from agentrun.cli.kube import complete_runs, connect, core_api, current_options,
 from agentrun.cli.output import colour_phase, columns, output_option, render, run_name
 
 MAX_EVENTS = 15
+MAX_PARAMETERS_SHOWN = 10
+SHORT_DIGEST = 12  # hex digits of status.agent.digest shown (the full one: -o yaml)
 
 
 def _age(ts: Any, now: datetime) -> str:
@@ -26,6 +29,26 @@ def _v(value: Any, limit: int = 200) -> str:
     if value is None or value == "":
         return "<none>"
     return one_line(str(value), limit)
+
+
+def _parameters(params: Any) -> str:
+    if not isinstance(params, dict) or not params:
+        return "<none>"
+    shown = [f"{one_line(str(k), 63)}={one_line(str(v), 64)}" for k, v in sorted(params.items())[:MAX_PARAMETERS_SHOWN]]
+    more = len(params) - MAX_PARAMETERS_SHOWN
+    return ", ".join(shown) + (f", ... ({more} more)" if more > 0 else "")
+
+
+def pinned_agent_text(pinned: Any, now: datetime) -> str:
+    """``status.agent`` in one bounded line: "NAME version V, digest sha256:SHORT, pinned T (AGE ago)"."""
+    if not isinstance(pinned, dict) or not pinned.get("name"):
+        return "<none>"
+    digest = str(pinned.get("digest") or "")
+    text = (f"{_v(pinned.get('name'), 253)} version {_v(pinned.get('version'), 63)}, digest "
+            + (f"sha256:{one_line(digest[:SHORT_DIGEST], SHORT_DIGEST)}" if digest else "<none>"))
+    if pinned.get("pinnedAt"):
+        text += f", pinned {_v(pinned.get('pinnedAt'), 40)} ({_age(pinned.get('pinnedAt'), now)} ago)"
+    return text
 
 
 def describe_text(run: dict[str, Any], events: list[dict[str, Any]], now: datetime) -> str:
@@ -45,11 +68,24 @@ def describe_text(run: dict[str, Any], events: list[dict[str, Any]], now: dateti
         f"Created:          {_v(meta.get('creationTimestamp'))} ({_age(meta.get('creationTimestamp'), now)} ago)",
         "Spec:",
         f"  Task:           {_v(spec.get('task'), 160)}",
-        f"  Agent:          {_v(agent.get('version'))}" + (f", image {_v(agent.get('image'))}" if agent.get("image") else ""),
-        f"  Model:          {_v(model.get('provider'))} {_v(model.get('name'))}",
-        f"  Tools:          {_v(', '.join(str(t.get('name')) for t in agent.get('tools') or [] if isinstance(t, dict)))}",
-        f"  Budget:         maxLaps {_v(budget.get('maxLaps', 100))}, maxCostUSD {_v(budget.get('maxCostUSD'))}",
-        f"  Approval owner: {_v(approval.get('owner'))}",
+    ]
+    ref = spec.get("agentRef") if isinstance(spec.get("agentRef"), dict) else None
+    unset = "<the Agent's>"
+    if ref is not None:  # a run of an Agent: its agent, model and tools are the Agent's (Status, Agent)
+        lines += [f"  Agent ref:      {_v(ref.get('name'), 253)}",
+                  f"  Parameters:     {_parameters(spec.get('parameters'))}"]
+    else:
+        lines += [
+            f"  Agent:          {_v(agent.get('version'))}" + (f", image {_v(agent.get('image'))}" if agent.get("image")
+                                                                 else ""),
+            f"  Model:          {_v(model.get('provider'))} {_v(model.get('name'))}",
+            f"  Tools:          {_v(', '.join(str(t.get('name')) for t in agent.get('tools') or [] if isinstance(t, dict)))}",
+        ]
+    lines += [
+        # a run of an Agent: what the run leaves unset is the Agent's (its resolved copy in the store)
+        f"  Budget:         maxLaps {_v(budget.get('maxLaps', unset if ref else 100))}, maxCostUSD "
+        f"{_v(budget.get('maxCostUSD', unset if ref else None))}",
+        f"  Approval owner: {_v(approval.get('owner', unset if ref else None))}",
         f"  Suspend:        {'true' if spec.get('suspend') else 'false'}",
         "  Cancel:         " + (("reason " + _v((spec.get('cancel') or {}).get('reason'))) if spec.get("cancel") is not None
                                   else "<none>"),
@@ -63,6 +99,7 @@ def describe_text(run: dict[str, Any], events: list[dict[str, Any]], now: dateti
         "Status:",
         f"  Phase:          {colour_phase(phase, phase)}",
         f"  Message:        {_v(st.get('message'), 300)}",
+        f"  Agent:          {pinned_agent_text(st.get('agent'), now)}",
         f"  Lap:            {int(st.get('lap') or 0)} (last checkpointed)",
         f"  Last checkpoint: {_v(st.get('lastCheckpointTime'))}",
         f"  Cost:           ${_v(cost.get('usd', '0.00'))}, tokens {int(cost.get('inputTokens') or 0)} in / "

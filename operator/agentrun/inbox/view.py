@@ -62,6 +62,7 @@ class Card:
     target: str | None = None  # what the call will run: "POST https://... · headers from Secret x"
     target_sha256: str | None = None
     approvals: str | None = None  # "1 of 2 approvals (alice)"
+    agent: str | None = None  # of a run of an Agent: "Agent NAME version V" (status.agent)
 
     @property
     def key(self) -> str:
@@ -108,6 +109,14 @@ def approvals_text(ap: dict[str, Any]) -> str | None:
     return f"{len(users)} of {m} approvals" + (f" ({shown})" if shown else "")
 
 
+def agent_text(pinned: object) -> str | None:
+    """"Agent NAME version V" from ``status.agent`` (the definition a run of an Agent runs, pinned by
+    the operator), one line, bounded; None for a run with its own spec.agent."""
+    if not isinstance(pinned, dict) or not pinned.get("name"):
+        return None
+    return f"Agent {one_line(str(pinned['name']), 253)} version {one_line(str(pinned.get('version') or '?'), 63)}"
+
+
 def waiting(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in runs if (r.get("status") or {}).get("phase") == AWAITING]
 
@@ -140,6 +149,7 @@ def card(run: dict[str, Any], now: datetime, stored: StoredCall, laps: list[LapS
         seconds_left=row["secondsLeft"], on_timeout=row["onTimeout"], arguments=args, arguments_source=source,
         sha256=sha, can_decide=can_decide, warnings=tuple(warnings), laps=tuple(laps), laps_error=laps_error,
         target=target_text(ap), target_sha256=_hex(ap.get("targetSha256")), approvals=approvals_text(ap),
+        agent=agent_text(st.get("agent")),
     )
 
 
@@ -213,6 +223,8 @@ def card_html(c: Card, csrf: str) -> str:
     ]
     if c.approvals:
         facts.append(("Approvals", f'<span class="approvals">{esc(c.approvals, 600)}</span>'))
+    if c.agent:
+        facts.append(("Runs", f'<span class="agent">{esc(c.agent, 400)}</span>'))
     dl = "".join(f"<div><dt>{k}</dt><dd>{v}</dd></div>" for k, v in facts)
     if c.target:  # first and full width: where the call goes is what an approver must see
         dl = ('<div class="wide"><dt>Will run</dt><dd><code class="target">'
