@@ -165,10 +165,6 @@ TOOL_URL="http://127.0.0.1:$TOOL_PORT"
 # ---------------------------------------------------------------- MCP ledger server
 # examples/mcp_tool_server.py: an MCP server written with agentrun.toolkit; its ledger and the
 # toolkit's idempotency keys live in one SQLite file of the state dir (kept across restarts).
-# With AGENTRUN_NODE=runc the lap pods run the image, which has an MCP client only when the image's
-# pins include the mcp SDK; without it the MCP agent example is left out (said below).
-MCP_RUNS=yes
-if [ "$NODE" = runc ] && ! grep -qi '^mcp==' tools/image/requirements.txt; then MCP_RUNS=""; fi
 mcp_up() { curl -sf -o /dev/null "http://127.0.0.1:$1/_record"; }
 if alive "$DEV_DIR/mcp-server.pid" && [ -s "$DEV_DIR/mcp-server.port" ] && mcp_up "$(cat "$DEV_DIR/mcp-server.port")"; then
   MCP_PORT=$(cat "$DEV_DIR/mcp-server.port")
@@ -260,13 +256,9 @@ EOF
 say "kubectl apply -f $EXAMPLE   (tool URLs pointed at $TOOL_URL)"
 sed "s#http://127.0.0.1:8765/#$TOOL_URL/#g" "$EXAMPLE" > "$DEV_DIR/invoice-run.yaml"
 kubectl apply -f "$DEV_DIR/invoice-run.yaml"
-if [ -n "$MCP_RUNS" ]; then
-  say "kubectl apply -f $MCP_EXAMPLE   (an Agent whose tools come from the MCP server at $MCP_URL/mcp, and a run of it)"
-  sed "s#http://127.0.0.1:8766/#$MCP_URL/#g" "$MCP_EXAMPLE" > "$DEV_DIR/mcp-agent.yaml"
-  kubectl apply -f "$DEV_DIR/mcp-agent.yaml"
-else
-  say "AGENTRUN_NODE=runc: $MCP_EXAMPLE left out (the image has no MCP client: mcp is not in tools/image/requirements.txt)"
-fi
+say "kubectl apply -f $MCP_EXAMPLE   (an Agent whose tools come from the MCP server at $MCP_URL/mcp, and a run of it)"
+sed "s#http://127.0.0.1:8766/#$MCP_URL/#g" "$MCP_EXAMPLE" > "$DEV_DIR/mcp-agent.yaml"
+kubectl apply -f "$DEV_DIR/mcp-agent.yaml"
 
 phase() { kubectl get agentrun "${1:-$RUN}" -o jsonpath='{.status.phase}' 2>/dev/null || true; }
 lap() { kubectl get agentrun "${1:-$RUN}" -o jsonpath='{.status.lap}' 2>/dev/null || true; }
@@ -288,10 +280,8 @@ wait_run() {  # $1 run, $2 timeout seconds, then the phases to wait for; prints 
 wait_phase() { wait_run "$RUN" "$@"; }  # the invoice run
 say "waiting for the run to ask for approval (8 laps: fetch the batch, book 6 invoices, ask to pay)"
 wait_phase 300 AwaitingApproval Succeeded
-if [ -n "$MCP_RUNS" ]; then
-  say "waiting for $MCP_RUN, the MCP agent's run (3 laps: ledger__book_invoice, ledger__lookup_invoice, done)"
-  wait_run "$MCP_RUN" 300 Succeeded
-fi
+say "waiting for $MCP_RUN, the MCP agent's run (3 laps: ledger__book_invoice, ledger__lookup_invoice, done)"
+wait_run "$MCP_RUN" 300 Succeeded
 kubectl get agentruns
 
 trace_cmd="agentrun trace $RUN"
@@ -307,16 +297,14 @@ if [ "$MODE" = auto ]; then
   (source "$DEV_DIR/dev.env" && agentrun trace "$RUN")
   say "the tool server's record: each side effect once"
   "$PY" examples/tool_server.py --show --url "$TOOL_URL"
-  if [ -n "$MCP_RUNS" ]; then
-    say "agentrun trace $MCP_RUN   (the MCP agent's run)"
-    # shellcheck disable=SC1091
-    (source "$DEV_DIR/dev.env" && agentrun trace "$MCP_RUN")
-    say "the MCP ledger's record (GET $MCP_URL/_record): each booking once"
-    curl -sf "$MCP_URL/_record" | "$PY" -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps(r, sort_keys=True))
+  say "agentrun trace $MCP_RUN   (the MCP agent's run)"
+  # shellcheck disable=SC1091
+  (source "$DEV_DIR/dev.env" && agentrun trace "$MCP_RUN")
+  say "the MCP ledger's record (GET $MCP_URL/_record): each booking once"
+  curl -sf "$MCP_URL/_record" | "$PY" -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps(r, sort_keys=True))
 twice = sum(1 for n in r["executions"].values() if n > 1)
 print("%d booking(s), %d key(s), %d key(s) executed twice, %d without a key"
-      % (r["bookings"], len(r["executions"]), twice, r["withoutKey"]))'
-  fi
+    % (r["bookings"], len(r["executions"]), twice, r["withoutKey"]))'
 fi
 
 step() { printf '  %-64s # %s\n' "$1" "$2"; }
@@ -332,11 +320,9 @@ else
 fi
 step "$trace_cmd" "each lap, from the checkpoint store"
 step "python3 examples/tool_server.py --show" "each side effect once, with its key"
-if [ -n "$MCP_RUNS" ]; then
-  step "agentrun describe $MCP_RUN" "the MCP agent's run: the Agent it runs (status.agent)"
-  step "agentrun trace $MCP_RUN" "its laps: the ledger__* tools over MCP"
-  step "curl -s \$AGENTRUN_MCP_SERVER/_record" "the MCP ledger: each booking once, by key"
-fi
+step "agentrun describe $MCP_RUN" "the MCP agent's run: the Agent it runs (status.agent)"
+step "agentrun trace $MCP_RUN" "its laps: the ledger__* tools over MCP"
+step "curl -s \$AGENTRUN_MCP_SERVER/_record" "the MCP ledger: each booking once, by key"
 step "$( [ "$SHOW_DIR" = .localkube ] || printf 'LOCALKUBE_DIR=%s ' "$SHOW_DIR")make dev-down" "stop everything"
 # the token travels in the URL's fragment, which the browser never sends to a server
 printf '\n\033[1m== Approval inbox (docs/inbox.md): open this to sign in as the dev approver\033[0m\n  %s/login#token=%s\n' \

@@ -701,6 +701,7 @@ def test_a_slot_freed_wakes_the_waiting_runs_of_its_namespace_even_on_an_own_wri
     a run that finishes (here through the operator's own write, which enqueues nothing else) enqueues
     the waiting runs of its namespace, not of others."""
     c, changed, _ = cache
+    c.limited = lambda namespace: namespace == "ns"
 
     def obj(ns: str, name: str, rv: int, **status: Any) -> dict[str, Any]:
         return {"metadata": {"namespace": ns, "name": name, "uid": f"{ns}-{name}", "resourceVersion": str(rv)},
@@ -716,7 +717,15 @@ def test_a_slot_freed_wakes_the_waiting_runs_of_its_namespace_even_on_an_own_wri
     assert sorted(changed) == [("ns", "w1"), ("ns", "w2")] and c.active_count("ns") == 0
     changed.clear()
     c.event("runs", "MODIFIED", obj("ns", "w1", 6, phase="Running", activeJob={"name": "j1"}))
-    assert changed == [("ns", "w1")] and c.active_count("ns") == 1 and len(c.waiting_runs("ns")) == 1
+    # w1 admitted: w2, behind it, moves up a place (its status.queue changes)
+    assert sorted(changed) == [("ns", "w1"), ("ns", "w2")] and c.active_count("ns") == 1
+    assert len(c.waiting_runs("ns")) == 1
+    changed.clear()
+    c.event("runs", "ADDED", obj("ns", "w0", 8, phase="Queued") | {"spec": {"priority": 5}})
+    assert sorted(changed) == [("ns", "w0"), ("ns", "w2")]  # w2 moves back behind the new w0
+    changed.clear()
+    c.event("runs", "ADDED", obj("other", "w9", 9))  # no limit there: only itself
+    assert changed == [("other", "w9")]
     changed.clear()
     c.event("runs", "DELETED", obj("ns", "w1", 7, phase="Running", activeJob={"name": "j1"}))
-    assert changed == [("ns", "w2")] and c.active_count("ns") == 0
+    assert sorted(changed) == [("ns", "w0"), ("ns", "w2")] and c.active_count("ns") == 0

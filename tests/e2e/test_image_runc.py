@@ -95,7 +95,7 @@ def _pod(cluster, ns: str, name: str) -> dict:
 
 
 PROBE = r"""
-import ctypes, json, os, subprocess
+import ctypes, json, os, subprocess, sys
 out = {"id_u": subprocess.run(["id", "-u"], capture_output=True, text=True).stdout.strip(),
        "id_g": subprocess.run(["id", "-g"], capture_output=True, text=True).stdout.strip()}
 try:
@@ -114,6 +114,9 @@ libc = ctypes.CDLL(None, use_errno=True)
 out["unshare_user"] = libc.unshare(0x10000000)
 out["unshare_errno"] = ctypes.get_errno()
 out["agentrun"] = subprocess.run(["agentrun", "--help"], capture_output=True, text=True).returncode
+# the lap's MCP client (lap/tools/mcp.py), imported as a run declaring spec.agent.mcpServers does
+out["mcp"] = subprocess.run([sys.executable, "-c", "from agentrun.lap.tools.mcp import preload; preload()"],
+                            capture_output=True, text=True).returncode
 print("PROBE " + json.dumps(out))
 """
 
@@ -163,7 +166,7 @@ def test_lap_pod_in_the_image_is_confined(rcluster, image_ref):
     assert got["nnp"] == "1" and int(got["capeff"], 16) == 0, got
     assert got["seccomp"] == "2", got  # a seccomp filter is installed
     assert got["unshare_user"] == -1 and got["unshare_errno"] == 1, got  # EPERM from the filter
-    assert got["agentrun"] == 0, got
+    assert got["agentrun"] == 0 and got["mcp"] == 0, got
     # the OCI spec the node wrote for it
     cfg = json.loads((pdir / "runc" / "lap" / "config.json").read_text())
     assert cfg["root"]["readonly"] is True and cfg["process"]["noNewPrivileges"] is True

@@ -39,7 +39,7 @@ from agentrun.kube.informer import is_newer, rv_int, strip
 from agentrun.notify.plan import outcome_due
 
 from .decide.observe import job_state
-from .decide.queue import slot_state
+from .decide.queue import order_key, slot_state
 
 GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
 #: (group/version prefix, plural) of the AgentRuns.
@@ -121,8 +121,11 @@ class Cache:
         self._runs_by_agent: dict[Key, set[Key]] = {}  # (namespace, Agent name) -> the runs naming it
         #: Per namespace, the runs that hold a slot of a concurrency limit and the ones that wait for
         #: one (decide/queue.py slot_state): a slot freed enqueues the waiting runs of its namespace.
+        #: Whether a concurrency limit applies to a namespace (the reconciler's, from the policies):
+        #: only there does a change of the queue wake anyone.
+        self.limited: Callable[[str], bool] = lambda namespace: False
         self.holding: dict[str, set[Key]] = {}
-        self.waiting: dict[str, set[Key]] = {}
+        self.waiting: dict[str, dict[Key, tuple[int, str, str]]] = {}  # -> the run's admission order key
         self._run_by_uid: dict[str, Key] = {}
         self._jobs_by_uid: dict[str, set[Key]] = {}
         self._pods_by_job: dict[Key, set[Key]] = {}
@@ -281,7 +284,7 @@ class Cache:
                 self._drop_agent_ref(key, before_ref)
             if ref is not None:
                 self._runs_by_agent.setdefault((key[0], ref), set()).add(key)
-            self._slot(key, slot_state(obj))
+            self._slot(key, slot_state(obj), order_key(obj))
             st = obj.get("status") or {}
             ap = st.get("approval") or {}
             if st.get("phase") == AWAITING and ap.get("state") == "Pending" and ap.get("callId"):
@@ -318,7 +321,7 @@ class Cache:
                 self._drop_agent_ref(key, ref)
             if self._run_by_uid.get(meta.get("uid", "")) == key:
                 del self._run_by_uid[meta["uid"]]
-            self._slot(key, None)
+            self._slot(key, None, None)
             self.awaiting.pop(key, None)
             self.outcomes_due.pop(key, None)
         elif kind == "jobs":
@@ -341,23 +344,42 @@ class Cache:
                 if not keys:
                     del self._pods_by_job[(key[0], job or "")]
 
-    def _slot(self, key: Key, state: str | None) -> None:
-        """Index the run by its slot state; a run that stops holding a slot (finished, deleted) wakes
-        the waiting runs of its namespace (one of them may be admitted now)."""
+    def _slot(self, key: Key, state: str | None, order: tuple[int, str, str] | None) -> None:
+        """Index the run by its slot state. What moves a waiting run's place (``status.queue``) wakes it:
+        a run that stops holding a slot (finished, deleted) wakes every waiting run of its namespace
+        (one of them may be admitted now); a run that joins or leaves the waiting ones (created,
+        admitted, deleted, its priority changed) wakes the waiting runs behind it."""
         ns = key[0]
         held = key in self.holding.get(ns, ())
-        for index, member in ((self.holding, state == "holds"), (self.waiting, state == "waits")):
-            keys = index.get(ns)
-            if member:
-                index.setdefault(ns, set()).add(key)
-            elif keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del index[ns]
+        waiting = self.waiting.get(ns, {})
+        before = waiting.get(key)
+        holding = self.holding.setdefault(ns, set())
+        if state == "holds":
+            holding.add(key)
+        else:
+            holding.discard(key)
+        if not holding:
+            del self.holding[ns]
+        if state == "waits" and order is not None:
+            self.waiting.setdefault(ns, {})[key] = order
+        elif before is not None:
+            del waiting[key]
+            if not waiting:
+                del self.waiting[ns]
+        after = self.waiting.get(ns, {}).get(key)
+        if (not held or state is not None) and before == after:
+            return
+        if not self.limited(ns):
+            return
         if held and state is None:
-            for run in sorted(self.waiting.get(ns, ())):
-                if run != key:
-                    self.enqueue(run, "slot freed")
+            behind: tuple[int, str, str] | None = None  # every waiting run
+        elif before != after:
+            behind = min(o for o in (before, after) if o is not None)
+        else:
+            return
+        for run, run_order in sorted(self.waiting.get(ns, {}).items()):
+            if run != key and (behind is None or run_order > behind):
+                self.enqueue(run, "queue moved")
 
     def _drop_agent_ref(self, key: Key, ref: str) -> None:
         runs = self._runs_by_agent.get((key[0], ref))

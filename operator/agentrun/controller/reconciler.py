@@ -200,7 +200,8 @@ class Controller:
                                      on_change=self._admission_changed, watch_seconds=cfg.watch_timeout_seconds)
         self._tasks.append(asyncio.create_task(self.admission.run(cfg.resync_seconds)))
         if cfg.tenancy_recheck:
-            self.policies = PolicyStore(on_change=self._policies_changed)
+            self.policies = policies = PolicyStore(on_change=self._policies_changed)
+            self.cache.limited = lambda namespace: policies.limit(namespace) is not None
             for kind, resource in TENANCY_KINDS.items():
                 # namespaces: with exact watched namespaces, each by name (the chart's role names them)
                 names: list[str | None] = list(cfg.namespaces) if kind == "namespaces" and watch_ns != [None] else [None]

@@ -1,0 +1,143 @@
+"""Concurrency limits on the real local control plane (issue 33, item 2): an AgentRunPolicy with
+``maxActiveRuns: 2`` bound to a namespace, five runs whose laps are held in flight at a ToolGate.
+
+At most two runs have a lap Job at any moment (sampled from a watch of the namespace's Jobs, the
+whole time); the other three show phase ``Queued`` with their place in ``status.queue`` (a run with
+``spec.priority`` first), starting no Job. The operator is SIGKILLed while three runs wait and
+started again: the bound holds (it is computed from the watch cache, never from a counter). The
+gate opens, runs finish, the queued ones are admitted in order, and all five Succeed, each with one
+``Queued`` and one ``Admitted`` Event where it waited."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from typing import Any
+
+import pytest
+from e2e_support import ToolGate, delete_team_policy, wait_for
+from test_operator_e2e import Env
+
+from agentrun.api import tenancy as t
+from agentrun.api import tenancy_admission as ta
+from agentrun.api.contract import LABEL_RUN_UID
+from agentrun.api.reasons import Reason
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+LIMIT = 2
+
+
+class JobSampler:
+    """A watch of the namespace's Jobs (``kubectl get jobs -w``): the largest number of runs that had
+    an unfinished lap Job at once."""
+
+    def __init__(self, cluster: Any, ns: str) -> None:
+        self.jobs: dict[str, tuple[str, bool]] = {}  # job name -> (run uid, finished)
+        self.most = 0
+        self.seen = 0
+        self._proc = subprocess.Popen(
+            [cluster.kubectl, "get", "jobs", "-n", ns, "-w", "--output-watch-events", "-o", "json"],
+            env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        dec, buf = json.JSONDecoder(), ""
+        for line in self._proc.stdout:
+            buf += line
+            while buf.strip():
+                try:
+                    ev, end = dec.raw_decode(buf.lstrip())
+                except ValueError:
+                    break
+                buf = buf.lstrip()[end:]
+                self._apply(ev)
+
+    def _apply(self, ev: dict[str, Any]) -> None:
+        job = ev.get("object") or {}
+        name = job["metadata"]["name"]
+        if ev.get("type") == "DELETED":
+            self.jobs.pop(name, None)
+        else:
+            conds = (job.get("status") or {}).get("conditions") or []
+            finished = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conds)
+            self.jobs[name] = (job["metadata"]["labels"][LABEL_RUN_UID], finished)
+        self.seen += 1
+        self.most = max(self.most, len({uid for uid, done in self.jobs.values() if not done}))
+
+    def stop(self) -> None:
+        self._proc.kill()
+        self._proc.wait(10)
+
+
+def test_max_active_runs_queues_the_rest_in_priority_order_across_an_operator_kill(cluster, s3, tmp_path):
+    e = Env(cluster, s3, tmp_path)
+    e.prepare_namespace()
+    pname = f"queue-{e.ns}"
+    cluster.kubectl_run("label", "namespace", e.ns, f"{t.NAMESPACE_LABEL}={pname}")
+    policy = ta.policy_object(pname, ta.LOCAL_POLICY)
+    policy["spec"]["maxActiveRuns"] = LIMIT
+    sel = {"matchLabels": {t.NAMESPACE_LABEL: pname}}
+    for doc in (policy, ta.binding(f"{t.VAP_NAME}-{pname}", pname, sel)):
+        cluster.kubectl_run("apply", "-f", "-", input=json.dumps(doc))
+    gate = ToolGate(e.tool_url)
+    sampler = JobSampler(cluster, e.ns)
+    e.start_operator()
+    names = [f"q{i}" for i in range(5)]
+    try:
+        script = [{"content": "working", "toolCalls": [{"name": "slow", "arguments": {"order": "q"}}]},
+                  {"content": "done"}]
+        for i, name in enumerate(names):
+            doc = e.run_doc(name, script)
+            doc["spec"]["agent"]["tools"] = [{"name": "slow", "http": {"url": f"{gate.url}/slow", "timeout": "10m"}}]
+            doc["spec"]["lapTimeout"] = "10m"
+            if name == "q4":
+                doc["spec"]["priority"] = 10  # created last, admitted first of the waiting ones
+            e.apply(doc)
+            time.sleep(1.1)  # distinct creation timestamps: the order is creation order
+        wait_for("two laps held at the gate", lambda: gate.arrived("q") >= LIMIT, timeout=180)
+
+        def queued() -> dict[str, int] | None:
+            got = {n: (e.status(n).get("queue") or {}).get("position") for n in names}
+            waiting = {n: p for n, p in got.items() if p is not None}
+            return waiting if len(waiting) == 3 else None
+
+        waiting = wait_for("three runs Queued with their place", queued, timeout=120)
+        assert sorted(waiting) == ["q2", "q3", "q4"] and waiting["q4"] == 1, waiting
+        assert [waiting["q2"], waiting["q3"]] == [2, 3], waiting
+        st = e.status("q3")
+        assert st["phase"] == "Queued" and st["queue"]["limit"] == LIMIT and st["queue"]["policy"] == pname, st
+        cond = next(c for c in st["conditions"] if c["type"] == "Progressing")
+        assert cond["status"] == "False" and cond["reason"] == Reason.QUEUED and pname in cond["message"], cond
+        assert not e.jobs("q3") and gate.arrived("q") == LIMIT
+
+        # the operator dies with three runs waiting; a new one computes the same from its cache
+        e.kill_operator()
+        e.start_operator()
+        time.sleep(8)  # a few resyncs (AGENTRUN_RESYNC_SECONDS=5) of the new operator
+        assert gate.arrived("q") == LIMIT and sampler.most <= LIMIT, (gate.arrived("q"), sampler.most)
+        assert all(e.status(n)["phase"] == "Queued" for n in ("q2", "q3", "q4"))
+
+        gate.open()
+        for n in names:
+            assert e.wait_phase(n, "Succeeded", "Failed", timeout=240)["phase"] == "Succeeded", n
+        assert sampler.seen >= 5 and sampler.most <= LIMIT, sampler.most
+        started = {n: e.status(n)["startedAt"] for n in names}
+        assert started["q4"] <= started["q2"] <= started["q3"], started  # priority, then creation
+        for n in ("q2", "q3", "q4"):
+            reasons = [ev["reason"] for ev in e.events(n)]
+            assert reasons.count(Reason.QUEUED) == 1 and reasons.count(Reason.ADMITTED) == 1, (n, reasons)
+            assert e.status(n).get("queue") is None
+        for n in ("q0", "q1"):
+            assert Reason.QUEUED not in [ev["reason"] for ev in e.events(n)]
+    finally:
+        sampler.stop()
+        gate.close()
+        e.kill_operator()
+        e.tools.shutdown()
+        cluster.kubectl_run("delete", "namespace", e.ns, "--wait=false", check=False)
+        delete_team_policy(cluster, pname)
