@@ -128,3 +128,24 @@ def test_invalid_example_is_refused_naming_the_field():
 def test_crd_file_is_valid_yaml_for_kubectl():
     docs = [d for d in yaml.safe_load_all(CRD_FILE.read_text()) if d]
     assert len(docs) == 1 and docs[0]["metadata"]["name"] == "agentruns.agentrun.dev"
+
+
+def test_the_pod_template_refuses_reserved_keys_in_every_crd_that_holds_an_agent():
+    """The AgentRun (spec.agent.podTemplate), the Agent (spec.podTemplate) and the AgentSchedule's run
+    template carry the same rules; the reserved keys are the models' (tests/controller/test_decide_jobs.py
+    ties them to what build_job sets)."""
+    from agentrun.api import schedule
+    from agentrun.api.spec import RESERVED_LABEL_KEYS, RESERVED_LABEL_PREFIXES
+
+    run = _schema()["properties"]["spec"]["properties"]["agent"]["properties"]["podTemplate"]
+    agent = crdgen.agent_openapi_schema()["properties"]["spec"]["properties"]["podTemplate"]
+    sched = schedule.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    sched_tpl = sched["properties"]["spec"]["properties"]["runTemplate"]["properties"]["spec"]["properties"][
+        "agent"]["properties"]["podTemplate"]
+    assert run == agent == sched_tpl
+    rules = " ".join(r["rule"] for r in run["properties"]["labels"]["x-kubernetes-validations"])
+    for key in (*RESERVED_LABEL_PREFIXES, *RESERVED_LABEL_KEYS):
+        assert f"'{key}'" in rules
+    assert run["properties"]["labels"]["maxProperties"] == 32
+    assert run["properties"]["affinity"]["properties"]["nodeAffinity"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert "x-kubernetes-preserve-unknown-fields" not in run["properties"]["tolerations"]["items"]

@@ -379,3 +379,59 @@ def test_check_all_hands_the_lap_the_rules_only_when_every_policy_is_readable():
     assert got.rules is not None and ("10.20.99.0/24", "AgentRunPolicy strict rule destinations.deniedCIDRs") in \
         got.rules.denied
     assert t.check_all({}, {"strict": strict, "gone": None}).rules is None
+
+
+# ------------------------------------------------------------------------------ the lap pod template
+
+_TEMPLATE = {"runtimeClassName": "runc", "priorityClassName": "system-cluster-critical",
+             "nodeSelector": {"pool": "gpu", "kubernetes.io/hostname": "n1"},
+             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}}
+
+
+def test_a_policy_without_pod_template_rules_allows_any_template():
+    spec = _spec({"patch": {"spec": {"agent": {"podTemplate": _TEMPLATE}}}})
+    assert t.check(spec, STRICT.model_copy(update={"pod_template": t.PodTemplatePolicy()})) == []
+    assert t.check(spec, ta.LOCAL_POLICY) == [] and t.check(spec, ALLOW_ALL) == []
+    # the generated CEL is on only where the policy has the field (hasValue), so the same holds at apply
+    exprs = {v["name"]: v["expression"] for v in ta.variables()}
+    assert "!params.?spec.?podTemplate.?allowedRuntimeClassNames.hasValue()" in exprs["runtimeClassViolations"]
+    assert exprs["nodeSelectorRestricted"] == "params.?spec.?podTemplate.?allowedNodeSelectors.hasValue()"
+    assert "variables.podTemplateViolations" in exprs["violations"]
+
+
+def test_an_empty_list_allows_only_leaving_the_field_unset():
+    none = t.AgentRunPolicySpec.model_validate({"podTemplate": {"allowedRuntimeClassNames": [],
+                                                                "allowedNodeSelectors": {}}})
+    assert [v for v in t.check(_spec({"patch": {}}), none) if v.rule.startswith("podTemplate")] == []
+    got = [v.field for v in t.check(_spec({"patch": {"spec": {"agent": {"podTemplate": _TEMPLATE}}}}), none)
+           if v.rule.startswith("podTemplate")]
+    assert got == ["spec.agent.podTemplate.runtimeClassName", "spec.agent.podTemplate.nodeSelector[kubernetes.io/hostname]",
+                   "spec.agent.podTemplate.affinity.nodeAffinity"]
+
+
+@given(keys=st.dictionaries(st.from_regex(r"[a-z]{1,6}(/[a-z]{1,4})?", fullmatch=True),
+                            st.sampled_from(["a", "b", "gpu"]), min_size=1, max_size=6))
+def test_the_node_selector_rule_names_the_first_offending_key_in_order(keys):
+    policy = t.AgentRunPolicySpec.model_validate({"podTemplate": {"allowedNodeSelectors": {"pool": ["a", "b"]}}})
+    spec = _spec({"patch": {"spec": {"agent": {"podTemplate": {"nodeSelector": keys}}}}})
+    got = [v for v in t.check(spec, policy) if v.rule.startswith("podTemplate")]
+    bad = sorted(k for k, v in keys.items() if k != "pool" or v == "gpu")
+    assert [v.field for v in got] == ([f"spec.agent.podTemplate.nodeSelector[{bad[0]}]"] if bad else [])
+
+
+def test_the_operator_recheck_of_a_run_of_an_agent_sees_its_pod_template():
+    """The admission policy sees only spec.agentRef; the operator checks the effective spec of the pinned
+    copy (controller/reconciler.py: check_all of agent.effective_spec(...).to_api()) with the same checker."""
+    from agentrun.api.agent import AgentDefinitionSpec, effective_spec, resolve
+    from agentrun.api.spec import AgentRunManifestSpec
+
+    definition = AgentDefinitionSpec.model_validate({
+        "version": "v1", "task": "t", "model": {"provider": "scripted", "script": [{"content": "done"}]},
+        "podTemplate": {"runtimeClassName": "runc", "labels": {"team": "a"}}})
+    run = AgentRunManifestSpec.model_validate({"agentRef": {"name": "a"}})
+    effective = effective_spec(run, resolve("a", definition, run))
+    policy = t.AgentRunPolicySpec.model_validate({"podTemplate": {"allowedRuntimeClassNames": ["gvisor"]}})
+    check = t.check_all(effective.to_api(), {"team": policy})
+    assert not check.ok
+    assert check.message == ("AgentRunPolicy team: spec.agent.podTemplate.runtimeClassName \"runc\" is not an "
+                             "allowed runtime class (AgentRunPolicy rule podTemplate.allowedRuntimeClassNames)")

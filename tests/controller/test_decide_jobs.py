@@ -6,6 +6,8 @@ import json
 
 import pytest
 from controller_world import UID, make_spec
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentrun.api.spec import AgentRunSpec
 from agentrun.api.status import StoreLocation
@@ -200,3 +202,122 @@ def test_credentials_in_an_endpoint_never_reach_status_but_are_still_used():
     assert effective_endpoint(pinned, make_spec(), cfg) == "http://user:pw@minio:9000"
     moved = pinned.model_copy(update={"endpoint": "http://elsewhere:9000"})
     assert effective_endpoint(moved, make_spec(), cfg) == "http://elsewhere:9000"
+
+
+# ------------------------------------------------------------------ spec.agent.podTemplate (issue 33)
+
+def _with_template(tpl: dict) -> AgentRunSpec:
+    agent = {"version": "v1", "model": {"provider": "scripted", "script": [{"content": "x"}]}, "podTemplate": tpl}
+    return make_spec(agent=agent)
+
+
+FULL_TEMPLATE = {
+    "labels": {"team": "payments", "example.com/cost-center": "cc-7"},
+    "annotations": {"example.com/owner": "ops@example.com"},
+    "nodeSelector": {"pool": "agents", "kubernetes.io/arch": "amd64"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "agents", "effect": "NoSchedule"},
+                    {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}],
+    "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 10, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}},
+    "priorityClassName": "agents-low",
+    "runtimeClassName": "gvisor",
+    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                   "whenUnsatisfiable": "ScheduleAnyway",
+                                   "labelSelector": {"matchLabels": {"team": "payments"}}}],
+}
+
+
+def test_the_pod_template_passes_through_to_the_lap_pod_and_not_to_the_job():
+    job = build_job(RUN, _with_template(FULL_TEMPLATE), 3, 2, "v7", CFG)
+    meta, pod = job["spec"]["template"]["metadata"], job["spec"]["template"]["spec"]
+    assert meta["labels"]["team"] == "payments" and meta["labels"]["example.com/cost-center"] == "cc-7"
+    assert meta["labels"]["agentrun.dev/run"] == "run" and meta["labels"]["agentrun.dev/lap"] == "3"
+    assert meta["annotations"] == {"example.com/owner": "ops@example.com", "agentrun.dev/agent-version": "v7"}
+    assert pod["nodeSelector"] == FULL_TEMPLATE["nodeSelector"]
+    assert pod["tolerations"] == FULL_TEMPLATE["tolerations"]
+    assert pod["affinity"] == FULL_TEMPLATE["affinity"]
+    assert pod["priorityClassName"] == "agents-low" and pod["runtimeClassName"] == "gvisor"
+    (tsc,) = pod["topologySpreadConstraints"]
+    assert tsc["maxSkew"] == 1 and tsc["labelSelector"]["matchLabels"] == {"team": "payments"}
+    # what the operator sets is untouched
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    # the Job object itself carries only the operator's labels
+    assert "team" not in job["metadata"]["labels"]
+
+
+def test_without_a_pod_template_the_pod_has_no_scheduling_fields():
+    pod = build_job(RUN, make_spec(), 1, 1, "v1", CFG)["spec"]["template"]["spec"]
+    for f in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "runtimeClassName",
+              "topologySpreadConstraints"):
+        assert f not in pod
+    empty, plain = (build_job(RUN, s, 1, 1, "v1", CFG)["spec"]["template"] for s in (_with_template({}), make_spec()))
+    for t in (empty, plain):
+        t["spec"]["containers"][0].pop("env")  # AGENTRUN_SPEC holds the spec as written
+    assert empty == plain
+
+
+def test_every_label_and_annotation_the_operator_sets_on_the_pod_is_refused_in_a_template():
+    """The contract between build_job and the models: a template can never name a key the operator sets
+    (so the operator's labels, by which it and the CLI find lap pods, cannot be overridden)."""
+    import pydantic
+
+    meta = build_job(RUN, make_spec(), 1, 1, "v1", CFG, approval=ApprovalEnv("approved", "c1"))
+    keys = {"labels": set(meta["spec"]["template"]["metadata"]["labels"]) | set(meta["metadata"]["labels"]),
+            "annotations": set(meta["spec"]["template"]["metadata"]["annotations"])
+            | set(meta["metadata"]["annotations"])}
+    for what, names in keys.items():
+        for key in names:
+            with pytest.raises(pydantic.ValidationError, match=f"podTemplate.{what}"):
+                _with_template({what: {key: "x"}})
+
+
+def test_the_operators_labels_win_over_a_template_even_past_the_models():
+    """Defence in depth: a template built without validation (model_construct) cannot override them."""
+    from agentrun.api.spec import LapPodTemplate
+
+    spec = make_spec()
+    evil = LapPodTemplate.model_construct(labels={"agentrun.dev/run": "other", "agentrun.dev/run-uid": "x"},
+                                          annotations={"agentrun.dev/agent-version": "v0"})
+    spec = spec.model_copy(update={"agent": spec.agent.model_copy(update={"pod_template": evil})})
+    tmeta = build_job(RUN, spec, 1, 1, "v9", CFG)["spec"]["template"]["metadata"]
+    assert tmeta["labels"]["agentrun.dev/run"] == "run" and tmeta["labels"]["agentrun.dev/run-uid"] == UID
+    assert tmeta["annotations"]["agentrun.dev/agent-version"] == "v9"
+
+
+_LABEL_NAME = st.from_regex(r"[a-z0-9]([-a-z0-9_.]{0,10}[a-z0-9])?", fullmatch=True)
+_LABEL_VALUE = st.from_regex(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,8}[A-Za-z0-9])?)?", fullmatch=True)
+_DNS_LABEL = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?", fullmatch=True)
+_USER_KEY = st.one_of(_LABEL_NAME, st.builds(lambda p, n: f"{p}.example.com/{n}", _DNS_LABEL, _LABEL_NAME)).filter(
+    lambda k: k not in ("job-name", "controller-uid"))
+_TOLERATION = st.one_of(
+    st.builds(lambda k, v, e: {"key": k, "operator": "Equal", "value": v, "effect": e}, _LABEL_NAME, _LABEL_VALUE,
+              st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"])),
+    st.builds(lambda s: {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": s},
+              st.integers(0, 3600)))
+_TEMPLATE = st.fixed_dictionaries({}, optional={
+    "labels": st.dictionaries(_USER_KEY, _LABEL_VALUE, max_size=5),
+    "annotations": st.dictionaries(_USER_KEY, st.text(max_size=20), max_size=5),
+    "nodeSelector": st.dictionaries(_USER_KEY, _LABEL_VALUE, max_size=4),
+    "tolerations": st.lists(_TOLERATION, max_size=3),
+    "priorityClassName": _DNS_LABEL,
+    "runtimeClassName": _DNS_LABEL,
+})
+
+
+@settings(max_examples=150, deadline=None)
+@given(tpl=_TEMPLATE, lap=st.integers(1, 50), attempt=st.integers(1, 5))
+def test_any_template_reaches_the_pod_exactly_and_leaves_the_operators_settings_alone(tpl, lap, attempt):
+    job = build_job(RUN, _with_template(tpl), lap, attempt, "v1", CFG)
+    plain = build_job(RUN, make_spec(), lap, attempt, "v1", CFG)
+    meta, pod = job["spec"]["template"]["metadata"], job["spec"]["template"]["spec"]
+    pmeta, ppod = plain["spec"]["template"]["metadata"], plain["spec"]["template"]["spec"]
+    assert meta["labels"] == {**tpl.get("labels", {}), **pmeta["labels"]}
+    assert meta["annotations"] == {**tpl.get("annotations", {}), **pmeta["annotations"]}
+    scheduling = {k: v for k, v in pod.items() if k not in ppod}
+    want = {k: v for k, v in tpl.items() if k not in ("labels", "annotations") and v not in ({}, [])}
+    assert scheduling == want
+    for p in (pod, ppod):
+        p["containers"][0].pop("env")  # AGENTRUN_SPEC holds the spec as written
+    assert {k: v for k, v in pod.items() if k in ppod} == ppod  # nothing of the operator's changed
+    assert job["metadata"] == plain["metadata"]

@@ -91,7 +91,7 @@ def test_max_active_runs_queues_the_rest_in_priority_order_across_an_operator_ki
     try:
         script = [{"content": "working", "toolCalls": [{"name": "slow", "arguments": {"order": "q"}}]},
                   {"content": "done"}]
-        for i, name in enumerate(names):
+        for name in names:
             doc = e.run_doc(name, script)
             doc["spec"]["agent"]["tools"] = [{"name": "slow", "http": {"url": f"{gate.url}/slow", "timeout": "10m"}}]
             doc["spec"]["lapTimeout"] = "10m"

@@ -58,7 +58,7 @@ def test_policies_are_the_generated_ones_where_the_api_exists(helm):
     _, docs = template(helm, *VAP, *MAP)
     got = _by_kind(docs, *POLICY_KINDS)
     want = [d for kind in ("validating", "mutating") for d in yaml.safe_load_all(admission.render(kind)) if d]
-    assert len(got) == len(want) == 18
+    assert len(got) == len(want) == 20  # 5 validating + 5 mutating policies, each with its binding
     want_by = {(w["kind"], w["metadata"]["name"]): w for w in want}
     for g in got:
         w = want_by.pop((g["kind"], g["metadata"]["name"]))

@@ -8,9 +8,12 @@ Secrets are referenced by name only; no secret value ever appears in a spec.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, StringConstraints, model_validator
+from pydantic import ConfigDict, Field, JsonValue, StringConstraints, model_validator
+from pydantic.config import JsonDict
 
 from .lifecycle import ANN_CANCELLED_BY, MAX_CANCEL_REASON_CHARS, OUTCOMES, Outcome
 from .types import (
@@ -283,6 +286,246 @@ class WindowSpec(APIModel):
     )
 
 
+# --- the lap pod template (spec.agent.podTemplate) ------------------------------------------------
+
+LABEL_NAME_PATTERN = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+"""The name part of a label or annotation key (at most 63 characters)."""
+LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?" + LABEL_NAME_PATTERN + "$"
+"""A label or annotation key: an optional DNS-subdomain prefix (at most 253 characters) and ``/``, then a name."""
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+MAX_LABEL_KEY_CHARS = 253 + 1 + 63
+MAX_POD_LABELS = 32
+MAX_POD_ANNOTATIONS = 32
+MAX_ANNOTATION_VALUE_CHARS = 4096
+MAX_NODE_SELECTOR = 16
+MAX_AFFINITY_BYTES = 16384
+"""Most bytes (compact JSON) of each of spec.agent.podTemplate.affinity's free-form parts."""
+
+RESERVED_LABEL_PREFIXES: tuple[str, ...] = ("agentrun.dev/", "batch.kubernetes.io/")
+"""Label keys a lap pod template may not set: the operator's (``agentrun.dev/run``, ``-run-uid``, ``-lap``,
+``-attempt``: how it and the CLI find lap pods) and the Job controller's."""
+RESERVED_LABEL_KEYS: tuple[str, ...] = ("app.kubernetes.io/managed-by", "job-name", "controller-uid")
+RESERVED_ANNOTATION_PREFIXES: tuple[str, ...] = (
+    "agentrun.dev/",
+    # the lap container's confinement is the operator's (its securityContext): no annotation loosens it
+    "container.apparmor.security.beta.kubernetes.io/",
+    "container.seccomp.security.alpha.kubernetes.io/",
+    "seccomp.security.alpha.kubernetes.io/",
+)
+
+
+_CEL_KEY_PATTERN = LABEL_KEY_PATTERN.replace("\\", "\\\\")
+"""LABEL_KEY_PATTERN inside a CEL string literal (backslashes escaped)."""
+
+
+def _cel_in(items: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{i}'" for i in items) + "]"
+
+
+def _key_rules(what: str, prefixes: tuple[str, ...], keys: tuple[str, ...] = ()) -> list[JsonValue]:
+    """CEL of a map of label or annotation keys: well-formed, none reserved."""
+    reserved = " && ".join([f"!k.startsWith('{p}')" for p in prefixes] + ([f"!(k in {_cel_in(keys)})"] if keys else []))
+    names = ", ".join([f"{p}*" for p in prefixes] + list(keys))
+    rules: list[JsonValue] = [
+        {"rule": f"self.all(k, size(k) <= {MAX_LABEL_KEY_CHARS} && k.matches('{_CEL_KEY_PATTERN}') && "
+                 "(!k.contains('/') || k.indexOf('/') <= 253))",
+         "message": f"podTemplate.{what}: every key must be a valid label key (an optional DNS-subdomain prefix and "
+                    "'/', then at most 63 letters, digits, '-', '_' or '.', starting and ending alphanumeric)"},
+        {"rule": f"self.all(k, {reserved})",
+         "message": f"podTemplate.{what}: these keys are set by the operator or Kubernetes and cannot be set here: {names}"},
+    ]
+    return rules
+
+
+def _key_problem(key: str, prefixes: tuple[str, ...], keys: tuple[str, ...] = ()) -> str | None:
+    if len(key) > MAX_LABEL_KEY_CHARS or not re.fullmatch(LABEL_KEY_PATTERN, key) or \
+            ("/" in key and key.index("/") > 253):
+        return f"key {key[:80]!r} is not a valid label key"
+    if key.startswith(prefixes) or key in keys:
+        names = ", ".join([f"{p}*" for p in prefixes] + list(keys))
+        return f"key {key!r} is set by the operator or Kubernetes and cannot be set here ({names})"
+    return None
+
+
+LabelValue = Annotated[str, StringConstraints(pattern=LABEL_VALUE_PATTERN, max_length=63)]
+AnnotationValue = Annotated[str, StringConstraints(max_length=MAX_ANNOTATION_VALUE_CHARS)]
+LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY_PATTERN, max_length=MAX_LABEL_KEY_CHARS)]
+K8S_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+class Toleration(APIModel):
+    """A toleration of a node taint (as a Pod's spec.tolerations[])."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+         "message": "podTemplate.tolerations[]: value must be empty when operator is Exists"},
+        {"rule": "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+         "message": "podTemplate.tolerations[]: an empty key needs operator Exists (it tolerates every taint)"},
+        {"rule": "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+         "message": "podTemplate.tolerations[]: tolerationSeconds needs effect NoExecute"},
+    ]})
+
+    key: str | None = Field(
+        default=None, max_length=MAX_LABEL_KEY_CHARS, pattern=r"^$|" + LABEL_KEY_PATTERN,
+        description="Taint key the toleration applies to; empty with operator Exists tolerates every taint.",
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists (any value) or Equal (the value below). Default: Equal.",
+    )
+    value: str | None = Field(
+        default=None, max_length=63, pattern=LABEL_VALUE_PATTERN,
+        description="Taint value the toleration matches (operator Equal); empty with Exists.",
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to tolerate; empty: every effect.",
+    )
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, le=2_147_483_647,
+        description="With effect NoExecute: how long the pod stays bound after the taint appears.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError("podTemplate.tolerations[]: value must be empty when operator is Exists")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("podTemplate.tolerations[]: an empty key needs operator Exists (it tolerates every taint)")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("podTemplate.tolerations[]: tolerationSeconds needs effect NoExecute")
+        return self
+
+
+class LabelSelectorRequirement(APIModel):
+    """One requirement of a label selector."""
+
+    key: LabelKey = Field(description="The label key the requirement applies to.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(description="How the key relates to the values.")
+    values: list[LabelValue] = Field(
+        default_factory=list, max_length=64,
+        description="Values of In and NotIn (non-empty there); empty for Exists and DoesNotExist.",
+    )
+
+
+class LabelSelector(APIModel):
+    """A label selector of pods (as a Pod's topologySpreadConstraints[].labelSelector)."""
+
+    match_labels: dict[str, LabelValue] = Field(
+        default_factory=dict, max_length=16, description="Labels the pods must have, key to value.",
+    )
+    match_expressions: list[LabelSelectorRequirement] = Field(
+        default_factory=list, max_length=16, description="Requirements the pods' labels must meet (all of them).",
+    )
+
+
+class TopologySpreadConstraint(APIModel):
+    """How lap pods spread across topology domains (as a Pod's spec.topologySpreadConstraints[])."""
+
+    max_skew: int = Field(ge=1, le=1000, description="Most the number of matching pods may differ between domains.")
+    topology_key: LabelKey = Field(description="Node label whose values are the domains, e.g. topology.kubernetes.io/zone.")
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = Field(
+        description="What the scheduler does when the spread cannot be met.",
+    )
+    label_selector: LabelSelector | None = Field(
+        default=None, description="Which pods are counted (e.g. agentrun.dev/run: NAME for the laps of one run).",
+    )
+    min_domains: int | None = Field(
+        default=None, ge=1, le=1000, description="Least number of eligible domains (with DoNotSchedule only).",
+    )
+    node_affinity_policy: Literal["Honor", "Ignore"] | None = Field(
+        default=None, description="Whether the pod's nodeSelector and node affinity limit the domains counted.",
+    )
+    node_taints_policy: Literal["Honor", "Ignore"] | None = Field(
+        default=None, description="Whether node taints limit the domains counted.",
+    )
+    match_label_keys: list[LabelKey] = Field(
+        default_factory=list, max_length=16,
+        description="Pod label keys whose values (the lap pod's own) narrow labelSelector.",
+    )
+
+
+_FREE_FORM: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
+
+
+class Affinity(APIModel):
+    """Scheduling affinity of the lap pod, as a Pod's spec.affinity. The parts are free-form here (Kubernetes'
+    schema is large): the API server validates them when the lap Job is created, and a malformed one fails the
+    run (reason JobRefused, naming the field)."""
+
+    node_affinity: dict[str, Any] | None = Field(
+        default=None, description="Node affinity (requiredDuringSchedulingIgnoredDuringExecution, "
+        "preferredDuringSchedulingIgnoredDuringExecution), as a Pod's spec.affinity.nodeAffinity.",
+        json_schema_extra=_FREE_FORM,
+    )
+    pod_affinity: dict[str, Any] | None = Field(
+        default=None, description="Pod affinity, as a Pod's spec.affinity.podAffinity.", json_schema_extra=_FREE_FORM,
+    )
+    pod_anti_affinity: dict[str, Any] | None = Field(
+        default=None, description="Pod anti-affinity, as a Pod's spec.affinity.podAntiAffinity.",
+        json_schema_extra=_FREE_FORM,
+    )
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Affinity:
+        for name, part in (("nodeAffinity", self.node_affinity), ("podAffinity", self.pod_affinity),
+                           ("podAntiAffinity", self.pod_anti_affinity)):
+            if part is not None and len(json.dumps(part, separators=(",", ":"))) > MAX_AFFINITY_BYTES:
+                raise ValueError(f"podTemplate.affinity.{name}: more than {MAX_AFFINITY_BYTES} bytes of JSON")
+        return self
+
+
+class LapPodTemplate(APIModel):
+    """What every lap Job's pod gets besides the operator's own settings: labels, annotations and scheduling.
+    The operator's labels and annotations (agentrun.dev/*) and the container's security settings are not
+    settable here. An AgentRunPolicy may restrict runtimeClassName, priorityClassName and nodeSelector."""
+
+    labels: dict[str, LabelValue] = Field(
+        default_factory=dict, max_length=MAX_POD_LABELS,
+        description="Labels added to every lap pod. Keys under agentrun.dev/ and batch.kubernetes.io/, "
+        "app.kubernetes.io/managed-by, job-name and controller-uid are the operator's and Kubernetes' and refused.",
+        json_schema_extra={"x-kubernetes-validations": _key_rules("labels", RESERVED_LABEL_PREFIXES,
+                                                                   RESERVED_LABEL_KEYS)},
+    )
+    annotations: dict[str, AnnotationValue] = Field(
+        default_factory=dict, max_length=MAX_POD_ANNOTATIONS,
+        description="Annotations added to every lap pod. Keys under agentrun.dev/ and the AppArmor and seccomp "
+        "annotations are refused (the lap container's confinement is the operator's).",
+        json_schema_extra={"x-kubernetes-validations": _key_rules("annotations", RESERVED_ANNOTATION_PREFIXES)},
+    )
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict, max_length=MAX_NODE_SELECTOR,
+        description="Node labels a node must have to run lap pods, key to value (a Pod's spec.nodeSelector).",
+        json_schema_extra={"x-kubernetes-validations": _key_rules("nodeSelector", ())[:1]},
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=16, description="Node taints lap pods tolerate (a Pod's spec.tolerations).",
+    )
+    affinity: Affinity | None = Field(default=None, description="Scheduling affinity of lap pods (a Pod's spec.affinity).")
+    priority_class_name: str | None = Field(
+        default=None, min_length=1, max_length=253, pattern=K8S_NAME_PATTERN,
+        description="PriorityClass of lap pods (a Pod's spec.priorityClassName).",
+    )
+    runtime_class_name: str | None = Field(
+        default=None, min_length=1, max_length=253, pattern=K8S_NAME_PATTERN,
+        description="RuntimeClass lap pods run with, e.g. gvisor or kata (a Pod's spec.runtimeClassName); it must exist.",
+    )
+    topology_spread_constraints: list[TopologySpreadConstraint] = Field(
+        default_factory=list, max_length=8,
+        description="How lap pods spread across nodes or zones (a Pod's spec.topologySpreadConstraints).",
+    )
+
+    @model_validator(mode="after")
+    def _keys(self) -> LapPodTemplate:
+        for what, keys, prefixes, exact in (
+                ("labels", self.labels, RESERVED_LABEL_PREFIXES, RESERVED_LABEL_KEYS),
+                ("annotations", self.annotations, RESERVED_ANNOTATION_PREFIXES, ()),
+                ("nodeSelector", self.node_selector, (), ())):
+            for key in sorted(keys):
+                problem = _key_problem(key, prefixes, exact)
+                if problem:
+                    raise ValueError(f"podTemplate.{what}: {problem}")
+        return self
+
+
 class AgentSpec(APIModel):
     """The agent: its version, image, model and tools."""
 
@@ -334,6 +577,15 @@ class AgentSpec(APIModel):
         },
     )
 
+
+    pod_template: LapPodTemplate | None = Field(
+        default=None,
+        description=(
+            "What every lap Job's pod gets: labels, annotations, nodeSelector, tolerations, affinity, "
+            "priorityClassName, runtimeClassName, topologySpreadConstraints (docs/scheduling.md). A change "
+            "mid-run takes effect at the next lap's Job."
+        ),
+    )
 
     @model_validator(mode="after")
     def _mcp_servers_unique_and_apart(self) -> AgentSpec:

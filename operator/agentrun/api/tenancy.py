@@ -35,7 +35,12 @@ Rules (each violation names the field, the value and the rule; docs/security.md)
   ``allowedEndpoints`` (any port; ``*`` any); ``spec.checkpoint.uri``, when set, is under one of
   ``allowedURIPrefixes``;
 * ``budget``: ``spec.budget.maxLaps`` (default 100) is at most ``maxLaps``; with ``maxCostUSD``
-  set, ``spec.budget.maxCostUSD`` must be set and at most it.
+  set, ``spec.budget.maxCostUSD`` must be set and at most it;
+* ``podTemplate`` (each only when the policy sets it; unset allows anything):
+  ``spec.agent.podTemplate.runtimeClassName`` and ``priorityClassName`` match one of
+  ``allowedRuntimeClassNames`` / ``allowedPriorityClassNames`` (exact, ``prefix*`` or ``*``); every
+  ``nodeSelector`` entry's key is in ``allowedNodeSelectors`` and its value among that key's values
+  (``*``: any), and ``affinity.nodeAffinity`` is unset.
 """
 
 from __future__ import annotations
@@ -218,10 +223,34 @@ class BudgetPolicy(APIModel):
         "Unset: no ceiling.")
 
 
+NodeLabelValue = Annotated[str, Field(max_length=63, pattern=r"^\*$|^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
+
+
+class PodTemplatePolicy(APIModel):
+    """What a run's lap pod template (spec.agent.podTemplate) may ask for. An unset field allows anything for
+    it (the default); an empty list allows nothing but leaving the field unset in the run."""
+
+    allowed_runtime_class_names: list[NamePattern] | None = Field(
+        default=None, max_length=_LIST,
+        description="RuntimeClasses a run may name in spec.agent.podTemplate.runtimeClassName: an exact name, a "
+        "prefix ending in \"*\", or \"*\". Unset (default): any; empty: none (lap pods use the node's default).")
+    allowed_priority_class_names: list[NamePattern] | None = Field(
+        default=None, max_length=_LIST,
+        description="PriorityClasses a run may name in spec.agent.podTemplate.priorityClassName (exact, "
+        "\"prefix*\" or \"*\"). Unset (default): any; empty: none.")
+    allowed_node_selectors: dict[str, Annotated[list[NodeLabelValue], Field(max_length=_LIST)]] | None = Field(
+        default=None, max_length=_LIST,
+        description="Node labels a run may select on in spec.agent.podTemplate.nodeSelector, each with the "
+        "values allowed (\"*\": any value), e.g. {\"pool\": [\"agents\", \"batch\"]}. A key not listed is "
+        "refused, and so is spec.agent.podTemplate.affinity.nodeAffinity (it would choose nodes past this list). "
+        "Unset (default): any.")
+
+
 class AgentRunPolicySpec(APIModel):
     """What AgentRuns may reach: images, Secrets, network destinations, checkpoint stores and budgets.
     Used as the parameters of the agentrun-tenancy ValidatingAdmissionPolicy and re-checked by the
-    operator before each lap. Every list empty means nothing of that kind is allowed."""
+    operator before each lap. Every list empty means nothing of that kind is allowed (podTemplate: an unset
+    field allows anything)."""
 
     images: ImagePolicy = Field(default_factory=ImagePolicy, description="Allowed lap images.")
     secrets: SecretPolicy = Field(default_factory=SecretPolicy, description="Allowed Secret references.")
@@ -237,6 +266,8 @@ class AgentRunPolicySpec(APIModel):
         "then creation order, as active runs finish. Enforced by the operator from its watch cache, not at "
         "admission; the lowest of the policies that apply wins. Unset: no limit.",
     )
+    pod_template: PodTemplatePolicy = Field(default_factory=PodTemplatePolicy,
+                                            description="What the lap pod template may ask for.")
 
 
 # --------------------------------------------------------------------------- the pure checker
@@ -545,7 +576,42 @@ def check(spec: dict[str, Any], policy: AgentRunPolicySpec) -> list[Violation]:
     if ap.distinct_from_creator and not (spec.get("approval") or {}).get("distinctFromCreator", False):
         out.append(Violation("spec.approval.distinctFromCreator", "false", "approval.distinctFromCreator",
                              "must be true: the policy requires that a run's creator not decide its approvals"))
+    out += _check_pod_template(agent.get("podTemplate") or {}, policy.pod_template)
     return out
+
+
+POD_TEMPLATE: Final = "spec.agent.podTemplate"
+
+
+def _check_pod_template(tpl: dict[str, Any], pp: PodTemplatePolicy) -> list[Violation]:
+    """The podTemplate rules: the runtime and priority class by name, the nodeSelector's first (in key
+    order: the CEL cannot sort, so one entry is named) key or value the policy does not allow, and no
+    node affinity under a nodeSelector restriction."""
+    out: list[Violation] = []
+    for field, allowed, rule, what in (
+            ("runtimeClassName", pp.allowed_runtime_class_names, "allowedRuntimeClassNames", "runtime class"),
+            ("priorityClassName", pp.allowed_priority_class_names, "allowedPriorityClassNames", "priority class")):
+        value = tpl.get(field)
+        if value is not None and allowed is not None and not any(name_matches(value, p) for p in allowed):
+            out.append(Violation(f"{POD_TEMPLATE}.{field}", value, f"podTemplate.{rule}", f"is not an allowed {what}"))
+    sel = pp.allowed_node_selectors
+    if sel is not None:
+        ns: dict[str, str] = tpl.get("nodeSelector") or {}
+        bad = [k for k, v in ns.items() if k not in sel or not any(a in ("*", v) for a in sel[k])]
+        if bad:
+            k = min(bad)
+            out.append(Violation(f"{POD_TEMPLATE}.nodeSelector[{k}]", ns[k], "podTemplate.allowedNodeSelectors",
+                                 NODE_VALUE_DETAIL if k in sel else NODE_KEY_DETAIL))
+        if (tpl.get("affinity") or {}).get("nodeAffinity") is not None:
+            out.append(Violation(f"{POD_TEMPLATE}.affinity.nodeAffinity", "", "podTemplate.allowedNodeSelectors",
+                                 NODE_AFFINITY_DETAIL))
+    return out
+
+
+NODE_KEY_DETAIL: Final = "selects on a node label the policy does not allow"
+NODE_VALUE_DETAIL: Final = "is not an allowed value of this node label"
+NODE_AFFINITY_DETAIL: Final = ("must not be set: the policy restricts the nodes of lap pods to "
+                               "podTemplate.allowedNodeSelectors")
 
 
 MAX_REFUSAL_CHARS: Final = 4000

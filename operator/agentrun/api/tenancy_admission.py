@@ -230,11 +230,55 @@ def variables() -> list[dict[str, str]]:
             + _msg("'spec.approval.distinctFromCreator'", "'false'",
                    "'must be true: the policy requires that a run\\'s creator not decide its approvals'",
                    "approval.distinctFromCreator") + "] : [])"},
+        *pod_template_variables(),
         {"name": "violations", "expression":
             "variables.imageViolations + variables.secretViolations + variables.urlViolations + "
-            "variables.checkpointViolations + variables.budgetViolations + variables.approvalViolations"},
+            "variables.checkpointViolations + variables.budgetViolations + variables.approvalViolations + "
+            "variables.podTemplateViolations"},
         {"name": "text", "expression": "variables.violations.join('; ')"},
     ]
+
+
+def pod_template_variables() -> list[dict[str, str]]:
+    """CEL of :func:`agentrun.api.tenancy._check_pod_template`: an unset policy field allows anything, so
+    each restriction is on when the field is present in the params (``hasValue()``)."""
+    tpl = "object.spec.?agent.?podTemplate"
+    pol = "params.?spec.?podTemplate"
+    out: list[dict[str, str]] = []
+    names: list[str] = []
+    for field, rule, what in (("runtimeClassName", "allowedRuntimeClassNames", "runtime class"),
+                              ("priorityClassName", "allowedPriorityClassNames", "priority class")):
+        var = field.removesuffix("Name")
+        value = f"{tpl}.?{field}.orValue('')"
+        allowed = f"{pol}.?{rule}.orValue([])"
+        out.append({"name": f"{var}Violations", "expression":
+                    f"!{tpl}.?{field}.hasValue() || !{pol}.?{rule}.hasValue() || {allowed}.exists(p, p == '*' || "
+                    f"(p.endsWith('*') ? {value}.startsWith(p.substring(0, size(p) - 1)) : {value} == p)) ? [] : ["
+                    + _msg(_lit(f"{t.POD_TEMPLATE}.{field}"), value, _lit(f"is not an allowed {what}"),
+                           f"podTemplate.{rule}") + "]"})
+        names.append(f"variables.{var}Violations")
+    rule = "podTemplate.allowedNodeSelectors"
+    out += [
+        {"name": "nodeSelectorRestricted", "expression": f"{pol}.?allowedNodeSelectors.hasValue()"},
+        {"name": "allowedNodeSelectors", "expression": f"{pol}.?allowedNodeSelectors.orValue({{}})"},
+        {"name": "nodeSelector", "expression": f"{tpl}.?nodeSelector.orValue({{}})"},
+        {"name": "nodeSelectorBad", "expression":
+            "!variables.nodeSelectorRestricted ? [] : variables.nodeSelector.filter(k, "
+            "!(k in variables.allowedNodeSelectors) || "
+            "!variables.allowedNodeSelectors[k].exists(a, a == '*' || a == variables.nodeSelector[k]))"},
+        # the first in key order (the checker's min()): CEL cannot sort, and map order is not stable
+        {"name": "nodeSelectorViolations", "expression":
+            "variables.nodeSelectorBad.filter(k, !variables.nodeSelectorBad.exists(j, j < k)).map(k, "
+            + _msg(f"{_lit(t.POD_TEMPLATE + '.nodeSelector[')} + k + ']'", "variables.nodeSelector[k]",
+                   f"(k in variables.allowedNodeSelectors ? {_lit(t.NODE_VALUE_DETAIL)} : "
+                   f"{_lit(t.NODE_KEY_DETAIL)})", rule) + ") + "
+            f"(variables.nodeSelectorRestricted && {tpl}.?affinity.?nodeAffinity.hasValue() ? ["
+            + _msg(_lit(f"{t.POD_TEMPLATE}.affinity.nodeAffinity"), "''", _lit(t.NODE_AFFINITY_DETAIL), rule)
+            + "] : [])"},
+    ]
+    names.append("variables.nodeSelectorViolations")
+    out.append({"name": "podTemplateViolations", "expression": " + ".join(names)})
+    return out
 
 
 def _meta(name: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from agentrun.api.contract import (
     mcp_headers_env,
     tool_headers_env,
 )
-from agentrun.api.spec import AgentRunSpec, RunSpecFields
+from agentrun.api.spec import AgentRunSpec, LapPodTemplate, RunSpecFields
 from agentrun.api.status import StoreLocation
 from agentrun.api.tenancy import AddressRules
 from agentrun.api.types import parse_duration, redact_url
@@ -233,6 +233,24 @@ def spec_json(spec: AgentRunSpec) -> str:
     return json.dumps(spec.to_api(), sort_keys=True, separators=(",", ":"))
 
 
+def pod_scheduling(tpl: LapPodTemplate) -> dict[str, Any]:
+    """The pod spec fields of ``spec.agent.podTemplate`` (only those it sets), as the API server reads them."""
+    out: dict[str, Any] = {}
+    if tpl.node_selector:
+        out["nodeSelector"] = dict(tpl.node_selector)
+    if tpl.tolerations:
+        out["tolerations"] = [t.to_api() for t in tpl.tolerations]
+    if tpl.affinity is not None and (aff := tpl.affinity.to_api()):
+        out["affinity"] = aff
+    if tpl.priority_class_name:
+        out["priorityClassName"] = tpl.priority_class_name
+    if tpl.runtime_class_name:
+        out["runtimeClassName"] = tpl.runtime_class_name
+    if tpl.topology_spread_constraints:
+        out["topologySpreadConstraints"] = [c.to_api() for c in tpl.topology_spread_constraints]
+    return out
+
+
 def build_job(
     run: RunIdentity,
     spec: AgentRunSpec,
@@ -285,12 +303,17 @@ def build_job(
         },
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
+    tpl = spec.agent.pod_template or LapPodTemplate()
+    # the operator's labels and annotations win over a template's (which the models refuse anyway)
+    pod_labels = {**tpl.labels, **labels}
+    pod_annotations = {**tpl.annotations, ANNOTATION_AGENT_VERSION: agent_version}
     job_spec: dict[str, Any] = {
         "backoffLimit": 0,
         "activeDeadlineSeconds": max(1, int(round(parse_duration(spec.lap_timeout)))),
         "template": {
-            "metadata": {"labels": dict(labels), "annotations": {ANNOTATION_AGENT_VERSION: agent_version}},
+            "metadata": {"labels": pod_labels, "annotations": pod_annotations},
             "spec": {
+                **pod_scheduling(tpl),
                 "restartPolicy": "Never",
                 "serviceAccountName": config.lap_service_account,
                 "automountServiceAccountToken": False,
