@@ -17,7 +17,7 @@ waiting ones before the next, so the next one's position covers it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from agentrun.api.reasons import Reason
@@ -68,7 +68,7 @@ def order_key(run: Mapping[str, Any]) -> tuple[int, str, str]:
     return -p, str(meta.get("creationTimestamp") or ""), str(meta.get("name") or "")
 
 
-def place(name: str, waiting: list[Mapping[str, Any]], active: int, limit: int, policy: str) -> QueueSlot:
+def place(name: str, waiting: Sequence[Mapping[str, Any]], active: int, limit: int, policy: str) -> QueueSlot:
     """Where the waiting run ``name`` stands among ``waiting`` (the namespace's waiting runs, itself
     included)."""
     ordered = sorted(order_key(r) for r in waiting)
