@@ -93,6 +93,12 @@ def test_a_run_held_on_its_agent_can_be_cancelled() -> None:
     assert w.status.phase == "Cancelled" and not dec.of(d.CreateJob)
     assert w.status.lifecycle is not None and w.status.lifecycle.cancel_reason == "wrong agent"
     assert d.decide(w.observed()).status is None  # terminal: nothing more
+    # a retry of it is refused with ONE Event naming why (no lap ran: nothing to continue)
+    obs = dataclasses.replace(w.observed(), annotations={"agentrun.dev/retry": "1"})
+    dec = d.decide(obs)
+    (event,) = dec.of(d.Event)
+    assert event.reason == Reason.RETRY_REFUSED and "before its Agent was resolved" in event.message
+    assert dec.of(d.RemoveAnnotations) and w.status.phase == "Cancelled"
 
 
 def test_invalid_parameters_are_refused_once() -> None:

@@ -26,13 +26,14 @@ from __future__ import annotations
 import dataclasses
 
 from agentrun.api.agent import AgentProblem, ResolvedAgent, effective_spec
+from agentrun.api.lifecycle import ANN_RETRY
 from agentrun.api.reasons import ConditionType, Reason
 from agentrun.api.status import TERMINAL_PHASES, PinnedAgent
 from agentrun.api.text import one_line
 
 from .actions import Decision, RequeueAfter, StoreAgent
 from .context import MAX_CONDITION_MESSAGE_CHARS, StatusWriter, condition, hold
-from .lifecycle import cancel_run
+from .lifecycle import cancel_run, refuse_retry
 from .observed import Observed
 
 #: How soon a run whose Agent cannot be resolved is looked at again (besides every change of the Agent).
@@ -51,7 +52,10 @@ def resolve_agent(o: Observed) -> tuple[Observed, Decision | None]:
     cur = o.agent_current
     terminal = st.phase in TERMINAL_PHASES
     if pin is None:
-        if terminal:  # ended before it ever ran (a cancel): nothing to run
+        if terminal:  # ended before it ever ran (a cancel): nothing to run, nor to continue
+            if ANN_RETRY in o.annotations:
+                refuse_retry(w, f"the run ended {st.phase} before its Agent was resolved: no lap ran, so there is "
+                             "nothing to continue; create the run again (same spec, another name)")
             return o, w.finish(touch_generation=False)
         cancelled = cancel_run(w, req.cancel)  # a cancel of a run held on its Agent is taken as it is
         if cancelled is not None:
