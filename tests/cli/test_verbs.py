@@ -256,3 +256,10 @@ def test_trace_follow_without_a_cluster_exits_by_the_last_laps_outcome():
             tr._follow(Store([make_record(1, outcome="failed")]), RUN, None, RUN.namespace, RUN.name, 1, None, "json",
                        100, 0.1, None)
     assert e.value.code == ExitCode.FAILED
+
+
+def test_describe_shows_a_queued_runs_place():
+    r = run("q", phase="Queued", queue={"position": 3, "active": 2, "limit": 2, "policy": "team-a"})
+    lines = ds.describe_text(r, [], lc_now()).splitlines()
+    assert "  Queue:          position 3 (2 of 2 runs active; AgentRunPolicy team-a maxActiveRuns)" in lines
+    assert not any(ln.startswith("  Queue:") for ln in ds.describe_text(run("r"), [], lc_now()).splitlines())

@@ -382,6 +382,16 @@ def test_leaving_suspension_is_progress_even_without_a_status_time(m, clock):
     assert val(scrape(m), "agentrun_run_last_progress_timestamp_seconds", **run) == T0 + 50_000
 
 
+def test_leaving_the_queue_is_progress(m, clock):
+    """A run that waited Queued (an AgentRunPolicy's maxActiveRuns) for longer than the stall alert's
+    threshold does not fire it when it is admitted: leaving the queue is progress."""
+    run = {"namespace": "ns1", "name": "q"}
+    m.observe_run("ns1", "q", SPEC, {"phase": "Queued", "lap": 0})
+    clock.now = T0 + 86_400
+    m.observe_run("ns1", "q", SPEC, {"phase": "Pending", "lap": 0})
+    assert val(scrape(m), "agentrun_run_last_progress_timestamp_seconds", **run) == T0 + 86_400
+
+
 def test_checkpoint_bytes_gauges_and_the_per_lap_histogram(m):
     from agentrun import metrics
 

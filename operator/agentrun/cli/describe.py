@@ -110,6 +110,11 @@ def describe_text(run: dict[str, Any], events: list[dict[str, Any]], now: dateti
         + (f" (last by {_v(life.get('lastRetryBy'))} at {_v(life.get('lastRetryAt'))} from "
            f"{_v(life.get('lastRetryFromPhase'))})" if life.get("retries") else ""),
     ]
+    queue = st.get("queue")
+    if isinstance(queue, dict):
+        lines.append(f"  Queue:          position {_v(queue.get('position'), 12)} ({_v(queue.get('active'), 12)} of "
+                     f"{_v(queue.get('limit'), 12)} runs active; AgentRunPolicy {_v(queue.get('policy'), 253)} "
+                     "maxActiveRuns)")
     if life.get("cancelledBy") or life.get("cancelReason"):
         lines.append(f"  Cancelled:      by {_v(life.get('cancelledBy'))} at {_v(life.get('cancelledAt'))}: "
                      f"{_v(life.get('cancelReason'))}")

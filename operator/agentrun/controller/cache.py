@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrun.api.contract import LABEL_RUN_UID
+from agentrun.api.status import Phase
 from agentrun.kube.client import JOBS, PODS
 from agentrun.kube.informer import is_newer, rv_int, strip
 from agentrun.notify.plan import outcome_due
@@ -50,7 +51,7 @@ Key = tuple[str, str]  # (namespace, name)
 AGENTS = (f"/apis/{GROUP}/{VERSION}", "agents")
 #: The resource of each kind of the cache.
 RESOURCES = {"runs": RUNS, "jobs": JOBS, "pods": PODS, "agents": AGENTS}
-AWAITING = "AwaitingApproval"
+AWAITING: Phase = "AwaitingApproval"  # a Phase (mypy checks the literal against the API's)
 
 
 def key_of(obj: dict[str, Any]) -> Key:

@@ -45,7 +45,7 @@ PREFIX = "agentrun"
 #: Every phase of an AgentRun (agentrun.api.status.Phase); ``agentrun_runs`` always has all of them.
 PHASES: tuple[str, ...] = tuple(get_args(Phase))
 TERMINAL_PHASES: frozenset[str] = _TERMINAL_PHASES
-WAIT_PHASES: frozenset[str] = frozenset({"AwaitingApproval", "Suspended"})
+WAIT_PHASES: frozenset[str] = frozenset({"AwaitingApproval", "Suspended", "Queued"})
 ACTIVE_PHASES: tuple[str, ...] = tuple(p for p in PHASES if p not in TERMINAL_PHASES)
 
 #: Values of the ``outcome`` label of ``agentrun_lap_duration_seconds``: every
