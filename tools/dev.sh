@@ -142,47 +142,41 @@ kubectl create secret generic agentrun-s3 --dry-run=client -o yaml \
   --from-literal=AWS_ACCESS_KEY_ID="$AWS_ACCESS_KEY_ID" \
   --from-literal=AWS_SECRET_ACCESS_KEY="$AWS_SECRET_ACCESS_KEY" | kubectl apply -f -
 
-# ---------------------------------------------------------------- tool server
-if alive "$DEV_DIR/tool-server.pid" && [ -s "$DEV_DIR/tool-server.port" ] \
-   && curl -sf -o /dev/null "http://127.0.0.1:$(cat "$DEV_DIR/tool-server.port")/calls"; then
-  TOOL_PORT=$(cat "$DEV_DIR/tool-server.port")
-  say "tool server: already running on 127.0.0.1:$TOOL_PORT (reused)"
-else
-  stop_pid "tool server" "$DEV_DIR/tool-server.pid"
-  want=${DEV_TOOL_PORT:-8765}
-  TOOL_PORT=$(pick_port "$want")
-  [ "$TOOL_PORT" = "$want" ] || [ "$want" = 0 ] || echo "port $want is busy: the tool server uses $TOOL_PORT (set DEV_TOOL_PORT to choose)"
-  say "tool server on 127.0.0.1:$TOOL_PORT (record: $SHOW_DIR/tool-calls.jsonl)"
-  rm -f "$DEV_DIR/tool-server.port"
-  nohup "$PY" examples/tool_server.py --port "$TOOL_PORT" --record "$DEV_DIR/tool-calls.jsonl" \
-    --port-file "$DEV_DIR/tool-server.port" > "$DEV_DIR/tool-server.log" 2>&1 &
-  echo $! > "$DEV_DIR/tool-server.pid"
-  for _ in $(seq 600); do [ -s "$DEV_DIR/tool-server.port" ] && break; sleep 0.1; done
-  [ -s "$DEV_DIR/tool-server.port" ] || { cat "$DEV_DIR/tool-server.log"; echo "the tool server did not start" >&2; exit 1; }
-fi
+# ---------------------------------------------------------------- tool servers
+# serve LABEL BASE WANT_PORT PORT_VAR HEALTH_PATH NOTE COMMAND...: a server of the examples on
+# 127.0.0.1, reused when its pid is alive and HEALTH_PATH answers, else started with nohup (the word
+# @PORT@ in COMMAND is its port; its pid, port and log are DEV_DIR/BASE.{pid,port,log}). Sets SERVED_PORT.
+serve() {
+  local label=$1 base=$2 want=$3 var=$4 health=$5 note=$6 port args=() a; shift 6
+  up() { curl -sf -o /dev/null "http://127.0.0.1:$1$health"; }
+  if alive "$DEV_DIR/$base.pid" && [ -s "$DEV_DIR/$base.port" ] && up "$(cat "$DEV_DIR/$base.port")"; then
+    port=$(cat "$DEV_DIR/$base.port")
+    say "$label: already running on 127.0.0.1:$port (reused)"
+  else
+    stop_pid "$label" "$DEV_DIR/$base.pid"
+    port=$(pick_port "$want")
+    [ "$port" = "$want" ] || [ "$want" = 0 ] || echo "port $want is busy: the $label uses $port (set $var to choose)"
+    say "$label on 127.0.0.1:$port ($note)"
+    rm -f "$DEV_DIR/$base.port"
+    for a in "$@"; do args+=("${a//@PORT@/$port}"); done
+    nohup "${args[@]}" > "$DEV_DIR/$base.log" 2>&1 &
+    echo $! > "$DEV_DIR/$base.pid"
+    for _ in $(seq 600); do up "$port" && break; alive "$DEV_DIR/$base.pid" || break; sleep 0.1; done
+    up "$port" || { tail -20 "$DEV_DIR/$base.log"; echo "the $label did not start" >&2; exit 1; }
+    echo "$port" > "$DEV_DIR/$base.port"
+  fi
+  SERVED_PORT=$port
+}
+serve "tool server" tool-server "${DEV_TOOL_PORT:-8765}" DEV_TOOL_PORT /calls "record: $SHOW_DIR/tool-calls.jsonl" \
+  "$PY" examples/tool_server.py --port @PORT@ --record "$DEV_DIR/tool-calls.jsonl"
+TOOL_PORT=$SERVED_PORT
 TOOL_URL="http://127.0.0.1:$TOOL_PORT"
-
-# ---------------------------------------------------------------- MCP ledger server
 # examples/mcp_tool_server.py: an MCP server written with agentrun.toolkit; its ledger and the
 # toolkit's idempotency keys live in one SQLite file of the state dir (kept across restarts).
-mcp_up() { curl -sf -o /dev/null "http://127.0.0.1:$1/_record"; }
-if alive "$DEV_DIR/mcp-server.pid" && [ -s "$DEV_DIR/mcp-server.port" ] && mcp_up "$(cat "$DEV_DIR/mcp-server.port")"; then
-  MCP_PORT=$(cat "$DEV_DIR/mcp-server.port")
-  say "MCP ledger server: already running on 127.0.0.1:$MCP_PORT (reused)"
-else
-  stop_pid "MCP server" "$DEV_DIR/mcp-server.pid"
-  want=${DEV_MCP_PORT:-8766}
-  MCP_PORT=$(pick_port "$want")
-  [ "$MCP_PORT" = "$want" ] || [ "$want" = 0 ] || echo "port $want is busy: the MCP server uses $MCP_PORT (set DEV_MCP_PORT to choose)"
-  say "MCP ledger server on 127.0.0.1:$MCP_PORT (examples/mcp_tool_server.py; ledger: $SHOW_DIR/ledger.sqlite3)"
-  rm -f "$DEV_DIR/mcp-server.port"
-  nohup "$PY" examples/mcp_tool_server.py --port "$MCP_PORT" --db "$DEV_DIR/ledger.sqlite3" \
-    > "$DEV_DIR/mcp-server.log" 2>&1 &
-  echo $! > "$DEV_DIR/mcp-server.pid"
-  for _ in $(seq 600); do mcp_up "$MCP_PORT" && break; alive "$DEV_DIR/mcp-server.pid" || break; sleep 0.1; done
-  mcp_up "$MCP_PORT" || { tail -20 "$DEV_DIR/mcp-server.log"; echo "the MCP server did not start" >&2; exit 1; }
-  echo "$MCP_PORT" > "$DEV_DIR/mcp-server.port"
-fi
+serve "MCP ledger server" mcp-server "${DEV_MCP_PORT:-8766}" DEV_MCP_PORT /_record \
+  "examples/mcp_tool_server.py; ledger: $SHOW_DIR/ledger.sqlite3" \
+  "$PY" examples/mcp_tool_server.py --port @PORT@ --db "$DEV_DIR/ledger.sqlite3"
+MCP_PORT=$SERVED_PORT
 MCP_URL="http://127.0.0.1:$MCP_PORT"
 
 # ---------------------------------------------------------------- operator (always restarted)
