@@ -24,6 +24,12 @@ def run(name: str, phase: str | None = None, *, priority: int | None = None, cre
     return {"metadata": {"name": name, "namespace": "ns", "creationTimestamp": created}, "spec": spec, "status": st}
 
 
+def at(name: str, runs: list[dict[str, Any]], active: int, limit: int, policy: str) -> d.QueueSlot:
+    """``place`` of the run ``name`` among ``runs``, from their order keys (as the shell calls it)."""
+    mine = next(order_key(r) for r in runs if r["metadata"]["name"] == name)
+    return place(mine, [order_key(r) for r in runs], active, limit, policy)
+
+
 def test_slot_state_from_the_cached_object() -> None:
     assert slot_state(run("a")) == "waits"  # never reconciled
     assert slot_state(run("a", "Pending")) == "waits"
@@ -47,9 +53,9 @@ def test_admission_order_priority_then_creation_then_name() -> None:
     runs = [run("c", created="2026-12-01T00:00:02Z"), run("b", created="2026-12-01T00:00:01Z"),
             run("z", priority=5, created="2026-12-01T00:00:09Z"), run("a", created="2026-12-01T00:00:01Z")]
     assert [k[2] for k in sorted(order_key(r) for r in runs)] == ["z", "a", "b", "c"]
-    assert place("b", runs, active=1, limit=3, policy="p").position == 3
-    assert not place("b", runs, active=1, limit=3, policy="p").admitted
-    assert place("a", runs, active=1, limit=3, policy="p").admitted
+    assert at("b", runs, active=1, limit=3, policy="p").position == 3
+    assert not at("b", runs, active=1, limit=3, policy="p").admitted
+    assert at("a", runs, active=1, limit=3, policy="p").admitted
 
 
 def test_a_queued_run_waits_with_one_event_then_starts_when_admitted() -> None:
@@ -107,7 +113,7 @@ def test_the_bound_holds_when_runs_are_placed_concurrently_from_one_snapshot(
         waiting = [r for r in runs.values() if slot_state(r) == "waits"]
         active = sum(1 for r in runs.values() if slot_state(r) == "holds")
         for i in sorted(batch):
-            if i in runs and slot_state(runs[i]) == "waits" and place(f"r{i}", waiting, active, limit, "p").admitted:
+            if i in runs and slot_state(runs[i]) == "waits" and at(f"r{i}", waiting, active, limit, "p").admitted:
                 runs[i] = run(f"r{i}", "Running", priority=priorities[i], created=f"2026-12-01T00:00:{i:02d}Z",
                               activeJob={"name": f"j{i}"})
                 admitted_order.append(f"r{i}")
@@ -131,6 +137,6 @@ def test_a_batch_admits_the_head_of_the_queue_not_whoever_was_placed_first() -> 
     """With one slot free, a later run placed before the head of the queue is not admitted: the slot
     is the head's."""
     runs = [run("head", "Pending", created="2026-12-01T00:00:01Z"), run("later", "Pending", created="2026-12-01T00:00:02Z")]
-    assert not place("later", runs, active=1, limit=2, policy="p").admitted
-    assert place("head", runs, active=1, limit=2, policy="p").admitted
-    assert place("later", runs, active=0, limit=2, policy="p").admitted  # two free slots: both
+    assert not at("later", runs, active=1, limit=2, policy="p").admitted
+    assert at("head", runs, active=1, limit=2, policy="p").admitted
+    assert at("later", runs, active=0, limit=2, policy="p").admitted  # two free slots: both

@@ -711,7 +711,7 @@ def test_a_slot_freed_wakes_the_waiting_runs_of_its_namespace_even_on_an_own_wri
     c.event("runs", "ADDED", obj("ns", "w1", 2, phase="Queued"))
     c.event("runs", "ADDED", obj("ns", "w2", 3))
     c.event("runs", "ADDED", obj("other", "w3", 4, phase="Queued"))
-    assert c.active_count("ns") == 1 and sorted(r["metadata"]["name"] for r in c.waiting_runs("ns")) == ["w1", "w2"]
+    assert c.active_count("ns") == 1 and sorted(k[2] for k in c.waiting_orders("ns")) == ["w1", "w2"]
     changed.clear()
     c.put("runs", obj("ns", "active", 5, phase="Succeeded", lap=2))
     assert sorted(changed) == [("ns", "w1"), ("ns", "w2")] and c.active_count("ns") == 0
@@ -719,7 +719,7 @@ def test_a_slot_freed_wakes_the_waiting_runs_of_its_namespace_even_on_an_own_wri
     c.event("runs", "MODIFIED", obj("ns", "w1", 6, phase="Running", activeJob={"name": "j1"}))
     # w1 admitted: w2, behind it, moves up a place (its status.queue changes)
     assert sorted(changed) == [("ns", "w1"), ("ns", "w2")] and c.active_count("ns") == 1
-    assert len(c.waiting_runs("ns")) == 1
+    assert len(c.waiting_orders("ns")) == 1
     changed.clear()
     c.event("runs", "ADDED", obj("ns", "w0", 8, phase="Queued") | {"spec": {"priority": 5}})
     assert sorted(changed) == [("ns", "w0"), ("ns", "w2")]  # w2 moves back behind the new w0

@@ -40,7 +40,7 @@ from agentrun.kube.informer import is_newer, rv_int, strip
 from agentrun.notify.plan import outcome_due
 
 from .decide.observe import job_state
-from .decide.queue import order_key, slot_state
+from .decide.queue import OrderKey, order_key, slot_state
 
 GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
 #: (group/version prefix, plural) of the AgentRuns.
@@ -120,13 +120,13 @@ class Cache:
         #: until a list of it succeeds: the Agents of a cluster without the Agent CRD or the RBAC.
         self.unreadable: dict[str, int] = {}
         self._runs_by_agent: dict[Key, set[Key]] = {}  # (namespace, Agent name) -> the runs naming it
-        #: Per namespace, the runs that hold a slot of a concurrency limit and the ones that wait for
-        #: one (decide/queue.py slot_state): a slot freed enqueues the waiting runs of its namespace.
         #: Whether a concurrency limit applies to a namespace (the reconciler's, from the policies):
         #: only there does a change of the queue wake anyone.
         self.limited: Callable[[str], bool] = lambda namespace: False
+        #: Per namespace, the runs that hold a slot of a concurrency limit, and the ones that wait for
+        #: one with their admission order (decide/queue.py slot_state, order_key).
         self.holding: dict[str, set[Key]] = {}
-        self.waiting: dict[str, dict[Key, tuple[int, str, str]]] = {}  # -> the run's admission order key
+        self.waiting: dict[str, dict[Key, OrderKey]] = {}
         self._run_by_uid: dict[str, Key] = {}
         self._jobs_by_uid: dict[str, set[Key]] = {}
         self._pods_by_job: dict[Key, set[Key]] = {}
@@ -170,9 +170,9 @@ class Cache:
         if old is not None:
             self._unindex("pods", key, old)
 
-    def waiting_runs(self, namespace: str) -> list[dict[str, Any]]:
-        """The runs of ``namespace`` that wait for a slot (not started, not finished)."""
-        return [self.runs[k] for k in self.waiting.get(namespace, ()) if k in self.runs]
+    def waiting_orders(self, namespace: str) -> list[OrderKey]:
+        """The admission order keys of the runs of ``namespace`` that wait for a slot."""
+        return list(self.waiting.get(namespace, {}).values())
 
     def active_count(self, namespace: str) -> int:
         """How many runs of ``namespace`` hold a slot (started, not finished)."""
@@ -345,39 +345,26 @@ class Cache:
                 if not keys:
                     del self._pods_by_job[(key[0], job or "")]
 
-    def _slot(self, key: Key, state: str | None, order: tuple[int, str, str] | None) -> None:
+    def _slot(self, key: Key, state: str | None, order: OrderKey | None) -> None:
         """Index the run by its slot state. What moves a waiting run's place (``status.queue``) wakes it:
         a run that stops holding a slot (finished, deleted) wakes every waiting run of its namespace
         (one of them may be admitted now); a run that joins or leaves the waiting ones (created,
         admitted, deleted, its priority changed) wakes the waiting runs behind it."""
         ns = key[0]
-        held = key in self.holding.get(ns, ())
-        waiting = self.waiting.get(ns, {})
-        before = waiting.get(key)
-        holding = self.holding.setdefault(ns, set())
-        if state == "holds":
-            holding.add(key)
+        freed = key in self.holding.get(ns, ()) and state is None
+        before = self.waiting.get(ns, {}).get(key)
+        after = order if state == "waits" else None
+        _member(self.holding, ns, key, state == "holds")
+        waiting = self.waiting.setdefault(ns, {})
+        if after is not None:
+            waiting[key] = after
         else:
-            holding.discard(key)
-        if not holding:
-            del self.holding[ns]
-        if state == "waits" and order is not None:
-            self.waiting.setdefault(ns, {})[key] = order
-        elif before is not None:
-            del waiting[key]
-            if not waiting:
-                del self.waiting[ns]
-        after = self.waiting.get(ns, {}).get(key)
-        if (not held or state is not None) and before == after:
+            waiting.pop(key, None)
+        if not waiting:
+            del self.waiting[ns]
+        if not (freed or before != after) or not self.limited(ns):
             return
-        if not self.limited(ns):
-            return
-        if held and state is None:
-            behind: tuple[int, str, str] | None = None  # every waiting run
-        elif before != after:
-            behind = min(o for o in (before, after) if o is not None)
-        else:
-            return
+        behind = None if freed else min(o for o in (before, after) if o is not None)
         for run, run_order in sorted(self.waiting.get(ns, {}).items()):
             if run != key and (behind is None or run_order > behind):
                 self.enqueue(run, "queue moved")
@@ -431,6 +418,17 @@ class Cache:
             owner = self._owner(old)
             if owner is not None:
                 self.enqueue(owner, "job deleted")
+
+
+def _member(index: dict[str, set[Key]], ns: str, key: Key, member: bool) -> None:
+    """Add ``key`` to (or drop it from) ``index[ns]``; an empty set is removed."""
+    keys = index.setdefault(ns, set())
+    if member:
+        keys.add(key)
+    else:
+        keys.discard(key)
+    if not keys:
+        del index[ns]
 
 
 def _agent_ref(run: dict[str, Any] | None) -> str | None:

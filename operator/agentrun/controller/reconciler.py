@@ -68,7 +68,7 @@ from .decide.observe import (
     pod_waiting,
     spec_error_text,
 )
-from .decide.queue import place, slot_state
+from .decide.queue import order_key, place, slot_state
 from .execute import Executor, RetryWithBackoff
 from .logs import run_logger
 from .memos import JobMemo, SpecMemo, put_bounded
@@ -504,7 +504,7 @@ class Controller:
             if self.policies is not None and not o.deleting and slot_state(body) == "waits":
                 limit = self.policies.limit(ns)
                 if limit is not None:
-                    o = dataclasses.replace(o, queue=place(name, self.cache.waiting_runs(ns),
+                    o = dataclasses.replace(o, queue=place(order_key(body), self.cache.waiting_orders(ns),
                                                            self.cache.active_count(ns), *limit))
             held = self.admission.blocking if self.admission is not None else None
             if held is not None:  # rare: no copy of Observed while the policies are in place

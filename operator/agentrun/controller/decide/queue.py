@@ -17,7 +17,7 @@ waiting ones before the next, so the next one's position covers it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from agentrun.api.reasons import Reason
@@ -60,7 +60,11 @@ def waits(c: Ctx) -> bool:
             and not c.spec.suspend)
 
 
-def order_key(run: Mapping[str, Any]) -> tuple[int, str, str]:
+OrderKey = tuple[int, str, str]
+"""A waiting run's place in the admission order: (-spec.priority, creationTimestamp, name)."""
+
+
+def order_key(run: Mapping[str, Any]) -> OrderKey:
     """The admission order of a waiting run: higher ``spec.priority`` first, then older, then name."""
     meta = run.get("metadata") or {}
     priority = (run.get("spec") or {}).get("priority")
@@ -68,12 +72,10 @@ def order_key(run: Mapping[str, Any]) -> tuple[int, str, str]:
     return -p, str(meta.get("creationTimestamp") or ""), str(meta.get("name") or "")
 
 
-def place(name: str, waiting: Sequence[Mapping[str, Any]], active: int, limit: int, policy: str) -> QueueSlot:
-    """Where the waiting run ``name`` stands among ``waiting`` (the namespace's waiting runs, itself
-    included)."""
-    ordered = sorted(order_key(r) for r in waiting)
-    mine = next((k for k in ordered if k[2] == name), None)
-    position = ordered.index(mine) + 1 if mine is not None else len(ordered) + 1
+def place(mine: OrderKey, waiting: Iterable[OrderKey], active: int, limit: int, policy: str) -> QueueSlot:
+    """Where the waiting run with order ``mine`` stands among ``waiting`` (the order keys of the
+    namespace's waiting runs): 1 + the runs before it."""
+    position = 1 + sum(1 for o in waiting if o < mine)
     return QueueSlot(position=position, active=active, limit=limit, policy=policy)
 
 
