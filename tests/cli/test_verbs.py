@@ -263,3 +263,12 @@ def test_describe_shows_a_queued_runs_place():
     lines = ds.describe_text(r, [], lc_now()).splitlines()
     assert "  Queue:          position 3 (2 of 2 runs active; AgentRunPolicy team-a maxActiveRuns)" in lines
     assert not any(ln.startswith("  Queue:") for ln in ds.describe_text(run("r"), [], lc_now()).splitlines())
+
+
+def test_describe_shows_the_job_kueue_holds_with_its_workload_escaped():
+    r = run("k", phase="Queued", kueue={"job": "k-0f9e8-l1-a1", "localQueue": "lq", "since": "2030-01-01T00:00:00Z",
+                                       "workload": "job-k-0f9e8-l1-a1-\x1b[2Jabc"})
+    lines = ds.describe_text(r, [], lc_now()).splitlines()
+    [line] = [ln for ln in lines if ln.startswith("  Kueue:")]
+    assert "Job k-0f9e8-l1-a1 held in LocalQueue lq since 2030-01-01T00:00:00Z; Workload job-k-0f9e8-l1-a1-" in line
+    assert "\x1b" not in line

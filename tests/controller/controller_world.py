@@ -128,6 +128,10 @@ class World:
     """The admission policy check's verdict (Observed.admission); None: in place."""
     queue: d.QueueSlot | None = None
     """The run's place in its namespace's queue (Observed.queue); None: no limit."""
+    default_queue_name: str | None = None
+    """The namespace policy's Kueue LocalQueue (Observed.default_queue_name)."""
+    workload: d.WorkloadRead | None = None
+    """The Workload of the held Job as the shell read it (Observed.workload)."""
 
     def observed(self, checkpoint=None, attempt_failure=None, fork=None) -> d.Observed:
         return d.Observed(
@@ -138,7 +142,7 @@ class World:
             resolved_store=self.resolved_store, store_probe=self.probe,
             store_error=None if self.resolved_store else "no store configured for the test",
             policy_check=self.policy_check, lap_image=self.lap_image, admission=self.admission,
-            queue=self.queue,
+            queue=self.queue, default_queue_name=self.default_queue_name, workload=self.workload,
         )
 
     def reconcile(self) -> d.Decision:
@@ -187,7 +191,9 @@ class World:
                 self.create_actions.append(a)
                 if a.name not in self.jobs:
                     self.jobs[a.name] = d.ObservedJob(a.name, a.lap, a.attempt, "active", agent_version=a.agent_version,
-                                                      approval=approval_annotation(a.approval), store=a.store)
+                                                      approval=approval_annotation(a.approval), store=a.store,
+                                                      suspended=a.queue_name is not None, queue_name=a.queue_name,
+                                                      uid=f"uid-{a.name}")
             elif isinstance(a, d.DeleteJob):
                 self.jobs.pop(a.name, None)
         for w in dec.writes():  # the run's writes in the Decision's order, as the shell performs them
@@ -215,6 +221,16 @@ class World:
         aj = self.status.active_job
         assert aj is not None, self.status
         return self.jobs[aj.name]
+
+    def kueue_admits(self, at: datetime | None = None) -> None:
+        """Kueue admits the active Job: it is unsuspended and starts (``at``: its startTime)."""
+        j = self.active()
+        self.jobs[j.name] = dataclasses.replace(j, suspended=False, started_at=at or self.now)
+
+    def kueue_evicts(self) -> None:
+        """Kueue evicts the active Job (preemption): suspended again, its pod stopped."""
+        j = self.active()
+        self.jobs[j.name] = dataclasses.replace(j, suspended=True)
 
     def finish_job(self, outcome: str = "continue", exit_code: int = 0, **kw: Any) -> None:
         """The active Job ends; with exit 0 it wrote the lap's checkpoint first."""

@@ -49,6 +49,7 @@ EVENTS = st.one_of(
     st.tuples(st.just("version"), st.sampled_from(["v1", "v2", "v3"])),
     st.tuples(st.just("lose-job"), st.none()),
     st.tuples(st.just("restart"), st.none()),
+    st.tuples(st.just("kueue"), st.sampled_from(["admit", "admit", "evict"])),
 )
 
 
@@ -79,10 +80,12 @@ def _spec(suspend: bool, version: str, attempts: int, on_timeout: str, fork: str
     attempts=st.integers(min_value=1, max_value=4),
     on_timeout=st.sampled_from(["reject", "fail"]),
     fork=st.sampled_from(sorted(FORKS, key=str)),
+    queue=st.sampled_from([None, "lq"]),
 )
-def test_invariants(events, attempts, on_timeout, fork):
+def test_invariants(events, attempts, on_timeout, fork, queue):
     suspend, version = False, "v1"
-    w = World(_spec(suspend, version, attempts, on_timeout, fork), fork_reads=list(FORKS[fork]))
+    w = World(_spec(suspend, version, attempts, on_timeout, fork), fork_reads=list(FORKS[fork]),
+              default_queue_name=queue)
     pinned = None
     decisions = 0
     refuse_next = False
@@ -96,6 +99,10 @@ def test_invariants(events, attempts, on_timeout, fork):
         # a Job ends once: the status may name one that ended already (its successor's write lost)
         live = bool(w.status.active_job and w.status.active_job.name in w.jobs
                     and w.jobs[w.status.active_job.name].state == "active")
+        held = live and w.active().suspended  # Kueue holds it: no pod runs, it cannot end
+        if kind == "kueue" and live and queue is not None:
+            w.kueue_admits() if arg == "admit" else w.kueue_evicts()
+        live = live and not held
         if kind == "finish" and live:
             w.finish_job(arg, pending=(arg == "awaiting-approval"))
         elif kind == "exit" and live:
@@ -176,6 +183,16 @@ def test_invariants(events, attempts, on_timeout, fork):
             assert refused or not creates  # a refused write leaves the status before the Job's creation
         if refused:  # the shell stopped after the refused status patch; the next reconcile does the work
             continue
+        # Kueue: every Job goes to the LocalQueue; status.kueue names the held active Job, and only it
+        assert all(c.queue_name == queue for c in creates)
+        if w.status.kueue is not None:
+            aj = w.status.active_job
+            assert aj is not None and w.status.kueue.job == aj.name and w.status.phase == "Queued", w.status
+            assert w.status.kueue.local_queue == queue
+        aj = w.status.active_job
+        if aj is not None and aj.name in w.jobs and w.jobs[aj.name].suspended and w.jobs[aj.name].state == "active" \
+                and w.status.phase not in ("Suspended", "AwaitingApproval"):
+            assert w.status.phase == "Queued" and w.status.kueue is not None, w.status
         # the approved annotation never survives a reconcile
         assert "approved" not in w.annotations
         assert not [k for k in w.annotations if k.startswith("agentrun.dev/")], w.annotations

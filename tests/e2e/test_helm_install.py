@@ -320,6 +320,7 @@ EXPECTED_RUN_NS = {
     "agentschedules.agentrun.dev/finalizers []": {"update"},  # blockOwnerDeletion on a schedule's runs
     "jobs.batch []": {"create", "list", "watch", "delete"},
     "pods []": {"list"},
+    "workloads.kueue.x-k8s.io []": {"list"},  # status.kueue (controller/kueueview.py)
     "events []": {"create"},
 }
 EXPECTED_RELEASE_NS = {

@@ -70,6 +70,7 @@ def test_rbac_least_privilege(helm, values):
         *{("agents", v) for v in ("list", "watch")},  # a run's spec.agentRef, resolved from the watch cache
         *{("jobs", v) for v in ("create", "list", "watch", "delete")},
         ("pods", "list"),  # read on demand (controller/reconciler.py), not watched
+        ("workloads", "list"),  # the Workload of a lap Job Kueue holds (controller/kueueview.py), not watched
         # schedules (agentrun.schedule, docs/scheduling.md): watched, their status written, their runs created
         *{("agentschedules", v) for v in ("list", "watch")},
         ("agentschedules/status", "patch"),

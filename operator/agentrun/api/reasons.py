@@ -27,6 +27,7 @@ class Reason(StrEnum):
     LAP_STARTING = "LapStarting"
     QUEUED = "Queued"  # the namespace is at an AgentRunPolicy's maxActiveRuns: the run waits (status.queue)
     ADMITTED = "Admitted"  # a queued run got a slot: it starts
+    KUEUE_QUEUED = "KueueQueued"  # the lap Job is suspended until Kueue admits it (status.kueue)
     LAP_RUNNING = "LapRunning"
     LAP_CHECKPOINTED = "LapCheckpointed"
     LAP_RETRY = "LapRetry"

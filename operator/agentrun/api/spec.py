@@ -807,6 +807,12 @@ class RunSpecFields(APIModel):
         description="Order of admission where an AgentRunPolicy's maxActiveRuns queues runs: higher first, then "
         "creation order. No effect without such a limit.",
     )
+    queue_name: str | None = Field(
+        default=None, min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN,
+        description="Kueue LocalQueue (in the run's namespace) that admits every lap Job: each Job is created "
+        "suspended with the label kueue.x-k8s.io/queue-name, and the run is Queued while Kueue holds it. Unset: "
+        "the namespace's AgentRunPolicy defaultQueueName, else no Kueue (docs/scheduling.md#kueue).",
+    )
     fork_from: ForkFromSpec | None = Field(
         default=None,
         description=(

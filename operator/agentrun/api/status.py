@@ -26,7 +26,7 @@ from .types import USD, APIModel
 
 Phase = Literal[
     "Pending",  # accepted, no lap started yet; or the lap pod cannot start (condition SecretMissing)
-    "Queued",  # not started: its namespace is at an AgentRunPolicy's maxActiveRuns (status.queue)
+    "Queued",  # an AgentRunPolicy's maxActiveRuns holds it (status.queue), or Kueue holds its lap Job (status.kueue)
     "Running",  # a lap Job is running (or about to be created)
     "Retrying",  # the last attempt failed; waiting for the backoff before the next attempt
     "AwaitingApproval",  # waiting for a human decision; no Job, no process
@@ -330,6 +330,19 @@ class QueueStatus(APIModel):
     policy: str = Field(max_length=253, description="The AgentRunPolicy whose maxActiveRuns that is.")
 
 
+class KueueStatus(APIModel):
+    """Of a run whose lap Job waits for Kueue to admit it (spec.queueName; docs/scheduling.md#kueue)."""
+
+    local_queue: str = Field(max_length=63, description="The LocalQueue the Job was submitted to.")
+    job: str = Field(max_length=63, description="The suspended lap Job.")
+    workload: str | None = Field(
+        default=None, max_length=253,
+        description="The Workload Kueue made of the Job (kubectl describe workload NAME says why it waits); unset "
+        "until Kueue made it, or when the operator cannot read Workloads.",
+    )
+    since: datetime = Field(description="When the operator first saw the Job held.")
+
+
 class AgentRunStatus(APIModel):
     """Observed state of an AgentRun."""
 
@@ -338,7 +351,8 @@ class AgentRunStatus(APIModel):
         description=(
             "Summary of the run's state, for humans: Pending (no lap started yet, or the lap pod cannot start, "
             "e.g. a missing Secret: see conditions), Queued (not started: an AgentRunPolicy's maxActiveRuns is "
-            "reached in its namespace; status.queue), Running, Retrying (backoff before the next attempt), "
+            "reached in its namespace, status.queue; or its lap Job waits for Kueue to admit it, status.kueue), "
+            "Running, Retrying (backoff before the next attempt), "
             "AwaitingApproval, Suspended, and the terminal Succeeded, Failed, BudgetExceeded, Cancelled "
             "(spec.cancel) and DeadlineExceeded (spec.activeDeadline). A retry in place (annotation "
             "agentrun.dev/retry) continues a Failed, BudgetExceeded, Cancelled or DeadlineExceeded run."
@@ -351,6 +365,10 @@ class AgentRunStatus(APIModel):
         default=None,
         description="Of a Queued run: its place in its namespace's queue (admitted by spec.priority, then creation "
         "order; docs/scheduling.md#concurrency-limits).",
+    )
+    kueue: KueueStatus | None = Field(
+        default=None,
+        description="Of a run whose lap Job Kueue holds (suspended until admitted): the Job, its LocalQueue and Workload.",
     )
     agent_version: str | None = Field(default=None, description="Agent version that wrote the last checkpoint.")
     agent: PinnedAgent | None = Field(

@@ -53,7 +53,7 @@ from typing import Annotated, Any, Final, TypeVar
 
 from pydantic import Field
 
-from .types import USD, APIModel, redact_url
+from .types import DNS_LABEL_PATTERN, USD, APIModel, redact_url
 
 P = TypeVar("P")
 
@@ -265,6 +265,12 @@ class AgentRunPolicySpec(APIModel):
         "not finished). A run beyond it waits in phase Queued, starting no Job, and is admitted by spec.priority, "
         "then creation order, as active runs finish. Enforced by the operator from its watch cache, not at "
         "admission; the lowest of the policies that apply wins. Unset: no limit.",
+    )
+    default_queue_name: str | None = Field(
+        default=None, min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN,
+        description="Kueue LocalQueue for the lap Jobs of runs without spec.queueName in the namespaces this "
+        "policy applies to (each namespace needs a LocalQueue of that name). Where several policies set one, "
+        "the policy first by name wins. Unset: no default (docs/scheduling.md#kueue).",
     )
     pod_template: PodTemplatePolicy = Field(default_factory=PodTemplatePolicy,
                                             description="What the lap pod template may ask for.")

@@ -115,6 +115,10 @@ def describe_text(run: dict[str, Any], events: list[dict[str, Any]], now: dateti
         lines.append(f"  Queue:          position {_v(queue.get('position'), 12)} ({_v(queue.get('active'), 12)} of "
                      f"{_v(queue.get('limit'), 12)} runs active; AgentRunPolicy {_v(queue.get('policy'), 253)} "
                      "maxActiveRuns)")
+    kueue = st.get("kueue")
+    if isinstance(kueue, dict):
+        lines.append(f"  Kueue:          Job {_v(kueue.get('job'), 63)} held in LocalQueue {_v(kueue.get('localQueue'), 63)}"
+                     f" since {_v(kueue.get('since'))}; Workload {_v(kueue.get('workload'), 253)}")
     if life.get("cancelledBy") or life.get("cancelReason"):
         lines.append(f"  Cancelled:      by {_v(life.get('cancelledBy'))} at {_v(life.get('cancelledAt'))}: "
                      f"{_v(life.get('cancelReason'))}")

@@ -320,7 +320,8 @@ class Executor:
             try:
                 job = build_job(RunIdentity(ns, name, o.uid), spec, a.lap, a.attempt, a.agent_version, self.config,
                                 approval=a.approval, store=a.store, spec_text=self.spec_text(key, spec),
-                                address_rules=o.policy_check.rules if o.policy_check is not None else None)
+                                address_rules=o.policy_check.rules if o.policy_check is not None else None,
+                                queue_name=a.queue_name)
                 await self.write("jobs", (ns, a.name), "POST", path(JOBS, ns), body=job)
                 if testfault and (dup := testfault.second_job(job)):  # tests only: double-job
                     await self.write("jobs", (ns, dup["metadata"]["name"]), "POST", path(JOBS, ns), body=dup)

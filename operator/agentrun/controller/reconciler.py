@@ -58,6 +58,7 @@ from agentrun.notify.sender import from_env as notify_from_env
 from . import decide as d
 from .cache import RESOURCES, RUNS, TRANSFORMS, Cache, Key
 from .config import OperatorConfig
+from .decide.kueue import is_held
 from .decide.observe import (
     current_jobs,
     job_state,
@@ -70,6 +71,7 @@ from .decide.observe import (
 )
 from .decide.queue import order_key, place, slot_state
 from .execute import Executor, RetryWithBackoff
+from .kueueview import WorkloadView
 from .logs import run_logger
 from .memos import JobMemo, SpecMemo, put_bounded
 from .podreads import PodReads
@@ -169,6 +171,7 @@ class Controller:
         self.policies: PolicyStore | None = None  # the tenancy re-check's watched policies (None: off)
         self.notifier: Any = None  # approval notifications (agentrun.notify), when configured
         self.admission: PolicyCheck | None = None  # the check of the admission policies (made in start)
+        self.workloads: WorkloadView | None = None  # the Workloads of the lap Jobs Kueue holds (made in start)
         self.ready = False
 
     # ---------------------------------------------------------------- lifecycle
@@ -193,6 +196,7 @@ class Controller:
         kube = self.kube = Client(load_api_client(), WORKERS + 3 * len(watch_ns) + tenancy_watches
                                   + admission_watches + schedule_share + 2, metrics.kube_request)
         self.executor = Executor(cfg, kube, self.cache, self._specs)
+        self.workloads = WorkloadView(lambda p, q: kube.request("GET", p, query=q), time.monotonic)
         loop = self._loop = asyncio.get_running_loop()
         self._tasks.append(asyncio.ensure_future(loop.run_in_executor(None, self.executor.warm)))
         # the admission policies: listed and watched (policycheck.py); no lap before the first verdict
@@ -506,6 +510,10 @@ class Controller:
                 if limit is not None:
                     o = dataclasses.replace(o, queue=place(order_key(body), self.cache.waiting_orders(ns),
                                                            self.cache.active_count(ns), *limit))
+            if self.policies is not None and o.spec is not None and o.spec.queue_name is None \
+                    and o.status.phase not in TERMINAL_PHASES:
+                o = dataclasses.replace(o, default_queue_name=self.policies.default_queue_name(ns))
+            o = await self._kueue_facts(o)
             held = self.admission.blocking if self.admission is not None else None
             if held is not None:  # rare: no copy of Observed while the policies are in place
                 o = dataclasses.replace(o, admission=held)
@@ -542,6 +550,17 @@ class Controller:
             put_bounded(self._resolutions, (o.namespace, o.name), (memo, o.request, current), 100_000)
         pinned = await self.executor.pinned_agent(o, run, o.request)
         return dataclasses.replace(o, agent_current=current, agent_pinned=pinned)
+
+    async def _kueue_facts(self, o: d.Observed) -> d.Observed:
+        """Of a run whose active Job Kueue holds: the Workload Kueue made of it (``kueueview.py``)."""
+        aj = o.status.active_job
+        job = next((j for j in o.jobs if aj is not None and j.name == aj.name), None)
+        if job is None or job.uid is None or self.workloads is None:
+            return o
+        if not is_held(job):
+            self.workloads.forget(o.namespace, job.uid)
+            return o
+        return dataclasses.replace(o, workload=await self.workloads.read(o.namespace, job.name, job.uid))
 
     async def _read_missing(self, body: dict[str, Any], status: AgentRunStatus | None = None) -> None:
         """The rare reads the cache cannot answer: the recorded Job missing from it (deleted, or the

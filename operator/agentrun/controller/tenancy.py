@@ -234,6 +234,14 @@ class PolicyStore:
                         if isinstance(p, AgentRunPolicySpec) and p.max_active_runs is not None)
         return limits[0] if limits else None
 
+    def default_queue_name(self, namespace: str) -> str | None:
+        """The Kueue LocalQueue for runs of ``namespace`` without spec.queueName: the
+        ``defaultQueueName`` of the first policy by name that sets one; None: none does."""
+        policies = self.policies_for(namespace) or {}
+        names = sorted((name, p.default_queue_name) for name, p in policies.items()
+                       if isinstance(p, AgentRunPolicySpec) and p.default_queue_name is not None)
+        return names[0][1] if names else None
+
     def check(self, namespace: str, spec: dict[str, Any]) -> PolicyCheck | None:
         """The verdict for a run of ``namespace`` with ``spec`` (None: not enforced)."""
         policies = self.policies_for(namespace)

@@ -94,6 +94,7 @@ from .observed import (
     PinnedAgentRead,
     QueueSlot,
     StoreProbeRead,
+    WorkloadRead,
 )
 from .outcomes import Conflict, Invalid, NotStored, Refused, Setback, StoreFailed, decide_after
 from .retries import MAX_RETRY_ENTRIES, backoff_seconds, classify_failure, next_lap_attempt
@@ -112,7 +113,7 @@ __all__ = [
     "DeleteCheckpoints", "DeleteJob", "DeleteRun", "Event", "ForkCheckpoint", "ForkRead", "JobState", "LapFinished",
     "LapRetried", "Observed", "ObservedJob", "PatchStatus", "ProbeStore", "ReadAttemptFailure", "ReadCheckpoint",
     "PinnedAgentRead", "QueueSlot", "RemoveAnnotations", "RemoveFinalizer", "RequeueAfter", "StatusWriter", "StoreAgent",
-    "StoreProbeRead",
+    "StoreProbeRead", "WorkloadRead",
     "adoption_mismatch", "approval_env", "backoff_seconds", "bounded_decider", "bounded_reason", "classify_failure",
     "conditions_for", "decide", "decide_after", "deferred_status", "escape_controls", "failed_status", "job_name", "lap_cause",
     "next_lap_attempt",

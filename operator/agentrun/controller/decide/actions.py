@@ -22,6 +22,8 @@ class CreateJob:
     approval: ApprovalEnv | None = None
     store: StoreLocation | None = None
     """The run's pinned store (status.store as observed), for the Job's environment."""
+    queue_name: str | None = None
+    """The Kueue LocalQueue the Job is submitted to (created suspended, labelled); None: no Kueue."""
 
 
 @dataclass(frozen=True)

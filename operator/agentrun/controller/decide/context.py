@@ -146,6 +146,7 @@ class StatusWriter:
             st.waiting_on = None
             st.active_job = None
             st.next_attempt_at = None
+            st.kueue = None
         elif phase != "AwaitingApproval":
             st.waiting_on = None
 

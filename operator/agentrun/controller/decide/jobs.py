@@ -25,6 +25,7 @@ from agentrun.api.contract import (
     mcp_headers_env,
     tool_headers_env,
 )
+from agentrun.api.kueue import QUEUE_NAME_LABEL
 from agentrun.api.spec import AgentRunSpec, LapPodTemplate, RunSpecFields
 from agentrun.api.status import StoreLocation
 from agentrun.api.tenancy import AddressRules
@@ -263,8 +264,11 @@ def build_job(
     store: StoreLocation | None = None,
     spec_text: str | None = None,
     address_rules: AddressRules | None = None,
+    queue_name: str | None = None,
 ) -> dict[str, Any]:
-    """The batch/v1 Job of one lap attempt (``spec_text``, ``address_rules``: as :func:`build_env`)."""
+    """The batch/v1 Job of one lap attempt (``spec_text``, ``address_rules``: as :func:`build_env`).
+    With ``queue_name`` it is created suspended with Kueue's queue label, for Kueue to admit
+    (``decide/kueue.py``)."""
     name = job_name(run.name, run.uid, lap, attempt)
     labels = {
         LABEL_RUN: label_value(run.name),
@@ -273,6 +277,7 @@ def build_job(
         LABEL_ATTEMPT: str(attempt),
         LABEL_MANAGED_BY: "agentrun",
     }
+    job_labels = {**labels, QUEUE_NAME_LABEL: queue_name} if queue_name is not None else labels
     if spec.resources is not None:
         requests, limits = dict(spec.resources.requests), dict(spec.resources.limits)
     else:
@@ -332,13 +337,15 @@ def build_job(
     }
     if config.job_ttl_seconds is not None:
         job_spec["ttlSecondsAfterFinished"] = config.job_ttl_seconds
+    if queue_name is not None:
+        job_spec["suspend"] = True
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
             "name": name,
             "namespace": run.namespace,
-            "labels": labels,
+            "labels": job_labels,
             "annotations": {ANNOTATION_AGENT_VERSION: agent_version,
                             ANNOTATION_APPROVAL: approval_annotation(approval)},
             "ownerReferences": [

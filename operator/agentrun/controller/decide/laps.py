@@ -12,6 +12,7 @@ from agentrun.api.status import TERMINAL_PHASES, ActiveJob, CheckpointRef, Stora
 from agentrun.api.text import one_line, truncate
 from agentrun.checkpoint.schema import LapRecord
 
+from . import kueue
 from .actions import (
     CreateJob,
     Decision,
@@ -87,6 +88,9 @@ def observe_active(c: Ctx, aj: ActiveJob, job: ObservedJob | None) -> Decision |
     """Handle the Job in flight (``job``: the cluster's view of ``aj``, None when it is gone).
     Returns a Decision to stop, or None to go on to the next step."""
     st = c.st
+    if job is not None and kueue.is_held(job):
+        return kueue.held(c, aj, job)
+    kueue.released(c, aj, job)
     if job is not None and job.state == "active":
         problem = pod_config_problem(job.waiting_reason, job.waiting_message)
         if problem is not None:
@@ -271,13 +275,16 @@ def next_step(c: Ctx) -> Decision:
     if attempt == 1 and st.agent_version and st.agent_version != version:
         c.event("Normal", Reason.VERSION_CHANGED,
                 f"lap {lap} runs agent version {version} (lap {st.lap} ran {st.agent_version})", lap, attempt)
+    queue = kueue.queue_name(c)
     c.act(CreateJob(lap=lap, attempt=attempt, agent_version=version, name=name, approval=decision_env,
-                    store=o.status.store))
+                    store=o.status.store, queue_name=queue))
     st.active_job = ActiveJob(name=name, lap=lap, attempt=attempt, agent_version=version, started_at=o.now)
     if st.started_at is None:
         st.started_at = o.now
         requeue_at_deadline(c)
     st.next_attempt_at = None
+    if queue is not None:
+        return kueue.submitted(c, st.active_job, queue)
     c.phase("Running", Reason.LAP_RUNNING, f"lap {lap} attempt {attempt} running (agent {version})")
     return c.finish()
 

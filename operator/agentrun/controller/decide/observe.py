@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import pydantic
 
 from agentrun.api.contract import LABEL_ATTEMPT, LABEL_LAP
+from agentrun.api.kueue import QUEUE_NAME_LABEL
 from agentrun.api.spec import AgentRunManifestSpec, AgentRunSpec
 from agentrun.api.status import AgentRunStatus
 from agentrun.api.types import parse_time
@@ -161,6 +162,8 @@ def observed_job(job: dict[str, Any], pods: list[dict[str, Any]] | None) -> Obse
     containers = pod_spec.get("containers") or [{}]
     return ObservedJob(
         name=meta["name"], lap=lap, attempt=attempt, state=state,  # type: ignore[arg-type]
+        suspended=(job.get("spec") or {}).get("suspend") is True, queue_name=labels.get(QUEUE_NAME_LABEL),
+        uid=meta.get("uid"),
         exit_code=exit_code, reason=reason, message=message,
         agent_version=(meta.get("annotations") or {}).get(ANNOTATION_AGENT_VERSION),
         started_at=parse_time(started),
@@ -185,9 +188,12 @@ def pod_check_due(job: dict[str, Any], now: datetime, grace: float) -> float | N
     that cannot start (a missing Secret: CreateContainerConfigError) shows as a Job that stays
     active and not ready; it is looked at once the Job is ``grace`` seconds old (a lap that starts
     within the grace costs no read)."""
-    if job_state(job)[0] != "active" or (job.get("status") or {}).get("ready"):
+    if job_state(job)[0] != "active" or (job.get("status") or {}).get("ready") \
+            or (job.get("spec") or {}).get("suspend") is True:  # a suspended Job has no pod (Kueue holds it)
         return None
-    created = parse_time((job.get("metadata") or {}).get("creationTimestamp"))
+    # since it started (a Job Kueue held started when it was admitted), else since its creation
+    created = parse_time((job.get("status") or {}).get("startTime")
+                         or (job.get("metadata") or {}).get("creationTimestamp"))
     if created is None:
         return 0.0
     return max(0.0, grace - (now - created).total_seconds())

@@ -40,6 +40,12 @@ class ObservedJob:
     has none (created by an earlier release)."""
     store: StoreLocation | None = None
     """The store the Job was given (its environment), when known."""
+    suspended: bool = False
+    """The Job's spec.suspend is true (created so for Kueue; unset when Kueue admits it)."""
+    queue_name: str | None = None
+    """The Job's Kueue LocalQueue (label kueue.x-k8s.io/queue-name), when it has one."""
+    uid: str | None = None
+    """The Job's metadata.uid (Kueue labels the Workload it makes with it)."""
     termination_message: str | None = None
     """Of a finished Job: its newest pod's container termination message, raw (with
     ``terminationMessagePolicy: FallbackToLogsOnError``, the tail of the lap's log). ``decide``
@@ -128,6 +134,19 @@ class PinnedAgentRead:
 
 
 @dataclass(frozen=True)
+class WorkloadRead:
+    """The Workload Kueue made of a held lap Job (``controller/kueueview.py``): ``missing`` while
+    Kueue has not made it, ``unavailable`` when it cannot be read (Kueue not installed, no RBAC)."""
+
+    job: str
+    kind: Literal["ok", "missing", "unavailable"]
+    name: str | None = None
+    message: str | None = None
+    """Kueue's reason for the wait (the Workload's QuotaReserved condition), raw: decide bounds it;
+    or, when ``unavailable``, why."""
+
+
+@dataclass(frozen=True)
 class QueueSlot:
     """A run that has not started, in a namespace an AgentRunPolicy limits (``maxActiveRuns``), as
     the shell placed it from its watch cache (``decide/queue.py``): ``admitted`` when the active runs
@@ -193,6 +212,11 @@ class Observed:
     parameters by the shell (``agentrun.api.agent.resolve``), or why it cannot be."""
     agent_pinned: PinnedAgentRead | None = None
     """Of a run of an Agent: the copy ``status.agent.digest`` names (read by the shell)."""
+    default_queue_name: str | None = None
+    """The Kueue LocalQueue of the namespace's AgentRunPolicy (``defaultQueueName``), for a run
+    without spec.queueName; None: none."""
+    workload: WorkloadRead | None = None
+    """Of a run whose active Job Kueue holds: its Workload as the shell read it; None: not read."""
     queue: QueueSlot | None = None
     """Of a run that has not started, where an AgentRunPolicy limits its namespace's active runs: its
     place (``decide/queue.py``); None: no limit applies, or the run holds a slot."""
