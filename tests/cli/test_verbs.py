@@ -272,3 +272,11 @@ def test_describe_shows_the_job_kueue_holds_with_its_workload_escaped():
     [line] = [ln for ln in lines if ln.startswith("  Kueue:")]
     assert "Job k-0f9e8-l1-a1 held in LocalQueue lq since 2030-01-01T00:00:00Z; Workload job-k-0f9e8-l1-a1-" in line
     assert "\x1b" not in line
+
+
+def test_describe_names_the_agent_or_model_limit_a_run_waits_for():
+    r = run("q", phase="Queued", queue={"position": 1, "active": 2, "limit": 2, "policy": "team-a",
+                                       "scope": "model gpt-4o"})
+    lines = ds.describe_text(r, [], lc_now()).splitlines()
+    assert ("  Queue:          position 1 (2 of 2 runs of model gpt-4o active; AgentRunPolicy team-a "
+            "maxActiveRunsPerModel)") in lines

@@ -12,7 +12,16 @@ from hypothesis import strategies as st
 
 from agentrun.api.reasons import Reason
 from agentrun.controller import decide as d
-from agentrun.controller.decide.queue import QUEUED_RECHECK_SECONDS, order_key, place, slot_state
+from agentrun.controller.decide.queue import (
+    NO_GROUP,
+    QUEUED_RECHECK_SECONDS,
+    Group,
+    Limits,
+    group_of,
+    order_key,
+    place,
+    slot_state,
+)
 
 
 def run(name: str, phase: str | None = None, *, priority: int | None = None, created: str = "2026-12-01T00:00:00Z",
@@ -25,9 +34,12 @@ def run(name: str, phase: str | None = None, *, priority: int | None = None, cre
 
 
 def at(name: str, runs: list[dict[str, Any]], active: int, limit: int, policy: str) -> d.QueueSlot:
-    """``place`` of the run ``name`` among ``runs``, from their order keys (as the shell calls it)."""
+    """``place`` of the run ``name`` among ``runs`` with a namespace limit only (as the shell calls it)."""
     mine = next(order_key(r) for r in runs if r["metadata"]["name"] == name)
-    return place(mine, [order_key(r) for r in runs], active, limit, policy)
+    slot = place(mine, NO_GROUP, [(order_key(r), NO_GROUP) for r in runs], [NO_GROUP] * active,
+                 Limits(namespace=(limit, policy)))
+    assert slot is not None
+    return slot
 
 
 def test_slot_state_from_the_cached_object() -> None:
@@ -140,3 +152,116 @@ def test_a_batch_admits_the_head_of_the_queue_not_whoever_was_placed_first() -> 
     assert not at("later", runs, active=1, limit=2, policy="p").admitted
     assert at("head", runs, active=1, limit=2, policy="p").admitted
     assert at("later", runs, active=0, limit=2, policy="p").admitted  # two free slots: both
+
+
+# ------------------------------------------------------------------ per Agent and per model
+
+
+def test_groups_from_the_run_object_and_the_agents_model() -> None:
+    models = {"clerk": "gpt-4o"}.get
+    assert group_of({"spec": {"agentRef": {"name": "clerk"}}}, models) == ("clerk", "gpt-4o")
+    assert group_of({"spec": {"agentRef": {"name": "gone"}}}, models) == ("gone", None)  # Agent not in the cache
+    assert group_of({"spec": {"agent": {"model": {"provider": "openai", "name": "o3"}}}}, models) == (None, "o3")
+    assert group_of({"spec": {"agent": {"model": {"provider": "scripted"}}}}, models) == (None, "scripted")
+    assert group_of({"spec": {}}, models) == NO_GROUP
+
+
+def test_a_run_waiting_for_its_agent_does_not_hold_up_the_runs_behind_it() -> None:
+    limits = Limits(namespace=(3, "ns-cap"), agents={"clerk": (1, "clerk-cap")})
+    waiting: list[tuple[Any, Group]] = [((0, "t1", "a1"), ("clerk", None)), ((0, "t2", "a2"), ("clerk", None)),
+                                        ((0, "t3", "b1"), ("other", None))]
+    holding: list[Group] = [("clerk", None)]  # the one clerk run allowed is active
+    a1 = place((0, "t1", "a1"), ("clerk", None), waiting, holding, limits)
+    assert a1 is not None and not a1.admitted
+    assert (a1.scope, a1.position, a1.active, a1.limit, a1.policy) == ("Agent clerk", 1, 1, 1, "clerk-cap")
+    a2 = place((0, "t2", "a2"), ("clerk", None), waiting, holding, limits)
+    assert a2 is not None and (a2.scope, a2.position, a2.admitted) == ("Agent clerk", 2, False)
+    b1 = place((0, "t3", "b1"), ("other", None), waiting, holding, limits)
+    assert b1 is not None and b1.admitted and (b1.scope, b1.position) == ("namespace", 1)  # a1, a2 skipped
+    # a model limit counts runs of every Agent with that model; no limit at all for a run: None
+    by_model = Limits(models={"gpt-4o": (1, "m")})
+    slot = place((0, "t3", "b1"), ("other", "gpt-4o"), [((0, "t3", "b1"), ("other", "gpt-4o"))],
+                 [("clerk", "gpt-4o")], by_model)
+    assert slot is not None and (slot.scope, slot.admitted) == ("model gpt-4o", False)
+    assert place((0, "t3", "b1"), ("other", "o3"), [], [], by_model) is None
+
+
+def test_a_queued_run_says_which_limit_holds_it() -> None:
+    w = World(make_spec())
+    w.queue = d.QueueSlot(position=2, active=1, limit=1, policy="team-a", scope="model gpt-4o")
+    w.reconcile()
+    assert w.status.phase == "Queued" and w.status.queue is not None and w.status.queue.scope == "model gpt-4o"
+    assert "runs of model gpt-4o active" in (w.status.message or "") and "maxActiveRunsPerModel" in (w.status.message or "")
+
+
+AGENTS = ["a", "b", None]
+MODELS = ["m1", "m2"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(ns_limit=st.one_of(st.none(), st.integers(1, 4)),
+       agent_limits=st.dictionaries(st.sampled_from(["a", "b"]), st.integers(1, 3)),
+       model_limits=st.dictionaries(st.sampled_from(MODELS), st.integers(1, 3)),
+       runs=st.lists(st.tuples(st.integers(-1, 1), st.sampled_from(AGENTS), st.sampled_from(MODELS)),
+                     min_size=1, max_size=10),
+       steps=st.lists(st.tuples(st.lists(st.integers(0, 9), max_size=5), st.sets(st.integers(0, 9), max_size=3)),
+                      max_size=20))
+def test_serialized_placements_keep_every_limit_and_leave_no_fitting_run_waiting(
+        ns_limit, agent_limits, model_limits, runs, steps) -> None:
+    """Placements one at a time (the shell's per-namespace placement lock), each seeing the ones
+    before it: no scope ever holds more runs than its limit, and after a pass over every waiting run
+    none is left waiting whose every limit has room (no head-of-line blocking by a narrower limit)."""
+    limits = Limits(namespace=(ns_limit, "p") if ns_limit else None,
+                    agents={k: (v, "p") for k, v in agent_limits.items()},
+                    models={k: (v, "p") for k, v in model_limits.items()})
+    group = {i: (agent, model) for i, (_, agent, model) in enumerate(runs)}
+    order = {i: (-prio, f"t{i:02d}", f"r{i}") for i, (prio, _, _) in enumerate(runs)}
+    state = dict.fromkeys(range(len(runs)), "waits")
+
+    def counts() -> dict[str, int]:
+        out: dict[str, int] = {"namespace": 0}
+        for i, s in state.items():
+            if s == "holds":
+                out["namespace"] += 1
+                agent, model = group[i]
+                for key in ([f"Agent {agent}"] if agent in limits.agents else []) + \
+                        ([f"model {model}"] if model in limits.models else []):
+                    out[key] = out.get(key, 0) + 1
+        return out
+
+    def within() -> None:
+        c = counts()
+        if limits.namespace:
+            assert c["namespace"] <= limits.namespace[0]
+        for a, (n, _) in limits.agents.items():
+            assert c.get(f"Agent {a}", 0) <= n
+        for m, (n, _) in limits.models.items():
+            assert c.get(f"model {m}", 0) <= n
+
+    def place_one(i: int) -> None:
+        if state.get(i) != "waits":
+            return
+        waiting = [(order[j], group[j]) for j, s in state.items() if s == "waits"]
+        holding = [group[j] for j, s in state.items() if s == "holds"]
+        slot = place(order[i], group[i], waiting, holding, limits)
+        if slot is None or slot.admitted:
+            state[i] = "holds"
+        within()
+
+    for batch, finishing in steps:
+        for i in batch:
+            place_one(i)
+        for i in finishing:
+            if state.get(i) == "holds":
+                state[i] = "done"
+    for i in sorted(state, key=order.get):  # a pass over every waiting run, in order
+        place_one(i)
+    c = counts()
+    ns_full = limits.namespace is not None and c["namespace"] >= limits.namespace[0]
+    for i, s in state.items():
+        if s != "waits":
+            continue
+        agent, model = group[i]
+        room = (agent not in limits.agents or c.get(f"Agent {agent}", 0) < limits.agents[agent][0]) and \
+               (model not in limits.models or c.get(f"model {model}", 0) < limits.models[model][0])
+        assert ns_full or not room, (i, state, c)

@@ -13,10 +13,15 @@ from prometheus_client import CollectorRegistry
 
 from agentrun.controller.cache import Cache
 from agentrun.controller.decide.jobs import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID
+
+# ----------------------------------------------------------------------------------------- queue
+from agentrun.controller.decide.queue import NO_GROUP
 from agentrun.kube.client import request_labels
 from agentrun.kube.queue import RateLimiter, WorkQueue
 
-# ----------------------------------------------------------------------------------------- queue
+
+def NOG(run):  # noqa: N802 - no per-group limit: every run in no group
+    return NO_GROUP
 
 
 def test_queue_dedups_a_key_until_it_is_taken():
@@ -711,15 +716,15 @@ def test_a_slot_freed_wakes_the_waiting_runs_of_its_namespace_even_on_an_own_wri
     c.event("runs", "ADDED", obj("ns", "w1", 2, phase="Queued"))
     c.event("runs", "ADDED", obj("ns", "w2", 3))
     c.event("runs", "ADDED", obj("other", "w3", 4, phase="Queued"))
-    assert c.active_count("ns") == 1 and sorted(k[2] for k in c.waiting_orders("ns")) == ["w1", "w2"]
+    assert len(c.holding_groups("ns", NOG)) == 1 and sorted(o[2] for o, _ in c.waiting_groups("ns", NOG)) == ["w1", "w2"]
     changed.clear()
     c.put("runs", obj("ns", "active", 5, phase="Succeeded", lap=2))
-    assert sorted(changed) == [("ns", "w1"), ("ns", "w2")] and c.active_count("ns") == 0
+    assert sorted(changed) == [("ns", "w1"), ("ns", "w2")] and len(c.holding_groups("ns", NOG)) == 0
     changed.clear()
     c.event("runs", "MODIFIED", obj("ns", "w1", 6, phase="Running", activeJob={"name": "j1"}))
     # w1 admitted: w2, behind it, moves up a place (its status.queue changes)
-    assert sorted(changed) == [("ns", "w1"), ("ns", "w2")] and c.active_count("ns") == 1
-    assert len(c.waiting_orders("ns")) == 1
+    assert sorted(changed) == [("ns", "w1"), ("ns", "w2")] and len(c.holding_groups("ns", NOG)) == 1
+    assert len(c.waiting_groups("ns", NOG)) == 1
     changed.clear()
     c.event("runs", "ADDED", obj("ns", "w0", 8, phase="Queued") | {"spec": {"priority": 5}})
     assert sorted(changed) == [("ns", "w0"), ("ns", "w2")]  # w2 moves back behind the new w0
@@ -728,4 +733,4 @@ def test_a_slot_freed_wakes_the_waiting_runs_of_its_namespace_even_on_an_own_wri
     assert changed == [("other", "w9")]
     changed.clear()
     c.event("runs", "DELETED", obj("ns", "w1", 7, phase="Running", activeJob={"name": "j1"}))
-    assert sorted(changed) == [("ns", "w0"), ("ns", "w2")] and c.active_count("ns") == 0
+    assert sorted(changed) == [("ns", "w0"), ("ns", "w2")] and len(c.holding_groups("ns", NOG)) == 0

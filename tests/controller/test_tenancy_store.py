@@ -163,9 +163,13 @@ def test_the_concurrency_limit_of_a_namespace_is_the_lowest_maxactiveruns_of_its
     """decide/queue.py: the limit comes from the policies the namespace's bindings select; a change of
     it names the namespaces whose (queued) runs must be looked at again."""
     s, changes = store
-    assert s.limit("a") is None and s.limit("b") is None
+    assert s.limits("a") is None and s.limits("b") is None
     limited = policy("strict", 8, ["*"])
     limited["spec"]["maxActiveRuns"] = 2
+    limited["spec"]["maxActiveRunsPerAgent"] = {"clerk": 1}
+    limited["spec"]["maxActiveRunsPerModel"] = {"gpt-4o": 3}
     s.event("policies", "MODIFIED", limited)
-    assert s.limit("b") == (2, "strict") and s.limit("a") is None
+    got = s.limits("b")
+    assert got is not None and got.namespace == (2, "strict") and s.limits("a") is None
+    assert dict(got.agents) == {"clerk": (1, "strict")} and dict(got.models) == {"gpt-4o": (3, "strict")}
     assert changes and (changes[-1] is None or "b" in changes[-1])

@@ -141,3 +141,49 @@ def test_max_active_runs_queues_the_rest_in_priority_order_across_an_operator_ki
         e.tools.shutdown()
         cluster.kubectl_run("delete", "namespace", e.ns, "--wait=false", check=False)
         delete_team_policy(cluster, pname)
+
+
+def test_a_model_limit_queues_only_that_models_runs_and_holds_up_no_other(cluster, s3, tmp_path):
+    """``maxActiveRunsPerModel: {m-exp: 1}``: the second run of that model is Queued (scope ``model
+    m-exp``) while the first is held in flight, and a run of another model created after it starts
+    and Succeeds meanwhile (no head-of-line blocking); then both runs of the model Succeed."""
+    e = Env(cluster, s3, tmp_path)
+    e.prepare_namespace()
+    pname = f"model-{e.ns}"
+    cluster.kubectl_run("label", "namespace", e.ns, f"{t.NAMESPACE_LABEL}={pname}")
+    policy = ta.policy_object(pname, ta.LOCAL_POLICY)
+    policy["spec"]["maxActiveRunsPerModel"] = {"m-exp": 1}
+    sel = {"matchLabels": {t.NAMESPACE_LABEL: pname}}
+    for doc in (policy, ta.binding(f"{t.VAP_NAME}-{pname}", pname, sel)):
+        cluster.kubectl_run("apply", "-f", "-", input=json.dumps(doc))
+    gate = ToolGate(e.tool_url)
+    e.start_operator()
+    try:
+        def doc(name: str, model: str, held: bool) -> dict[str, Any]:
+            script = [{"content": "working", "toolCalls": [{"name": "slow", "arguments": {"order": name}}]},
+                      {"content": "done"}]
+            d = e.run_doc(name, script, lapTimeout="10m")
+            d["spec"]["agent"]["model"]["name"] = model
+            url = gate.url if held else e.tool_url
+            d["spec"]["agent"]["tools"] = [{"name": "slow", "http": {"url": f"{url}/slow", "timeout": "10m"}}]
+            return d
+
+        e.apply(doc("exp-1", "m-exp", held=True))
+        wait_for("exp-1 held at the gate", lambda: gate.arrived("exp-1") >= 1, timeout=120)
+        e.apply(doc("exp-2", "m-exp", held=True))
+        time.sleep(1.1)
+        e.apply(doc("cheap", "m-cheap", held=False))
+        st = wait_for("exp-2 Queued for its model", lambda: (s := e.status("exp-2")).get("phase") == "Queued"
+                      and s.get("queue") and s, timeout=60)
+        assert st["queue"]["scope"] == "model m-exp" and st["queue"]["limit"] == 1 and st["queue"]["active"] == 1, st
+        assert "maxActiveRunsPerModel" in st["message"], st["message"]
+        assert e.wait_phase("cheap", "Succeeded", "Failed", timeout=120)["phase"] == "Succeeded"
+        assert e.status("exp-2")["phase"] == "Queued" and not e.jobs("exp-2")
+        gate.open()
+        for n in ("exp-1", "exp-2"):
+            assert e.wait_phase(n, "Succeeded", "Failed", timeout=180)["phase"] == "Succeeded", n
+        assert e.status("exp-2")["startedAt"] >= e.status("exp-1")["completedAt"]
+    finally:
+        gate.close()
+        e.kill_operator()
+        delete_team_policy(cluster, pname)

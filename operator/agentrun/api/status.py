@@ -322,12 +322,18 @@ class PinnedAgent(APIModel):
 
 
 class QueueStatus(APIModel):
-    """Where a run that has not started waits: its namespace is at an AgentRunPolicy's maxActiveRuns."""
+    """Where a run that has not started waits: its namespace (or its Agent's or model's runs) is at an
+    AgentRunPolicy's limit."""
 
     position: int = Field(ge=1, description="Place in the namespace's queue (1: admitted at the next free slot).")
     active: int = Field(ge=0, description="Active runs of the namespace (started, not finished) when last looked at.")
-    limit: int = Field(ge=1, description="The maxActiveRuns in force (the lowest of the policies that set one).")
-    policy: str = Field(max_length=253, description="The AgentRunPolicy whose maxActiveRuns that is.")
+    limit: int = Field(ge=1, description="The limit in force (the lowest of the policies that set one).")
+    policy: str = Field(max_length=253, description="The AgentRunPolicy whose limit that is.")
+    scope: str = Field(
+        default="namespace", max_length=300,
+        description="Which limit the run waits for: namespace (maxActiveRuns), Agent NAME (maxActiveRunsPerAgent) "
+        "or model NAME (maxActiveRunsPerModel). Position, active and limit count that scope's runs.",
+    )
 
 
 class KueueStatus(APIModel):

@@ -114,6 +114,7 @@ CIDR = Annotated[str, Field(min_length=2, max_length=64, json_schema_extra={
 HostPattern = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^(\*|(\*\.)?[-_.a-z0-9]+)$")]
 DomainSuffix = Annotated[str, Field(min_length=1, max_length=253,
                                     pattern=r"^[_a-z0-9]([-_.a-z0-9]*[_a-z0-9])?$")]
+ActiveLimit = Annotated[int, Field(ge=1, le=100_000)]
 NamePattern = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^(\*|[-.a-z0-9]+\*?)$")]
 EndpointOrigin = Annotated[str, Field(min_length=1, max_length=300,
                                       pattern=r"^(\*|https?://([-_.a-z0-9]+|\[[0-9a-f:.]+\]))$")]
@@ -265,6 +266,25 @@ class AgentRunPolicySpec(APIModel):
         "not finished). A run beyond it waits in phase Queued, starting no Job, and is admitted by spec.priority, "
         "then creation order, as active runs finish. Enforced by the operator from its watch cache, not at "
         "admission; the lowest of the policies that apply wins. Unset: no limit.",
+    )
+    max_active_runs_per_agent: dict[str, ActiveLimit] = Field(
+        default_factory=dict, max_length=64,
+        description="Most active AgentRuns of one Agent (spec.agentRef.name) in a namespace this policy applies to, "
+        "Agent name to limit, e.g. {\"ledger-clerk\": 2}. Runs with an inline agent have no Agent name. A run "
+        "waiting for its Agent's limit does not hold up the runs behind it in the namespace's queue. The lowest "
+        "of the policies that apply wins.",
+        json_schema_extra={"x-kubernetes-validations": [{
+            "rule": "self.all(k, k.matches('^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$') && size(k) <= 253)",
+            "message": "maxActiveRunsPerAgent: keys are Agent names (DNS subdomains)"}]},
+    )
+    max_active_runs_per_model: dict[str, ActiveLimit] = Field(
+        default_factory=dict, max_length=64,
+        description="Most active AgentRuns of one model (the agent's model.name, e.g. gpt-4o; of a run of an "
+        "Agent, its Agent's) in a namespace this policy applies to, model name to limit. A run waiting for its "
+        "model's limit does not hold up the runs behind it. The lowest of the policies that apply wins.",
+        json_schema_extra={"x-kubernetes-validations": [{
+            "rule": "self.all(k, size(k) >= 1 && size(k) <= 256)",
+            "message": "maxActiveRunsPerModel: keys are model names of 1 to 256 characters"}]},
     )
     default_queue_name: str | None = Field(
         default=None, min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN,

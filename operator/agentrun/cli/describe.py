@@ -112,9 +112,13 @@ def describe_text(run: dict[str, Any], events: list[dict[str, Any]], now: dateti
     ]
     queue = st.get("queue")
     if isinstance(queue, dict):
+        scope = str(queue.get("scope") or "namespace")
+        rule = {"Agent": "maxActiveRunsPerAgent", "model": "maxActiveRunsPerModel"}.get(scope.split(" ", 1)[0],
+                                                                                     "maxActiveRuns")
+        of = "" if scope == "namespace" else f" of {_v(scope, 300)}"
         lines.append(f"  Queue:          position {_v(queue.get('position'), 12)} ({_v(queue.get('active'), 12)} of "
-                     f"{_v(queue.get('limit'), 12)} runs active; AgentRunPolicy {_v(queue.get('policy'), 253)} "
-                     "maxActiveRuns)")
+                     f"{_v(queue.get('limit'), 12)} runs{of} active; AgentRunPolicy {_v(queue.get('policy'), 253)} "
+                     f"{rule})")
     kueue = st.get("kueue")
     if isinstance(kueue, dict):
         lines.append(f"  Kueue:          Job {_v(kueue.get('job'), 63)} held in LocalQueue {_v(kueue.get('localQueue'), 63)}"

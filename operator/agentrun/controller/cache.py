@@ -40,7 +40,7 @@ from agentrun.kube.informer import is_newer, rv_int, strip
 from agentrun.notify.plan import outcome_due
 
 from .decide.observe import job_state
-from .decide.queue import OrderKey, order_key, slot_state
+from .decide.queue import NO_GROUP, Group, OrderKey, order_key, slot_state
 
 GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
 #: (group/version prefix, plural) of the AgentRuns.
@@ -170,13 +170,14 @@ class Cache:
         if old is not None:
             self._unindex("pods", key, old)
 
-    def waiting_orders(self, namespace: str) -> list[OrderKey]:
-        """The admission order keys of the runs of ``namespace`` that wait for a slot."""
-        return list(self.waiting.get(namespace, {}).values())
+    def waiting_groups(self, namespace: str, group: Callable[[dict[str, Any]], Group]) -> list[tuple[OrderKey, Group]]:
+        """The order key and ``group`` of each run of ``namespace`` that waits for a slot."""
+        return [(o, group(self.runs[k]) if k in self.runs else NO_GROUP)
+                for k, o in self.waiting.get(namespace, {}).items()]
 
-    def active_count(self, namespace: str) -> int:
-        """How many runs of ``namespace`` hold a slot (started, not finished)."""
-        return len(self.holding.get(namespace, ()))
+    def holding_groups(self, namespace: str, group: Callable[[dict[str, Any]], Group]) -> list[Group]:
+        """The ``group`` of each run of ``namespace`` that holds a slot."""
+        return [group(self.runs[k]) if k in self.runs else NO_GROUP for k in self.holding.get(namespace, ())]
 
     def awaiting_runs(self) -> list[dict[str, Any]]:
         """The runs waiting on an approval, by key. The dicts are the cached ones: a change

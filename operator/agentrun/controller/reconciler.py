@@ -69,8 +69,8 @@ from .decide.observe import (
     pod_waiting,
     spec_error_text,
 )
-from .decide.queue import order_key, place, slot_state
-from .execute import Executor, RetryWithBackoff
+from .decide.queue import NO_GROUP, Group, Limits, group_of, order_key, place, slot_state
+from .execute import Executor, Outcome, RetryWithBackoff
 from .kueueview import WorkloadView
 from .logs import run_logger
 from .memos import JobMemo, SpecMemo, put_bounded
@@ -164,6 +164,7 @@ class Controller:
         self._pod_checks: dict[Key, PodCheck] = {}  # active Job not ready -> its pod checks
         self.pod_reads = PodReads(self._list_pods, POD_READ_WINDOW_SECONDS)  # the checks' reads, batched
         self._reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
+        self._placing: dict[str, asyncio.Lock] = {}  # namespace -> its placement lock (see _pass)
         self._specs = SpecMemo()  # each run's parsed spec while its JSON is unchanged, and its lap JSON
         self._resolutions: dict[Key, Any] = {}  # a run of an Agent: its Agent's resolution, per Agent version
         self._not_leader: set[Key] = set()  # keys taken from the queue while not acting (see process)
@@ -205,7 +206,7 @@ class Controller:
         self._tasks.append(asyncio.create_task(self.admission.run(cfg.resync_seconds)))
         if cfg.tenancy_recheck:
             self.policies = policies = PolicyStore(on_change=self._policies_changed)
-            self.cache.limited = lambda namespace: policies.limit(namespace) is not None
+            self.cache.limited = lambda namespace: policies.limits(namespace) is not None
             for kind, resource in TENANCY_KINDS.items():
                 # namespaces: with exact watched namespaces, each by name (the chart's role names them)
                 names: list[str | None] = list(cfg.namespaces) if kind == "namespaces" and watch_ns != [None] else [None]
@@ -487,51 +488,79 @@ class Controller:
             body = self.cache.run(key)
             if body is None or not self.is_leader:
                 return None
-            meta = body["metadata"]
-            ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
-            parsed = parse_run(body, self._specs)
-            await self._read_missing(body, parsed[2])
-            o = observe(body, self.cache.jobs_of(ns, uid), lambda job: self.cache.pods_of(ns, job),
-                        self.config, datetime.now(UTC), parsed, self._observed_jobs)
-            run = RunRef(namespace=ns, name=name, uid=uid)
-            if o.request is not None and not o.deleting:
-                o = await self._agent_facts(o, run)
-            if self.policies is not None and o.spec is not None and not o.deleting \
-                    and o.status.phase not in TERMINAL_PHASES:
-                check = await self._tenancy_check(ns, body.get("spec") or {})
-                o = dataclasses.replace(o, policy_check=check)
-            elif self.policies is not None and o.request is not None and not o.deleting \
-                    and o.status.phase not in TERMINAL_PHASES:
-                effective = _effective_of(o)  # a run of an Agent: the re-check of what it runs
-                if effective is not None:
-                    o = dataclasses.replace(o, policy_check=await self._tenancy_check(ns, effective.to_api()))
-            if self.policies is not None and not o.deleting and slot_state(body) == "waits":
-                limit = self.policies.limit(ns)
-                if limit is not None:
-                    o = dataclasses.replace(o, queue=place(order_key(body), self.cache.waiting_orders(ns),
-                                                           self.cache.active_count(ns), *limit))
-            if self.policies is not None and o.spec is not None and o.spec.queue_name is None \
-                    and o.status.phase not in TERMINAL_PHASES:
-                o = dataclasses.replace(o, default_queue_name=self.policies.default_queue_name(ns))
-            o = await self._kueue_facts(o)
-            held = self.admission.blocking if self.admission is not None else None
-            if held is not None:  # rare: no copy of Observed while the policies are in place
-                o = dataclasses.replace(o, admission=held)
-            decision = d.decide(o)
-            for _ in range(3):
-                if not decision.needs_read:
-                    break
-                o = await self.executor.read(o, decision, run, o.spec or o.request)
-                decision = d.decide(o)
-            if decision.needs_read:
-                raise RuntimeError("decide kept asking for reads")
-            out = await self.executor.execute(body, o, decision, run, decision.spec or o.spec)
+            ns = body["metadata"]["namespace"]
+            limits = self.policies.limits(ns) if self.policies is not None and slot_state(body) == "waits" else None
+            if limits is None:
+                out = await self._pass(body, None)
+            else:  # placements in a namespace one at a time: each sees the admissions before it (see _pass)
+                async with self._placing.setdefault(ns, asyncio.Lock()):
+                    body = self.cache.run(key)
+                    if body is None or not self.is_leader:
+                        return None
+                    out = await self._pass(body, limits if slot_state(body) == "waits" else None)
             requeue = out.requeue
             if not out.wrote:
                 return requeue
         # still writing after MAX_PASSES: a decision that does not converge; retry with the run's backoff
         run_logger(*key).warning("reconcile still writing after %d passes: retrying with backoff", MAX_PASSES)
         raise RetryWithBackoff(f"no convergence after {MAX_PASSES} passes")
+
+    async def _pass(self, body: dict[str, Any], limits: Limits | None) -> Outcome:
+        """One pass of a run's reconcile: observe, decide (with its reads), execute. A run that waits
+        for a slot (``limits``) is placed from the cache while its namespace's placement lock is held
+        (by the caller): the status write of a run admitted before it is in the cache by then, so a
+        run may skip the ones its Agent's or model's limit holds back without two runs ever taking
+        one slot (docs/scheduling.md#concurrency-limits)."""
+        assert self.executor is not None
+        meta = body["metadata"]
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        parsed = parse_run(body, self._specs)
+        await self._read_missing(body, parsed[2])
+        o = observe(body, self.cache.jobs_of(ns, uid), lambda job: self.cache.pods_of(ns, job),
+                    self.config, datetime.now(UTC), parsed, self._observed_jobs)
+        run = RunRef(namespace=ns, name=name, uid=uid)
+        if o.request is not None and not o.deleting:
+            o = await self._agent_facts(o, run)
+        if self.policies is not None and o.spec is not None and not o.deleting \
+                and o.status.phase not in TERMINAL_PHASES:
+            check = await self._tenancy_check(ns, body.get("spec") or {})
+            o = dataclasses.replace(o, policy_check=check)
+        elif self.policies is not None and o.request is not None and not o.deleting \
+                and o.status.phase not in TERMINAL_PHASES:
+            effective = _effective_of(o)  # a run of an Agent: the re-check of what it runs
+            if effective is not None:
+                o = dataclasses.replace(o, policy_check=await self._tenancy_check(ns, effective.to_api()))
+        if limits is not None and not o.deleting:
+            group = self._grouper(ns, limits)
+            o = dataclasses.replace(o, queue=place(order_key(body), group(body), self.cache.waiting_groups(ns, group),
+                                                   self.cache.holding_groups(ns, group), limits))
+        if self.policies is not None and o.spec is not None and o.spec.queue_name is None \
+                and o.status.phase not in TERMINAL_PHASES:
+            o = dataclasses.replace(o, default_queue_name=self.policies.default_queue_name(ns))
+        o = await self._kueue_facts(o)
+        held = self.admission.blocking if self.admission is not None else None
+        if held is not None:  # rare: no copy of Observed while the policies are in place
+            o = dataclasses.replace(o, admission=held)
+        decision = d.decide(o)
+        for _ in range(3):
+            if not decision.needs_read:
+                break
+            o = await self.executor.read(o, decision, run, o.spec or o.request)
+            decision = d.decide(o)
+        if decision.needs_read:
+            raise RuntimeError("decide kept asking for reads")
+        return await self.executor.execute(body, o, decision, run, decision.spec or o.spec)
+
+    def _grouper(self, namespace: str, limits: Limits) -> Callable[[dict[str, Any]], Group]:
+        """How the runs of ``namespace`` are grouped for ``limits``: by Agent and model (the Agent's
+        model from the watch cache) where a per-Agent or per-model limit applies, else not at all."""
+        if not limits.per_group:
+            return lambda run: NO_GROUP
+
+        def model_of_agent(name: str) -> str | None:
+            model = ((self.cache.agent(namespace, name) or {}).get("spec") or {}).get("model")
+            return model.get("name", "scripted") if isinstance(model, dict) else None
+        return lambda run: group_of(run, model_of_agent)
 
     async def _agent_facts(self, o: d.Observed, run: RunRef) -> d.Observed:
         """A run of an Agent: its Agent from the watch cache, resolved with the run's parameters

@@ -37,6 +37,7 @@ from agentrun.api.text import one_line
 from agentrun.kube.informer import is_newer, rv_int
 
 from .decide.observe import spec_error_text
+from .decide.queue import Limits
 
 log = logging.getLogger("agentrun.controller")
 
@@ -226,13 +227,22 @@ class PolicyStore:
                  for name, p in self.policies.items() if name in self._parsed}
         return resolve_refs(binding_refs(list(self.bindings.values()), labels), known)
 
-    def limit(self, namespace: str) -> tuple[int, str] | None:
-        """The concurrency limit of ``namespace``: the lowest ``maxActiveRuns`` of the policies that
-        apply to it, with the policy's name; None: none sets one (or the policies are not read)."""
-        policies = self.policies_for(namespace) or {}
-        limits = sorted((p.max_active_runs, name) for name, p in policies.items()
-                        if isinstance(p, AgentRunPolicySpec) and p.max_active_runs is not None)
-        return limits[0] if limits else None
+    def limits(self, namespace: str) -> Limits | None:
+        """The concurrency limits of ``namespace`` (``decide/queue.py``): per scope, the lowest of the
+        policies that apply to it, with the policy's name; None: no policy sets one (or the policies
+        are not read)."""
+        specs = [(name, p) for name, p in sorted((self.policies_for(namespace) or {}).items())
+                 if isinstance(p, AgentRunPolicySpec)]
+        ns = min(((p.max_active_runs, name) for name, p in specs if p.max_active_runs is not None), default=None)
+        agents: dict[str, tuple[int, str]] = {}
+        models: dict[str, tuple[int, str]] = {}
+        for name, p in specs:
+            for scope, per in ((agents, p.max_active_runs_per_agent), (models, p.max_active_runs_per_model)):
+                for group, n in per.items():
+                    scope[group] = min(scope.get(group, (n, name)), (n, name))
+        if ns is None and not agents and not models:
+            return None
+        return Limits(namespace=ns, agents=agents, models=models)
 
     def default_queue_name(self, namespace: str) -> str | None:
         """The Kueue LocalQueue for runs of ``namespace`` without spec.queueName: the

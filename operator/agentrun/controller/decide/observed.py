@@ -158,6 +158,8 @@ class QueueSlot:
     """Runs of the namespace that hold a slot (started, not finished)."""
     limit: int
     policy: str
+    scope: str = "namespace"
+    """Which limit: ``namespace`` (maxActiveRuns), ``Agent NAME`` or ``model NAME``."""
 
     @property
     def admitted(self) -> bool:
