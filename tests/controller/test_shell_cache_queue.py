@@ -734,3 +734,62 @@ def test_a_slot_freed_wakes_the_waiting_runs_of_its_namespace_even_on_an_own_wri
     changed.clear()
     c.event("runs", "DELETED", obj("ns", "w1", 7, phase="Running", activeJob={"name": "j1"}))
     assert sorted(changed) == [("ns", "w0"), ("ns", "w2")] and len(c.holding_groups("ns", NOG)) == 0
+
+
+def test_the_outcomes_a_namespaces_policies_choose_index_its_finished_runs_and_a_change_reindexes():
+    """Controller._notify_outcomes (the cache's index) and _notifier_outcomes (the notifier's port,
+    from its thread): a run without spec.notify announces what its namespace's AgentRunPolicies
+    choose (notifications.outcomes), else the chart's; a policy's change indexes that namespace's
+    finished runs again and wakes the notifier for a newly due one."""
+    from agentrun.api.tenancy import NAMESPACE_LABEL, VAP_NAME
+    from agentrun.controller.config import OperatorConfig
+    from agentrun.controller.reconciler import Controller
+    from agentrun.controller.tenancy import PolicyStore
+    from agentrun.notify.sender import from_env
+
+    c = Controller(OperatorConfig())
+    woken: list[tuple[str, str]] = []
+    c.cache.on_awaiting = woken.append
+    c.notifier = from_env({"AGENTRUN_NOTIFY_WEBHOOK_URL": "http://x/"}, runs=tuple,
+                          patch_status=lambda *a: None, outcomes=c._notifier_outcomes)  # chart default: none
+    c.notifier._http.close()
+    c.policies = store = PolicyStore(on_change=c._tenancy_changed)
+    c.cache.notify_outcomes = c._notify_outcomes
+
+    def pol(name: str, rv: int, outcomes: list[str] | None) -> dict[str, Any]:
+        return {"metadata": {"name": name, "resourceVersion": str(rv)},
+                "spec": {} if outcomes is None else {"notifications": {"outcomes": outcomes}}}
+
+    def bind(name: str, policy: str, selector: dict[str, Any]) -> dict[str, Any]:
+        return {"metadata": {"name": name, "resourceVersion": "1"},
+                "spec": {"policyName": VAP_NAME, "paramRef": {"name": policy}, "validationActions": ["Deny"],
+                         "matchResources": {"namespaceSelector": selector}}}
+
+    store.replace("namespaces", None, [{"metadata": {"name": "a", "resourceVersion": "1", "labels": {}}},
+                                       {"metadata": {"name": "b", "resourceVersion": "2",
+                                                     "labels": {NAMESPACE_LABEL: "team"}}}])
+    store.replace("bindings", None, [
+        bind("agentrun-tenancy", "default", {"matchExpressions": [
+            {"key": NAMESPACE_LABEL, "operator": "NotIn", "values": ["team"]}]}),
+        bind("agentrun-tenancy-team", "team", {"matchLabels": {NAMESPACE_LABEL: "team"}})])
+    store.replace("policies", None, [pol("default", 3, None), pol("team", 4, ["Failed"])])
+    for ns, name, notify in (("a", "plain", None), ("b", "plain", None), ("b", "optout", {"outcomes": []})):
+        obj = run_obj(1, phase="Failed")
+        obj["metadata"].update(namespace=ns, name=name, uid=f"{ns}-{name}")
+        if notify is not None:
+            obj["spec"]["notify"] = notify
+        c.cache.put("runs", obj)
+    assert set(c.cache.outcomes_due) == {("b", "plain")} and woken == [("b", "plain")]
+
+    store.event("policies", "MODIFIED", pol("default", 5, ["Failed", "Succeeded"]))  # the platform team opts in
+    assert set(c.cache.outcomes_due) == {("a", "plain"), ("b", "plain")} and woken[-1] == ("a", "plain")
+    store.event("policies", "MODIFIED", pol("team", 6, []))  # ... and team b opts out
+    assert set(c.cache.outcomes_due) == {("a", "plain")}
+
+    async def from_the_notifiers_thread() -> list[tuple[str, ...]]:
+        c._loop = asyncio.get_running_loop()
+        return [await asyncio.to_thread(c._notifier_outcomes, ns) for ns in ("a", "b", "c")]
+
+    assert asyncio.run(from_the_notifiers_thread()) == [("Succeeded", "Failed"), (), ("Succeeded", "Failed")]
+    store.refused("bindings", 403)  # the policies are not known: the chart's default
+    assert c._notify_outcomes("a") == ()

@@ -8,8 +8,9 @@ webhook receiver that answers 500 to the first message and 200 after:
   Idempotency-Key.
 
 The notifier runs as ``python -m agentrun.notify`` with the admin kubeconfig (like the operator);
-the operator itself (test_operator_e2e's ``env``) runs the runs. No sleeps: every wait is on a
-condition. "No duplicate after the restart" is observed with sentinel runs: a run created after
+the operator itself (test_operator_e2e's ``env``) runs the runs. The last test announces run
+outcomes chosen by a namespace's AgentRunPolicy (notifications.outcomes). No sleeps: every wait is
+on a condition. "No duplicate after the restart" is observed with sentinel runs: a run created after
 the last record is announced only in a later scan, and each scan evaluates every run.
 """
 
@@ -26,6 +27,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from e2e.cluster import wait_tenancy_admitted
 from e2e_support import wait_for
 from test_operator_e2e import _diagnostics_on_failure, env  # noqa: F401
 
@@ -199,3 +201,78 @@ def test_the_operator_announces_and_a_restarted_operator_does_not_repeat(env, tm
         monkeypatch.setattr(e, "operator_env", plain)
         e.start_operator()
         rx.srv.shutdown()
+
+
+def test_the_operator_announces_the_outcomes_a_namespaces_policy_chooses(env, tmp_path, monkeypatch):  # noqa: F811
+    """Outcomes chosen by policy (issue 31, item 6): the chart's default is empty; the operator
+    watches two namespaces, one under the local AgentRunPolicy (no notifications) and one labelled
+    for a team AgentRunPolicy with ``notifications.outcomes: [Succeeded]``. A run without spec.notify
+    is announced once in the team's namespace and never in the other; the team's run with
+    ``spec.notify.outcomes: []`` is not (the run's choice comes first). "Never" is observed with a
+    sentinel (a run with spec.notify, created after the others had Succeeded): each scan of the
+    notifier evaluates every run."""
+    from e2e_support import delete_team_policy
+
+    from agentrun.api import tenancy as t
+    from agentrun.api import tenancy_admission as ta
+
+    e = env
+    rx = Receiver()
+    team_ns, pname = f"{e.ns}-team", f"notify-{e.ns}"
+    c = e.cluster
+    c.kubectl_run("create", "namespace", team_ns)
+    c.kubectl_run("label", "namespace", team_ns, f"{t.NAMESPACE_LABEL}={pname}")
+    c.kubectl_run("create", "serviceaccount", "agentrun-lap", "-n", team_ns)
+    c.kubectl_run("create", "secret", "generic", "s3-creds", "-n", team_ns,
+                  f"--from-literal=AWS_ACCESS_KEY_ID={e.s3.access_key}",
+                  f"--from-literal=AWS_SECRET_ACCESS_KEY={e.s3.secret_key}")
+    policy = ta.policy_object(pname, ta.LOCAL_POLICY)
+    policy["spec"]["notifications"] = {"outcomes": ["Succeeded"]}
+    for doc in (policy, ta.binding(f"{t.VAP_NAME}-{pname}", pname, {"matchLabels": {t.NAMESPACE_LABEL: pname}})):
+        c.kubectl_run("apply", "-f", "-", input=json.dumps(doc))
+    wait_tenancy_admitted(c, namespace=team_ns)
+    notify = {"AGENTRUN_NOTIFY_WEBHOOK_URL": rx.url, "AGENTRUN_NOTIFY_INTERVAL_SECONDS": "1",
+              "AGENTRUN_NOTIFY_BACKOFF_SECONDS": "1", "AGENTRUN_NOTIFY_OUTCOMES": "",
+              "AGENTRUN_NAMESPACES": f"{e.ns},{team_ns}"}
+    plain = e.operator_env
+    e.kill_operator()
+    monkeypatch.setattr(e, "operator_env", lambda **extra: plain(**{**notify, **extra}))
+    e.start_operator()
+    done = [{"content": "finished"}]
+
+    def run_in(ns: str, name: str, **spec) -> None:
+        c.kubectl_run("apply", "-n", ns, "-f", "-", input=json.dumps(e.run_doc(name, done, **spec)))
+
+    def phase(ns: str, name: str) -> str | None:
+        r = c.kubectl_run("get", "agentrun", name, "-n", ns, "-o", "jsonpath={.status.phase}", check=False)
+        return r.stdout.strip() or None
+
+    def record(ns: str, name: str) -> dict:
+        r = c.kubectl_run("get", "agentrun", name, "-n", ns, "-o", "json", check=False)
+        return ((json.loads(r.stdout).get("status") or {}).get("lifecycle") or {}).get("notified") or {} \
+            if r.returncode == 0 else {}
+
+    try:
+        run_in(e.ns, "outcome-plain")                               # the local policy chooses nothing: none
+        run_in(team_ns, "outcome-team")                             # the team policy chooses Succeeded: one
+        run_in(team_ns, "outcome-team-optout", notify={"outcomes": []})  # the run's own choice: none
+        for ns, name in ((e.ns, "outcome-plain"), (team_ns, "outcome-team"), (team_ns, "outcome-team-optout")):
+            wait_for(f"{name} Succeeded", lambda: phase(ns, name) == "Succeeded", timeout=180)
+        wait_for("outcome-team announced, recorded", lambda: record(team_ns, "outcome-team").get("phase"), timeout=120)
+        run_in(e.ns, "outcome-sentinel", notify={"outcomes": ["Succeeded"]})
+        wait_for("outcome-sentinel announced", lambda: rx.delivered("outcome-sentinel", "outcome"), timeout=180)
+        assert len(rx.delivered("outcome-team", "outcome")) == 1
+        assert rx.attempts("outcome-plain", "outcome") == [] and rx.attempts("outcome-team-optout", "outcome") == []
+        assert record(e.ns, "outcome-plain") == {} and record(team_ns, "outcome-team-optout") == {}
+        msg = rx.delivered("outcome-team", "outcome")[0]
+        uid = json.loads(c.kubectl_run("get", "agentrun", "outcome-team", "-n", team_ns, "-o", "json").stdout)[
+            "metadata"]["uid"]
+        assert (msg["namespace"], msg["phase"], msg["idempotencyKey"]) == (team_ns, "Succeeded", f"{uid}:outcome:Succeeded:0")
+        assert record(team_ns, "outcome-team")["phase"] == "Succeeded"
+    finally:
+        e.kill_operator()
+        monkeypatch.setattr(e, "operator_env", plain)
+        e.start_operator()
+        rx.srv.shutdown()
+        delete_team_policy(c, pname)
+        c.kubectl_run("delete", "namespace", team_ns, "--wait=false", check=False)

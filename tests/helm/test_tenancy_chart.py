@@ -116,6 +116,25 @@ def test_team_policies_get_their_own_binding_and_leave_the_default(helm):
         ("agentrunpolicies", "list"), ("agentrunpolicies", "watch")}
 
 
+def test_a_policys_notification_outcomes_reach_its_agentrunpolicy_and_the_operator_may_read_it(helm):
+    """tenancy.policy / teamPolicies.*.notifications.outcomes (issue 31): rendered into the
+    AgentRunPolicies; the notifier is a thread of the operator, so the tenancy re-check's reader
+    role (list/watch agentrunpolicies) is what lets it read them."""
+    _, docs = template(helm, *VAP, "--set", "notifications.enabled=true", "--set", "notifications.webhook.secretName=hook",
+                       "--set-json", 'tenancy.policy.notifications={"outcomes": ["Failed"]}',
+                       "--set-json", 'tenancy.teamPolicies={"team-a": {"notifications": {"outcomes": []}}}')
+    default = t.AgentRunPolicySpec.model_validate(_one(docs, "AgentRunPolicy", t.DEFAULT_POLICY)["spec"])
+    team = t.AgentRunPolicySpec.model_validate(_one(docs, "AgentRunPolicy", "team-a")["spec"])
+    assert default.notifications.outcomes == ["Failed"] and team.notifications.outcomes == []
+    reader = _one(docs, "ClusterRole", "agentrun-operator-tenancy-reader")
+    subjects = _one(docs, "ClusterRoleBinding", "agentrun-operator-tenancy-reader")["subjects"]
+    (dep,) = [d for d in docs if d["kind"] == "Deployment" and "inbox" not in d["metadata"]["name"]]
+    assert subjects[0]["name"] == dep["spec"]["template"]["spec"]["serviceAccountName"]
+    assert {"list", "watch"} <= {v for r in reader["rules"] if "agentrunpolicies" in r["resources"] for v in r["verbs"]}
+    env = {e["name"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert {"AGENTRUN_NOTIFY_WEBHOOK_URL", "AGENTRUN_NOTIFY_OUTCOMES"} <= env
+
+
 def test_with_watch_namespaces_the_reader_lists_and_watches_only_those_namespaces(helm):
     _, docs = template(helm, *VAP, "--set", "watchNamespaces={team-a,team-b}")
     reader = _one(docs, "ClusterRole", "agentrun-operator-tenancy-reader")
@@ -148,6 +167,9 @@ def test_values_schema_holds_the_generated_policy_schema():
     (["--set-json", 'tenancy.policy.destinations.schemes=["ftp"]'], "/tenancy/policy/destinations/schemes/0"),
     (["--set-json", 'tenancy.policy.secrets.allowedNames=["Bad Name"]'], "/tenancy/policy/secrets/allowedNames/0"),
     (["--set", "tenancy.policy.budget.maxLaps=0"], "/tenancy/policy/budget/maxLaps"),
+    (["--set-json", 'tenancy.policy.notifications.outcomes=["Done"]'], "/tenancy/policy/notifications/outcomes/0"),
+    (["--set-json", 'tenancy.teamPolicies={"team-a": {"notifications": {"outcomes": ["Failed", "Failed"]}}}'],
+     "/tenancy/teamPolicies/team-a/notifications/outcomes"),
     (["--set", "tenancy.policy.imgs=x"], "imgs"),
     (["--set-json", 'tenancy.teamPolicies={"Team A": {}}'], "'Team A' does not match pattern"),
     (["--set-json", "networkPolicy.apiServer.ports=[0]"], "/networkPolicy/apiServer/ports/0"),

@@ -53,6 +53,7 @@ from typing import Annotated, Any, Final, TypeVar
 
 from pydantic import Field
 
+from .lifecycle import OUTCOMES, Outcome
 from .types import DNS_LABEL_PATTERN, USD, APIModel, redact_url
 
 P = TypeVar("P")
@@ -247,6 +248,20 @@ class PodTemplatePolicy(APIModel):
         "Unset (default): any.")
 
 
+class NotificationPolicy(APIModel):
+    """Which run outcomes the operator's webhooks announce in the namespaces a policy applies to."""
+
+    outcomes: list[Outcome] | None = Field(
+        default=None, max_length=len(OUTCOMES),
+        description="Terminal phases announced by the operator's webhooks (generic, Slack, Teams) for the runs "
+        "of the namespaces this policy applies to that do not set spec.notify, each once per outcome: any of "
+        + ", ".join(OUTCOMES) + ". Empty: none. A run's spec.notify.outcomes replaces this list. When several "
+        "policies apply to a namespace, the outcomes of those that set this field are all announced (their "
+        "union). Unset (default): this policy leaves the choice to the others, else to the operator's "
+        "notifications.outcomes.",
+        json_schema_extra={"x-kubernetes-list-type": "set"})
+
+
 class AgentRunPolicySpec(APIModel):
     """What AgentRuns may reach: images, Secrets, network destinations, checkpoint stores and budgets.
     Used as the parameters of the agentrun-tenancy ValidatingAdmissionPolicy and re-checked by the
@@ -294,6 +309,10 @@ class AgentRunPolicySpec(APIModel):
     )
     pod_template: PodTemplatePolicy = Field(default_factory=PodTemplatePolicy,
                                             description="What the lap pod template may ask for.")
+    notifications: NotificationPolicy = Field(
+        default_factory=NotificationPolicy,
+        description="Run outcomes the operator's webhooks announce for runs without spec.notify (not a check: "
+        "nothing is refused).")
 
 
 # --------------------------------------------------------------------------- the pure checker

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrun.api.contract import LABEL_RUN_UID
+from agentrun.api.lifecycle import OUTCOMES
 from agentrun.api.status import Phase
 from agentrun.kube.client import JOBS, PODS
 from agentrun.kube.informer import is_newer, rv_int, strip
@@ -110,8 +111,10 @@ class Cache:
         self.awaiting: dict[Key, str] = {}
         #: The runs whose outcome is due to be announced (agentrun.notify.plan.outcome_due): key -> its idempotency key.
         self.outcomes_due: dict[Key, str] = {}
-        #: The notifier's default outcomes (its Settings.outcomes); None: no notifier, nothing indexed.
-        self.notify_outcomes: tuple[str, ...] | None = None
+        #: The outcomes announced in a namespace for its runs without spec.notify (the notifier's:
+        #: its AgentRunPolicies' choice, else its Settings.outcomes); None: no notifier, nothing indexed.
+        #: Called on the event loop; when what it answers changes, :meth:`reindex_outcomes`.
+        self.notify_outcomes: Callable[[str], tuple[str, ...]] | None = None
         self.runs: dict[Key, dict[str, Any]] = {}
         self.jobs: dict[Key, dict[str, Any]] = {}
         self.pods: dict[Key, dict[str, Any]] = {}
@@ -296,14 +299,7 @@ class Cache:
                     self.on_awaiting(key)
             else:
                 self.awaiting.pop(key, None)
-            due = outcome_due(obj, self.notify_outcomes) if self.notify_outcomes is not None else None
-            if due is not None:
-                before = self.outcomes_due.get(key)
-                self.outcomes_due[key] = due.idempotency_key
-                if before != due.idempotency_key and self.on_awaiting is not None:
-                    self.on_awaiting(key)
-            else:
-                self.outcomes_due.pop(key, None)
+            self._index_outcome(key, obj)
         elif kind == "jobs":
             uid = (meta.get("labels") or {}).get(LABEL_RUN_UID)
             if uid:
@@ -312,6 +308,36 @@ class Cache:
             job = (meta.get("labels") or {}).get("job-name")
             if job:
                 self._pods_by_job.setdefault((key[0], job), set()).add(key)
+
+    def _index_outcome(self, key: Key, obj: dict[str, Any],
+                       chosen: dict[str, tuple[str, ...]] | None = None) -> None:
+        """Index the run's outcome when one is due to be announced (a terminal phase: only then are
+        its namespace's outcomes asked, once per namespace in ``chosen`` when given); wake the
+        notifier for a new one."""
+        due = None
+        if self.notify_outcomes is not None and (obj.get("status") or {}).get("phase") in OUTCOMES:
+            if chosen is None:
+                outcomes = self.notify_outcomes(key[0])
+            elif key[0] in chosen:
+                outcomes = chosen[key[0]]
+            else:
+                outcomes = chosen[key[0]] = self.notify_outcomes(key[0])
+            due = outcome_due(obj, outcomes)
+        if due is not None:
+            before = self.outcomes_due.get(key)
+            self.outcomes_due[key] = due.idempotency_key
+            if before != due.idempotency_key and self.on_awaiting is not None:
+                self.on_awaiting(key)
+        else:
+            self.outcomes_due.pop(key, None)
+
+    def reindex_outcomes(self, namespaces: set[str] | None) -> None:
+        """The outcomes chosen for ``namespaces`` (None: all) changed (an AgentRunPolicy's
+        notifications.outcomes): index their finished runs again; a newly due one wakes the notifier."""
+        chosen: dict[str, tuple[str, ...]] = {}
+        for key, obj in list(self.runs.items()):
+            if namespaces is None or key[0] in namespaces:
+                self._index_outcome(key, obj, chosen)
 
     def _unindex(self, kind: str, key: Key, old: dict[str, Any]) -> None:
         meta = old.get("metadata") or {}

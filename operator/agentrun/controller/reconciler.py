@@ -21,9 +21,11 @@ becoming ready queues the run (the cache watches that Job's readiness once its p
 
 Two more parts read watches, not the API: the tenancy re-check (``tenancy.PolicyStore``, fed by
 informers of namespaces, admission bindings and AgentRunPolicies; a change queues the live runs it
-applies to) and the approval notifier (``agentrun.notify``), which takes the runs waiting on an
-approval from the cache (a snapshot taken on the event loop) and records its deliveries through the
-cache's own-write path, so their watch echoes queue no reconcile.
+applies to) and the notifier (``agentrun.notify``), which takes the runs waiting on an approval or
+with an outcome to announce from the cache (a snapshot taken on the event loop), the outcomes a
+namespace's AgentRunPolicies choose from the PolicyStore (a policy's change indexes its namespaces'
+finished runs again), and records its deliveries through the cache's own-write path, so their
+watch echoes queue no reconcile.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from agentrun.kube.client import JOBS, PODS, Client, load_api_client, path
 from agentrun.kube.informer import Informer, rv_int, strip
 from agentrun.kube.lease import KubeLeaseAPI, LeaseElector
 from agentrun.kube.queue import WorkQueue
+from agentrun.notify.plan import namespace_outcomes
 from agentrun.notify.sender import from_env as notify_from_env
 
 from . import decide as d
@@ -205,7 +208,7 @@ class Controller:
                                      on_change=self._admission_changed, watch_seconds=cfg.watch_timeout_seconds)
         self._tasks.append(asyncio.create_task(self.admission.run(cfg.resync_seconds)))
         if cfg.tenancy_recheck:
-            self.policies = policies = PolicyStore(on_change=self._policies_changed)
+            self.policies = policies = PolicyStore(on_change=self._tenancy_changed)
             self.cache.limited = lambda namespace: policies.limits(namespace) is not None
             for kind, resource in TENANCY_KINDS.items():
                 # namespaces: with exact watched namespaces, each by name (the chart's role names them)
@@ -216,9 +219,10 @@ class Controller:
                         field_selector=f"metadata.name={name}" if name else None, scope=name,
                         watch_seconds=cfg.watch_timeout_seconds))
         self.notifier = notify_from_env(active=lambda: self.is_leader, runs=self._notifier_runs,
-                                        patch_status=self._notifier_patch)
+                                        patch_status=self._notifier_patch,
+                                        outcomes=self._notifier_outcomes if self.policies is not None else None)
         if self.notifier is not None:
-            self.cache.notify_outcomes = self.notifier.settings.outcomes  # before the informers fill the cache
+            self.cache.notify_outcomes = self._notify_outcomes  # before the informers fill the cache
             self.notifier.start()
         for ns in watch_ns:
             for kind, selector in (("runs", None), ("jobs", LABEL_RUN_UID)):  # pods: read on demand
@@ -371,6 +375,13 @@ class Controller:
                     and ((run.get("status") or {}).get("phase")) not in TERMINAL_PHASES:
                 self.cache.enqueue(key, "policy changed")
 
+    def _tenancy_changed(self, namespaces: set[str] | None) -> None:
+        """The AgentRunPolicies of ``namespaces`` (None: all) changed: re-check their live runs, and
+        index their finished runs' outcomes again (notifications.outcomes)."""
+        self._policies_changed(namespaces)
+        if self.cache.notify_outcomes is not None:
+            self.cache.reindex_outcomes(namespaces)
+
     def _admission_changed(self) -> None:
         """The admission policies' verdict changed: every live run is looked at again (a lap held
         back starts; a run about to start one says why it does not)."""
@@ -396,6 +407,19 @@ class Controller:
         async def snapshot() -> list[dict[str, Any]]:
             return [r for r in self.cache.notifiable_runs() if self._allowed(r["metadata"]["namespace"])]
         return self._on_loop(snapshot)  # type: ignore[no-any-return]
+
+    def _notify_outcomes(self, namespace: str) -> tuple[str, ...]:
+        """The outcomes announced in ``namespace`` for runs without spec.notify (on the event loop):
+        its AgentRunPolicies' notifications.outcomes, else the chart's (notify.plan.namespace_outcomes)."""
+        assert self.notifier is not None
+        policies = self.policies.policies_for(namespace) if self.policies is not None else None
+        return namespace_outcomes(policies, self.notifier.settings.outcomes)
+
+    def _notifier_outcomes(self, namespace: str) -> tuple[str, ...]:
+        """:meth:`_notify_outcomes` for the notifier's thread (the policies are read on the loop)."""
+        async def chosen() -> tuple[str, ...]:
+            return self._notify_outcomes(namespace)
+        return self._on_loop(chosen)  # type: ignore[no-any-return]
 
     def _notifier_patch(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """The notifier's status write (called in its thread): an own write of the cache."""

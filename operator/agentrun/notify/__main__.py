@@ -1,6 +1,8 @@
 """``python -m agentrun.notify``: the notifier on its own (tests, or beside an operator that does
 not start it), configured like the operator (``sender.from_env``), its runs listed and watched
-(``sender.WatchedRuns``); in-cluster or kubeconfig."""
+(``sender.WatchedRuns``); in-cluster or kubeconfig. It reads no AgentRunPolicies: a run's outcomes
+are its spec.notify.outcomes, else AGENTRUN_NOTIFY_OUTCOMES (the operator's notifier also applies
+the policies' notifications.outcomes)."""
 
 from __future__ import annotations
 

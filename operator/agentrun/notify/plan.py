@@ -1,4 +1,5 @@
-"""What to announce about approvals, and how the messages look: pure functions of AgentRun dicts.
+"""What to announce about approvals and run outcomes, and how the messages look: pure functions of
+AgentRun dicts (and, for which outcomes, of the AgentRunPolicies that apply to a run's namespace).
 
 Everything in a message that a run's author or the model chose (the arguments above all, but also
 the tool, the owner and the run's name) is text, never markup: control characters (ESC, newlines,
@@ -12,12 +13,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 from agentrun.api.approval import AWAITING
 from agentrun.api.lifecycle import OUTCOMES
+from agentrun.api.tenancy import AgentRunPolicySpec
 from agentrun.api.text import escape_controls, one_line
 from agentrun.api.types import parse_time
 
@@ -100,8 +103,34 @@ class OutcomeNotice:
 AnyNotice = Notice | OutcomeNotice
 
 
+def policy_outcomes(policies: Mapping[str, object] | None) -> tuple[str, ...] | None:
+    """The outcomes the AgentRunPolicies that apply to a namespace choose for its runs without
+    spec.notify: the union of ``notifications.outcomes`` of the readable policies that set it, in
+    the order of :data:`OUTCOMES`; None when none sets it (or the policies are not known: ``None``),
+    the operator's default then applies. A policy that sets ``[]`` takes part with nothing: alone,
+    it turns the default off in its namespaces. Missing or unreadable policies (None,
+    ``PolicyUnreadable``: the re-check refuses their runs) have no say. A union, not the lowest as
+    for ``maxActiveRuns``: an announcement restricts nothing, and each team's policy asks for what
+    it needs to hear."""
+    chosen: set[str] | None = None
+    for p in (policies or {}).values():
+        if isinstance(p, AgentRunPolicySpec) and p.notifications.outcomes is not None:
+            chosen = (chosen or set()) | set(p.notifications.outcomes)
+    return None if chosen is None else tuple(o for o in OUTCOMES if o in chosen)
+
+
+def namespace_outcomes(policies: Mapping[str, object] | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    """The outcomes announced for a namespace's runs without spec.notify: its policies' choice
+    (:func:`policy_outcomes`), else ``default`` (AGENTRUN_NOTIFY_OUTCOMES, the chart's
+    notifications.outcomes)."""
+    chosen = policy_outcomes(policies)
+    return default if chosen is None else chosen
+
+
 def chosen_outcomes(run: dict[str, Any], defaults: tuple[str, ...]) -> tuple[str, ...]:
-    """The outcomes announced for ``run``: its spec.notify.outcomes when it has spec.notify, else ``defaults``."""
+    """The outcomes announced for ``run``: its spec.notify.outcomes when it has spec.notify, else
+    ``defaults`` (its namespace's: :func:`namespace_outcomes`). The precedence: the run, then its
+    namespace's AgentRunPolicies, then the operator's default."""
     spec_notify = (run.get("spec") or {}).get("notify")
     if isinstance(spec_notify, dict):
         return tuple(o for o in spec_notify.get("outcomes") or () if o in OUTCOMES)
@@ -158,10 +187,12 @@ def teams_text(text: str) -> str:
     return _MD_LIST.sub(lambda m: m.group(1) + ("\\" + m.group(2) if m.group(2) else m.group(3) + "\\."), flat)
 
 
-def announcements(run: dict[str, Any], now: datetime, settings: Settings) -> list[AnyNotice]:
+def announcements(run: dict[str, Any], now: datetime, settings: Settings,
+                  outcomes: tuple[str, ...] | None = None) -> list[AnyNotice]:
     """The messages due for ``run`` now, in order, none already delivered: for its pending call, or
-    its outcome (spec.notify.outcomes, else ``settings.outcomes``)."""
-    outcome = outcome_due(run, settings.outcomes)
+    its outcome (spec.notify.outcomes, else ``outcomes``, its namespace's choice, else
+    ``settings.outcomes``)."""
+    outcome = outcome_due(run, settings.outcomes if outcomes is None else outcomes)
     if outcome is not None:
         return [outcome]
     return list(approval_announcements(run, now, settings))

@@ -1,4 +1,4 @@
-"""The notifier: a background thread that announces approvals to a webhook (see ``plan``).
+"""The notifier: a background thread that announces approvals and run outcomes to a webhook (see ``plan``).
 
 It never runs in the reconcile path: it has its own thread and its own HTTP client with a timeout,
 and looks at the runs every ``interval`` seconds, or sooner when woken (:meth:`Notifier.wake`).
@@ -13,7 +13,13 @@ recorded in ``status.approval.notified`` (a merge patch of the status subresourc
 so that a restarted notifier does not announce it again; it is also remembered in memory, so a
 failing status patch is retried without sending the message again. The one window left is a crash
 between the webhook's 2xx and the status patch: that message is sent again after the restart,
-with the same ``Idempotency-Key`` header, so a receiver that dedupes sees it once.
+with the same ``Idempotency-Key`` header, so a receiver that dedupes sees it once. (Outcomes are
+recorded the same way, in ``status.lifecycle.notified``.)
+
+Which outcomes a run without spec.notify announces is its namespace's AgentRunPolicies' choice
+(the ``outcomes`` port; inside the operator, from the tenancy re-check's watched policies), else
+AGENTRUN_NOTIFY_OUTCOMES. The standalone notifier reads no policies: spec.notify and
+AGENTRUN_NOTIFY_OUTCOMES only.
 
 The webhook URL (a secret: a Slack or Teams URL carries its token) is never logged.
 """
@@ -62,6 +68,10 @@ class Notifier:
     timeout: float = 10.0
     clock: Callable[[], float] | None = None
     active: Callable[[], bool] | None = None  # e.g. the Lease elector's is_leader: only the leader announces
+    #: The outcomes announced in a namespace for its runs without spec.notify (``plan.namespace_outcomes``:
+    #: its AgentRunPolicies' choice, else ``settings.outcomes``); asked once per namespace per scan.
+    #: None: ``settings.outcomes`` everywhere (no policies read).
+    outcomes: Callable[[str], tuple[str, ...]] | None = None
     ticks: int = 0  # loop turns (scanning or not)
     scans: int = 0
     delivered: int = 0
@@ -92,9 +102,12 @@ class Notifier:
         self._http.close()
 
     def _loop(self) -> None:
-        log.info("notifier started: %s messages to the webhook, deadline near %ss, every %ss, %s", self.fmt,
-                 self.settings.deadline_near_seconds, self.interval,
-                 "namespaces " + ",".join(self.namespaces) if self.namespaces else "all namespaces")
+        log.info("notifier started: %s messages to the webhook, deadline near %ss, every %ss, %s; outcomes of runs "
+                 "without spec.notify: %s%s", self.fmt, self.settings.deadline_near_seconds, self.interval,
+                 "namespaces " + ",".join(self.namespaces) if self.namespaces else "all namespaces",
+                 ",".join(self.settings.outcomes) or "none",
+                 " unless their AgentRunPolicies choose" if self.outcomes is not None
+                 else " (AgentRunPolicies' notifications.outcomes not read)")
         while not self._stop.is_set():
             try:
                 if self.active is None or self.active():
@@ -115,8 +128,12 @@ class Notifier:
         """Look at the runs once; deliver and record what is due (respecting each message's backoff)."""
         now = now or datetime.now(UTC)
         due: set[str] = set()
+        chosen: dict[str, tuple[str, ...] | None] = {}  # namespace -> its outcomes, this scan
         for run in list(self.runs()):
-            for notice in plan.announcements(run, now, self.settings):
+            ns = str((run.get("metadata") or {}).get("namespace") or "")
+            if ns not in chosen:
+                chosen[ns] = self.outcomes(ns) if self.outcomes is not None else None
+            for notice in plan.announcements(run, now, self.settings, chosen[ns]):
                 key = notice.idempotency_key
                 due.add(key)
                 if key not in self._sent:
@@ -257,15 +274,17 @@ class WatchedRuns:
 
 def from_env(env: dict[str, str] | None = None, *, runs: Callable[[], Iterable[dict[str, Any]]],
              patch_status: Callable[[str, str, dict[str, Any]], Any],
-             active: Callable[[], bool] | None = None) -> Notifier | None:
+             active: Callable[[], bool] | None = None,
+             outcomes: Callable[[str], tuple[str, ...]] | None = None) -> Notifier | None:
     """A Notifier of the runs ``runs()`` returns, configured by the environment, or None when no
-    webhook is set (see :class:`Notifier`):
+    webhook is set (see :class:`Notifier`; ``outcomes``: its port of the namespaces' choice):
 
     AGENTRUN_NOTIFY_WEBHOOK_URL (from a Secret), AGENTRUN_NOTIFY_FORMAT (generic, slack, teams),
     AGENTRUN_NOTIFY_DEADLINE_NEAR_SECONDS (600), AGENTRUN_NOTIFY_INTERVAL_SECONDS (10),
     AGENTRUN_NOTIFY_BACKOFF_SECONDS (1), AGENTRUN_INBOX_URL (the link in messages),
-    AGENTRUN_NOTIFY_OUTCOMES (the outcomes announced for runs without spec.notify, comma-separated:
-    any of Succeeded, Failed, BudgetExceeded, Cancelled, DeadlineExceeded; empty: none),
+    AGENTRUN_NOTIFY_OUTCOMES (the outcomes announced for runs without spec.notify whose namespace's
+    AgentRunPolicies choose none, comma-separated: any of Succeeded, Failed, BudgetExceeded,
+    Cancelled, DeadlineExceeded; empty: none),
     AGENTRUN_NAMESPACES (the operator's; empty: all)."""
     env = dict(os.environ if env is None else env)
     url = env.get("AGENTRUN_NOTIFY_WEBHOOK_URL", "").strip()
@@ -293,7 +312,7 @@ def from_env(env: dict[str, str] | None = None, *, runs: Callable[[], Iterable[d
                                inbox_url=env.get("AGENTRUN_INBOX_URL", ""), outcomes=outcomes_from_env(env)),
         namespaces=namespaces_from_env(env),
         interval=num("AGENTRUN_NOTIFY_INTERVAL_SECONDS", 10), backoff=num("AGENTRUN_NOTIFY_BACKOFF_SECONDS", 1),
-        active=active,
+        active=active, outcomes=outcomes,
     )
 
 
