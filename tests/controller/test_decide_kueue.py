@@ -5,6 +5,7 @@ from admission, and the Workload read bounded."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -175,3 +176,18 @@ def test_the_view_lists_by_the_job_uid_and_reads_again_only_when_old() -> None:
     assert [r.kind for r in reads] == ["missing", "missing", "ok", "ok"]
     assert len(calls) == 2 and view.requests == 2
     assert calls[0] == ("/apis/kueue.x-k8s.io/v1beta2/namespaces/ns/workloads", {"labelSelector": f"{JOB_UID_LABEL}=u1"})
+
+
+def test_a_job_suspended_without_a_queue_label_is_held_too() -> None:
+    """Kueue with manageJobsWithoutQueueName suspends every Job at creation: the run says it is held
+    and starts no second Job, even though agentrun gave it no LocalQueue."""
+    w = World(make_spec())
+    w.reconcile()
+    j = w.active()
+    w.jobs[j.name] = dataclasses.replace(j, suspended=True)
+    dec = w.reconcile()
+    assert w.status.phase == "Queued" and w.status.kueue is not None and w.status.kueue.local_queue is None
+    assert "no queue label" in (w.status.message or "") and not dec.of(d.CreateJob)
+    w.kueue_admits()
+    w.reconcile()
+    assert w.status.phase == "Running" and w.status.kueue is None

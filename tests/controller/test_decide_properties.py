@@ -100,7 +100,7 @@ def test_invariants(events, attempts, on_timeout, fork, queue):
         live = bool(w.status.active_job and w.status.active_job.name in w.jobs
                     and w.jobs[w.status.active_job.name].state == "active")
         held = live and w.active().suspended  # Kueue holds it: no pod runs, it cannot end
-        if kind == "kueue" and live and queue is not None:
+        if kind == "kueue" and live:
             w.kueue_admits() if arg == "admit" else w.kueue_evicts()
         live = live and not held
         if kind == "finish" and live:
@@ -188,7 +188,7 @@ def test_invariants(events, attempts, on_timeout, fork, queue):
         if w.status.kueue is not None:
             aj = w.status.active_job
             assert aj is not None and w.status.kueue.job == aj.name and w.status.phase == "Queued", w.status
-            assert w.status.kueue.local_queue == queue
+            assert w.status.kueue.local_queue == (queue if w.jobs[aj.name].queue_name else None)
         aj = w.status.active_job
         if aj is not None and aj.name in w.jobs and w.jobs[aj.name].suspended and w.jobs[aj.name].state == "active" \
                 and w.status.phase not in ("Suspended", "AwaitingApproval"):

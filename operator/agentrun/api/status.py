@@ -339,7 +339,11 @@ class QueueStatus(APIModel):
 class KueueStatus(APIModel):
     """Of a run whose lap Job waits for Kueue to admit it (spec.queueName; docs/scheduling.md#kueue)."""
 
-    local_queue: str = Field(max_length=63, description="The LocalQueue the Job was submitted to.")
+    local_queue: str | None = Field(
+        default=None, max_length=63,
+        description="The LocalQueue the Job was submitted to (its kueue.x-k8s.io/queue-name label); unset for a Job "
+        "suspended without one.",
+    )
     job: str = Field(max_length=63, description="The suspended lap Job.")
     workload: str | None = Field(
         default=None, max_length=253,

@@ -46,15 +46,15 @@ def submitted(c: Ctx, aj: ActiveJob, queue: str) -> Decision:
 
 
 def is_held(job: ObservedJob) -> bool:
-    """The active Job waits for Kueue: suspended, with the queue label."""
-    return job.state == "active" and job.suspended and job.queue_name is not None
+    """The active Job is held: suspended (by agentrun for its LocalQueue, or by Kueue's webhook where
+    Kueue manages Jobs without a queue name); it starts when it is unsuspended."""
+    return job.state == "active" and job.suspended
 
 
 def held(c: Ctx, aj: ActiveJob, job: ObservedJob) -> Decision:
     """Kueue holds the run's Job: phase Queued, ``status.kueue`` with the Workload when the shell
     found it and Kueue's own reason for the wait."""
     o, st = c.o, c.st
-    assert job.queue_name is not None
     previous = st.kueue if st.kueue is not None and st.kueue.job == job.name else None
     wl: WorkloadRead | None = o.workload if o.workload is not None and o.workload.job == job.name else None
     workload = wl.name if wl is not None and wl.kind == "ok" else (previous.workload if previous else None)
@@ -68,9 +68,11 @@ def held(c: Ctx, aj: ActiveJob, job: ObservedJob) -> Decision:
     return c.finish()
 
 
-def _hold(aj: ActiveJob, job: str, queue: str, wl: WorkloadRead | None) -> tuple[str, float]:
+def _hold(aj: ActiveJob, job: str, queue: str | None, wl: WorkloadRead | None) -> tuple[str, float]:
     """The message of a run whose Job Kueue holds, and how soon to look again."""
-    where = f"lap {aj.lap} attempt {aj.attempt}: Job {job} waits for Kueue in LocalQueue {queue}"
+    where = (f"lap {aj.lap} attempt {aj.attempt}: Job {job} waits for Kueue in LocalQueue {queue}" if queue else
+             f"lap {aj.lap} attempt {aj.attempt}: Job {job} is suspended (it has no queue label: held by Kueue "
+             "managing Jobs without a queue name, or by someone who suspended it)")
     if wl is None or wl.kind == "missing":
         why = "Kueue has not made a Workload of it yet (is Kueue running, and does the LocalQueue exist?)"
         recheck = WORKLOAD_MISSING_RECHECK_SECONDS
