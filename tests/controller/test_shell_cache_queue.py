@@ -623,6 +623,11 @@ def test_the_cache_keeps_of_a_job_what_observe_reads():
     assert "managedFields" not in slim["metadata"] and len(json.dumps(slim)) < 0.6 * len(json.dumps(full))
     assert observed_job(slim, []) == observed_job(full, []) is not None
     assert observed_job(slim, []).store is not None  # type: ignore[union-attr]
+    # a Job for Kueue: suspended with the queue label, as observe sees it from the cache too
+    held = build_job(RunIdentity("ns", "run", RUN_UID), make_spec(), 2, 1, "v7", cfg, queue_name="lq")
+    held["metadata"].update(namespace="ns", uid="j2", resourceVersion="42")
+    seen = observed_job(slim_job(held), [])
+    assert seen == observed_job(held, []) and seen is not None and seen.suspended and seen.queue_name == "lq"
     c = Cache(on_change=lambda k: None)
     c.put("jobs", full)
     assert c.jobs[("ns", job["metadata"]["name"])] == slim

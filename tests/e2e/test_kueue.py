@@ -100,12 +100,18 @@ def test_kueue_admits_lap_jobs_one_at_a_time_and_the_run_shows_the_hold(cluster,
         wait_for("run a's first lap in flight at the gate", lambda: gate.arrived("a-1") >= 1, timeout=120)
         e.apply(doc("b", lq, 2, gate.url))
 
-        def held() -> dict[str, Any] | None:
+        seen: list[dict[str, Any]] = []
+
+        def held() -> dict[str, Any] | str:
             st = e.status("b")
             k = st.get("kueue") or {}
-            return st if st.get("phase") == "Queued" and k.get("workload") else None
+            seen[:] = [st]
+            return st if st.get("phase") == "Queued" and k.get("workload") else ""
 
-        st = wait_for("run b Queued by Kueue with its Workload", held, timeout=60)
+        try:
+            st = wait_for("run b Queued by Kueue with its Workload", held, timeout=60)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; run b: {seen}; run a: {e.status('a')}") from None
         cond = next(c for c in st["conditions"] if c["type"] == "Progressing")
         assert cond["reason"] == Reason.KUEUE_QUEUED and st["kueue"]["localQueue"] == lq, st
         [job] = e.jobs("b")

@@ -80,16 +80,19 @@ JOB_METADATA = ("name", "namespace", "uid", "resourceVersion", "generation", "la
 
 
 def slim_job(job: dict[str, Any]) -> dict[str, Any]:
-    """A lap Job as the cache keeps it: its metadata that is read, its status, and the environment
-    of its container (the store it was given, :func:`jobs.store_of_env`); not the rest of its pod
-    template (most of its bytes)."""
+    """A lap Job as the cache keeps it: its metadata that is read, its status, whether it is
+    suspended, and the environment of its container (the store it was given,
+    :func:`jobs.store_of_env`); not the rest of its pod template (most of its bytes)."""
     meta = job.get("metadata") or {}
     out: dict[str, Any] = {"metadata": {k: meta[k] for k in JOB_METADATA if k in meta}}
     if "status" in job:
         out["status"] = job["status"]
-    containers = ((((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers")) or []
+    spec = job.get("spec") or {}
+    containers = (((spec.get("template") or {}).get("spec") or {}).get("containers")) or []
     if containers and isinstance(containers[0], dict) and "env" in containers[0]:
         out["spec"] = {"template": {"spec": {"containers": [{"env": containers[0]["env"]}]}}}
+    if spec.get("suspend") is True:  # held by Kueue (decide/kueue.py)
+        out.setdefault("spec", {})["suspend"] = True
     return out
 
 
