@@ -73,6 +73,7 @@ from .actions import (
     ProbeStore,
     ReadAttemptFailure,
     ReadCheckpoint,
+    ReadRewind,
     RemoveAnnotations,
     RemoveFinalizer,
     RequeueAfter,
@@ -93,6 +94,8 @@ from .observed import (
     ObservedJob,
     PinnedAgentRead,
     QueueSlot,
+    RewindRead,
+    SentCall,
     StoreProbeRead,
 )
 from .outcomes import Conflict, Invalid, NotStored, Refused, Setback, StoreFailed, decide_after
@@ -111,6 +114,7 @@ __all__ = [
     "Action", "AddFinalizer", "Backoff", "Conflict", "Invalid", "NotStored", "Refused", "Setback", "StoreFailed", "AdmissionProblem", "ApprovalEnv", "AttemptFailureRead", "CheckpointRead", "CreateJob", "Ctx", "Decision",
     "DeleteCheckpoints", "DeleteJob", "DeleteRun", "Event", "ForkCheckpoint", "ForkRead", "JobState", "LapFinished",
     "LapRetried", "Observed", "ObservedJob", "PatchStatus", "ProbeStore", "ReadAttemptFailure", "ReadCheckpoint",
+    "ReadRewind", "RewindRead", "SentCall",
     "PinnedAgentRead", "QueueSlot", "RemoveAnnotations", "RemoveFinalizer", "RequeueAfter", "StatusWriter", "StoreAgent",
     "StoreProbeRead",
     "adoption_mismatch", "approval_env", "backoff_seconds", "bounded_decider", "bounded_reason", "classify_failure",

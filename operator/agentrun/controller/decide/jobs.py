@@ -22,6 +22,7 @@ from agentrun.api.contract import (
     LABEL_RUN_UID,
     TERMINATION_MESSAGE_PATH,
     Env,
+    format_rewinds,
     mcp_headers_env,
     tool_headers_env,
 )
@@ -169,12 +170,14 @@ def build_env(
     spec_text: str | None = None,
     image: str | None = None,
     address_rules: AddressRules | None = None,
+    rewinds: tuple[int, ...] = (),
 ) -> list[dict[str, Any]]:
     """The lap container's environment, per docs/contracts.md. ``store``: the run's pinned store
     (status.store); without it, the store a new run would resolve to. ``spec_text``:
     :func:`spec_json` of ``spec``, when the caller has it already. ``address_rules``: those of the
     AgentRunPolicies that apply to the run (the tenancy re-check's), for the lap's connect-time
-    check; None when none is known (the lap applies the always-denied ranges)."""
+    check; None when none is known (the lap applies the always-denied ranges). ``rewinds``:
+    status.lifecycle.rewinds (set only for a run rewound in place)."""
     ck = spec.checkpoint
     store = store or resolve_store(spec, config)
     uri = store.uri
@@ -225,6 +228,8 @@ def build_env(
             env.append(_value_env(Env.APPROVAL_TARGET_SHA256, approval.target_sha256))
     if address_rules is not None:
         env.append(_value_env(Env.ADDRESS_RULES, address_rules.to_env()))
+    if rewinds:
+        env.append(_value_env(Env.REWINDS, format_rewinds(rewinds)))
     return env
 
 
@@ -263,6 +268,7 @@ def build_job(
     store: StoreLocation | None = None,
     spec_text: str | None = None,
     address_rules: AddressRules | None = None,
+    rewinds: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """The batch/v1 Job of one lap attempt (``spec_text``, ``address_rules``: as :func:`build_env`)."""
     name = job_name(run.name, run.uid, lap, attempt)
@@ -289,7 +295,7 @@ def build_job(
         "imagePullPolicy": "IfNotPresent",
         "command": list(config.lap_command),
         "env": build_env(run, spec, lap, attempt, agent_version, config, approval, store, spec_text, image,
-                         address_rules),
+                         address_rules, rewinds),
         "resources": resources,
         # the runner writes a failure's cause there; the log tail when it could not (a crash)
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
