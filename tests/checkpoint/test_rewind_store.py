@@ -159,6 +159,8 @@ def test_the_calls_sent_after_a_lap_come_from_the_records_and_the_unfinished_lap
     assert got == [(2, "call_2", "extract_invoice"), (3, "call_3", "extract_invoice"), (4, "call_9", "pay")], \
         "a call never sent (no start time) is not counted; the unfinished lap's journaled call is"
     assert [c.call_id for _, c in store.executed_after(RUN, 3, 3)] == ["call_9"]
+    store.put_lap(make_record(4, prev))  # lap 4 was checkpointed after all (stopped before the operator read it)
+    assert [(lap, c.call_id) for lap, c in store.executed_after(RUN, 3, 3)] == [(4, "call_4")]
 
 
 def test_the_layout_and_keys_of_a_run_never_rewound_are_unchanged() -> None:

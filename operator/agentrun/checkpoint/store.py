@@ -812,27 +812,36 @@ class CheckpointStore:
     def executed_after(self, run: RunRef, after: int, through: int) -> list[tuple[int, ToolCallRecord]]:
         """The tool calls sent to a tool after lap ``after`` in the run's current history, in order:
         those of the lap records ``after+1..through`` and those the unfinished lap ``through+1``
-        journaled (its calls that executed before it failed or was cancelled). A call whose record
-        has no start time was never sent (unknown tool, invalid arguments, awaiting approval)."""
+        journaled (its calls that executed before it failed or was cancelled), or its record when it
+        was checkpointed after all (stopped right after its checkpoint, before the operator read it).
+        A call whose record has no start time was never sent (unknown tool, invalid arguments,
+        awaiting approval)."""
         out: list[tuple[int, ToolCallRecord]] = []
         for lap in range(after + 1, through + 1):
             record, _ = self.get_lap(run, lap)
             out += [(lap, c) for c in record.tool_calls if c.started_at is not None]
         lap = through + 1
-        if lap <= contract.MAX_LAP and self.head_lap(run, lap) is None:
-            folder = self._lap_prefix(run, lap) + contract.journal_dir(lap)
-            for key in sorted(self.blobs.list_keys(folder)):
-                name = key[len(folder):].removesuffix(".json")
-                if not name.startswith("tool-"):
-                    continue
-                found = self.get_journal_entry(run, lap, name)
-                body = (found[0].body if found else {}).get("record")
-                if isinstance(body, dict):
-                    call = parse_model(ToolCallRecord, body, key)
-                    if call.started_at is not None:
-                        out.append((lap, call))
-            out.sort(key=lambda lc: (lc[0], lc[1].started_at or _now()))
-        return out
+        if lap > contract.MAX_LAP:
+            return out
+        try:
+            record, _ = self.get_lap(run, lap)
+            return out + [(lap, c) for c in record.tool_calls if c.started_at is not None]
+        except CheckpointNotFound:
+            pass
+        folder = self._lap_prefix(run, lap) + contract.journal_dir(lap)
+        journaled: list[ToolCallRecord] = []
+        for key in sorted(self.blobs.list_keys(folder)):
+            name = key[len(folder):].removesuffix(".json")
+            if not name.startswith("tool-"):
+                continue
+            found = self.get_journal_entry(run, lap, name)
+            body = (found[0].body if found else {}).get("record")
+            if isinstance(body, dict):
+                call = parse_model(ToolCallRecord, body, key)
+                if call.started_at is not None:
+                    journaled.append(call)
+        journaled.sort(key=lambda c: c.started_at or _now())
+        return out + [(lap, c) for c in journaled]
 
     # ---- the pinned Agent copy of a run of an Agent (api/agent.py) ------------------------
 

@@ -286,7 +286,8 @@ def _execute_lap(
     # scheme and the step's first journal read need). They are independent reads of different
     # keys with no write of ours between, so reading them at once is as if they were read in this
     # order at one instant; their results (and errors) are taken in the order the lap uses them.
-    store.put_rewind(cfg.run)  # a rewound run's newest history: its marker before any of its objects
+    if cfg.rewinds and cfg.lap == cfg.rewinds[-1] + 1:  # a history's first lap: its marker before any of its objects
+        store.put_rewind(cfg.run)
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="lap-read") as reads:
         state_read = reads.submit(store.load_state, cfg.run, through_lap=cfg.lap - 1)
         model_entry_read = reads.submit(store.get_journal_entry, cfg.run, cfg.lap, MODEL_JOURNAL_NAME)
