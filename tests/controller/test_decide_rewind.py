@@ -4,6 +4,8 @@ at lap N again in a new history (status.lifecycle.rewinds), its abandoned laps n
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from controller_world import World, make_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -145,7 +147,27 @@ def test_retry_from_the_last_lap_is_a_plain_retry_in_place():
     assert w.reasons() == ["Retried"] and "same idempotency keys" in w.events[0].message
     assert w.rewind_reads == 0 and w.status.lap == 3
     lc = w.status.lifecycle
-    assert lc is not None and lc.rewinds == [] and lc.last_retry_from_lap == 3
+    assert lc is not None and lc.rewinds == [] and lc.last_retry_from_lap is None, "no rewind"
+
+
+def test_a_rewind_of_a_cancelled_run_waits_for_its_lap_pod_to_be_gone():
+    w = World(_spec())
+    w.reconcile()
+    for _ in range(2):
+        w.finish_job()
+        w.reconcile()
+    w.spec = _spec(cancel={"reason": "stop"})
+    w.generation += 1
+    w.reconcile()
+    assert w.status.phase == "Cancelled" and w.status.lap == 2
+    w.spec = _spec()
+    w.events.clear()
+    dec = _retry(w, 1, 1)
+    assert w.events == [] and w.rewind_reads == 0 and ANN_RETRY in w.annotations
+    assert [a.seconds for a in dec.of(d.RequeueAfter)] == [60.0], "the stopped lap journals its call in flight first"
+    w.now += timedelta(seconds=61)
+    w.reconcile()
+    assert w.reasons() == ["Retried"] and w.status.lap == 1 and w.rewind_reads == 1
 
 
 @settings(max_examples=150, deadline=None)

@@ -269,8 +269,9 @@ def retry_line(retries: Mapping[str, Any]) -> str:
     if retries.get("lastRetryFromLap") is not None:
         out += f", rewound to lap {int(retries['lastRetryFromLap'])}"
     if retries.get("retriedLap") is not None:
-        keys = "the same idempotency keys" if retries.get("lastRetryFromLap") is None or not retries.get("rewinds") \
-            or int(retries["lastRetryFromLap"]) != int(retries["rewinds"][-1]) else "the new history's idempotency keys"
+        rewound = retries.get("lastRetryFromLap") is not None and retries.get("rewinds")
+        keys = (f"history {len(retries['rewinds'])}'s own journal and idempotency keys" if rewound
+                else "the same idempotency keys")
         out += (f": lap {int(retries['retriedLap'])} started again at attempt "
                 f"{int(retries.get('attemptsBeforeRetry') or 0) + 1}, with {keys}")
     return out + "\n" + rewinds_line(retries.get("rewinds") or [])

@@ -84,6 +84,9 @@ def take_retry(c: Ctx) -> Decision | None:
     back = rewind_point(c)
     problem = retry_problem(c, raw, n, done, headroom=back is None)
     if problem is None and back is not None:
+        wait = settling_seconds(c)
+        if wait is not None:  # the stopped lap's pod may still journal its call in flight: survey after it
+            return Decision([RequeueAfter(wait)])
         rw = o.rewind
         if rw is None or (rw.from_lap, rw.through_lap) != (back, st.lap):
             return Decision([ReadRewind(back, st.lap)])  # the survey first; nothing written yet
@@ -107,7 +110,7 @@ def take_retry(c: Ctx) -> Decision | None:
     was = st.phase
     lc.retries = n
     lc.last_retry_by, lc.last_retry_at, lc.last_retry_from_phase = by, o.now, was
-    lc.last_retry_from_lap = back if back is not None else _from_lap(c)
+    lc.last_retry_from_lap = back
     lc.retried_lap, lc.attempts_before_retry = lap, max(seen, attempt - 1)
     st.completed_at = None
     st.next_attempt_at = None
@@ -149,6 +152,21 @@ def _from_lap(c: Ctx) -> int | None:
     """The lap of the request's :data:`ANN_RETRY_FROM_LAP`, when it parses."""
     raw = c.o.annotations.get(ANN_RETRY_FROM_LAP)
     return parse_from_lap(raw) if raw is not None else None
+
+
+REWIND_SETTLE_SECONDS = 2 * CANCEL_GRACE_SECONDS
+"""How long after a cancel or a passed deadline a rewind waits before it surveys the store: the lap
+Job's DELETE grace, then its pod's own grace (SIGTERM; the lap journals the call in flight, which
+the survey must see)."""
+
+
+def settling_seconds(c: Ctx) -> float | None:
+    """Seconds a rewind of a run stopped by a cancel or its deadline still waits, or None."""
+    st = c.st
+    if st.phase not in (PHASE_CANCELLED, PHASE_DEADLINE_EXCEEDED) or st.completed_at is None:
+        return None
+    left = (st.completed_at + timedelta(seconds=REWIND_SETTLE_SECONDS) - c.o.now).total_seconds()
+    return left if left > 0 else None
 
 
 def rewind_point(c: Ctx) -> int | None:
