@@ -336,3 +336,16 @@ def test_the_trace_reports_retries_in_place_from_the_runs_status():
     doc = tr.trace_doc(RUN, {"uri": "s3://b", "endpoint": None, "region": None, "pathStyle": False}, None, [], retries)
     assert doc["retries"]["retriedLap"] == 3
     json.dumps(doc)
+
+
+def test_the_trace_heading_names_each_history_of_a_rewound_run():
+    """A rewind in place (agentrun retry --from-lap) shows in the heading: the lap it went back to,
+    the new history's own keys, and which laps each history holds."""
+    body = {"status": {"lifecycle": {"retries": 2, "lastRetryBy": "dave", "lastRetryFromPhase": "Failed",
+                                     "lastRetryFromLap": 2, "retriedLap": 3, "rewinds": [4, 2]}}}
+    line = tr.retry_line(tr.retries_of(body) or {})
+    assert ", rewound to lap 2: lap 3 started again at attempt 1, with history 2's own journal and idempotency keys" in line
+    assert ("rewound in place 2 times: history 1 (laps after 4, under histories/001/), history 2 (laps after 2, "
+            "under histories/002/); the laps shown are the run's current history") in line
+    plain = tr.retry_line({"retries": 3, "retriedLap": 3, "rewinds": [4, 2]})
+    assert "with the same idempotency keys" in plain, "a later plain retry keeps the history's keys"

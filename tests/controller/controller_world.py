@@ -132,8 +132,31 @@ class World:
     """The namespace policy's Kueue LocalQueue (Observed.default_queue_name)."""
     workload: d.WorkloadRead | None = None
     """The Workload of the held Job as the shell read it (Observed.workload)."""
+    sent: dict[int, list[d.SentCall]] = dataclasses.field(default_factory=dict)
+    """The tool calls each lap of the run's current history sent (its record's, or the unfinished
+    lap's journal): what the shell's rewind survey (ReadRewind) finds."""
+    abandoned: list[dict[int, d.CheckpointRead]] = dataclasses.field(default_factory=list)
+    """The laps each applied rewind left behind (the store keeps them, the run never reads them)."""
+    rewind_kind: str = "ok"
+    """The kind of the rewind survey's answer (``unavailable``: the store does not answer)."""
+    rewind_reads: int = 0
 
-    def observed(self, checkpoint=None, attempt_failure=None, fork=None) -> d.Observed:
+    def rewind_read(self, a: d.ReadRewind) -> d.RewindRead:
+        """What the shell's survey of a rewind finds in this world's store."""
+        self.rewind_reads += 1
+        if self.rewind_kind != "ok":
+            return d.RewindRead(a.from_lap, a.through_lap, self.rewind_kind, error="store down for the test")  # type: ignore[arg-type]
+        point = self.store.get(a.from_lap) if a.from_lap else None
+        if a.from_lap and point is None:
+            return d.RewindRead(a.from_lap, a.through_lap, "missing", error=f"lap {a.from_lap} missing")
+        rec = point.record if point is not None else None
+        calls = tuple(c for lap in sorted(self.sent) if a.from_lap < lap <= a.through_lap + 1 for c in self.sent[lap])
+        return d.RewindRead(a.from_lap, a.through_lap, "ok", point=point,
+                            agent_version=rec.agent_version if rec else None,
+                            totals=rec.totals if rec else Totals(), outcome=rec.outcome.type if rec else None,
+                            calls=calls)
+
+    def observed(self, checkpoint=None, attempt_failure=None, fork=None, rewind=None) -> d.Observed:
         return d.Observed(
             namespace="ns", name="run", uid=UID, generation=self.generation, spec=self.spec,
             status=self.status, now=self.now, annotations=dict(self.annotations),
@@ -142,7 +165,7 @@ class World:
             resolved_store=self.resolved_store, store_probe=self.probe,
             store_error=None if self.resolved_store else "no store configured for the test",
             policy_check=self.policy_check, lap_image=self.lap_image, admission=self.admission,
-            queue=self.queue, default_queue_name=self.default_queue_name, workload=self.workload,
+            queue=self.queue, default_queue_name=self.default_queue_name, workload=self.workload, rewind=rewind,
         )
 
     def reconcile(self) -> d.Decision:
@@ -164,14 +187,16 @@ class World:
     def reconcile_once(self) -> d.Decision:
         """One pass, reads included, applying every action (like handlers.reconcile)."""
         self.refuse_status_pending = False
-        cp = af = fk = None
+        cp = af = fk = rw = None
         for _ in range(4):
-            dec = d.decide(self.observed(cp, af, fk))
+            dec = d.decide(self.observed(cp, af, fk, rw))
             if not dec.needs_read:
                 break
             for a in dec.actions:
                 if isinstance(a, d.ReadCheckpoint):
                     cp = self.store.get(a.lap) or d.CheckpointRead(lap=a.lap, kind="missing")
+                if isinstance(a, d.ReadRewind):
+                    rw = self.rewind_read(a)
                 if isinstance(a, d.ReadAttemptFailure):
                     af = d.AttemptFailureRead(a.lap, a.attempt, self.failure_reports.get((a.lap, a.attempt)))
                 if isinstance(a, d.ProbeStore):
@@ -183,7 +208,7 @@ class World:
                     fk = self.fork_reads.pop(0) if len(self.fork_reads) > 1 else self.fork_reads[0]
         else:
             raise AssertionError("decide kept asking for reads")
-        observed = self.observed(cp, af, fk)
+        observed = self.observed(cp, af, fk, rw)
         self.passes.append((observed, dec))
         for a in dec.actions:  # Jobs first, as the shell does
             if isinstance(a, d.CreateJob):
@@ -205,7 +230,14 @@ class World:
                 self.refuse_status_pending = True
                 return dec  # the shell stops after a refused status patch: nothing after it, no Events
             else:
+                before = self.status.lifecycle.rewinds if self.status.lifecycle is not None else []
                 self.status = w.status
+                after = self.status.lifecycle.rewinds if self.status.lifecycle is not None else []
+                if len(after) > len(before):  # a rewind: the laps after its point stay in the old history
+                    back = after[-1]
+                    self.abandoned.append({n: r for n, r in self.store.items() if n > back})
+                    self.store = {n: r for n, r in self.store.items() if n <= back}
+                    self.sent = {n: c for n, c in self.sent.items() if n <= back}
         for a in dec.actions:
             if isinstance(a, d.Event):
                 self.events.append(a)

@@ -191,3 +191,15 @@ def test_a_job_suspended_without_a_queue_label_is_held_too() -> None:
     w.kueue_admits()
     w.reconcile()
     assert w.status.phase == "Running" and w.status.kueue is None
+
+
+def test_a_run_kueue_holds_is_not_admitted_by_the_concurrency_queue() -> None:
+    """A Kueue hold is phase Queued without status.queue: the concurrency queue's admission (an
+    Admitted Event, phase Pending) is not for it."""
+    w = World(make_spec(queueName="lq"))
+    w.reconcile()
+    for _ in range(3):
+        w.now += timedelta(seconds=5)
+        dec = w.reconcile()
+        assert dec.of(d.PatchStatus) == [] and w.status.phase == "Queued"
+    assert Reason.ADMITTED not in w.reasons()

@@ -196,9 +196,10 @@ def test_the_deadline_requeues_exactly_then_and_ends_the_run_deadline_exceeded()
     assert w.created == [(1, 1), (1, 2)]
 
 
-def test_retry_from_an_earlier_lap_is_refused_naming_fork():
+def test_retry_from_an_earlier_lap_after_a_side_effect_is_refused_naming_fork():
     w = World(make_spec(budget={"maxLaps": 1}))
     w.reconcile()
+    w.sent[1] = [d.SentCall(1, "call_1", "refund")]
     w.finish_job()
     w.reconcile()
     _spec(w, budget={"maxLaps": 5})

@@ -279,3 +279,67 @@ def _scenarios(e: Any, ship: Switch, gate: ToolGate) -> None:
         rec = _keys(e, uid_c, tool)
         assert [v["executions"] for v in rec.values()] == [1], (tool, rec)
     assert [v["requests"] for v in _keys(e, uid_c, "pay").values()] == [1], "the journaled payment was sent again"
+
+
+def test_retry_from_lap_rewinds_in_place_or_is_refused_naming_the_call(people):
+    """`agentrun retry --from-lap 1` of a run whose laps after 1 made read-only calls only: the run
+    stands at lap 1 again and redoes the later laps as history 1 (same uid, their objects under
+    histories/001/, their own keys), and Succeeds; `agentrun trace` shows that history. The same
+    rewind of a run that paid after lap 1 is refused with one Event naming the call."""
+    e = people
+    ship = Switch(e.tool_url)
+    try:
+        docs = []
+        for name, second in (("rewind-ok", "look"), ("rewind-no", "pay")):
+            doc = e.run_doc(name, [
+                {"content": "look", "toolCalls": [{"name": "look", "arguments": {"order": name}}]},
+                {"content": f"{second} again", "toolCalls": [{"name": second, "arguments": {"order": name}}]},
+                {"content": "ship", "toolCalls": [{"name": "ship", "arguments": {"order": name}}]},
+                {"content": "done"}])
+            doc["spec"]["agent"]["tools"] += [
+                {"name": "look", "sideEffects": False, "http": {"url": f"{e.tool_url}/look", "timeout": "5s"}},
+                {"name": "pay", "http": {"url": f"{e.tool_url}/pay", "timeout": "5s"}},
+                {"name": "ship", "sideEffects": False, "http": {"url": f"{ship.url}/ship", "timeout": "5s"}}]
+            doc["spec"]["retry"] = {"attemptsPerLap": 1, "backoff": {"initial": "1s", "max": "1s", "factor": 1}}
+            docs.append(doc)
+        for doc in docs:
+            r = _as(e, "carol", "create", "-n", e.ns, "-f", "-", input=yaml.safe_dump(doc))
+            assert r.returncode == 0, r.stderr
+        for name in ("rewind-ok", "rewind-no"):  # lap 3's ship answers 503: the run fails after lap 2
+            st = e.wait_phase(name, "Failed", "Succeeded", timeout=120)
+            assert st["phase"] == "Failed" and st["lap"] == 2, st
+        ship.broken = False
+
+        # the run that paid after lap 1: refused, naming the payment; nothing changes
+        r = _cli(e, "retry", "rewind-no", "--from-lap", "1", "-n", e.ns, "--as", "dave")
+        assert r.returncode == 0 and "rewinding in place to lap 1" in r.stdout, r.stdout + r.stderr
+        msg = _event(e, "rewind-no", "RetryRefused")
+        assert 'call call_1 of tool "pay" in lap 2 has side effects' in msg and "fork from lap 1" in msg, msg
+        wait_for("the refused request removed",
+                 lambda: ANN_RETRY not in (e.get("rewind-no")["metadata"].get("annotations") or {}))
+        st = e.status("rewind-no")
+        assert st["phase"] == "Failed" and st["lap"] == 2 and not st.get("lifecycle", {}).get("rewinds"), st
+
+        # the read-only run: rewound to lap 1, laps 2.. redone as history 1, Succeeded
+        uid = e.get("rewind-ok")["metadata"]["uid"]
+        r = _cli(e, "retry", "rewind-ok", "--from-lap", "1", "-n", e.ns, "--as", "dave")
+        assert r.returncode == 0, r.stdout + r.stderr
+        st = e.wait_phase("rewind-ok", "Succeeded", "Failed", timeout=120)
+        assert st["phase"] == "Succeeded" and st["lap"] == 4, st
+        lc = st["lifecycle"]
+        assert lc["rewinds"] == [1] and lc["lastRetryFromLap"] == 1 and lc["lastRetryBy"] == "dave", lc
+        assert "rewound in place to lap 1" in _event(e, "rewind-ok", "Retried")
+        assert e.get("rewind-ok")["metadata"]["uid"] == uid
+        r = _cli(e, "trace", "rewind-ok", "-n", e.ns, "-o", "json")
+        assert r.returncode == 0, r.stderr
+        laps = json.loads(r.stdout)["laps"]
+        assert [x["lap"] for x in laps] == [1, 2, 3, 4], laps
+        assert "/histories/" not in laps[0]["key"] and all("/histories/001/laps/" in x["key"] for x in laps[1:])
+        assert laps[1]["toolCalls"][0]["idempotencyKey"].endswith(".h1:2:look:call_1"), laps[1]["toolCalls"]
+        assert laps[1]["prevSha256"] == laps[0]["sha256"], "the hash chain goes on across the rewind"
+        r = _cli(e, "trace", "rewind-ok", "-n", e.ns)
+        assert "rewound in place 1 time: history 1 (laps after 1, under histories/001/)" in r.stdout, r.stdout
+        looks = [c for c in e.calls("/look") if (c.get("arguments") or {}).get("order") == "rewind-ok"]
+        assert len(looks) == 3, looks  # lap 1, lap 2, and lap 2 again in the new history: read-only, redone
+    finally:
+        ship.close()

@@ -91,6 +91,10 @@ class Env(StrEnum):
     ``agentrun.api.tenancy.AddressRules``: the denied ranges of the run's AgentRunPolicies and
     whether loopback is allowed), made by the operator from the policies it resolved for the run.
     Unset (no policy known): the always-denied ranges only."""
+    REWINDS = "AGENTRUN_REWINDS"
+    """The run's rewinds in place (``status.lifecycle.rewinds``), comma-separated laps in order, e.g.
+    ``"4,2"``: where each history of the run starts (:func:`history_of`). Unset or empty: the run was
+    never rewound, every object is in history 0 (the layout of every earlier release)."""
 
 
 TOOL_HEADERS_PREFIX = "AGENTRUN_TOOL_HEADERS_"
@@ -168,8 +172,12 @@ SNAPSHOTS_DIR = "snapshots/"
 JOURNAL_DIR = "journal/"
 ATTEMPTS_DIR = "attempts/"
 AGENTS_DIR = "agents/"
+HISTORIES_DIR = "histories/"
+REWINDS_DIR = "rewinds/"
 MAX_LAP = 99_999_999
 MAX_ATTEMPT = 999
+MAX_REWINDS = 32
+"""Most rewinds in place of one run (``agentrun retry --from-lap``); after that, fork it."""
 
 
 def run_prefix(prefix: str, namespace: str, name: str, uid: str) -> str:
@@ -203,6 +211,59 @@ def attempt_object(lap: int, attempt: int) -> str:
     return f"{ATTEMPTS_DIR}{lap:08d}-{attempt:03d}.json"
 
 
+# -- histories: a rewind in place (agentrun retry --from-lap N) -----------------------------------
+#
+# Every object is written once, so a run rewound to lap N cannot write its new laps N+1.. where the
+# abandoned ones are. Each rewind starts a new *history* h (1, 2, ...): the objects of the laps it
+# writes (laps/, snapshots/, journal/, attempts/) live under ``histories/<h:03d>/`` with the same
+# layout as history 0, the run prefix itself (so a run never rewound has the layout of every earlier
+# release). The run's *rewinds* ``(b_1, ..., b_H)`` (``status.lifecycle.rewinds``, the lap by
+# :attr:`Env.REWINDS`) say which history holds lap L: the newest h whose rewind point b_h is before
+# L (:func:`history_of`). Laps of an older history after a later rewind point are abandoned: kept,
+# never read. Each history h >= 1 also has a marker ``rewinds/<h:03d>.json`` (its rewind point),
+# written create-only by its first lap before any other object, so a reader without the run's status
+# (a fork of the run, ``agentrun trace --uid``) finds the rewinds in the store.
+
+
+def history_of(rewinds: tuple[int, ...] | list[int], lap: int) -> int:
+    """The history that holds lap ``lap`` of a run with these rewinds: the newest h (1-based) with
+    ``rewinds[h-1] < lap``, else 0."""
+    for h in range(len(rewinds), 0, -1):
+        if rewinds[h - 1] < lap:
+            return h
+    return 0
+
+
+def history_dir(history: int) -> str:
+    """``""`` for history 0, ``histories/<h:03d>/`` for a later one: the prefix of its objects."""
+    if history < 0 or history > MAX_REWINDS:
+        raise ValueError(f"history must be in 0..{MAX_REWINDS}, got {history}")
+    return f"{HISTORIES_DIR}{history:03d}/" if history else ""
+
+
+def rewind_object(history: int) -> str:
+    """``rewinds/<h:03d>.json``: the marker of history h >= 1 (its rewind point; create-only)."""
+    if history < 1 or history > MAX_REWINDS:
+        raise ValueError(f"a rewind's history must be in 1..{MAX_REWINDS}, got {history}")
+    return f"{REWINDS_DIR}{history:03d}.json"
+
+
+def format_rewinds(rewinds: tuple[int, ...] | list[int]) -> str:
+    """The :attr:`Env.REWINDS` value of these rewinds (``""`` for none)."""
+    return ",".join(str(b) for b in rewinds)
+
+
+def parse_rewinds(value: str | None) -> tuple[int, ...]:
+    """The rewinds of an :attr:`Env.REWINDS` value; ValueError naming it when it is not laps."""
+    text = (value or "").strip()
+    if not text:
+        return ()
+    parts = text.split(",")
+    if len(parts) > MAX_REWINDS or not all(p.strip().isdigit() and len(p.strip()) <= 8 for p in parts):
+        raise ValueError(f"{Env.REWINDS} must be at most {MAX_REWINDS} comma-separated laps, got {text[:80]!r}")
+    return tuple(int(p) for p in parts)
+
+
 def agent_object(digest: str) -> str:
     """``agents/<sha256>.json``: a resolved Agent copy of a run of an Agent (``spec.agentRef``),
     content-addressed by the sha256 of its canonical JSON (``status.agent.digest``; create-only)."""
@@ -223,7 +284,8 @@ def describe() -> str:
     out += [f"  {r.value:<24} AttemptReason.{r.name}" for r in AttemptReason]
     out.append("Store layout, under " + run_prefix("PREFIX", "<namespace>", "<name>", "<uid>") + ":")
     out += [f"  {lap_object(1)}", f"  {snapshot_object(10)}", f"  {journal_object(1, 'model')}",
-            f"  {attempt_object(1, 1)}", f"  {AGENTS_DIR}<sha256>.json"]
+            f"  {attempt_object(1, 1)}", f"  {AGENTS_DIR}<sha256>.json", f"  {rewind_object(1)}",
+            f"  {history_dir(1)}{lap_object(5)}  (laps after a rewind: every object of history 1 under histories/001/)"]
     out.append("Failure log line (termination message): msg in " + ", ".join(repr(m) for m in FAILURE_LOG_MESSAGES)
                + f", cause in field {FAILURE_LOG_ERROR_FIELD!r}")
     return "\n".join(out)

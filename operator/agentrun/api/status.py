@@ -22,6 +22,7 @@ from .approval import (
     MAX_TARGET_URL_CHARS,
     SHA256_HEX_CHARS,
 )
+from .contract import MAX_REWINDS
 from .types import USD, APIModel
 
 Phase = Literal[
@@ -283,6 +284,14 @@ class LifecycleStatus(APIModel):
     )
     retried_lap: int | None = Field(
         default=None, description="The lap the last retry started again (status.lap + 1 then).",
+    )
+    rewinds: list[int] = Field(
+        default_factory=list, max_length=MAX_REWINDS,
+        description=(
+            "The lap each rewind in place went back to (agentrun retry --from-lap), in order. Rewind h starts "
+            "history h of the run: the laps after it are stored under histories/<h>/ in the checkpoint store, "
+            "and the abandoned laps of the earlier history are kept, never read. Empty: never rewound."
+        ),
     )
     attempts_before_retry: int = Field(
         default=0,

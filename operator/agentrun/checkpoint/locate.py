@@ -68,10 +68,21 @@ def resolve_store(flags: Mapping[str, Any], env: Mapping[str, str], run: Mapping
     return out
 
 
-def open_located(where: Mapping[str, Any]) -> Any:
-    """The :class:`~agentrun.checkpoint.store.CheckpointStore` at ``where`` (from :func:`resolve_store`);
-    a bad URI or endpoint raises ValueError, a refused configuration CheckpointError."""
+def rewinds_of(run: Mapping[str, Any] | None) -> tuple[int, ...]:
+    """The run's rewinds in place (``status.lifecycle.rewinds``) from its object; () when none (or
+    not laps): which history of the store holds each lap (``CheckpointStore.along``)."""
+    raw = (((run or {}).get("status") or {}).get("lifecycle") or {}).get("rewinds") or []
+    if not isinstance(raw, list) or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in raw):
+        return ()
+    return tuple(raw)
+
+
+def open_located(where: Mapping[str, Any], run: Mapping[str, Any] | None = None) -> Any:
+    """The :class:`~agentrun.checkpoint.store.CheckpointStore` at ``where`` (from :func:`resolve_store`),
+    bound to the rewinds of ``run`` (its object) when given; a bad URI or endpoint raises ValueError,
+    a refused configuration CheckpointError."""
     from agentrun.checkpoint.store import CheckpointStore, StoreConfig
 
-    return CheckpointStore(StoreConfig(uri=where["uri"], endpoint_url=where["endpoint"] or None,
-                                       region=where["region"] or None, path_style=bool(where["pathStyle"])))
+    store = CheckpointStore(StoreConfig(uri=where["uri"], endpoint_url=where["endpoint"] or None,
+                                        region=where["region"] or None, path_style=bool(where["pathStyle"])))
+    return store.along(rewinds_of(run)) if run is not None else store

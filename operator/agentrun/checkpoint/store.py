@@ -7,6 +7,13 @@
         attempts/<lap:08d>-<attempt:03d>.json  AttemptFailure (best effort, overwrite)
         agents/<sha256>.json                   ResolvedAgent of a run of an Agent (content-addressed,
                                                create-only; written by the operator, status.agent.digest)
+        rewinds/<h:03d>.json                   the rewind point of history h >= 1 (create-only)
+        histories/<h:03d>/laps/..., snapshots/..., journal/..., attempts/...
+                                               the objects of the laps of history h (a rewind in place)
+
+A store bound to a run's rewinds (:meth:`CheckpointStore.along`, ``status.lifecycle.rewinds``) reads
+and writes every lap object in the history that holds that lap (``contract.history_of``): the run's
+current history, never an abandoned one; unbound, it sees history 0 only (a run never rewound).
 
 Every object is canonical JSON (sorted keys, compact separators), gzip-compressed since schema 3
 (``checkpoint/codec.py``, docs/checkpoint-format.md), with the sha256 of its stored bytes in the
@@ -20,6 +27,7 @@ layout, the codec, the sha256 metadata and the fence (a lap record is written cr
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -69,6 +77,7 @@ from agentrun.checkpoint.schema import (
     RunRef,
     RunState,
     Storage,
+    ToolCallRecord,
 )
 
 log = logging.getLogger(__name__)
@@ -80,6 +89,8 @@ _URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<pr
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 _JOURNAL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
 _LAP_FILE = re.compile(r"(\d{8})\.json$")
+_REWIND_FILE = re.compile(r"rewinds/(\d{3})\.json$")
+REWIND_KIND = "Rewind"
 _RESUME_READERS = 10
 """Parallel GETs of a resume at a known lap (the snapshot and up to K-1 lap records)."""
 
@@ -302,6 +313,21 @@ class CheckpointStore:
     def __init__(self, config: StoreConfig, client: Any = None, *, blobs: BlobStore | None = None) -> None:
         self.config = config
         self.blobs: BlobStore = blobs if blobs is not None else S3BlobStore(config, client)
+        self.rewinds: tuple[int, ...] = ()
+        """The rewinds in place of the run this store is bound to (:meth:`along`); () for none."""
+
+    def along(self, rewinds: tuple[int, ...] | list[int] | None) -> CheckpointStore:
+        """This store (the same backend and configuration) bound to a run's rewinds in place
+        (``status.lifecycle.rewinds``): each lap's objects are read and written in the history that
+        holds the lap. ``self`` when the rewinds are the same."""
+        bound = tuple(rewinds or ())
+        if bound == self.rewinds:
+            return self
+        if len(bound) > contract.MAX_REWINDS or any(not 0 <= b <= contract.MAX_LAP for b in bound):
+            raise ValueError(f"rewinds {bound!r}: at most {contract.MAX_REWINDS} laps in 0..{contract.MAX_LAP}")
+        other = copy.copy(self)
+        other.rewinds = bound
+        return other
 
     @property
     def client(self) -> Any:
@@ -319,23 +345,30 @@ class CheckpointStore:
     def run_prefix(self, run: RunRef) -> str:
         return run_prefix(self.config.prefix, run)
 
+    def history_prefix(self, run: RunRef, history: int) -> str:
+        """Where the lap objects of ``history`` live: the run prefix (0), or under ``histories/<h>/``."""
+        return self.run_prefix(run) + contract.history_dir(history)
+
+    def _lap_prefix(self, run: RunRef, lap: int) -> str:
+        return self.history_prefix(run, contract.history_of(self.rewinds, _check_lap(lap)))
+
     def lap_key(self, run: RunRef, lap: int) -> str:
-        return self.run_prefix(run) + contract.lap_object(_check_lap(lap))
+        return self._lap_prefix(run, lap) + contract.lap_object(lap)
 
     def snapshot_key(self, run: RunRef, lap: int) -> str:
-        return self.run_prefix(run) + contract.snapshot_object(_check_lap(lap))
+        return self._lap_prefix(run, lap) + contract.snapshot_object(lap)
 
     def journal_key(self, run: RunRef, lap: int, name: str) -> str:
         if not _JOURNAL_NAME.match(name):
             raise ValueError(
                 f"journal name {name!r} must be 1-200 characters of letters, digits, '.', '_', ':', '-'"
             )
-        return self.run_prefix(run) + contract.journal_object(_check_lap(lap), name)
+        return self._lap_prefix(run, lap) + contract.journal_object(lap, name)
 
     def attempt_key(self, run: RunRef, lap: int, attempt: int) -> str:
         if isinstance(attempt, bool) or not isinstance(attempt, int) or not 1 <= attempt <= contract.MAX_ATTEMPT:
             raise ValueError(f"attempt must be an integer in 1..999, got {attempt!r}")
-        return self.run_prefix(run) + contract.attempt_object(_check_lap(lap), attempt)
+        return self._lap_prefix(run, lap) + contract.attempt_object(lap, attempt)
 
     # ---- objects ---------------------------------------------------------------------------
 
@@ -388,7 +421,19 @@ class CheckpointStore:
         return sorted(lap for lap in laps if lap is not None)
 
     def _snapshot_laps(self, run: RunRef) -> list[int]:
-        return self._list_laps(self.run_prefix(run) + contract.SNAPSHOTS_DIR)
+        """The laps with a snapshot in the run's current history (of each history, the laps it holds)."""
+        return self._lineage_laps(run, contract.SNAPSHOTS_DIR)
+
+    def _lineage_laps(self, run: RunRef, folder: str, start: int = 1) -> list[int]:
+        """The laps from ``start`` on with an object in ``folder`` (``laps/``, ``snapshots/``) of the
+        history that holds them: one LIST per history (one for a run never rewound)."""
+        out: list[int] = []
+        for h in range(len(self.rewinds) + 1):
+            base = self.history_prefix(run, h) + folder
+            start_after = base + f"{start - 1:08d}.json" if start > 1 else None
+            out += [n for n in self._list_laps(base, start_after)
+                    if n >= start and contract.history_of(self.rewinds, n) == h]
+        return sorted(out)
 
     # ---- laps ------------------------------------------------------------------------------
 
@@ -497,7 +542,7 @@ class CheckpointStore:
         cannot be read, ``StoreUnavailable`` on transient errors."""
         key = self.snapshot_key(target, lap)
         if self._head(key) is None:
-            base = self.load_state(source, through_lap=lap).state
+            base = self.along(self.read_rewinds(source)).load_state(source, through_lap=lap).state
             self._put_once(key, encode_object(fork_state(base, target).to_api()))
         state, stored = self.get_snapshot(target, lap)
         if state.forked_from is None:
@@ -510,6 +555,9 @@ class CheckpointStore:
         return self._latest(run, self._snapshot_laps(run))
 
     def _latest(self, run: RunRef, snapshots: list[int]) -> int:
+        if self.rewinds:  # the newest history's laps, else its rewind point (checkpointed by then)
+            newest = self._list_laps(self.history_prefix(run, len(self.rewinds)) + contract.LAPS_DIR)
+            return newest[-1] if newest else self.rewinds[-1]
         start_after = self.lap_key(run, snapshots[-1]) if snapshots else None
         laps = self._list_laps(self.run_prefix(run) + contract.LAPS_DIR, start_after)
         if laps:
@@ -627,8 +675,12 @@ class CheckpointStore:
 
     def iter_laps(self, run: RunRef, start: int = 1) -> Iterator[tuple[LapRecord, StoredObject]]:
         """The lap records from ``start`` on, in order (for the trace reader)."""
-        start_after = self.lap_key(run, start - 1) if start > 1 else None
-        for lap in self._list_laps(self.run_prefix(run) + contract.LAPS_DIR, start_after):
+        if self.rewinds:
+            laps = self._lineage_laps(run, contract.LAPS_DIR, start)
+        else:
+            start_after = self.lap_key(run, start - 1) if start > 1 else None
+            laps = self._list_laps(self.run_prefix(run) + contract.LAPS_DIR, start_after)
+        for lap in laps:
             if lap >= start:
                 yield self.get_lap(run, lap)
 
@@ -694,7 +746,7 @@ class CheckpointStore:
             if not lap_written and self.head_lap(run, lap) is None:
                 raise ValueError(f"lap {lap} is not checkpointed: its journal is still needed")
             if names is None:
-                keys = list(self.blobs.list_keys(self.run_prefix(run) + contract.journal_dir(_check_lap(lap))))
+                keys = list(self.blobs.list_keys(self._lap_prefix(run, lap) + contract.journal_dir(lap)))
             else:
                 keys = [self.journal_key(run, lap, n) for n in names]
             if not keys:
@@ -713,6 +765,83 @@ class CheckpointStore:
         if found is None:
             return None
         return parse_model(AttemptFailure, found[0], key).body
+
+    # ---- rewinds in place ------------------------------------------------------------------
+
+    def rewind_key(self, run: RunRef, history: int) -> str:
+        return self.run_prefix(run) + contract.rewind_object(history)
+
+    def put_rewind(self, run: RunRef) -> None:
+        """Write the marker of this store's newest history (``rewinds/<h>.json``: its rewind point),
+        create-only, before any object of the history: what :meth:`read_rewinds` finds. A no-op for a
+        run never rewound; the same marker again is a no-op; another one raises ``CorruptCheckpoint``."""
+        if not self.rewinds:
+            return
+        h = len(self.rewinds)
+        key = self.rewind_key(run, h)
+        doc = {"kind": REWIND_KIND, "schemaVersion": SCHEMA_VERSION, "history": h, "fromLap": self.rewinds[-1]}
+        _, written = self._put_once(key, encode_object(doc))
+        if not written:
+            raise CorruptCheckpoint(f"checkpoint {key}: another rewind point holds history {h} (this lap was told "
+                                    f"{contract.Env.REWINDS}={contract.format_rewinds(self.rewinds)})", key)
+
+    def read_rewinds(self, run: RunRef) -> tuple[int, ...]:
+        """The run's rewinds as its markers in the store say (one LIST; no GET for a run never
+        rewound): for a reader without the run's status (a fork of it, ``agentrun trace --uid``).
+        A history whose first lap has not started has no marker yet: it holds no lap either. A
+        missing marker before a present one (a history that never ran a lap) gets a rewind point
+        past every lap, so it holds none."""
+        found: dict[int, int] = {}
+        for key in self.blobs.list_keys(self.run_prefix(run) + contract.REWINDS_DIR):
+            m = _REWIND_FILE.search(key)
+            if m is None:
+                continue
+            blob = self.blobs.get(key)
+            verify_sha256(blob.data, blob.metadata.get("sha256"), key)
+            doc = decode_document(blob.data, key)
+            point = doc.get("fromLap")
+            if doc.get("kind") != REWIND_KIND or not isinstance(point, int) or not 0 <= point <= contract.MAX_LAP:
+                raise CorruptCheckpoint(f"checkpoint {key} is not a rewind marker", key)
+            found[int(m[1])] = point
+        top = max(found, default=0)
+        if top > contract.MAX_REWINDS:
+            raise CorruptCheckpoint(f"checkpoint {self.rewind_key(run, 1)}: history {top} is past {contract.MAX_REWINDS}",
+                                    self.run_prefix(run) + contract.REWINDS_DIR)
+        return tuple(found.get(h, contract.MAX_LAP) for h in range(1, top + 1))
+
+    def executed_after(self, run: RunRef, after: int, through: int) -> list[tuple[int, ToolCallRecord]]:
+        """The tool calls sent to a tool after lap ``after`` in the run's current history, in order:
+        those of the lap records ``after+1..through`` and those the unfinished lap ``through+1``
+        journaled (its calls that executed before it failed or was cancelled), or its record when it
+        was checkpointed after all (stopped right after its checkpoint, before the operator read it).
+        A call whose record has no start time was never sent (unknown tool, invalid arguments,
+        awaiting approval)."""
+        out: list[tuple[int, ToolCallRecord]] = []
+        for lap in range(after + 1, through + 1):
+            record, _ = self.get_lap(run, lap)
+            out += [(lap, c) for c in record.tool_calls if c.started_at is not None]
+        lap = through + 1
+        if lap > contract.MAX_LAP:
+            return out
+        try:
+            record, _ = self.get_lap(run, lap)
+            return out + [(lap, c) for c in record.tool_calls if c.started_at is not None]
+        except CheckpointNotFound:
+            pass
+        folder = self._lap_prefix(run, lap) + contract.journal_dir(lap)
+        journaled: list[ToolCallRecord] = []
+        for key in sorted(self.blobs.list_keys(folder)):
+            name = key[len(folder):].removesuffix(".json")
+            if not name.startswith("tool-"):
+                continue
+            found = self.get_journal_entry(run, lap, name)
+            body = (found[0].body if found else {}).get("record")
+            if isinstance(body, dict):
+                call = parse_model(ToolCallRecord, body, key)
+                if call.started_at is not None:
+                    journaled.append(call)
+        journaled.sort(key=lambda c: c.started_at or _now())
+        return out + [(lap, c) for c in journaled]
 
     # ---- the pinned Agent copy of a run of an Agent (api/agent.py) ------------------------
 

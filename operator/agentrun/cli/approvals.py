@@ -185,7 +185,7 @@ def _stored_call(run: dict[str, Any]) -> StoredCall:
         return StoredCall(error="no checkpoint store known (no status.checkpoint, spec.checkpoint.uri or "
                                 "AGENTRUN_CHECKPOINT_URI)")
     try:
-        store = open_store(where)
+        store = open_store(where, run)
         ref = RunRef(namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""))
         record, _ = store.get_lap(ref, int(lap))
     except CLIError as e:

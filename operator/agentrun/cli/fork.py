@@ -90,7 +90,7 @@ def fork_command(run: str, lap: int, new_name: str, dry_run: bool, output: str, 
                           os.environ, source)
     if not where["uri"]:
         raise CLIError(f'no checkpoint store known for agentrun "{run}": pass --uri or set AGENTRUN_CHECKPOINT_URI')
-    store = open_store(where)
+    store = open_store(where, source)
     ref = RunRef(namespace=ns, name=run, uid=source["metadata"]["uid"])
     outcome = None
     try:

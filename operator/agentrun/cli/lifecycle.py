@@ -8,7 +8,10 @@ user would write with kubectl:
   ``agentrun.dev/cancelled-by``), the operator stops the lap and sets phase Cancelled;
 * ``retry [--from-lap N]``: the annotation ``agentrun.dev/retry`` = ``status.lifecycle.retries + 1``
   (and ``agentrun.dev/retry-from-lap``), guarded by the resourceVersion that was read; a retry of a
-  Cancelled run removes ``spec.cancel`` in the same patch. It needs the ``retry`` verb.
+  Cancelled run removes ``spec.cancel`` in the same patch. It needs the ``retry`` verb. With N before
+  the last checkpointed lap the operator rewinds the run in place (a new history after lap N, with its
+  own journal and keys), or refuses with one Warning Event naming the first side-effecting call that
+  executed after lap N.
 
 ``wait`` polls the run until it ends (or is in the ``--for`` phase) and exits by its outcome
 (``cli.exitcodes.OUTCOME_CODES``). ``wait_result`` and the patch builders are pure.
@@ -251,8 +254,10 @@ def cancel_command(run: str, reason: str | None, output: str) -> None:
 @click.argument("run", shell_complete=complete_runs)
 @kube_options()
 @click.option("--from-lap", type=click.IntRange(min=0), default=None,
-              help="Rewind to checkpointed lap N first (refused by the operator if a side-effecting call "
-                   "after lap N has executed).")
+              help="Rewind in place to checkpointed lap N first: the laps after N are redone as a new "
+                   "history (same uid; the redone laps get their own journal and idempotency keys). Refused "
+                   "by the operator, with an Event naming the call, if a side-effecting call after lap N "
+                   "has executed; fork for a deliberate new history then.")
 @_write_output()
 def retry_command(run: str, from_lap: int | None, output: str) -> None:
     """Retry a Failed, BudgetExceeded, Cancelled or DeadlineExceeded RUN in place: the same uid and
@@ -281,6 +286,12 @@ def retry_command(run: str, from_lap: int | None, output: str) -> None:
     body = retry_patch(obj, from_lap, _whoami())
     patched = _patch(api, ns, run, body, "retry")
     n = body["metadata"]["annotations"][ANN_RETRY]
-    _echo(output, patched, run, f"agentrun {ns}/{run}: retry {n} requested from phase {phase}"
-          + (f", rewinding to lap {from_lap}" if from_lap is not None else "")
-          + f"; the run continues in place (same uid, same idempotency keys): `agentrun wait {run}`")
+    rewinding = from_lap is not None and from_lap < last
+    if from_lap is not None and from_lap < last:
+        how = (f", rewinding in place to lap {from_lap} (laps {from_lap + 1}..{last} abandoned; refused with a "
+               f"RetryRefused Event if a side-effecting call after lap {from_lap} executed)")
+    else:
+        how = f", from lap {from_lap}" if from_lap is not None else ""
+    _echo(output, patched, run, f"agentrun {ns}/{run}: retry {n} requested from phase {phase}" + how
+          + (f"; the run continues in place (same uid, same idempotency keys): `agentrun wait {run}`"
+             if not rewinding else f"; `agentrun wait {run}`, `agentrun describe {run}`"))

@@ -107,7 +107,7 @@ def _print_stored(run: dict[str, Any], lap: int) -> None:
     if not where["uri"]:
         raise CLIError(f'no pod of lap {lap} of agentrun "{meta["name"]}" and no checkpoint store known: set '
                        "AGENTRUN_CHECKPOINT_URI (or see `agentrun trace --help`)")
-    store = open_store(where)
+    store = open_store(where, run)
     ref = RunRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
     try:
         record, _ = store.get_lap(ref, lap)

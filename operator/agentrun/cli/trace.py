@@ -32,6 +32,7 @@ from typing import Any
 
 import click
 
+from agentrun.api.contract import history_dir
 from agentrun.api.status import TERMINAL_PHASES
 from agentrun.checkpoint.errors import CheckpointError, CheckpointNotFound
 from agentrun.checkpoint.locate import open_located, resolve_store
@@ -58,7 +59,7 @@ def lap_doc(record: LapRecord, key: str | None = None, sha256: str | None = None
 
 #: status.lifecycle's fields about retries in place, as the trace reports them (``retries``)
 RETRY_FIELDS = ("retries", "lastRetryBy", "lastRetryAt", "lastRetryFromPhase", "lastRetryFromLap", "retriedLap",
-                "attemptsBeforeRetry")
+                "attemptsBeforeRetry", "rewinds")
 
 
 def retries_of(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -137,9 +138,10 @@ def _first_line(error: Exception) -> str:
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
-def open_store(where: Mapping[str, Any]) -> Any:
+def open_store(where: Mapping[str, Any], run: Mapping[str, Any] | None = None) -> Any:
+    """The store at ``where``, bound to the rewinds of ``run`` (its object) when given."""
     try:
-        return open_located(where)
+        return open_located(where, run)
     except CheckpointError as e:
         raise CLIError(str(e)) from None
     except ValueError as e:  # bad URI / endpoint
@@ -205,11 +207,16 @@ def trace_command(run: str | None, name_opt: str | None, uid: str | None, lap: i
         ref = RunRef(namespace=namespace, name=name, uid=uid or "")
     except ValueError as e:
         raise CLIError(_first_line(e)) from None
-    store = open_store(where)
+    store = open_store(where, body)
     try:
         store.run_prefix(ref)
     except ValueError as e:
         raise CLIError(str(e)) from None
+    if body is None:  # no run object: the rewinds in place as the store's markers say
+        try:
+            store = store.along(store.read_rewinds(ref))
+        except CheckpointError as e:
+            raise store_error(e, where) from None
     fork = ((body or {}).get("spec") or {}).get("forkFrom")
     start = lap or from_lap
     try:
@@ -262,9 +269,21 @@ def retry_line(retries: Mapping[str, Any]) -> str:
     if retries.get("lastRetryFromLap") is not None:
         out += f", rewound to lap {int(retries['lastRetryFromLap'])}"
     if retries.get("retriedLap") is not None:
+        rewound = retries.get("lastRetryFromLap") is not None and retries.get("rewinds")
+        keys = (f"history {len(retries['rewinds'])}'s own journal and idempotency keys" if rewound
+                else "the same idempotency keys")
         out += (f": lap {int(retries['retriedLap'])} started again at attempt "
-                f"{int(retries.get('attemptsBeforeRetry') or 0) + 1}, with the same idempotency keys")
-    return out + "\n"
+                f"{int(retries.get('attemptsBeforeRetry') or 0) + 1}, with {keys}")
+    return out + "\n" + rewinds_line(retries.get("rewinds") or [])
+
+
+def rewinds_line(rewinds: list[Any]) -> str:
+    """For the text heading, of a run rewound in place: which laps each history holds (the laps shown)."""
+    if not rewinds:
+        return ""
+    parts = [f"history {h} (laps after {int(b)}, under {history_dir(h)})" for h, b in enumerate(rewinds, start=1)]
+    return (f"rewound in place {len(rewinds)} time{'s' if len(rewinds) != 1 else ''}: " + ", ".join(parts)
+            + "; the laps shown are the run's current history, abandoned laps are kept in the store, not shown\n")
 
 
 def _heading(ref: RunRef, store: Any, forked_from: Mapping[str, Any] | None,

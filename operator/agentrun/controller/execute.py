@@ -37,6 +37,7 @@ from .decide.outcomes import pruned_field
 from .events import EventBudget
 from .logs import run_logger
 from .memos import SpecMemo, put_bounded
+from .rewinds import survey_rewind
 
 try:  # the test-fault switch (docs/chaos.md, "Negative control"): not in the wheel, so absent from the image
     from agentrun import testfault
@@ -221,6 +222,8 @@ class Executor:
                 return replace(o, store_probe=d.StoreProbeRead("invalid", detail=str(exc).splitlines()[-1].strip()))
             raise
         loc = store_location(store.config)
+        lc = o.status.lifecycle
+        store = store.along(lc.rewinds if lc is not None else ())  # each lap in its history (a rewind in place)
         for a in decision.actions:
             if isinstance(a, d.ReadCheckpoint):
                 try:
@@ -237,6 +240,8 @@ class Executor:
                 except ce.CheckpointError as exc:
                     cp = d.CheckpointRead(lap=a.lap, kind="unavailable", error=str(exc))
                 o = replace(o, checkpoint=cp)
+            elif isinstance(a, d.ReadRewind):
+                o = replace(o, rewind=await asyncio.to_thread(survey_rewind, store, run, a, loc))
             elif isinstance(a, d.ProbeStore):
                 o = replace(o, store_probe=await asyncio.to_thread(probe_store, store))
             elif isinstance(a, d.StoreAgent):
@@ -321,7 +326,8 @@ class Executor:
                 job = build_job(RunIdentity(ns, name, o.uid), spec, a.lap, a.attempt, a.agent_version, self.config,
                                 approval=a.approval, store=a.store, spec_text=self.spec_text(key, spec),
                                 address_rules=o.policy_check.rules if o.policy_check is not None else None,
-                                queue_name=a.queue_name)
+                                queue_name=a.queue_name,
+                                rewinds=tuple(o.status.lifecycle.rewinds) if o.status.lifecycle is not None else ())
                 await self.write("jobs", (ns, a.name), "POST", path(JOBS, ns), body=job)
                 if testfault and (dup := testfault.second_job(job)):  # tests only: double-job
                     await self.write("jobs", (ns, dup["metadata"]["name"]), "POST", path(JOBS, ns), body=dup)

@@ -51,13 +51,13 @@ class LapReader:
 
     def __init__(self, env: dict[str, str] | None = None, cache_size: int = 512) -> None:
         self.env = dict(os.environ if env is None else env)
-        self._cache: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self._cache: OrderedDict[str, Any] = OrderedDict()  # by the lap object's key (a rewound run: its history's)
         self._stores: dict[tuple[Any, ...], Any] = {}  # one client per store location (making one is costly)
         self._lock = threading.Lock()
         self.cache_size = cache_size
 
     def _store(self, run: dict[str, Any]) -> tuple[Any, Any]:
-        from agentrun.checkpoint.locate import open_located, resolve_store
+        from agentrun.checkpoint.locate import open_located, resolve_store, rewinds_of
         from agentrun.checkpoint.schema import RunRef
 
         meta = run.get("metadata") or {}
@@ -74,10 +74,10 @@ class LapReader:
                 if len(self._stores) > 64:
                     self._stores.clear()
                 self._stores[key] = store
-        return store, ref
+        return store.along(rewinds_of(run)), ref
 
     def _lap(self, store: Any, ref: Any, lap: int) -> Any:
-        key = (ref.uid, lap)
+        key = store.lap_key(ref, lap)
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)

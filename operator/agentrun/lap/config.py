@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from agentrun.api.approval import SHA256_HEX_CHARS
-from agentrun.api.contract import APPROVAL_DECISIONS, Env
+from agentrun.api.contract import APPROVAL_DECISIONS, Env, format_rewinds
+from agentrun.api.contract import parse_rewinds as contract_rewinds
 from agentrun.api.spec import AgentRunSpec
 from agentrun.checkpoint.schema import ApprovalDecision, RunRef
 from agentrun.lap.errors import ConfigError
@@ -30,6 +31,8 @@ class LapConfig:
     log_format: str
     image: str | None = None
     """AGENTRUN_IMAGE: the lap's own image as the operator set it (None: a Job of an earlier release)."""
+    rewinds: tuple[int, ...] = ()
+    """AGENTRUN_REWINDS: the run's rewinds in place (``contract.history_of``); () for a run never rewound."""
 
 
 def _required(env: Mapping[str, str], name: str) -> str:
@@ -87,6 +90,17 @@ def parse_decision(env: Mapping[str, str]) -> ApprovalDecision | None:
     )
 
 
+def parse_rewinds(env: Mapping[str, str], lap: int) -> tuple[int, ...]:
+    """AGENTRUN_REWINDS; every rewind point is before the lap (the lap is in the newest history)."""
+    try:
+        rewinds = contract_rewinds(env.get(Env.REWINDS))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if rewinds and max(rewinds) >= lap:
+        raise ConfigError(f"{Env.REWINDS}={format_rewinds(rewinds)}: lap {lap} is not after every rewind point")
+    return rewinds
+
+
 def parse_identity(env: Mapping[str, str]) -> tuple[RunRef, int, int]:
     """Run identity, lap and attempt: the part needed to report a failure."""
     run = RunRef(
@@ -110,6 +124,7 @@ def parse_env(env: Mapping[str, str]) -> LapConfig:
         decision=parse_decision(env),
         log_format=log_format(env),
         image=env.get(Env.IMAGE, "").strip() or None,
+        rewinds=parse_rewinds(env, lap),
     )
 
 

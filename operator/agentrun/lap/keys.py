@@ -18,9 +18,13 @@ __all__ = ["CALL_ID_PATTERN", "MCP_TOOLS_JOURNAL_NAME", "MODEL_JOURNAL_NAME", "a
            "tool_journal_name"]
 
 
-def idempotency_key(run: RunRef, lap: int, tool: str, call_id: str, scheme: str = KEY_SCHEME) -> str:
-    """The idempotency key of a tool call; the same inputs always give the same key."""
-    return f"{run.key_id(scheme)}:{lap}:{tool}:{call_id}"
+def idempotency_key(run: RunRef, lap: int, tool: str, call_id: str, scheme: str = KEY_SCHEME, history: int = 0) -> str:
+    """The idempotency key of a tool call; the same inputs always give the same key. A lap of a
+    later history of the run (a rewind in place, ``contract.history_of``) has its own keys,
+    ``<run id>.h<history>:<lap>:<tool>:<callId>``: a call of the new history is a new call, never
+    answered by a tool from its record of an abandoned history's call of the same lap and id."""
+    run_id = run.key_id(scheme) + (f".h{history}" if history else "")
+    return f"{run_id}:{lap}:{tool}:{call_id}"
 
 
 def normalize_call_ids(raw_ids: list[str | None]) -> list[str]:

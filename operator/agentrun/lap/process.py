@@ -25,7 +25,7 @@ from agentrun.api.contract import (
 )
 from agentrun.checkpoint.errors import CheckpointError
 from agentrun.checkpoint.store import CheckpointStore, StoreConfig
-from agentrun.lap.config import log_format, parse_env, parse_identity
+from agentrun.lap.config import log_format, parse_env, parse_identity, parse_rewinds
 from agentrun.lap.errors import LapError
 from agentrun.lap.logs import LapLogger, redact
 from agentrun.lap.models import API_KEY_ENV
@@ -102,7 +102,8 @@ def _run(env: Mapping[str, str]) -> tuple[int, str]:
         if ck.endpoint:  # the run's own store: its connections under the run's rules (lap/netguard.py)
             guard_store_connections(urlsplit(ck.endpoint).hostname or "", rules_from_env(env))
         store = CheckpointStore(StoreConfig.from_env(
-            env, snapshot_every=ck.snapshot_every, max_lap_bytes=ck.max_lap_bytes, max_run_bytes=ck.max_run_bytes))
+            env, snapshot_every=ck.snapshot_every, max_lap_bytes=ck.max_lap_bytes, max_run_bytes=ck.max_run_bytes,
+        )).along(cfg.rewinds)
     except (LapError, CheckpointError) as e:
         message = redact(str(e), log.secrets)
         code = EXIT_PERMANENT if isinstance(e, LapError) else exit_for(e)
@@ -119,7 +120,7 @@ def _report_config_failure(env: Mapping[str, str], code: int, message: str, log:
     """Best effort: report a configuration failure if identity and store are readable."""
     try:
         run, lap, attempt = parse_identity(env)
-        store = CheckpointStore(StoreConfig.from_env(env))
+        store = CheckpointStore(StoreConfig.from_env(env)).along(parse_rewinds(env, lap))
     except Exception:
         return
     report_failure(store, run, lap, attempt, code, message, env.get(Env.AGENT_VERSION) or None, log)

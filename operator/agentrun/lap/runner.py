@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun.api.contract import FAILURE_LOG_MESSAGES, AttemptReason, Env, ExitCode
+from agentrun.api.contract import FAILURE_LOG_MESSAGES, AttemptReason, Env, ExitCode, history_of
 from agentrun.checkpoint.errors import (
     CheckpointError,
     CheckpointNotFound,
@@ -286,6 +286,8 @@ def _execute_lap(
     # scheme and the step's first journal read need). They are independent reads of different
     # keys with no write of ours between, so reading them at once is as if they were read in this
     # order at one instant; their results (and errors) are taken in the order the lap uses them.
+    if cfg.rewinds and cfg.lap == cfg.rewinds[-1] + 1:  # a history's first lap: its marker before any of its objects
+        store.put_rewind(cfg.run)
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="lap-read") as reads:
         state_read = reads.submit(store.load_state, cfg.run, through_lap=cfg.lap - 1)
         model_entry_read = reads.submit(store.get_journal_entry, cfg.run, cfg.lap, MODEL_JOURNAL_NAME)
@@ -304,6 +306,7 @@ def _execute_lap(
     ctx = LapContext(
         spec=cfg.spec, run=cfg.run, lap=cfg.lap, attempt=cfg.attempt,
         agent_version=cfg.agent_version, decision=cfg.decision, key_scheme=key_scheme, image=cfg.image,
+        history=history_of(cfg.rewinds, cfg.lap),
     )
     journal = StoreJournal(store, cfg.run, cfg.lap, cfg.agent_version, already_read)
     tools = testfault.lap_tools(tools, cfg.attempt) if testfault else tools  # tests only: rekey

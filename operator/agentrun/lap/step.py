@@ -98,6 +98,8 @@ class LapContext:
     """How this lap derives idempotency keys: the run's recorded scheme (``RunState.keyScheme``)."""
     image: str | None = None
     """The lap's image as the operator set it (AGENTRUN_IMAGE): part of a call's target digest."""
+    history: int = 0
+    """The run's history this lap is in (0 unless the run was rewound in place): part of its keys."""
 
     def target_sha256(self, tool: ToolSpec | McpToolRef | None, arguments: dict[str, Any]) -> str:
         """``api.approval.target_sha256`` of a call of ``tool`` under this lap's spec and image."""
@@ -246,7 +248,7 @@ def handle_call(
 ) -> tuple[ToolCallRecord, PendingApproval | None]:
     """Decide and (maybe) run one call of the model response. Returns its record and the pending approval."""
     toolset = toolset or ToolSet(http=tuple(ctx.spec.agent.tools))
-    key = idempotency_key(ctx.run, ctx.lap, call.name, call.id, ctx.key_scheme)
+    key = idempotency_key(ctx.run, ctx.lap, call.name, call.id, ctx.key_scheme, ctx.history)
     tool = toolset.get(call.name)
     if tool is None:
         names = ", ".join(toolset.names()) or "(none)"

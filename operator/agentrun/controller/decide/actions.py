@@ -88,6 +88,16 @@ class ForkCheckpoint:
 
 
 @dataclass(frozen=True)
+class ReadRewind:
+    """Survey a rewind in place to lap ``from_lap`` of a run that stands at lap ``through_lap``: the
+    state through ``from_lap`` and every tool call sent after it (the lap records up to
+    ``through_lap`` and the journal of the unfinished lap after it): the shell adds a ``RewindRead``."""
+
+    from_lap: int
+    through_lap: int
+
+
+@dataclass(frozen=True)
 class ProbeStore:
     """Probe the run's store for conditional writes (once per endpoint and bucket per process):
     the shell adds a ``StoreProbeRead``."""
@@ -160,7 +170,7 @@ class Backoff:
 
 Action = (
     CreateJob | DeleteJob | PatchStatus | RemoveAnnotations | Event | RequeueAfter | ReadCheckpoint
-    | ReadAttemptFailure | ForkCheckpoint | AddFinalizer | RemoveFinalizer | DeleteCheckpoints | LapFinished | LapRetried
+    | ReadAttemptFailure | ReadRewind | ForkCheckpoint | AddFinalizer | RemoveFinalizer | DeleteCheckpoints | LapFinished | LapRetried
     | ProbeStore | DeleteRun | Backoff | StoreAgent
 )
 
@@ -197,4 +207,4 @@ class Decision:
     @property
     def needs_read(self) -> bool:
         return bool(self.of(ReadCheckpoint) or self.of(ReadAttemptFailure) or self.of(ForkCheckpoint)
-                    or self.of(ProbeStore) or self.of(StoreAgent))
+                    or self.of(ProbeStore) or self.of(StoreAgent) or self.of(ReadRewind))

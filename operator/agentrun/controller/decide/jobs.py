@@ -22,6 +22,7 @@ from agentrun.api.contract import (
     LABEL_RUN_UID,
     TERMINATION_MESSAGE_PATH,
     Env,
+    format_rewinds,
     mcp_headers_env,
     tool_headers_env,
 )
@@ -170,12 +171,14 @@ def build_env(
     spec_text: str | None = None,
     image: str | None = None,
     address_rules: AddressRules | None = None,
+    rewinds: tuple[int, ...] = (),
 ) -> list[dict[str, Any]]:
     """The lap container's environment, per docs/contracts.md. ``store``: the run's pinned store
     (status.store); without it, the store a new run would resolve to. ``spec_text``:
     :func:`spec_json` of ``spec``, when the caller has it already. ``address_rules``: those of the
     AgentRunPolicies that apply to the run (the tenancy re-check's), for the lap's connect-time
-    check; None when none is known (the lap applies the always-denied ranges)."""
+    check; None when none is known (the lap applies the always-denied ranges). ``rewinds``:
+    status.lifecycle.rewinds (set only for a run rewound in place)."""
     ck = spec.checkpoint
     store = store or resolve_store(spec, config)
     uri = store.uri
@@ -226,6 +229,8 @@ def build_env(
             env.append(_value_env(Env.APPROVAL_TARGET_SHA256, approval.target_sha256))
     if address_rules is not None:
         env.append(_value_env(Env.ADDRESS_RULES, address_rules.to_env()))
+    if rewinds:
+        env.append(_value_env(Env.REWINDS, format_rewinds(rewinds)))
     return env
 
 
@@ -265,6 +270,7 @@ def build_job(
     spec_text: str | None = None,
     address_rules: AddressRules | None = None,
     queue_name: str | None = None,
+    rewinds: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """The batch/v1 Job of one lap attempt (``spec_text``, ``address_rules``: as :func:`build_env`).
     With ``queue_name`` it is created suspended with Kueue's queue label, for Kueue to admit
@@ -294,7 +300,7 @@ def build_job(
         "imagePullPolicy": "IfNotPresent",
         "command": list(config.lap_command),
         "env": build_env(run, spec, lap, attempt, agent_version, config, approval, store, spec_text, image,
-                         address_rules),
+                         address_rules, rewinds),
         "resources": resources,
         # the runner writes a failure's cause there; the log tail when it could not (a crash)
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,

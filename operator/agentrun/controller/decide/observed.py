@@ -12,7 +12,7 @@ from agentrun.api.agent import AgentProblem, ResolvedAgent
 from agentrun.api.spec import AgentRunManifestSpec, AgentRunSpec
 from agentrun.api.status import AgentRunStatus, StoreLocation
 from agentrun.api.tenancy import PolicyCheck
-from agentrun.checkpoint.schema import LapRecord, RunState
+from agentrun.checkpoint.schema import LapRecord, RunState, Totals
 
 JobState = Literal["active", "succeeded", "failed"]
 
@@ -103,6 +103,33 @@ class StoreProbeRead:
 
 
 @dataclass(frozen=True)
+class SentCall:
+    """A tool call sent after the rewind point (a lap record's, or the unfinished lap's journal)."""
+
+    lap: int
+    call_id: str
+    tool: str
+
+
+@dataclass(frozen=True)
+class RewindRead:
+    """What the shell found for ``ReadRewind``: the state through ``from_lap`` (``point``: the
+    record or fork snapshot object of that lap, None for lap 0; ``totals`` and ``outcome`` of the
+    state through it) and every tool call sent after it, in order."""
+
+    from_lap: int
+    through_lap: int
+    kind: Literal["ok", "missing", "unavailable", "unreadable"]
+    point: CheckpointRead | None = None
+    agent_version: str | None = None
+    totals: Totals | None = None
+    outcome: str | None = None
+    """The outcome type of lap ``from_lap`` (continue, awaiting-approval, ...); None for lap 0."""
+    calls: tuple[SentCall, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class AttemptFailureRead:
     """Result of reading ``attempts/<lap>-<attempt>.json`` (best effort: may be None)."""
 
@@ -182,6 +209,7 @@ class Observed:
     jobs: tuple[ObservedJob, ...] = ()
     checkpoint: CheckpointRead | None = None
     attempt_failure: AttemptFailureRead | None = None
+    rewind: RewindRead | None = None
     fork: ForkRead | None = None
     store_probe: StoreProbeRead | None = None
     """The store probe's verdict; None: not probed yet (decide asks with ``ProbeStore``)."""

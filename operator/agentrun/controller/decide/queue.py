@@ -189,7 +189,8 @@ def admit(c: Ctx) -> None:
     """A queued run got a slot (or its namespace's limit went away): one Normal Event, phase Pending
     until its first lap starts (whatever holds it then says so), ``status.queue`` cleared."""
     st = c.st
-    if st.phase == "Queued" and not c.spec.suspend:  # (suspended: the phase says so next)
+    # (Queued with no place in the queue: Kueue holds its Job, decide/kueue.py; suspended: the phase says so next)
+    if st.phase == "Queued" and st.queue is not None and not c.spec.suspend:
         message = f"admitted: a slot is free in namespace {c.o.namespace}"
         c.event("Normal", Reason.ADMITTED, message)
         c.phase("Pending", Reason.ADMITTED, message)
