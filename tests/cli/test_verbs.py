@@ -280,3 +280,10 @@ def test_describe_names_the_agent_or_model_limit_a_run_waits_for():
     lines = ds.describe_text(r, [], lc_now()).splitlines()
     assert ("  Queue:          position 1 (2 of 2 runs of model gpt-4o active; AgentRunPolicy team-a "
             "maxActiveRunsPerModel)") in lines
+
+
+def test_describe_shows_the_rewinds_of_a_run_retried_from_an_earlier_lap():
+    r = run("w", phase="Running", lifecycle={"retries": 2, "rewinds": [3, 1]})
+    lines = ds.describe_text(r, [], lc_now()).splitlines()
+    assert "  Rewinds:        2 (to laps 3, 1; history 2 is current)" in lines
+    assert not any(ln.startswith("  Rewinds:") for ln in ds.describe_text(run("r"), [], lc_now()).splitlines())

@@ -110,6 +110,11 @@ def describe_text(run: dict[str, Any], events: list[dict[str, Any]], now: dateti
         + (f" (last by {_v(life.get('lastRetryBy'))} at {_v(life.get('lastRetryAt'))} from "
            f"{_v(life.get('lastRetryFromPhase'))})" if life.get("retries") else ""),
     ]
+    rewinds = [r for r in life.get("rewinds") or [] if isinstance(r, int) and not isinstance(r, bool)]
+    if rewinds:
+        lines.append(f"  Rewinds:        {len(rewinds)} (to lap{'s' if len(rewinds) > 1 else ''} "
+                     f"{', '.join(str(r) for r in rewinds[-8:])}{', ...' if len(rewinds) > 8 else ''}; "
+                     f"history {len(rewinds)} is current)")
     queue = st.get("queue")
     if isinstance(queue, dict):
         scope = str(queue.get("scope") or "namespace")
