@@ -234,7 +234,7 @@ class Kueue:
     def log(self) -> Path:
         return self.dir / "kueue.log"
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.cluster.kubectl_run(*args, input=input, check=check)
 
     def apply(self, *objs: dict[str, Any]) -> None:
@@ -319,7 +319,7 @@ def _get_ok(url: str, context: Any = None) -> bool:
         return False
 
 
-def start_kueue(cluster: Cluster, base_dir: str | os.PathLike, timeout: float = 120) -> Kueue:
+def start_kueue(cluster: Cluster, base_dir: str | os.PathLike[str], timeout: float = 120) -> Kueue:
     """Start Kueue on ``cluster`` with its files (configuration, certificate, log) in base_dir.
     Returns once it is ready and its webhooks answer through the API server; raises KueueError
     (with its log's tail) otherwise, after stopping what it started."""
@@ -400,12 +400,22 @@ def main() -> int:
     if a.cmd == "build":
         print(build_kueue())
         return 0
-    c = Cluster.load(os.environ.get("LOCALKUBE_DIR", ".localkube"))
+    cdir = os.environ.get("LOCALKUBE_DIR", ".localkube")
+    try:
+        c = Cluster.load(cdir)
+    except FileNotFoundError:
+        print(f"no cluster in {cdir} (make cluster-up, or set LOCALKUBE_DIR)", file=sys.stderr)
+        return 1
     try:
         k = start_kueue(c, a.dir)
     except (KueueError, ClusterError) as e:
         print(e, file=sys.stderr)
         return 1
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
     print(f"kueue ready ({k.timings['total']:.1f}s): health {k.health_url}, webhooks {k.webhook_url}, "
           f"log {k.log}", file=sys.stderr, flush=True)
     try:
