@@ -158,3 +158,14 @@ def test_kueue_admits_jobs_one_at_a_time_within_quota(cluster: Cluster, kueue: K
                   - _ts(jobs[n]["metadata"]["creationTimestamp"])).total_seconds()
         print(f"Job {n}: created -> Admitted seen by polling after {admitted_at[n] - created[n]:.2f}s "
               f"(server timestamps, 1 s resolution: {server:.0f}s)", file=sys.stderr)
+
+    # Deleting the Jobs removes their Workloads (owner references; Kueue drops its
+    # kueue.x-k8s.io/resource-in-use finalizer) and frees the ClusterQueue.
+    t_delete = time.monotonic()
+    cluster.kubectl_run("delete", "job", "first", "second", "-n", ns, "--cascade=background")
+    wait_for("the Workloads deleted with their Jobs",
+             lambda: not json.loads(cluster.kubectl_run("get", "workloads.kueue.x-k8s.io", "-n", ns, "-o",
+                                                        "json").stdout)["items"], timeout=90, interval=0.2)
+    print(f"Workloads gone {time.monotonic() - t_delete:.1f}s after their Jobs were deleted", file=sys.stderr)
+    wait_for("the ClusterQueue empty", lambda: (kueue.get("clusterqueue", cq) or {}).get("status", {})
+             .get("reservingWorkloads") == 0, timeout=30, interval=0.2)
