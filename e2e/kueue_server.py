@@ -297,9 +297,7 @@ class Kueue:
         """Remove the webhook configurations (the session's Jobs must not hang on a dead webhook),
         then stop the process (SIGTERM, SIGKILL after 15 s)."""
         try:
-            self.kubectl("delete", "mutatingwebhookconfiguration", MUTATING_NAME, "--ignore-not-found", check=False)
-            self.kubectl("delete", "validatingwebhookconfiguration", VALIDATING_NAME, "--ignore-not-found",
-                         check=False)
+            remove_webhooks(self.cluster)
         finally:
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGTERM)
@@ -309,6 +307,13 @@ class Kueue:
                     self.proc.kill()
                     self.proc.wait()
                     raise KueueError(f"kueue did not stop on SIGTERM within 15s:\n{_tail(self.log)}") from None
+
+
+def remove_webhooks(cluster: Cluster) -> None:
+    """Delete Kueue's webhook configurations (Jobs are admitted without Kueue again)."""
+    cluster.kubectl_run("delete", "mutatingwebhookconfiguration", MUTATING_NAME, "--ignore-not-found", check=False)
+    cluster.kubectl_run("delete", "validatingwebhookconfiguration", VALIDATING_NAME, "--ignore-not-found",
+                        check=False)
 
 
 def _get_ok(url: str, context: Any = None) -> bool:
@@ -343,11 +348,15 @@ def start_kueue(cluster: Cluster, base_dir: str | os.PathLike[str], timeout: flo
     t1 = time.monotonic()
     crd_list = crds(kueue_dir, url, ca)
     items = [*crd_list, *webhook_configurations(kueue_dir, url, ca)]
-    cluster.kubectl_run("apply", "--server-side", "--force-conflicts", "--field-manager=agentrun-e2e-kueue",
-                        "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
-                        timeout=120)
-    cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s",
-                        *[f"crd/{c['metadata']['name']}" for c in crd_list], timeout=90)
+    try:
+        cluster.kubectl_run("apply", "--server-side", "--force-conflicts", "--field-manager=agentrun-e2e-kueue",
+                            "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+                            timeout=120)
+        cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s",
+                            *[f"crd/{c['metadata']['name']}" for c in crd_list], timeout=90)
+    except BaseException:
+        remove_webhooks(cluster)
+        raise
     timings["crds"] = time.monotonic() - t1
 
     env = cluster.env()
