@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what the e2e control plane needs on a fresh Debian machine and build
-# (or reuse the cached) localkube and versitygw binaries. Called by .ci/run. Idempotent.
+# (or reuse the cached) localkube, versitygw and kueue binaries. Called by .ci/run. Idempotent.
 #
 # Needs: Go >= 1.26 on PATH (the Go module proxy must be reachable on a cold
 # module cache), Python >= 3.11 with pip. No Docker, no container runtime.
@@ -37,3 +37,9 @@ echo "ci-install: localkube ready in $(( $(date +%s) - start ))s: $bin ($("$bin"
 start=$(date +%s)
 vgw="$("$here/versitygw/build.sh")"
 echo "ci-install: versitygw ready in $(( $(date +%s) - start ))s: $vgw" >&2
+
+# Kueue: the real queueing controller of tests/e2e/test_kueue_cluster.py (e2e/kueue_server.py),
+# built from the Go module proxy and cached with its CRDs and webhook manifests.
+start=$(date +%s)
+kq="$("$here/kueue/build.sh")"
+echo "ci-install: kueue ready in $(( $(date +%s) - start ))s: $kq" >&2

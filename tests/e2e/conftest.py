@@ -7,6 +7,10 @@ stopped at the end; the teardown fails if any process was left behind.
 
 ``s3`` (session): moto's S3 server on loopback with the bucket ``agentrun``.
 
+``kueue`` (session, lazy: started by the first test that asks for it): the real Kueue controller
+manager (e2e/kueue_server.py, built and cached by e2e/kueue/build.sh) on the session ``cluster``,
+with its CRDs and webhooks; stopped (webhooks removed first) before the cluster.
+
 Tests are marked ``@pytest.mark.e2e``. They are skipped only when
 ``AGENTRUN_SKIP_E2E=1``; otherwise a failure to build or start the cluster is
 an error of every test that needs it, never a silent skip.
@@ -27,6 +31,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from e2e.cluster import Cluster, S3Server, leftover_processes, start_cluster, start_s3  # noqa: E402
+from e2e.kueue_server import Kueue, start_kueue  # noqa: E402
 
 SKIP_E2E = os.environ.get("AGENTRUN_SKIP_E2E") == "1"
 
@@ -75,6 +80,19 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         s.stop()
         left = leftover_processes(d)
         assert not left, f"S3 server processes left behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kueue]:
+    d = tmp_path_factory.mktemp("kueue")
+    k = start_kueue(cluster, d)  # raises (test error) on any failure: no silent skip
+    print(f"\nkueue started in {k.timings['total']:.1f}s: {k.timings}", file=sys.stderr)
+    try:
+        yield k
+    finally:
+        k.stop()
+        left = leftover_processes(d)
+        assert not left, f"kueue processes left behind: {left}"
 
 
 @pytest.fixture
