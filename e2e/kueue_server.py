@@ -53,8 +53,10 @@ import yaml
 
 try:
     from .cluster import Cluster, ClusterError, _free_port, _tail
+    from .gobuild import cached_build
 except ImportError:  # run as a script: e2e/ is on sys.path
     from cluster import Cluster, ClusterError, _free_port, _tail  # type: ignore[no-redef]
+    from gobuild import cached_build  # type: ignore[no-redef]
 
 BUILD_SH = Path(__file__).resolve().parent / "kueue" / "build.sh"
 
@@ -93,15 +95,7 @@ def workload_name(job_name: str, job_uid: str, kind: str = "Job", group: str = "
 def build_kueue() -> Path:
     """Build (or reuse the cached) Kueue; return the cache directory (``kueue``, ``crds/``,
     ``webhook/manifests.yaml``). ``KUEUE_DIR`` overrides (a directory of that shape)."""
-    if os.environ.get("KUEUE_DIR"):
-        return Path(os.environ["KUEUE_DIR"])
-    t0 = time.time()
-    r = subprocess.run(["bash", str(BUILD_SH)], stdout=subprocess.PIPE, text=True)
-    if r.returncode != 0:
-        raise KueueError(f"building kueue failed (exit {r.returncode}); see the output above")
-    if time.time() - t0 > 5:
-        print(f"kueue built in {time.time() - t0:.0f}s", file=sys.stderr)
-    return Path(r.stdout.strip().splitlines()[-1])
+    return Path(cached_build("kueue", BUILD_SH, os.environ.get("KUEUE_DIR")))
 
 
 # ------------------------------------------------------------------ certificates

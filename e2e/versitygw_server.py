@@ -25,6 +25,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+try:
+    from .gobuild import cached_build
+except ImportError:  # run as a script: e2e/ is on sys.path
+    from gobuild import cached_build  # type: ignore[no-redef]
+
 BUILD_SH = Path(__file__).resolve().parent / "versitygw" / "build.sh"
 HEALTH = "/agentrun-health"
 
@@ -35,15 +40,7 @@ class VersityError(RuntimeError):
 
 def build_versitygw() -> str:
     """Build (or reuse the cached) versitygw binary; return its path. ``VERSITYGW_BIN`` overrides."""
-    if os.environ.get("VERSITYGW_BIN"):
-        return os.environ["VERSITYGW_BIN"]
-    t0 = time.time()
-    r = subprocess.run(["bash", str(BUILD_SH)], stdout=subprocess.PIPE, text=True)
-    if r.returncode != 0:
-        raise VersityError(f"building versitygw failed (exit {r.returncode}); see the output above")
-    if time.time() - t0 > 5:
-        print(f"versitygw built in {time.time() - t0:.0f}s", file=sys.stderr)
-    return r.stdout.strip().splitlines()[-1]
+    return cached_build("versitygw", BUILD_SH, os.environ.get("VERSITYGW_BIN"))
 
 
 def _free_port() -> int:

@@ -145,3 +145,38 @@ class ToolGate:
         self._open.set()
         self._server.shutdown()
         self._server.server_close()
+
+
+class JobWatch:
+    """``kubectl get jobs -w`` of a namespace, read in a thread: ``on_event(type, job)`` for each
+    watch event (ADDED, MODIFIED, DELETED) as it comes. ``stop()`` ends it."""
+
+    def __init__(self, cluster: Any, ns: str, on_event: Callable[[str, dict[str, Any]], None]) -> None:
+        import json
+        import subprocess
+        import threading
+
+        self._on_event = on_event
+        self._json = json
+        self._proc = subprocess.Popen(
+            [cluster.kubectl, "get", "jobs", "-n", ns, "-w", "--output-watch-events", "-o", "json"],
+            env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        dec, buf = self._json.JSONDecoder(), ""
+        for line in self._proc.stdout:
+            buf += line
+            while buf.strip():
+                try:
+                    ev, end = dec.raw_decode(buf.lstrip())
+                except ValueError:
+                    break
+                buf = buf.lstrip()[end:]
+                self._on_event(str(ev.get("type")), ev.get("object") or {})
+
+    def stop(self) -> None:
+        self._proc.kill()
+        self._proc.wait(10)
+

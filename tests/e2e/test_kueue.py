@@ -15,14 +15,11 @@ consecutive laps of one run through Kueue, beside the same run without it (docs/
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import threading
 from typing import Any
 
 import pytest
-from e2e_support import ToolGate, wait_for
+from e2e_support import JobWatch, ToolGate, wait_for
 from test_operator_e2e import Env
 
 from agentrun.api.kueue import QUEUE_NAME_LABEL
@@ -40,34 +37,18 @@ class AdmittedSampler:
         self.jobs: dict[str, bool] = {}  # job name -> admitted and unfinished
         self.most = 0
         self.suspended_at_creation: dict[str, bool] = {}
-        self._proc = subprocess.Popen(
-            [cluster.kubectl, "get", "jobs", "-n", ns, "-w", "--output-watch-events", "-o", "json"],
-            env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        threading.Thread(target=self._read, daemon=True).start()
+        self._watch = JobWatch(cluster, ns, self._apply)
 
-    def _read(self) -> None:
-        assert self._proc.stdout is not None
-        dec, buf = json.JSONDecoder(), ""
-        for line in self._proc.stdout:
-            buf += line
-            while buf.strip():
-                try:
-                    ev, end = dec.raw_decode(buf.lstrip())
-                except ValueError:
-                    break
-                buf = buf.lstrip()[end:]
-                job = ev.get("object") or {}
-                name = job["metadata"]["name"]
-                self.suspended_at_creation.setdefault(name, (job.get("spec") or {}).get("suspend") is True)
-                conds = (job.get("status") or {}).get("conditions") or []
-                finished = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conds)
-                self.jobs[name] = ev.get("type") != "DELETED" and not (job.get("spec") or {}).get("suspend") \
-                    and not finished
-                self.most = max(self.most, sum(self.jobs.values()))
+    def _apply(self, type_: str, job: dict[str, Any]) -> None:
+        name = job["metadata"]["name"]
+        self.suspended_at_creation.setdefault(name, (job.get("spec") or {}).get("suspend") is True)
+        conds = (job.get("status") or {}).get("conditions") or []
+        finished = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conds)
+        self.jobs[name] = type_ != "DELETED" and not (job.get("spec") or {}).get("suspend") and not finished
+        self.most = max(self.most, sum(self.jobs.values()))
 
     def stop(self) -> None:
-        self._proc.kill()
-        self._proc.wait(10)
+        self._watch.stop()
 
 
 def lap_gaps(e: Env, order: str) -> list[float]:

@@ -11,13 +11,11 @@ gate opens, runs finish, the queued ones are admitted in order, and all five Suc
 from __future__ import annotations
 
 import json
-import subprocess
-import threading
 import time
 from typing import Any
 
 import pytest
-from e2e_support import ToolGate, delete_team_policy, wait_for
+from e2e_support import JobWatch, ToolGate, delete_team_policy, wait_for
 from test_operator_e2e import Env
 
 from agentrun.api import tenancy as t
@@ -31,36 +29,17 @@ LIMIT = 2
 
 
 class JobSampler:
-    """A watch of the namespace's Jobs (``kubectl get jobs -w``): the largest number of runs that had
-    an unfinished lap Job at once."""
+    """A watch of the namespace's Jobs: the largest number of runs that had an unfinished lap Job at once."""
 
     def __init__(self, cluster: Any, ns: str) -> None:
         self.jobs: dict[str, tuple[str, bool]] = {}  # job name -> (run uid, finished)
         self.most = 0
         self.seen = 0
-        self._proc = subprocess.Popen(
-            [cluster.kubectl, "get", "jobs", "-n", ns, "-w", "--output-watch-events", "-o", "json"],
-            env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
+        self._watch = JobWatch(cluster, ns, self._apply)
 
-    def _read(self) -> None:
-        assert self._proc.stdout is not None
-        dec, buf = json.JSONDecoder(), ""
-        for line in self._proc.stdout:
-            buf += line
-            while buf.strip():
-                try:
-                    ev, end = dec.raw_decode(buf.lstrip())
-                except ValueError:
-                    break
-                buf = buf.lstrip()[end:]
-                self._apply(ev)
-
-    def _apply(self, ev: dict[str, Any]) -> None:
-        job = ev.get("object") or {}
+    def _apply(self, type_: str, job: dict[str, Any]) -> None:
         name = job["metadata"]["name"]
-        if ev.get("type") == "DELETED":
+        if type_ == "DELETED":
             self.jobs.pop(name, None)
         else:
             conds = (job.get("status") or {}).get("conditions") or []
@@ -70,8 +49,7 @@ class JobSampler:
         self.most = max(self.most, len({uid for uid, done in self.jobs.values() if not done}))
 
     def stop(self) -> None:
-        self._proc.kill()
-        self._proc.wait(10)
+        self._watch.stop()
 
 
 def test_max_active_runs_queues_the_rest_in_priority_order_across_an_operator_kill(cluster, s3, tmp_path):
