@@ -37,3 +37,9 @@ echo "ci-install: localkube ready in $(( $(date +%s) - start ))s: $bin ($("$bin"
 start=$(date +%s)
 vgw="$("$here/versitygw/build.sh")"
 echo "ci-install: versitygw ready in $(( $(date +%s) - start ))s: $vgw" >&2
+
+# Jaeger: the real OTLP receiver of the traces test (tests/e2e/test_traces.py), built from the Go
+# module proxy and cached like localkube.
+start=$(date +%s)
+jgr="$("$here/jaeger/build.sh")"
+echo "ci-install: jaeger ready in $(( $(date +%s) - start ))s: $jgr" >&2

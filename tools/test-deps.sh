@@ -6,6 +6,7 @@
 #   runc, buildah, mmdebstrap  tools/install-image-tools.sh (apt-get, as root or through sudo)
 #   promtool, helm, chromium   tools/install-{promtool,helm,chromium}.sh
 #   localkube, versitygw       e2e/localkube/build.sh, e2e/versitygw/build.sh (Go, cached)
+#   jaeger                     e2e/jaeger/build.sh (Go, cached; the traces test's OTLP receiver)
 #   the image                  tools/image/build.sh (make image; needs root and the tools above)
 #
 # A step that cannot run here (no root and no sudo, no apt-get, no Go) is reported on one line and
@@ -36,6 +37,7 @@ have chromium || have chromium-browser || step chromium bash tools/install-chrom
 if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then export PATH="/usr/local/go/bin:$PATH"; fi
 step localkube bash e2e/localkube/build.sh
 step versitygw bash e2e/versitygw/build.sh
+step jaeger bash e2e/jaeger/build.sh
 if [ "$(id -u)" = 0 ] && command -v mmdebstrap >/dev/null && command -v buildah >/dev/null; then
   step image env PYTHON="$PY" bash tools/image/build.sh build
 else

@@ -225,6 +225,7 @@ def build_env(
             env.append(_value_env(Env.APPROVAL_TARGET_SHA256, approval.target_sha256))
     if address_rules is not None:
         env.append(_value_env(Env.ADDRESS_RULES, address_rules.to_env()))
+    env += [_value_env(name, value) for name, value in config.lap_otel_env]  # tracing (api.contract.LAP_OTEL_ENV)
     return env
 
 
