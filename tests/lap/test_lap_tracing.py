@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from lap_helpers import (
@@ -207,3 +208,39 @@ def test_the_wait_for_an_approval_is_a_span_of_the_run_naming_the_decider(s3_env
     assert a["gen_ai.tool.call.id"] == "call_x1"
     [executed] = sink.named("execute_tool ")
     assert executed["attrs"]["gen_ai.tool.call.id"] == "call_x1" and len(srv.requests) == 1
+
+
+def test_mcp_requests_carry_the_trace_context_of_the_span_they_are_sent_in() -> None:
+    """The MCP client (httpx2) adds ``traceparent`` to every request, as the HTTP client does: here
+    to the ``initialize`` of a server that answers 503 (the request is all this test needs)."""
+    from agentrun.api.spec import McpServer
+    from agentrun.lap.errors import RetryableLapError
+    from agentrun.lap.tools.mcp import McpToolRunner
+
+    seen: list[dict[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append({k.lower(): v for k, v in self.headers.items()})
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    parent = f"00-{RUN.uid.replace('-', '')}-{run_span_id(RUN.uid)}-01"
+    try:
+        runner = McpToolRunner(tries=1, trace=lambda: {"traceparent": parent})
+        server = McpServer.model_validate({"name": "ledger", "url": f"http://127.0.0.1:{httpd.server_address[1]}/mcp"})
+        try:
+            runner.list_tools(server)
+        except RetryableLapError:
+            pass
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert seen and all(h.get("traceparent") == parent for h in seen), seen
