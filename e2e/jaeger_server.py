@@ -43,6 +43,7 @@ service:
       level: warn
 extensions:
   jaeger_query:
+    enable_tracing: false
     storage:
       traces: memstore
     http:
