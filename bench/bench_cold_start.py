@@ -21,7 +21,12 @@ spec with one HTTP tool (``http``: the tool is declared, not called) and a spec 
 (``mcp``: examples/mcp_tool_server.py, started here; the lap imports the ``mcp`` SDK and lists the
 server's tools before it asks the model), and prints their figures side by side.
 
-    python bench/bench_cold_start.py [--runs 20] [--no-compile] [--json out.json] [--mcp]
+``--tracing`` measures tracing off and on the same way (``off``: no OTEL variable; ``on``:
+``OTEL_EXPORTER_OTLP_ENDPOINT`` at this process's server, which answers the OTLP/HTTP export of the
+lap's spans with 200): the lap then imports the OpenTelemetry SDK and its exporter, and sends its
+spans at exit.
+
+    python bench/bench_cold_start.py [--runs 20] [--no-compile] [--json out.json] [--mcp | --tracing]
 """
 
 from __future__ import annotations
@@ -64,6 +69,12 @@ class ChatHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         now = time.time()
+        if self.path == "/v1/traces":  # --tracing: the lap's spans (OTLP/HTTP), accepted unread
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         run = self.path.strip("/").split("/")[0]
         with LOCK:
             ARRIVALS.setdefault(run, now)
@@ -87,6 +98,7 @@ def main() -> None:
     ap.add_argument("--no-compile", action="store_true",
                     help="do not compile the agentrun package to bytecode first (see above)")
     ap.add_argument("--mcp", action="store_true", help="measure an HTTP-only spec and an MCP spec side by side")
+    ap.add_argument("--tracing", action="store_true", help="measure tracing off and on side by side")
     args = ap.parse_args()
     exe = os.path.join(os.path.dirname(sys.executable), "agentrun")
     agentrun = [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "agentrun.cli.main"]
@@ -98,7 +110,7 @@ def main() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), ChatHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
-    cases = ["http", "mcp"] if args.mcp else ["none"]
+    cases = ["http", "mcp"] if args.mcp else ["off", "on"] if args.tracing else ["none"]
     first_by: dict[str, list[float]] = {c: [] for c in cases}
     whole_by: dict[str, list[float]] = {c: [] for c in cases}
     cpu_by: dict[str, list[float]] = {c: [] for c in cases}
@@ -136,7 +148,9 @@ def main() -> None:
             elif case == "mcp":
                 spec["agent"]["mcpServers"] = [{"name": "ledger", "url": ledger_url}]
             uid = f"00000000-0000-0000-{cases.index(case):04d}-{i:012d}"
-            env = {**os.environ, **base, "AGENTRUN_NAMESPACE": "bench", "AGENTRUN_NAME": run,
+            env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}, **base,
+                   **({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"} if case == "on" else {}),
+                   "AGENTRUN_NAMESPACE": "bench", "AGENTRUN_NAME": run,
                    "AGENTRUN_UID": uid, "AGENTRUN_LAP": "1", "AGENTRUN_ATTEMPT": "1",
                    "AGENTRUN_SPEC": json.dumps(spec), "AGENTRUN_AGENT_VERSION": "v1"}
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -159,7 +173,8 @@ def main() -> None:
         moto.wait(timeout=10)
     compiled = "not compiled first" if args.no_compile else "agentrun compiled to bytecode first"
     for case in cases:
-        label = {"none": "", "http": " (spec with one HTTP tool)", "mcp": " (spec with one MCP server)"}[case]
+        label = {"none": "", "http": " (spec with one HTTP tool)", "mcp": " (spec with one MCP server)",
+                 "off": " (tracing off)", "on": " (tracing on: OTLP/HTTP export of the lap's spans)"}[case]
         print(f"lap runner cold start{label}, {args.runs} runs ({os.cpu_count()} CPUs, load "
               f"{os.getloadavg()[0]:.1f}, {compiled}):")
         report(first_by[case], whole_by[case], cpu_by[case])

@@ -43,3 +43,8 @@ echo "ci-install: versitygw ready in $(( $(date +%s) - start ))s: $vgw" >&2
 start=$(date +%s)
 kq="$("$here/kueue/build.sh")"
 echo "ci-install: kueue ready in $(( $(date +%s) - start ))s: $kq" >&2
+# Jaeger: the real OTLP receiver of the traces test (tests/e2e/test_traces.py), built from the Go
+# module proxy and cached like localkube.
+start=$(date +%s)
+jgr="$("$here/jaeger/build.sh")"
+echo "ci-install: jaeger ready in $(( $(date +%s) - start ))s: $jgr" >&2

@@ -7,6 +7,7 @@
 #   promtool, helm, chromium   tools/install-{promtool,helm,chromium}.sh
 #   localkube, versitygw       e2e/localkube/build.sh, e2e/versitygw/build.sh (Go, cached)
 #   kueue                      e2e/kueue/build.sh (Go, cached with its CRDs and webhook manifests)
+#   jaeger                     e2e/jaeger/build.sh (Go, cached; the traces test's OTLP receiver)
 #   the image                  tools/image/build.sh (make image; needs root and the tools above)
 #
 # A step that cannot run here (no root and no sudo, no apt-get, no Go) is reported on one line and
@@ -38,6 +39,7 @@ if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then export P
 step localkube bash e2e/localkube/build.sh
 step versitygw bash e2e/versitygw/build.sh
 step kueue bash e2e/kueue/build.sh
+step jaeger bash e2e/jaeger/build.sh
 if [ "$(id -u)" = 0 ] && command -v mmdebstrap >/dev/null && command -v buildah >/dev/null; then
   step image env PYTHON="$PY" bash tools/image/build.sh build
 else

@@ -11,6 +11,8 @@ stopped at the end; the teardown fails if any process was left behind.
 manager (e2e/kueue_server.py, built and cached by e2e/kueue/build.sh) on the session ``cluster``,
 with its CRDs and webhooks; stopped (webhooks removed first) before the cluster.
 
+``jaeger`` (session, started on first use): Jaeger all-in-one, the OTLP receiver of the traces test.
+
 Tests are marked ``@pytest.mark.e2e``. They are skipped only when
 ``AGENTRUN_SKIP_E2E=1``; otherwise a failure to build or start the cluster is
 an error of every test that needs it, never a silent skip.
@@ -31,6 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from e2e.cluster import Cluster, S3Server, leftover_processes, start_cluster, start_s3  # noqa: E402
+from e2e.jaeger_server import Jaeger, start_jaeger  # noqa: E402
 from e2e.kueue_server import Kueue, start_kueue  # noqa: E402
 
 SKIP_E2E = os.environ.get("AGENTRUN_SKIP_E2E") == "1"
@@ -66,6 +69,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         c.stop()  # raises if processes had to be SIGKILLed as leftovers
         left = leftover_processes(d)
         assert not left, f"processes left behind after cluster stop: {left}"
+
+
+@pytest.fixture(scope="session")
+def jaeger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jaeger]:
+    """Jaeger all-in-one (e2e/jaeger_server.py, built and cached by e2e/jaeger/build.sh): the real OTLP
+    receiver of tests/e2e/test_traces.py. Started on first use only."""
+    if SKIP_E2E:
+        pytest.skip("AGENTRUN_SKIP_E2E=1")
+    j = start_jaeger(tmp_path_factory.mktemp("jaeger"))
+    try:
+        yield j
+    finally:
+        j.stop()
 
 
 @pytest.fixture(scope="session")

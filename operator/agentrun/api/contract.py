@@ -14,7 +14,9 @@ This module imports nothing but the standard library: the lap imports it at star
 
 from __future__ import annotations
 
+import hashlib
 import re
+import uuid
 from enum import IntEnum, StrEnum
 from typing import Final
 
@@ -149,6 +151,49 @@ class AttemptReason(StrEnum):
     """The store refused the lap's credentials."""
 
 
+# -- tracing (lap/tracing, docs/observability.md#traces) ------------------------------------------
+
+
+class OtelEnv(StrEnum):
+    """The standard OpenTelemetry variables of tracing. The operator passes those of
+    :data:`LAP_OTEL_ENV` from its own environment (the chart's ``tracing`` values) to every lap Job;
+    the lap traces when an endpoint is set (``lap/tracing``)."""
+
+    ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+    TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+    PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+    TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+    SDK_DISABLED = "OTEL_SDK_DISABLED"
+    TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
+    TRACES_SAMPLER = "OTEL_TRACES_SAMPLER"
+    TRACES_SAMPLER_ARG = "OTEL_TRACES_SAMPLER_ARG"
+    RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
+    CAPTURE_MESSAGE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+    """``true``: spans carry the messages, tool arguments and results (the GenAI conventions' opt-in)."""
+
+
+LAP_OTEL_ENV: tuple[OtelEnv, ...] = tuple(OtelEnv)
+"""What the operator copies from its environment into lap Jobs (set ones only). Never
+``OTEL_EXPORTER_OTLP_HEADERS``: headers may hold a collector's token, and a Job's env is readable."""
+
+
+def run_trace_id(uid: str) -> str:
+    """The trace id of a run (32 hex digits): the 128 bits of its uid (a UUID), else the first 128
+    bits of the uid's sha256. Every lap, retry and restart of the run lands in this trace."""
+    try:
+        value = uuid.UUID(uid).hex
+    except ValueError:
+        value = hashlib.sha256(uid.encode()).hexdigest()[:32]
+    return value if int(value, 16) else "0" * 31 + "1"
+
+
+def run_span_id(uid: str) -> str:
+    """The span id (16 hex digits) of a run's root span, which its lap spans are children of: the
+    first 64 bits of ``sha256("agentrun.dev/run:" + uid)``."""
+    value = hashlib.sha256(f"agentrun.dev/run:{uid}".encode()).hexdigest()[:16]
+    return value if int(value, 16) else "0" * 15 + "1"
+
+
 # -- the termination message --------------------------------------------------------------------
 
 FAILURE_LOG_MESSAGES: tuple[str, ...] = ("lap failed", "lap configuration refused")
@@ -278,6 +323,7 @@ def describe() -> str:
     out += [f"  {e.value:<34} Env.{e.name}" for e in Env]
     out.append(f"  {TOOL_HEADERS_PREFIX + '<TOOL>':<34} tool_headers_env(tool)")
     out.append(f"  {MCP_HEADERS_PREFIX + '<SERVER>':<34} mcp_headers_env(server)")
+    out.append("Tracing (operator environment -> lap Job, when set): " + ", ".join(LAP_OTEL_ENV))
     out.append("Exit codes (runner -> operator):")
     out += [f"  {c.value:<4} ExitCode.{c.name}" for c in ExitCode]
     out.append("Attempt report reasons (attempts/...):")

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrun.api.contract import LAP_OTEL_ENV
+
 #: The values of AGENTRUN_EVENT_LOOP (controller/eventloop.py makes the loop).
 EVENT_LOOPS = ("uvloop", "asyncio")
 #: The admission policy sets of AGENTRUN_ADMISSION_POLICIES (controller/policycheck.py).
@@ -116,6 +118,10 @@ class OperatorConfig:
     or outdated (logged as a warning). Anyone who may patch a run then decides its approvals."""
     identity: str = ""
     """AGENTRUN_IDENTITY (or POD_NAME): this replica's name in the Lease (default host-pid)."""
+    lap_otel_env: tuple[tuple[str, str], ...] = ()
+    """The OpenTelemetry variables of ``agentrun.api.contract.LAP_OTEL_ENV`` set in the operator's
+    environment (the chart's ``tracing`` values, e.g. OTEL_EXPORTER_OTLP_ENDPOINT), passed as they
+    are to every lap Job: the lap traces when an endpoint is set (docs/observability.md#traces)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -204,6 +210,7 @@ class OperatorConfig:
         parse("AGENTRUN_ALLOW_MISSING_POLICIES", lambda v: _bool(v, False), "allow_missing_policies")
         parse("POD_NAME", str, "identity")
         parse("AGENTRUN_IDENTITY", str, "identity")
+        kw["lap_otel_env"] = tuple((str(name), value) for name in LAP_OTEL_ENV if (value := get(name)) is not None)
         if not kw.get("identity"):
             kw["identity"] = f"{os.uname().nodename}-{os.getpid()}"
         return cls(**kw)

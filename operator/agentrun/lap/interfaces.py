@@ -1,4 +1,4 @@
-"""The effects a lap needs, as small Protocols: a model, a tool runner and a journal.
+"""The effects a lap needs, as small Protocols: a model, a tool runner, a journal and a tracer.
 
 The step logic (:mod:`agentrun.lap.step`) only talks to these; the CLI wires the real ones
 (OpenAI-compatible or scripted model, HTTP tools, the S3 journal), tests wire in-memory fakes.
@@ -6,7 +6,10 @@ The step logic (:mod:`agentrun.lap.step`) only talks to these; the CLI wires the
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from agentrun.api.mcp import McpToolRef
@@ -125,3 +128,65 @@ class Journal(Protocol):
     def put(self, name: str, body: dict[str, Any]) -> bool:
         """Write the entry if absent; False if it already existed (nothing written)."""
         ...
+
+
+AttributeValue = str | bool | int | float
+"""A span attribute's value (OpenTelemetry's scalar types)."""
+
+
+class TraceSpan(Protocol):
+    """A span of the lap's trace, open while its ``with`` block runs."""
+
+    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None: ...
+
+    def set_error(self, message: str) -> None:
+        """Mark the span failed (a lap that exits with a failure code, without an exception)."""
+        ...
+
+
+class Tracer(Protocol):
+    """The lap's spans (``lap/tracing``): OpenTelemetry when an OTLP endpoint is configured, else
+    :data:`NO_TRACER`. ``span`` opens a child of the current span (the lap's first: a child of the
+    run's root span, in the run's trace); an exception leaving the block marks the span failed.
+    ``headers`` is the W3C trace context of the current span (``traceparent``), sent with every
+    model and tool request; ``capture_content`` whether spans may carry messages, arguments and
+    results (the GenAI conventions' opt-in)."""
+
+    capture_content: bool
+
+    def span(self, name: str, attributes: Mapping[str, AttributeValue]) -> AbstractContextManager[TraceSpan]: ...
+
+    def headers(self) -> dict[str, str]: ...
+
+    def record(self, name: str, attributes: Mapping[str, AttributeValue], start: datetime, end: datetime) -> None:
+        """A span of the run that already happened (from ``start`` to ``end``), a child of the run's
+        root span: the wait for an approval decision."""
+        ...
+
+
+class _NoSpan:
+    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
+        return None
+
+    def set_error(self, message: str) -> None:
+        return None
+
+
+class NoTracer:
+    """Tracing off: spans that record nothing, no headers."""
+
+    capture_content = False
+
+    @contextmanager
+    def span(self, name: str, attributes: Mapping[str, AttributeValue]) -> Iterator[TraceSpan]:
+        yield _NO_SPAN
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+    def record(self, name: str, attributes: Mapping[str, AttributeValue], start: datetime, end: datetime) -> None:
+        return None
+
+
+_NO_SPAN = _NoSpan()
+NO_TRACER: Tracer = NoTracer()

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentrun.api.contract import Env
@@ -135,10 +135,17 @@ def guard(client: httpx.Client, rules: AddressRules) -> httpx.Client:
     return client
 
 
-def guarded_client(rules: AddressRules, **kwargs: Any) -> httpx.Client:
-    """``httpx.Client(**kwargs)`` whose every connection is checked (:func:`guard`)."""
+TraceHeaders = Callable[[], Mapping[str, str]]
+"""The W3C trace context of the current span (``Tracer.headers``), added to every request."""
+
+
+def guarded_client(rules: AddressRules, trace: TraceHeaders | None = None, **kwargs: Any) -> httpx.Client:
+    """``httpx.Client(**kwargs)`` whose every connection is checked (:func:`guard`) and, with
+    ``trace``, whose every request carries the trace context (``traceparent``) of the span it is sent in."""
     from agentrun.lap.httpx_lite import httpx
 
+    if trace is not None:
+        kwargs["event_hooks"] = {"request": [lambda request: request.headers.update(trace())]}
     return guard(httpx.Client(**kwargs), rules)
 
 

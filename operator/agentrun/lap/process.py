@@ -30,7 +30,9 @@ from agentrun.lap.errors import LapError
 from agentrun.lap.logs import LapLogger, redact
 from agentrun.lap.models import API_KEY_ENV
 from agentrun.lap.netguard import guard_store_connections, rules_from_env
-from agentrun.lap.runner import EXIT_PERMANENT, TERMINATING, execute_lap, exit_for, report_failure
+from agentrun.lap.runner import EXIT_PERMANENT, TERMINATING, LapExit, execute_lap, exit_for, report_failure
+from agentrun.lap.tracing import ClosingTracer, tracer_from_env
+from agentrun.lap.tracing.semconv import LAP_SPAN, lap_attributes, lap_result
 
 CRASH_ENV = Env.TEST_CRASH_AT
 """TEST HOOK: kill this process with SIGKILL at a named point of the lap (see docs/lap-runner.md)."""
@@ -77,17 +79,11 @@ def install_sigterm() -> None:
 
 
 def run_from_env(env: Mapping[str, str]) -> int:
-    """Parse the environment, run the lap, return the exit code (a failure's cause also goes to the
+    """Parse the environment, run the lap in its span (when tracing is on, ``lap/tracing``), send
+    the spans (bounded in time), return the exit code (a failure's cause also goes to the
     termination message file)."""
     install_sigterm()
     termination_path = env.get(Env.TERMINATION_MESSAGE_PATH) or TERMINATION_MESSAGE_PATH
-    code, message = _run(env)
-    if code not in (ExitCode.OK, ExitCode.ALREADY_CHECKPOINTED):
-        write_termination_message(message, termination_path)
-    return code
-
-
-def _run(env: Mapping[str, str]) -> tuple[int, str]:
     context: dict[str, object] = {
         "namespace": env.get(Env.NAMESPACE, ""),
         "name": env.get(Env.NAME, ""),
@@ -95,6 +91,25 @@ def _run(env: Mapping[str, str]) -> tuple[int, str]:
         "attempt": env.get(Env.ATTEMPT, "1"),
     }
     log = LapLogger(context, fmt=log_format(env), secrets=[env.get(API_KEY_ENV, "")])
+    tracer = tracer_from_env(env, log.secrets, log)
+    try:
+        attrs = lap_attributes(env.get(Env.NAMESPACE, ""), env.get(Env.NAME, ""), env.get(Env.UID, ""),
+                               env.get(Env.LAP, ""), env.get(Env.ATTEMPT, "1"))
+        with tracer.span(LAP_SPAN, attrs) as span:
+            result = _run(env, log, tracer)
+            span.set_attributes(lap_result(result.code, result.record))
+            if result.code not in (ExitCode.OK, ExitCode.ALREADY_CHECKPOINTED):
+                span.set_error(result.message)
+    finally:
+        if not tracer.close():
+            log("tracing: spans not sent in time (collector unreachable?); the lap exits without them",
+                level="warning")
+    if result.code not in (ExitCode.OK, ExitCode.ALREADY_CHECKPOINTED):
+        write_termination_message(result.message, termination_path)
+    return result.code
+
+
+def _run(env: Mapping[str, str], log: LapLogger, tracer: ClosingTracer) -> LapExit:
     store: CheckpointStore | None = None
     try:
         cfg = parse_env(env)
@@ -109,11 +124,10 @@ def _run(env: Mapping[str, str]) -> tuple[int, str]:
         code = EXIT_PERMANENT if isinstance(e, LapError) else exit_for(e)
         log(FAILURE_LOG_MESSAGES[1], level="error", exit_code=code, error=message)
         _report_config_failure(env, code, message, log)
-        return code, message
+        return LapExit(code, message)
     log.context.update(lap=cfg.lap, attempt=cfg.attempt)
     log("lap starting", agent_version=cfg.agent_version, decision=cfg.decision.decision if cfg.decision else None)
-    result = execute_lap(cfg, store, env, log, crash=crash_hook(env))
-    return result.code, result.message
+    return execute_lap(cfg, store, env, log, crash=crash_hook(env), tracer=tracer)
 
 
 def _report_config_failure(env: Mapping[str, str], code: int, message: str, log: LapLogger) -> None:

@@ -31,7 +31,7 @@ from agentrun.checkpoint.schema import (
 from agentrun.checkpoint.store import CheckpointStore, StoredObject
 from agentrun.lap.config import LapConfig
 from agentrun.lap.errors import LapError, LapTerminated, PermanentLapError
-from agentrun.lap.interfaces import McpTools, Model, ToolRunner
+from agentrun.lap.interfaces import NO_TRACER, McpTools, Model, ToolRunner, Tracer
 from agentrun.lap.keys import MODEL_JOURNAL_NAME
 from agentrun.lap.logs import LapLogger, redact
 from agentrun.lap.models import API_KEY_ENV, make_model
@@ -188,11 +188,13 @@ def execute_lap(
     model: Model | None = None,
     tools: ToolRunner | None = None,
     mcp: McpTools | None = None,
+    tracer: Tracer = NO_TRACER,
 ) -> LapExit:
-    """Run lap ``cfg.lap`` once and write its checkpoint. Never raises: returns the exit."""
+    """Run lap ``cfg.lap`` once and write its checkpoint. Never raises: returns the exit. ``tracer``:
+    the lap's spans (``lap/tracing``), whose trace context every model and tool request carries."""
     log.add_secrets([env.get(API_KEY_ENV, "")])
     try:
-        return _execute(cfg, store, env, log, crash, model, tools, mcp)
+        return _execute(cfg, store, env, log, crash, model, tools, mcp, tracer)
     except LapAlreadyCheckpointed:
         msg = f"lap {cfg.lap} already checkpointed by another writer; nothing written"
         log(msg, level="warning")
@@ -226,9 +228,10 @@ class _Setup:
 
     def __init__(
         self, cfg: LapConfig, env: Mapping[str, str], model: Model | None, tools: ToolRunner | None,
-        mcp: McpTools | None = None,
+        mcp: McpTools | None = None, tracer: Tracer = NO_TRACER,
     ) -> None:
         self._cfg, self._env, self._model, self._tools, self._mcp = cfg, env, model, tools, mcp
+        self._trace = tracer.headers
         self._secrets: list[str] = []
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="lap-setup", daemon=True)
@@ -238,17 +241,17 @@ class _Setup:
         try:
             check_tool_schemas(self._cfg.spec.agent.tools)
             if self._tools is None:
-                http_tools = HTTPToolRunner.from_env(self._cfg.spec.agent.tools, self._env)
+                http_tools = HTTPToolRunner.from_env(self._cfg.spec.agent.tools, self._env, self._trace)
                 self._secrets = http_tools.secrets()
                 self._tools = http_tools
-            self._model = self._model or make_model(self._cfg.spec, self._env)
+            self._model = self._model or make_model(self._cfg.spec, self._env, self._trace)
             servers = self._cfg.spec.agent.mcp_servers
             if servers and self._mcp is None:
                 # only a run with MCP servers loads the mcp SDK (~hundreds of ms of imports), here, in
                 # the setup thread, while the lap's first store reads wait
                 from agentrun.lap.tools.mcp import McpToolRunner, preload
 
-                mcp_tools = McpToolRunner.from_env(servers, self._env)
+                mcp_tools = McpToolRunner.from_env(servers, self._env, self._trace)
                 self._secrets += mcp_tools.secrets()
                 self._mcp = mcp_tools
                 preload()
@@ -270,16 +273,18 @@ class _Setup:
 def _execute(
     cfg: LapConfig, store: CheckpointStore, env: Mapping[str, str], log: LapLogger,
     crash: Callable[[str], None], model: Model | None, tools: ToolRunner | None, mcp: McpTools | None = None,
+    tracer: Tracer = NO_TRACER,
 ) -> LapExit:
-    setup = _Setup(cfg, env, model, tools, mcp)
+    setup = _Setup(cfg, env, model, tools, mcp, tracer)
     try:
-        return _execute_lap(cfg, store, log, crash, setup)
+        return _execute_lap(cfg, store, log, crash, setup, tracer)
     finally:
         setup.join()  # no setup thread outlives the lap (e.g. one that ended before needing it)
 
 
 def _execute_lap(
     cfg: LapConfig, store: CheckpointStore, log: LapLogger, crash: Callable[[str], None], setup: _Setup,
+    tracer: Tracer = NO_TRACER,
 ) -> LapExit:
     # The lap's three first reads go together: whether the lap is checkpointed (HEAD), the state
     # through the lap before (immutable by now), and the lap's model journal entry (which the key
@@ -310,7 +315,7 @@ def _execute_lap(
     )
     journal = StoreJournal(store, cfg.run, cfg.lap, cfg.agent_version, already_read)
     tools = testfault.lap_tools(tools, cfg.attempt) if testfault else tools  # tests only: rekey
-    fx = Effects(model=model, tools=tools, journal=journal, crash=crash, log=log, mcp=mcp)
+    fx = Effects(model=model, tools=tools, journal=journal, crash=crash, log=log, mcp=mcp, tracer=tracer)
     record = run_lap(ctx, state, fx)
     record = record.model_copy(update={"storage": state.storage})  # its journal is deleted once it is stored
     crash("before-checkpoint")

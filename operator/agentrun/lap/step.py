@@ -55,6 +55,7 @@ from agentrun.lap.interfaces import (
     JOURNAL_KIND_MCP_TOOLS,
     JOURNAL_KIND_MODEL,
     JOURNAL_KIND_TOOL,
+    NO_TRACER,
     Journal,
     McpTools,
     Model,
@@ -64,6 +65,7 @@ from agentrun.lap.interfaces import (
     OfferedTool,
     ToolOutcome,
     ToolRunner,
+    Tracer,
 )
 from agentrun.lap.keys import (
     MCP_TOOLS_JOURNAL_NAME,
@@ -73,6 +75,7 @@ from agentrun.lap.keys import (
     tool_journal_name,
 )
 from agentrun.lap.tools.validate import argument_errors, check_tool_schemas
+from agentrun.lap.tracing.semconv import approval_span, chat_result, chat_span, tool_result, tool_span
 from agentrun.lap.window import APPROVAL_PREFIX, apply_compaction, build_window, plan_compaction
 
 
@@ -118,6 +121,8 @@ class Effects:
     clock: Callable[[], datetime] = _utcnow
     mcp: McpTools | None = None
     """The MCP client (``lap/tools/mcp.py``); needed only when the spec declares mcpServers."""
+    tracer: Tracer = NO_TRACER
+    """The lap's spans (``lap/tracing``): one per model call and per tool call, answered or from the journal."""
 
 
 @dataclass
@@ -205,7 +210,19 @@ def execute_call(
     ctx: LapContext, fx: Effects, acc: _Acc, tool: OfferedTool, call_id: str, arguments: dict[str, Any],
     key: str, journal_name: str,
 ) -> ToolCallRecord:
-    """Run one validated call exactly once per lap: reuse the journal, else call and journal."""
+    """Run one validated call exactly once per lap: reuse the journal, else call and journal (in a
+    span ``execute_tool <tool>``)."""
+    capture = fx.tracer.capture_content
+    with fx.tracer.span(*tool_span(tool, call_id, key, arguments, capture)) as span:
+        record = _execute_call(ctx, fx, acc, tool, call_id, arguments, key, journal_name)
+        span.set_attributes(tool_result(record, capture))
+    return record
+
+
+def _execute_call(
+    ctx: LapContext, fx: Effects, acc: _Acc, tool: OfferedTool, call_id: str, arguments: dict[str, Any],
+    key: str, journal_name: str,
+) -> ToolCallRecord:
     found = fx.journal.get(journal_name)
     if found is not None:
         fx.log("tool result reused from the journal", tool=tool.name, call_id=call_id, key=key)
@@ -311,6 +328,8 @@ def resolve_pending(
             f"{pending.call_id} of tool {pending.tool} has arguments with sha256 {args_digest}; not executed"
         )
     decision = decision.model_copy(update={"call_id": pending.call_id})
+    if ctx.attempt == 1:  # the wait, once per decision (a retry of this lap does not record it again)
+        fx.tracer.record(*approval_span(pending, decision), start=pending.requested_at, end=fx.clock())
     toolset = toolset or ToolSet(http=tuple(ctx.spec.agent.tools))
     declared: ToolSpec | McpToolRef | None = ctx.spec.tool(pending.tool) or find_mcp_tool(ctx.spec.agent, pending.tool)
     if decision.decision == "approved" and decision.target_sha256:
@@ -371,13 +390,22 @@ def resolve_pending(
 def journaled_model_call(
     ctx: LapContext, fx: Effects, window: list[Message], toolset: ToolSet | None = None,
 ) -> tuple[ModelResponse, bool]:
-    """The lap's model response: from the journal if recorded, else asked and journaled first."""
+    """The lap's model response: from the journal if recorded, else asked and journaled first (in a
+    span ``chat <model>``)."""
+    offered = toolset.offered() if toolset is not None else tuple(ctx.spec.agent.tools)
+    request = ModelRequest(lap=ctx.lap, messages=tuple(window), tools=offered)
+    capture = fx.tracer.capture_content
+    with fx.tracer.span(*chat_span(ctx.spec.agent.model, request, capture, ctx.run.uid)) as span:
+        response, reused = _journaled_model_call(fx, request)
+        span.set_attributes(chat_result(response, capture, reused))
+    return response, reused
+
+
+def _journaled_model_call(fx: Effects, request: ModelRequest) -> tuple[ModelResponse, bool]:
     found = fx.journal.get(MODEL_JOURNAL_NAME)
     if found is not None:
         fx.log("model response reused from the journal")
         return ModelResponse.from_json(found["response"]), True
-    offered = toolset.offered() if toolset is not None else tuple(ctx.spec.agent.tools)
-    request = ModelRequest(lap=ctx.lap, messages=tuple(window), tools=offered)
     response = fx.model.complete(request)
     body = {"kind": JOURNAL_KIND_MODEL, "response": response.to_json()}
     if not fx.journal.put(MODEL_JOURNAL_NAME, body):

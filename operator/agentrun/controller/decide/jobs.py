@@ -231,6 +231,7 @@ def build_env(
         env.append(_value_env(Env.ADDRESS_RULES, address_rules.to_env()))
     if rewinds:
         env.append(_value_env(Env.REWINDS, format_rewinds(rewinds)))
+    env += [_value_env(name, value) for name, value in config.lap_otel_env]  # tracing (api.contract.LAP_OTEL_ENV)
     return env
 
 

@@ -37,7 +37,7 @@ from agentrun.lap.errors import ConfigError, PermanentLapError, RetryableLapErro
 from agentrun.lap.httpx_lite import httpx
 from agentrun.lap.interfaces import ModelCall, ModelRequest, ModelResponse, OfferedTool
 from agentrun.lap.keys import normalize_call_ids
-from agentrun.lap.netguard import AddressRefused, guarded_client
+from agentrun.lap.netguard import AddressRefused, TraceHeaders, guarded_client
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
 ERROR_BODY_CHARS = 300
@@ -136,18 +136,19 @@ def parse_response(body: Any, endpoint: str = "the model endpoint") -> ModelResp
         ) from None
 
 
-def http_client_for(url: str, rules: AddressRules | None = None) -> httpx.Client:
+def http_client_for(url: str, rules: AddressRules | None = None, trace: TraceHeaders | None = None) -> httpx.Client:
     """The HTTP client of the model endpoint ``url``. ``httpx.Client()`` loads the CA bundle into a
     TLS context (~20 ms of CPU at every lap start) even when it will never speak TLS. For an
     ``http://`` endpoint with no proxy in the environment it never does (one fixed URL, redirects
     not followed), so that client gets a TLS context with no CA at all, which would refuse every
     certificate (it still requires one and checks the host name): nothing is trusted that was
     trusted before. Any other endpoint, or any proxy variable set, gets ``httpx.Client()``. Either
-    checks the address of every connection against ``rules`` (``lap/netguard.py``)."""
+    checks the address of every connection against ``rules`` (``lap/netguard.py``) and sends the
+    trace context with every request (``trace``)."""
     rules = rules or AddressRules()
     if urlsplit(url).scheme == "http" and not urllib.request.getproxies():
-        return guarded_client(rules, verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
-    return guarded_client(rules)
+        return guarded_client(rules, trace, verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
+    return guarded_client(rules, trace)
 
 
 class OpenAIModel:
@@ -156,6 +157,7 @@ class OpenAIModel:
     def __init__(
         self, spec: ModelSpec, api_key: str | None, client: httpx.Client | None = None,
         max_response_bytes: int = MAX_RESPONSE_BYTES, rules: AddressRules | None = None,
+        trace: TraceHeaders | None = None,
     ) -> None:
         if not spec.base_url:
             raise ConfigError("spec.agent.model.baseURL is required for provider openai")
@@ -165,11 +167,13 @@ class OpenAIModel:
         self._max_bytes = max_response_bytes
         self._api_key = api_key
         self._timeout = parse_duration(spec.request_timeout)
-        self._client = client or http_client_for(self._url, rules)
+        self._client = client or http_client_for(self._url, rules, trace)
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, api_key: str | None, rules: AddressRules | None = None) -> OpenAIModel:
-        return cls(spec, api_key, rules=rules)
+    def from_spec(
+        cls, spec: ModelSpec, api_key: str | None, rules: AddressRules | None = None, trace: TraceHeaders | None = None,
+    ) -> OpenAIModel:
+        return cls(spec, api_key, rules=rules, trace=trace)
 
     def payload(self, request: ModelRequest) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self._spec.name, "messages": [wire_message(m) for m in request.messages]}

@@ -30,7 +30,7 @@ from agentrun.api.tenancy import AddressRules
 from agentrun.api.types import parse_duration
 from agentrun.lap.errors import ConfigError, RetryableLapError
 from agentrun.lap.interfaces import ToolOutcome
-from agentrun.lap.netguard import AddressRefused, guarded_client, rules_from_env
+from agentrun.lap.netguard import AddressRefused, TraceHeaders, guarded_client, rules_from_env
 
 if TYPE_CHECKING:
     import httpx
@@ -115,8 +115,10 @@ class HTTPToolRunner:
         client: httpx.Client | None = None,
         sleep: Callable[[float], None] = time.sleep,
         rules: AddressRules | None = None,
+        trace: TraceHeaders | None = None,
     ) -> None:
         self._headers = headers or {}
+        self._trace = trace
         self._rules = rules or AddressRules()
         self._tries = max(1, tries)
         self._backoff = backoff_seconds
@@ -129,7 +131,7 @@ class HTTPToolRunner:
 
     def _http(self) -> httpx.Client:
         if self._client is None:
-            self._client = guarded_client(self._rules, follow_redirects=False)
+            self._client = guarded_client(self._rules, self._trace, follow_redirects=False)
         return self._client
 
     def call(self, tool: ToolSpec, arguments: dict[str, Any], idempotency_key: str) -> ToolOutcome:
@@ -178,5 +180,7 @@ class HTTPToolRunner:
             return r.status_code, text, truncated, total
 
     @classmethod
-    def from_env(cls, tools: list[ToolSpec], env: Mapping[str, str] = os.environ) -> HTTPToolRunner:
-        return cls(tool_headers_from_env(tools, env), rules=rules_from_env(env))
+    def from_env(
+        cls, tools: list[ToolSpec], env: Mapping[str, str] = os.environ, trace: TraceHeaders | None = None,
+    ) -> HTTPToolRunner:
+        return cls(tool_headers_from_env(tools, env), rules=rules_from_env(env), trace=trace)

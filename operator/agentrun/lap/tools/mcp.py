@@ -49,7 +49,7 @@ from agentrun.api.types import parse_duration, redact_url
 from agentrun.checkpoint.schema import McpServerTools, McpToolInfo
 from agentrun.lap.errors import ConfigError, PermanentLapError, RetryableLapError
 from agentrun.lap.interfaces import ToolOutcome
-from agentrun.lap.netguard import AddressRefused, check_host, resolve, rules_from_env
+from agentrun.lap.netguard import AddressRefused, TraceHeaders, check_host, resolve, rules_from_env
 from agentrun.lap.tools.http import headers_from_env, truncation_marker
 
 if TYPE_CHECKING:
@@ -210,11 +210,17 @@ class AsyncGuardedBackend:
         await self.inner.sleep(seconds)
 
 
-def guarded_async_client(rules: AddressRules, **kwargs: Any) -> httpx2.AsyncClient:
+def guarded_async_client(rules: AddressRules, trace: TraceHeaders | None = None, **kwargs: Any) -> httpx2.AsyncClient:
     """``httpx2.AsyncClient(**kwargs)`` whose every connection is checked; refused (ConfigError) when
-    its pool is not where httpx2 keeps it, never used unguarded."""
+    its pool is not where httpx2 keeps it, never used unguarded. With ``trace``, every request carries
+    the trace context of the span it is sent in (as ``netguard.guarded_client``)."""
     import httpx2
 
+    if trace is not None:
+        async def add_trace(request: httpx2.Request) -> None:
+            request.headers.update(trace())
+
+        kwargs["event_hooks"] = {"request": [add_trace]}
     client = httpx2.AsyncClient(**kwargs)
     for transport in [client._transport, *(t for t in client._mounts.values() if t is not None)]:
         pool = getattr(transport, "_pool", None)
@@ -237,8 +243,10 @@ class McpToolRunner:
         tries: int = 3,
         backoff_seconds: float = 0.5,
         sleep: Callable[[float], None] = time.sleep,
+        trace: TraceHeaders | None = None,
     ) -> None:
         self._headers = headers or {}
+        self._trace = trace
         self._rules = rules or AddressRules()
         self._tries = max(1, tries)
         self._backoff = backoff_seconds
@@ -254,7 +262,7 @@ class McpToolRunner:
 
         timeout = parse_duration(server.timeout)
         headers = {**self._headers.get(server.name, {}), **extra}
-        async with guarded_async_client(self._rules, headers=headers, timeout=timeout) as http:
+        async with guarded_async_client(self._rules, self._trace, headers=headers, timeout=timeout) as http:
             async with Client(streamable_http_client(server.url, http_client=http), read_timeout_seconds=timeout,
                               cache=None) as client:
                 return await op(client)
@@ -325,5 +333,7 @@ class McpToolRunner:
         return ToolOutcome(status="ok", result=text)
 
     @classmethod
-    def from_env(cls, servers: list[McpServer], env: Mapping[str, str] = os.environ) -> McpToolRunner:
-        return cls(mcp_headers_from_env(servers, env), rules=rules_from_env(env))
+    def from_env(
+        cls, servers: list[McpServer], env: Mapping[str, str] = os.environ, trace: TraceHeaders | None = None,
+    ) -> McpToolRunner:
+        return cls(mcp_headers_from_env(servers, env), rules=rules_from_env(env), trace=trace)

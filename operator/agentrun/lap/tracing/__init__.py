@@ -1,0 +1,87 @@
+"""Traces of the lap (docs/observability.md#traces): off unless the standard
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (the operator
+passes them from the chart's ``tracing`` values, ``agentrun.api.contract.LAP_OTEL_ENV``).
+
+:func:`tracer_from_env` returns :data:`~agentrun.lap.interfaces.NO_TRACER` when tracing is off, and
+imports the OpenTelemetry SDK (``agentrun[otel]``, in the image) only when it is on. Tracing never
+fails a lap: an SDK that is missing or refuses its configuration is one warning line, and the lap
+runs untraced. Only OTLP over HTTP/protobuf is sent (``OTEL_EXPORTER_OTLP_PROTOCOL`` unset or
+``http/protobuf``): no gRPC stack in the lap's start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from agentrun.api.contract import Env, OtelEnv
+from agentrun.lap.interfaces import NoTracer, Tracer
+
+HTTP_PROTOBUF = "http/protobuf"
+TRACES_PATH = "/v1/traces"
+
+
+class ClosingTracer(Tracer, Protocol):
+    def close(self) -> bool:
+        """Send what is left, bounded in time (``otel.FLUSH_SECONDS``); True if all was sent."""
+        ...
+
+
+class _Off(NoTracer):
+    """Tracing off: spans that record nothing, no headers, a ``close`` that does nothing."""
+
+    def close(self) -> bool:
+        return True
+
+
+OFF: ClosingTracer = _Off()
+
+
+def _true(value: str | None) -> bool:
+    return (value or "").strip().lower() == "true"
+
+
+def traces_endpoint(env: Mapping[str, str]) -> str | None:
+    """Where spans go, by the OTLP exporter's rules: ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` as is, else
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``; None when tracing is off (no endpoint,
+    ``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none``)."""
+    if _true(env.get(OtelEnv.SDK_DISABLED)) or (env.get(OtelEnv.TRACES_EXPORTER) or "").strip().lower() == "none":
+        return None
+    signal = (env.get(OtelEnv.TRACES_ENDPOINT) or "").strip()
+    if signal:
+        return signal
+    base = (env.get(OtelEnv.ENDPOINT) or "").strip()
+    return base.rstrip("/") + TRACES_PATH if base else None
+
+
+def capture_content(env: Mapping[str, str]) -> bool:
+    """``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``: spans carry message content."""
+    return _true(env.get(OtelEnv.CAPTURE_MESSAGE_CONTENT))
+
+
+def tracer_from_env(env: Mapping[str, str], secrets: list[str], log: Callable[..., None]) -> ClosingTracer:
+    """The lap's tracer: :data:`OFF`, or an :class:`~agentrun.lap.tracing.otel.OtelTracer` of the run
+    ``AGENTRUN_UID``. ``secrets`` (the lap logger's list, which grows) are redacted from every attribute."""
+    endpoint = traces_endpoint(env)
+    if endpoint is None:
+        return OFF
+    protocol = (env.get(OtelEnv.TRACES_PROTOCOL) or env.get(OtelEnv.PROTOCOL) or HTTP_PROTOBUF).strip()
+    if protocol != HTTP_PROTOBUF:
+        log(f"tracing off: {OtelEnv.PROTOCOL} {protocol[:40]!r} is not supported (only {HTTP_PROTOBUF})",
+            level="warning")
+        return OFF
+    try:
+        from agentrun.lap.tracing.otel import OtelTracer
+    except ImportError as e:
+        log(f"tracing off: the OpenTelemetry SDK is not installed (pip install 'agentrun[otel]'): {e}"[:300],
+            level="warning")
+        return OFF
+    resource = {"k8s.namespace.name": env.get(Env.NAMESPACE, "")[:63]}
+    pod = env.get("HOSTNAME", "")
+    if pod:
+        resource["k8s.pod.name"] = pod[:253]
+    try:
+        return OtelTracer(env.get(Env.UID, ""), endpoint, secrets, capture_content(env), log, resource=resource)
+    except Exception as e:  # a configuration the SDK refuses: the lap runs untraced
+        log(f"tracing off: {type(e).__name__}: {e}"[:300], level="warning")
+        return OFF
