@@ -287,3 +287,9 @@ def test_describe_shows_the_rewinds_of_a_run_retried_from_an_earlier_lap():
     lines = ds.describe_text(r, [], lc_now()).splitlines()
     assert "  Rewinds:        2 (to laps 3, 1; history 2 is current)" in lines
     assert not any(ln.startswith("  Rewinds:") for ln in ds.describe_text(run("r"), [], lc_now()).splitlines())
+
+
+def test_describe_shows_the_trace_id():
+    r = run("t", phase="Running", traceId="0f9e8d7c111122223333444455556666")
+    assert "  Trace:          0f9e8d7c111122223333444455556666 (OpenTelemetry trace id)" in \
+        ds.describe_text(r, [], lc_now()).splitlines()

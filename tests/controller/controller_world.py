@@ -128,6 +128,8 @@ class World:
     """The admission policy check's verdict (Observed.admission); None: in place."""
     queue: d.QueueSlot | None = None
     """The run's place in its namespace's queue (Observed.queue); None: no limit."""
+    tracing: bool = False
+    """The operator's tracing is on (Observed.tracing)."""
     default_queue_name: str | None = None
     """The namespace policy's Kueue LocalQueue (Observed.default_queue_name)."""
     workload: d.WorkloadRead | None = None
@@ -165,7 +167,8 @@ class World:
             resolved_store=self.resolved_store, store_probe=self.probe,
             store_error=None if self.resolved_store else "no store configured for the test",
             policy_check=self.policy_check, lap_image=self.lap_image, admission=self.admission,
-            queue=self.queue, default_queue_name=self.default_queue_name, workload=self.workload, rewind=rewind,
+            queue=self.queue, default_queue_name=self.default_queue_name, workload=self.workload,
+            tracing=self.tracing, rewind=rewind,
         )
 
     def reconcile(self) -> d.Decision:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
+from collections.abc import Mapping
 from enum import IntEnum, StrEnum
 from typing import Final
 
@@ -175,6 +176,27 @@ class OtelEnv(StrEnum):
 LAP_OTEL_ENV: tuple[OtelEnv, ...] = tuple(OtelEnv)
 """What the operator copies from its environment into lap Jobs (set ones only). Never
 ``OTEL_EXPORTER_OTLP_HEADERS``: headers may hold a collector's token, and a Job's env is readable."""
+
+
+TRACES_PATH: Final = "/v1/traces"
+
+
+def otel_true(value: str | None) -> bool:
+    """An OTEL_* boolean: ``true`` in any case."""
+    return (value or "").strip().lower() == "true"
+
+
+def traces_endpoint(env: Mapping[str, str]) -> str | None:
+    """Where spans go, by the OTLP exporter's rules: ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` as is, else
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``; None when tracing is off (no endpoint,
+    ``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none``)."""
+    if otel_true(env.get(OtelEnv.SDK_DISABLED)) or (env.get(OtelEnv.TRACES_EXPORTER) or "").strip().lower() == "none":
+        return None
+    signal = (env.get(OtelEnv.TRACES_ENDPOINT) or "").strip()
+    if signal:
+        return signal
+    base = (env.get(OtelEnv.ENDPOINT) or "").strip()
+    return base.rstrip("/") + TRACES_PATH if base else None
 
 
 def run_trace_id(uid: str) -> str:

@@ -429,6 +429,12 @@ class AgentRunStatus(APIModel):
     lifecycle: LifecycleStatus | None = Field(
         default=None, description="Retries in place, the cancel and the outcome announcement of the run.",
     )
+    trace_id: str | None = Field(
+        default=None, max_length=32, pattern=r"^[0-9a-f]{32}$",
+        description="The OpenTelemetry trace of the run (its uid's 128 bits): every lap, retry and approval wait "
+        "of the run is a span in it. Set while the operator's tracing is on (the chart's tracing values; "
+        "docs/observability.md#traces).",
+    )
     started_at: datetime | None = Field(default=None, description="When the first lap started.")
     completed_at: datetime | None = Field(default=None, description="When the run reached a terminal phase.")
     last_checkpoint_time: datetime | None = Field(default=None, description="When the last checkpoint was written.")

@@ -110,6 +110,8 @@ def describe_text(run: dict[str, Any], events: list[dict[str, Any]], now: dateti
         + (f" (last by {_v(life.get('lastRetryBy'))} at {_v(life.get('lastRetryAt'))} from "
            f"{_v(life.get('lastRetryFromPhase'))})" if life.get("retries") else ""),
     ]
+    if st.get("traceId"):
+        lines.append(f"  Trace:          {_v(st.get('traceId'), 32)} (OpenTelemetry trace id)")
     rewinds = [r for r in life.get("rewinds") or [] if isinstance(r, int) and not isinstance(r, bool)]
     if rewinds:
         lines.append(f"  Rewinds:        {len(rewinds)} (to lap{'s' if len(rewinds) > 1 else ''} "

@@ -6,13 +6,14 @@ by Secret *name* only and reach lap pods through ``secretKeyRef``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrun.api.contract import LAP_OTEL_ENV
+from agentrun.api.contract import LAP_OTEL_ENV, traces_endpoint
 
 #: The values of AGENTRUN_EVENT_LOOP (controller/eventloop.py makes the loop).
 EVENT_LOOPS = ("uvloop", "asyncio")
@@ -122,6 +123,11 @@ class OperatorConfig:
     """The OpenTelemetry variables of ``agentrun.api.contract.LAP_OTEL_ENV`` set in the operator's
     environment (the chart's ``tracing`` values, e.g. OTEL_EXPORTER_OTLP_ENDPOINT), passed as they
     are to every lap Job: the lap traces when an endpoint is set (docs/observability.md#traces)."""
+
+    @functools.cached_property
+    def tracing(self) -> bool:
+        """Lap Jobs get an OTLP endpoint: runs record their trace id (``status.traceId``)."""
+        return traces_endpoint(dict(self.lap_otel_env)) is not None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agentrun.api.approval import ANN_APPROVED
+from agentrun.api.contract import run_trace_id
 from agentrun.api.lifecycle import ANN_RETRY
 from agentrun.api.reasons import Reason
 from agentrun.api.status import TERMINAL_PHASES
@@ -63,6 +64,8 @@ def _decide(o: Observed) -> Decision:
         return stopped
 
     terminal = st.phase in TERMINAL_PHASES
+    if o.tracing and st.trace_id is None and not terminal:  # written with the pass's other changes
+        st.trace_id = run_trace_id(o.uid)
     # The store is pinned in status (write-ahead) before anything of a live run touches it.
     if not terminal and st.store is None:
         return pin_store(c)

@@ -257,6 +257,7 @@ def observe(body: dict[str, Any], jobs: list[dict[str, Any]], pods_of: Callable[
         namespace=namespace, name=name, uid=uid, generation=int(meta.get("generation") or 1),
         spec=spec, request=request, spec_error=spec_error, status=status, now=now,
         pod_config_grace_seconds=config.pod_config_grace_seconds, lap_image=config.lap_image,
+        tracing=config.tracing,
         resolved_store=resolved, store_error=store_error,
         annotations=dict(meta.get("annotations") or {}), finalizers=tuple(meta.get("finalizers") or ()),
         deleting=bool(meta.get("deletionTimestamp")), jobs=tuple(observed_jobs),

@@ -242,6 +242,9 @@ class Observed:
     parameters by the shell (``agentrun.api.agent.resolve``), or why it cannot be."""
     agent_pinned: PinnedAgentRead | None = None
     """Of a run of an Agent: the copy ``status.agent.digest`` names (read by the shell)."""
+    tracing: bool = False
+    """The operator passes an OTLP endpoint to lap Jobs (its tracing is on): the run records its
+    trace id (``status.traceId``)."""
     default_queue_name: str | None = None
     """The Kueue LocalQueue of the namespace's AgentRunPolicy (``defaultQueueName``), for a run
     without spec.queueName; None: none."""

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from agentrun.api.contract import Env, OtelEnv
+from agentrun.api.contract import Env, OtelEnv, traces_endpoint
+from agentrun.api.contract import otel_true as _true
 from agentrun.lap.interfaces import NoTracer, Tracer
 
 HTTP_PROTOBUF = "http/protobuf"
-TRACES_PATH = "/v1/traces"
 
 
 class ClosingTracer(Tracer, Protocol):
@@ -35,23 +35,6 @@ class _Off(NoTracer):
 
 
 OFF: ClosingTracer = _Off()
-
-
-def _true(value: str | None) -> bool:
-    return (value or "").strip().lower() == "true"
-
-
-def traces_endpoint(env: Mapping[str, str]) -> str | None:
-    """Where spans go, by the OTLP exporter's rules: ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` as is, else
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``; None when tracing is off (no endpoint,
-    ``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none``)."""
-    if _true(env.get(OtelEnv.SDK_DISABLED)) or (env.get(OtelEnv.TRACES_EXPORTER) or "").strip().lower() == "none":
-        return None
-    signal = (env.get(OtelEnv.TRACES_ENDPOINT) or "").strip()
-    if signal:
-        return signal
-    base = (env.get(OtelEnv.ENDPOINT) or "").strip()
-    return base.rstrip("/") + TRACES_PATH if base else None
 
 
 def capture_content(env: Mapping[str, str]) -> bool:
