@@ -187,3 +187,19 @@ def test_put_lap_of_a_rewound_run_refuses_an_existing_lap_of_its_history(store: 
     rewound.put_lap(make_record(2, shas[0], text="new"))
     with pytest.raises(LapAlreadyCheckpointed):
         rewound.put_lap(make_record(2, shas[0], text="other"))
+
+
+def test_a_call_the_unfinished_laps_model_asked_for_without_a_journaled_answer_may_have_been_sent(
+        store: CheckpointStore) -> None:
+    """The model response is journaled before any call of it is sent; a call whose answer was not
+    journaled may have been sent (the lap stopped in between): the rewind survey counts it."""
+    prev = None
+    for lap in range(1, 3):
+        prev = store.put_lap(make_record(lap, prev)).sha256
+    assert store.requested_unanswered(RUN, 3) == []  # no model response journaled: nothing was sent
+    store.put_journal(RUN, 3, "model", {"kind": "model", "response": {"content": None, "toolCalls": [
+        {"id": "call_1", "name": "lookup", "arguments": {}}, {"id": "call_2", "name": "pay", "arguments": {}}]}})
+    store.put_journal(RUN, 3, "tool-call_1", {"kind": "tool", "record": _sent(3, "call_1", "lookup").to_api()})
+    assert store.requested_unanswered(RUN, 3) == [("call_2", "pay")]
+    store.put_lap(make_record(3, prev))  # checkpointed after all: its record says what was sent
+    assert store.requested_unanswered(RUN, 3) == []

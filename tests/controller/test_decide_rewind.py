@@ -216,3 +216,12 @@ def test_rewinds_never_undo_a_side_effect_nor_reuse_a_history_lap_attempt(ops):
         seen = len(w.created)
         assert sum(j.state == "active" for j in w.jobs.values()) <= 1
         assert not set(RETRY_ANNOTATIONS) & set(w.annotations) or w.rewind_kind != "ok"
+
+
+def test_a_call_that_may_have_been_sent_refuses_the_rewind_saying_so() -> None:
+    """A side-effecting call the unfinished lap's model asked for, its answer never journaled."""
+    w = _failed_at(3)
+    w.sent[4] = [d.SentCall(4, "call_2", "pay", unconfirmed=True)]
+    _retry(w, 1, 2)
+    assert w.reasons() == ["RetryRefused"]
+    assert "call call_2 of tool \"pay\" in lap 4 has side effects and may have executed" in w.events[0].message

@@ -273,6 +273,15 @@ def journal_object(lap: int, name: str) -> str:
     return f"{journal_dir(lap)}{name}.json"
 
 
+MODEL_JOURNAL_NAME: Final = "model"
+"""The journal entry of a lap's model response (written before any tool call of it is sent)."""
+
+
+def tool_journal_name(call_id: str) -> str:
+    """The journal entry of a tool call of the lap's model response: ``tool-<callId>`` (its result)."""
+    return f"tool-{call_id}"
+
+
 def attempt_object(lap: int, attempt: int) -> str:
     """``attempts/<lap:08d>-<attempt:03d>.json``: the failure report of a lap attempt (best effort)."""
     return f"{ATTEMPTS_DIR}{lap:08d}-{attempt:03d}.json"

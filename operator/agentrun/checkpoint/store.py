@@ -843,6 +843,27 @@ class CheckpointStore:
         journaled.sort(key=lambda c: c.started_at or _now())
         return out + [(lap, c) for c in journaled]
 
+    def requested_unanswered(self, run: RunRef, lap: int) -> list[tuple[str, str]]:
+        """(call id, tool) of each tool call the journaled model response of the unfinished lap
+        ``lap`` asked for whose result was never journaled: it may have been sent (the lap stopped
+        between sending it and journaling the answer). Nothing when the lap was checkpointed or
+        journaled no model response (no call is sent before the response is journaled)."""
+        if lap > contract.MAX_LAP or self.head_lap(run, lap) is not None:
+            return []
+        found = self.get_journal_entry(run, lap, contract.MODEL_JOURNAL_NAME)
+        response = (found[0].body if found else {}).get("response")
+        calls = response.get("toolCalls") if isinstance(response, dict) else None
+        if not isinstance(calls, list):
+            return []
+        folder = self._lap_prefix(run, lap) + contract.journal_dir(lap)
+        answered = {key[len(folder):].removesuffix(".json") for key in self.blobs.list_keys(folder)}
+        out = []
+        for call in calls:
+            if isinstance(call, dict) and isinstance(call.get("id"), str) and isinstance(call.get("name"), str) \
+                    and contract.tool_journal_name(call["id"]) not in answered:
+                out.append((call["id"], call["name"]))
+        return out
+
     # ---- the pinned Agent copy of a run of an Agent (api/agent.py) ------------------------
 
     def agent_key(self, run: RunRef, digest: str) -> str:

@@ -40,6 +40,8 @@ def survey_rewind(store: Any, run: RunRef, a: d.ReadRewind, loc: dict[str, Any])
             totals = Totals()
         calls = tuple(d.SentCall(lap=lap, call_id=c.call_id, tool=c.tool)
                       for lap, c in store.executed_after(run, back, through))
+        calls += tuple(d.SentCall(lap=through + 1, call_id=call_id, tool=tool, unconfirmed=True)
+                       for call_id, tool in store.requested_unanswered(run, through + 1))
     except ce.CheckpointNotFound as exc:
         return d.RewindRead(back, through, "missing", error=str(exc))
     except (ce.CorruptCheckpoint, ce.UnsupportedSchemaVersion, ValueError) as exc:

@@ -11,7 +11,7 @@ sees the same ids and derives the same keys.
 
 from __future__ import annotations
 
-from agentrun.api.contract import CALL_ID_PATTERN
+from agentrun.api.contract import CALL_ID_PATTERN, MODEL_JOURNAL_NAME, tool_journal_name
 from agentrun.checkpoint.schema import KEY_SCHEME, RunRef
 
 __all__ = ["CALL_ID_PATTERN", "MCP_TOOLS_JOURNAL_NAME", "MODEL_JOURNAL_NAME", "approved_journal_name", "idempotency_key", "normalize_call_ids",
@@ -45,11 +45,6 @@ def normalize_call_ids(raw_ids: list[str | None]) -> list[str]:
     return out
 
 
-def tool_journal_name(call_id: str) -> str:
-    """Journal entry of a tool call of this lap's model response: ``tool-<callId>``."""
-    return f"tool-{call_id}"
-
-
 def approved_journal_name(call_id: str) -> str:
     """Journal entry of the approved call of the previous lap, executed in this lap.
 
@@ -58,6 +53,5 @@ def approved_journal_name(call_id: str) -> str:
     return f"tool-approved-{call_id}"
 
 
-MODEL_JOURNAL_NAME = "model"
 MCP_TOOLS_JOURNAL_NAME = "mcp-tools"
 """The journal entry of the lap's MCP tool listing: a replay of the lap offers the same tools."""

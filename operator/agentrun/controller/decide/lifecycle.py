@@ -199,8 +199,10 @@ def rewind_problem(c: Ctx, rw: RewindRead) -> str | None:
                 f"({shown(rw.error or rw.kind, 300)}); fork from lap {back} for a new history (agentrun fork)")
     call = first_side_effect(spec, rw.calls)
     if call is not None:
+        executed = ("may have executed (the lap stopped before it journaled the answer)" if call.unconfirmed
+                    else "executed")
         return (f"annotation {ANN_RETRY_FROM_LAP}={back}: call {call.call_id} of tool {shown(call.tool, 80)} in lap "
-                f"{call.lap} has side effects and executed after lap {back}, so a rewind cannot undo it; retry "
+                f"{call.lap} has side effects and {executed} after lap {back}, so a rewind cannot undo it; retry "
                 f"from lap {st.lap} (in place, same idempotency keys), or fork from lap {back} for a new history "
                 "(agentrun fork)")
     if rw.outcome == "awaiting-approval":

@@ -109,6 +109,9 @@ class SentCall:
     lap: int
     call_id: str
     tool: str
+    unconfirmed: bool = False
+    """The unfinished lap's journaled model response asked for it but no result was journaled: it
+    may have been sent (the lap stopped between sending it and journaling the answer)."""
 
 
 @dataclass(frozen=True)
