@@ -156,6 +156,23 @@ def test_a_five_lap_run_with_an_approval_is_one_trace_in_jaeger(env, jaeger, rec
         assert t["gen_ai.tool.name"] == "note" and t["gen_ai.tool.call.id"] and t["agentrun.from_journal"] is False
         assert t["agentrun.tool.idempotency_key"] in {r["headers"]["idempotency-key"] for r in recorder.requests}
         assert f"00-{trace_id}-{s['spanID']}-01" in received
+    # the operator: the trace id in status, a reconcile span per pass that acted (one started each lap
+    # attempt), and the run's root span, with the id every lap names as its parent, once it finished
+    assert st.get("traceId") == trace_id, st.get("traceId")
+
+    def with_root() -> dict[str, Any] | None:
+        t = jaeger.trace(trace_id)
+        return t if t and any(s["spanID"] == run_span_id(uid) for s in t["spans"]) else None
+
+    trace = _wait("the run's root span from the operator", with_root, timeout=60)
+    [root] = [s for s in trace["spans"] if s["spanID"] == run_span_id(uid)]
+    assert root["operationName"] == "agentrun.run traced" and not root.get("references"), root
+    assert trace["processes"][root["processID"]]["serviceName"] == "agentrun-operator"
+    assert _tags(root)["agentrun.phase"] == "Succeeded" and _tags(root)["agentrun.lap"] == laps
+    reconciles = [s for s in trace["spans"] if s["operationName"] == "reconcile"]
+    assert reconciles and {_parent(s) for s in reconciles} == {run_span_id(uid)}
+    started = sorted(_tags(s)["agentrun.lap"] for s in reconciles if "agentrun.lap" in _tags(s))
+    assert started == list(range(1, laps + 1)), started
     # no message content by default
     dump = json.dumps(trace)
     assert "private note" not in dump and "gen_ai.input.messages" not in dump and "gen_ai.tool.call.result" not in dump

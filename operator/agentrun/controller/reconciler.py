@@ -50,6 +50,7 @@ from agentrun.api.contract import LABEL_RUN_UID
 from agentrun.api.reasons import Reason
 from agentrun.api.spec import AgentRunManifestSpec, AgentRunSpec
 from agentrun.api.status import TERMINAL_PHASES, AgentRunStatus
+from agentrun.api.types import parse_time
 from agentrun.checkpoint.schema import RunRef
 from agentrun.kube.client import JOBS, PODS, Client, load_api_client, path
 from agentrun.kube.informer import Informer, rv_int, strip
@@ -82,6 +83,7 @@ from .podreads import selector as pod_selector
 from .policycheck import PolicyCheck, wanted
 from .tenancy import KINDS as TENANCY_KINDS
 from .tenancy import NAMESPACES, PolicyStore
+from .tracing import OperatorSpans, pass_attributes, spans_from_env
 
 log = logging.getLogger("agentrun.controller")
 
@@ -176,6 +178,7 @@ class Controller:
         self.notifier: Any = None  # approval notifications (agentrun.notify), when configured
         self.admission: PolicyCheck | None = None  # the check of the admission policies (made in start)
         self.workloads: WorkloadView | None = None  # the Workloads of the lap Jobs Kueue holds (made in start)
+        self.spans: OperatorSpans | None = None  # the operator's spans, when tracing is on (made in start)
         self.ready = False
 
     # ---------------------------------------------------------------- lifecycle
@@ -201,6 +204,7 @@ class Controller:
                                   + admission_watches + schedule_share + 2, metrics.kube_request)
         self.executor = Executor(cfg, kube, self.cache, self._specs)
         self.workloads = WorkloadView(lambda p, q: kube.request("GET", p, query=q), time.monotonic)
+        self.spans = spans_from_env(dict(cfg.lap_otel_env)) if cfg.tracing else None
         loop = self._loop = asyncio.get_running_loop()
         self._tasks.append(asyncio.ensure_future(loop.run_in_executor(None, self.executor.warm)))
         # the admission policies: listed and watched (policycheck.py); no lap before the first verdict
@@ -320,6 +324,8 @@ class Controller:
             t.cancel()
         if self.notifier is not None:
             await asyncio.to_thread(self.notifier.stop)
+        if self.spans is not None:
+            await asyncio.to_thread(self.spans.close)
         if self.elector is not None:
             await self.elector.release()
         if self.executor is not None:
@@ -573,7 +579,24 @@ class Controller:
             decision = d.decide(o)
         if decision.needs_read:
             raise RuntimeError("decide kept asking for reads")
-        return await self.executor.execute(body, o, decision, run, decision.spec or o.spec)
+        out = await self.executor.execute(body, o, decision, run, decision.spec or o.spec)
+        if self.spans is not None and out.wrote:
+            self._trace_pass(o, decision, body)
+        return out
+
+    def _trace_pass(self, o: d.Observed, decision: d.Decision, body: dict[str, Any]) -> None:
+        """The pass's ``reconcile`` span; and the run's root span when the run just finished."""
+        assert self.spans is not None
+        now = datetime.now(UTC)
+        attrs = pass_attributes(o, decision)
+        self.spans.reconcile(o.uid, o.now, now, attrs)
+        st = decision.status
+        if st is not None and st.phase in TERMINAL_PHASES and o.status.phase not in TERMINAL_PHASES:
+            created = parse_time((body.get("metadata") or {}).get("creationTimestamp")) or o.now
+            self.spans.run(o.uid, o.name, created, now, {
+                "agentrun.run.namespace": o.namespace, "agentrun.run.name": o.name, "agentrun.run.uid": o.uid,
+                "agentrun.phase": st.phase, "agentrun.lap": st.lap, "agentrun.cost.usd": st.cost.usd,
+                "agentrun.retries": st.total_retries})
 
     def _grouper(self, namespace: str, limits: Limits) -> Callable[[dict[str, Any]], Group]:
         """How the runs of ``namespace`` are grouped for ``limits``: by Agent and model (the Agent's
