@@ -59,6 +59,45 @@ th, td { text-align: left; border-bottom: 1px solid var(--line); padding: 0.3rem
 form.inline { display: inline; }
 #login form { display: grid; gap: 0.5rem; max-width: 30rem; }
 #login input { font: inherit; padding: 0.4rem; }
+nav.tabs { display: flex; gap: 1rem; }
+nav.tabs a { color: var(--focus); }
+nav.tabs a[aria-current="page"] { color: var(--fg); font-weight: 600; text-decoration: none; }
+form.filters { display: flex; flex-wrap: wrap; align-items: center; gap: 0.4rem 0.6rem; margin: 0.75rem 0 0; }
+form.filters label { font-size: 0.85rem; color: var(--muted); }
+form.filters select, form.filters input { font: inherit; padding: 0.3rem; min-height: 36px; }
+form.filters button { min-height: 36px; min-width: 0; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.phase { font-size: 0.85rem; padding: 0.05rem 0.4rem; border-radius: 1rem; border: 1px solid var(--line); white-space: nowrap; }
+.phase-succeeded { color: var(--ok); border-color: var(--ok); }
+.phase-failed, .phase-budgetexceeded, .phase-deadlineexceeded { color: var(--bad); border-color: var(--bad); }
+.phase-awaitingapproval { color: #9a6700; border-color: #d4a72c; }
+.phase-running, .phase-retrying { color: var(--focus); border-color: var(--focus); }
+.crumbs { margin: 0.5rem 0 0; font-size: 0.9rem; }
+.run-name { margin-top: 0.25rem; overflow-wrap: anywhere; }
+svg.timeline, svg.cost { width: 100%; height: auto; display: block; background: var(--card); border: 1px solid var(--line); border-radius: 4px; }
+svg.cost { max-width: 30rem; }
+svg text.axis { font-size: 10px; fill: var(--muted); }
+svg line.axis { stroke: var(--line); }
+.tl-continue, .tl-awaiting-approval { fill: #54aeff; background: #54aeff; }
+.tl-done { fill: var(--ok); background: var(--ok); }
+.tl-failed { fill: var(--bad); background: var(--bad); }
+.tl-wait { fill: #d4a72c; background: #d4a72c; }
+.tl-running { fill: #8250df; background: #8250df; }
+.failed-attempts { white-space: normal; color: var(--bad); }
+.legend .key { display: inline-block; width: 0.9em; height: 0.9em; vertical-align: middle; margin-left: 0.6rem; }
+rect.cost-lap { fill: #b6e3ff; }
+polyline.cost-line { fill: none; stroke: var(--focus); stroke-width: 2; }
+circle.cost-dot { fill: var(--focus); }
+details.lap { border: 1px solid var(--line); border-radius: 6px; padding: 0.25rem 0.6rem; margin: 0 0 0.5rem; background: var(--card); }
+details.lap ol.messages { padding-left: 1.25rem; overflow-wrap: anywhere; }
+table.tools code, .stored, .facts code { overflow-wrap: anywhere; }
+table.runs td:first-child, table.runs td:nth-child(2), table.runs td:nth-child(5) { white-space: nowrap; overflow-wrap: normal; }
+table.runs td:last-child { min-width: 14rem; }
+details.lap summary { overflow-wrap: anywhere; }
+.replayed { color: var(--muted); font-style: italic; }
+.outcome-failed { color: var(--bad); } .outcome-done { color: var(--ok); }
+.ev-warning td:nth-child(2) { color: var(--bad); }
+table.events td:nth-child(-n+4), table.laps-table td:nth-child(4) { white-space: nowrap; overflow-wrap: normal; }
 @media (max-width: 40rem) {
   body { padding: 0.5rem; }
   .buttons button { flex: 1 1 0; }
@@ -165,15 +204,30 @@ JS = r"""
     if (hist && fhist) { hist.replaceWith(fhist); }
     tick();
   }
+  // the run explorer's pages (/runs, /runs/NS/NAME): their live part (#explore) is replaced as a
+  // whole on every change; the laps the person opened stay open
+  var liveUrl = main.getAttribute("data-live");
+  function swap(doc) {
+    var cur = document.getElementById("explore"), fresh = doc.getElementById("explore");
+    if (!cur || !fresh) { return; }
+    cur.querySelectorAll("details[id]").forEach(function (d) {
+      var f = fresh.querySelector("#" + CSS.escape(d.id));
+      if (f) { f.open = d.open; }
+    });
+    cur.replaceWith(fresh);
+    tick();
+  }
   var busy = false, again = false, timer = null;
   function refresh() {
     if (busy) { again = true; return; }
     busy = true;
-    fetch("/fragment", {credentials: "same-origin", cache: "no-store"}).then(function (r) {
+    fetch(liveUrl || "/fragment", {credentials: "same-origin", cache: "no-store"}).then(function (r) {
       if (r.status === 401) { location.href = "/login"; return null; }
       return r.ok ? r.text() : null;
     }).then(function (text) {
-      if (text !== null && text !== undefined) { merge(new DOMParser().parseFromString(text, "text/html")); }
+      if (text !== null && text !== undefined) {
+        (liveUrl ? swap : merge)(new DOMParser().parseFromString(text, "text/html"));
+      }
     }).catch(function () {}).then(function () {
       busy = false;
       if (again) { again = false; refresh(); }
@@ -181,7 +235,10 @@ JS = r"""
   }
   if (window.EventSource) {
     var es = new EventSource("/events");
-    es.addEventListener("open", function () { live.textContent = "Live: decisions made anywhere show up here."; refresh(); });
+    es.addEventListener("open", function () {
+      live.textContent = main.getAttribute("data-live-text") || "Live: decisions made anywhere show up here.";
+      refresh();
+    });
     es.addEventListener("change", function () { clearTimeout(timer); timer = setTimeout(refresh, 150); });
     es.addEventListener("error", function () { live.textContent = "Reconnecting…"; });
   } else {

@@ -25,6 +25,17 @@ def _seconds(text: str, hint: str = "--session-ttl") -> int:
     return int(m[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m[2]]
 
 
+def _trace_template(text: str) -> str | None:
+    from agentrun.api.traceid import check_template
+
+    if not text.strip():
+        return None
+    try:
+        return check_template(text.strip())
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--trace-url-template") from None
+
+
 def _loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -87,14 +98,18 @@ def _proxy_secret(path: str) -> bytes:
               help="Connections that have not sent a whole request yet, at most (a new one closes the oldest).")
 @click.option("--laps", default=3, show_default=True, type=click.IntRange(1, 20),
               help="Recent laps shown per pending approval.")
+@click.option("--trace-url-template", default="", envvar="AGENTRUN_TRACE_URL_TEMPLATE",
+              help="Link each run of the run explorer to its trace: a URL with {trace_id} (e.g. "
+                   "https://jaeger.example/trace/{trace_id}); empty: no link.")
 @click.option("--kubeconfig", default=None, help="Kubeconfig of the inbox itself (default: in-cluster, KUBECONFIG).")
 @click.option("--context", default=None)
 def inbox_command(listen: str, port: int, port_file: str | None, auth: str, user_header: str, groups_header: str,
                   namespaces: str, session_ttl: str, cookie_secure: str, tls_cert: str | None, tls_key: str | None,
                   audiences: tuple[str, ...], session_recheck: str, proxy_groups: str, proxy_secret_file: str | None,
                   proxy_secret_header: str, proxy_client_ca: str | None, request_timeout: str, max_pending: int,
-                  laps: int, kubeconfig: str | None, context: str | None) -> None:
-    """Serve the approval inbox: pending approvals, Approve/Reject, recent decisions, live.
+                  laps: int, trace_url_template: str, kubeconfig: str | None, context: str | None) -> None:
+    """Serve the approval inbox: pending approvals, Approve/Reject, recent decisions, live; and the run
+    explorer (/runs): the runs the person may list, each run's laps, cost, Events and trace link.
 
     Every read and decision goes to the API server impersonating the signed-in person, so the
     inbox's own identity needs only `impersonate` and `tokenreviews create`. The session signing
@@ -132,7 +147,8 @@ def inbox_command(listen: str, port: int, port_file: str | None, auth: str, user
                         session_ttl=_seconds(session_ttl), secure_cookies=secure, token_audiences=audiences,
                         laps=laps, session_recheck=recheck, proxy_groups=groups, proxy_secret=secret,
                         proxy_secret_header=proxy_secret_header, proxy_mtls=bool(proxy_client_ca),
-                        request_timeout=float(_seconds(request_timeout, "--request-timeout")), max_pending=max_pending)
+                        request_timeout=float(_seconds(request_timeout, "--request-timeout")), max_pending=max_pending,
+                        trace_url_template=_trace_template(trace_url_template))
     if key_text:
         settings.key = key_text.encode()
     # a connection per watch (at most max_watches), and up to 64 requests of page loads at once

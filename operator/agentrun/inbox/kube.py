@@ -120,6 +120,17 @@ class Kube:
         return self.request("PATCH", runs_path(namespace, name), user, body=patch,
                             content_type="application/merge-patch+json", what=f"patch agentrun {namespace}/{name}")
 
+    def list_events(self, user: User, namespace: str, name: str, uid: str | None = None) -> list[dict[str, Any]]:
+        """The Events (core v1) of agentrun ``namespace/name`` (of this ``uid`` when given: not those
+        of an earlier run of the same name), as the person may list them."""
+        selector = f"involvedObject.kind=AgentRun,involvedObject.name={name}"
+        if uid:
+            selector += f",involvedObject.uid={uid}"
+        doc = self.request("GET", f"/api/v1/namespaces/{namespace}/events", user,
+                           params={"fieldSelector": selector, "limit": "500"},
+                           what=f"list events of agentrun {namespace}/{name}")
+        return [i for i in doc.get("items") or [] if isinstance(i, dict)]
+
     def list_namespaces(self, user: User) -> list[str]:
         doc = self.request("GET", "/api/v1/namespaces", user, what="list namespaces")
         return sorted(i["metadata"]["name"] for i in doc.get("items") or [])

@@ -51,7 +51,8 @@ class LapReader:
 
     def __init__(self, env: dict[str, str] | None = None, cache_size: int = 512) -> None:
         self.env = dict(os.environ if env is None else env)
-        self._cache: OrderedDict[str, Any] = OrderedDict()  # by the lap object's key (a rewound run: its history's)
+        # (record, stored object) by the lap object's key (a rewound run: its history's)
+        self._cache: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
         self._stores: dict[tuple[Any, ...], Any] = {}  # one client per store location (making one is costly)
         self._lock = threading.Lock()
         self.cache_size = cache_size
@@ -77,17 +78,42 @@ class LapReader:
         return store.along(rewinds_of(run)), ref
 
     def _lap(self, store: Any, ref: Any, lap: int) -> Any:
+        return self._lap_stored(store, ref, lap)[0]
+
+    def _lap_stored(self, store: Any, ref: Any, lap: int) -> tuple[Any, Any]:
+        """(LapRecord, StoredObject) of one lap, cached (lap records are immutable)."""
         key = store.lap_key(ref, lap)
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        record, _ = store.get_lap(ref, lap)
+        pair = store.get_lap(ref, lap)
         with self._lock:
-            self._cache[key] = record
+            self._cache[key] = pair
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
-        return record
+        return pair  # type: ignore[no-any-return]
+
+    def history(self, run: dict[str, Any], count: int) -> tuple[list[tuple[Any, Any]], str | None]:
+        """The run's last ``count`` laps as ``(LapRecord, StoredObject)`` pairs, oldest first (the
+        pairs ``CheckpointStore.iter_laps`` yields, which ``agentrun trace`` prints), and an error
+        message. Laps this run never checkpointed (those before a fork's lap) are skipped."""
+        from agentrun.checkpoint.errors import CheckpointNotFound
+
+        last = int((run.get("status") or {}).get("lap") or 0)
+        if last < 1:
+            return [], None
+        out = []
+        try:
+            store, ref = self._store(run)
+            for n in range(max(1, last - count + 1), last + 1):
+                try:
+                    out.append(self._lap_stored(store, ref, n))
+                except CheckpointNotFound:
+                    continue
+        except Exception as e:  # store missing, credentials, network, corrupt: say so on the page
+            return out, f"checkpoint store not read: {type(e).__name__}: {one_line(str(e), 300)}"
+        return out, None
 
     def read(self, run: dict[str, Any], count: int = 3) -> tuple[StoredCall, list[LapSummary], str | None]:
         """(the pending call, the last ``count`` laps up to the approval's lap, an error message)."""

@@ -2,6 +2,8 @@
 
 Routes: ``GET /`` (the page), ``GET /fragment`` (its live part), ``GET /events`` (server-sent
 events: one ``change`` per watch event on the agentruns the person can see), ``POST /decide``,
+``GET /runs`` and ``GET /runs/NS/NAME`` (the run explorer, read only; each with ``/fragment``, its
+live part, fetched again on every ``change`` of the same event stream),
 ``GET|POST /login``, ``POST /logout``, ``GET /healthz``, ``GET /static/app.{css,js}``.
 
 Every read and every decision is sent to the API server impersonating the signed-in person
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from agentrun.api.approval import (
     AWAITING,
@@ -38,7 +40,8 @@ from agentrun.api.approval import (
     refusal,
 )
 from agentrun.api.text import one_line
-from agentrun.inbox import assets, identity, view
+from agentrun.api.traceid import trace_of
+from agentrun.inbox import assets, explorer, identity, view
 from agentrun.inbox.kube import ApiError, AudienceRefused, Kube, User, runs_path
 from agentrun.inbox.laps import LapReader
 
@@ -49,6 +52,7 @@ MAX_TOKEN = 16 * 1024
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _NS = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SHA = re.compile(f"^[0-9a-f]{{{SHA256_HEX_CHARS}}}$")
+_RUN_PATH = re.compile(r"^/runs/([^/]{1,200})/([^/]{1,800})(/fragment)?$")
 _CALL = re.compile(f"^[A-Za-z0-9_.:-]{{1,{MAX_CALL_ID_CHARS}}}$")
 SESSION_ENDED = ("Your session ended: the API server no longer accepts the token you signed in with (revoked, or "
                  "expired). Sign in again.")
@@ -96,6 +100,7 @@ class Settings:
     request_timeout: float = 10.0
     max_pending: int = 64
     io_timeout: float = 30.0  # any one read or write on a connection
+    trace_url_template: str | None = None  # the run explorer links a run to its trace: a URL with {trace_id}
 
 
 class Inbox:
@@ -179,6 +184,40 @@ class Inbox:
             stored, laps, err = self.reader.read(run, self.settings.laps)
             cards.append(view.card(run, now, stored, laps, err, self.can_approve(user, row["namespace"])))
         return view.main_html(cards, view.history_rows(items), csrf, notices)
+
+    # --- the run explorer (read only, as the person) ------------------------------------------
+
+    def runs_list(self, user: User, filters: explorer.Filters) -> tuple[str, list[str]]:
+        """The live part of /runs (the runs ``user`` may list, filtered) and the namespaces seen."""
+        items, notices = self.runs(user)
+        rows, matched = explorer.run_rows(items, explorer.now_utc(), filters)
+        namespaces = sorted({str((r.get("metadata") or {}).get("namespace") or "") for r in items} - {""})
+        return explorer.runs_html(rows, matched, len(items), notices), namespaces
+
+    def run_page(self, user: User, namespace: str, name: str) -> tuple[int, str]:
+        """(HTTP status, the live part of a run's page): the run as ``user`` reads it, its laps from
+        the checkpoint store (read only after that read succeeded), its Events as ``user`` lists them."""
+        try:
+            run = self.kube.get_run(user, namespace, name)
+        except ApiError as e:
+            if e.status in (403, 404):
+                return e.status, (f'<div id="explore"><p class="notice">No run {view.esc(namespace)}/{view.esc(name)} '
+                                  "that you may read.</p></div>")
+            raise
+        pairs, laps_error = self.reader.history(run, explorer.PAGE_LAPS)
+        uid = str((run.get("metadata") or {}).get("uid") or "")
+        events: list[dict[str, Any]] | None = None
+        refused = None
+        try:
+            events = self.kube.list_events(user, namespace, name, uid or None)
+        except ApiError as e:
+            if e.status != 403:
+                refused = f"Events not listed: {e.message[:300]}"
+            else:
+                refused = f"You may not list Events in namespace {namespace}."
+        trace_id, trace_link = trace_of(run, self.settings.trace_url_template)
+        return 200, explorer.run_html(run, [explorer.lap_doc(r, o) for r, o in pairs], laps_error, events, refused,
+                                      explorer.now_utc(), trace_link, trace_id)
 
     def decide(self, user: User, form: dict[str, str]) -> tuple[int, str]:
         """Send one decision as ``user``; (HTTP status, message). The API server has the last word."""
@@ -355,7 +394,8 @@ class Handler(BaseHTTPRequestHandler):
         return "application/json" in (self.headers.get("Accept") or "")
 
     def _api_path(self) -> bool:
-        return self._wants_json() or self.path.startswith(("/fragment", "/events", "/decide"))
+        path = urlsplit(self.path).path
+        return self._wants_json() or path.startswith(("/fragment", "/events", "/decide")) or path.endswith("/fragment")
 
     def _headers_lower(self) -> dict[str, str]:
         return {k.lower(): v for k, v in self.headers.items()}
@@ -531,7 +571,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(200, assets.JS, "text/javascript; charset=utf-8")
             if path == "/login":
                 return self._send_login(None)
-            if path not in ("/", "/fragment", "/events"):
+            run_path = _RUN_PATH.match(path)
+            if path not in ("/", "/fragment", "/events", "/runs", "/runs/fragment") and run_path is None:
                 return self._send(404, view.message_html("Not found", "There is no such page."))
             session, headers = self._signed_in()
             if session is None:
@@ -539,6 +580,11 @@ class Handler(BaseHTTPRequestHandler):
             csrf = session.csrf(self.app.settings.key)
             if path == "/events":
                 return self._events(session, headers)
+            if path in ("/runs", "/runs/fragment"):
+                return self._runs(session.user, csrf, headers, path.endswith("/fragment"))
+            if run_path is not None:
+                return self._run(session.user, csrf, headers, unquote(run_path[1]), unquote(run_path[2]),
+                                 bool(run_path[3]))
             main = self.app.main_html(session.user, csrf)
             if path == "/fragment":
                 return self._send(200, main, headers=headers)
@@ -548,6 +594,28 @@ class Handler(BaseHTTPRequestHandler):
             self._send(502, view.message_html("The API server did not answer as expected", e.message))
         except (BrokenPipeError, ConnectionResetError):
             pass
+
+    def _runs(self, user: User, csrf: str, headers: Headers, fragment: bool) -> None:
+        query = urlsplit(self.path).query
+        filters = explorer.parse_filters(parse_qs(query[:2000]))
+        main, namespaces = self.app.runs_list(user, filters)
+        if fragment:
+            return self._send(200, main, headers=headers)
+        return self._send(200, explorer.explorer_page(
+            "Runs", "Runs", user.name, csrf, "/runs/fragment" + filters.query(), "Live: runs update as they change.",
+            explorer.filter_form(filters, namespaces), main), headers=headers)
+
+    def _run(self, user: User, csrf: str, headers: Headers, ns: str, name: str, fragment: bool) -> None:
+        if not _NS.match(ns) or not _NAME.match(name):
+            return self._send(404, view.message_html("Not found", "There is no such run: namespace and name must "
+                                                                  "be Kubernetes names."), headers=headers)
+        status, main = self.app.run_page(user, ns, name)
+        if fragment:
+            return self._send(status, main, headers=headers)
+        href = explorer.run_href(ns, name)
+        return self._send(status, explorer.explorer_page(
+            f"{ns}/{name}", "Run", user.name, csrf, href + "/fragment", "Live: the run updates as it changes.",
+            explorer.run_heading(ns, name), main), headers=headers)
 
     def do_POST(self) -> None:
         path = urlsplit(self.path).path

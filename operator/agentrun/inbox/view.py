@@ -312,9 +312,16 @@ def _shell(title: str, body: str) -> str:
     )
 
 
+def nav(current: str) -> str:
+    """The links between the inbox's pages: the approvals (/) and the run explorer (/runs)."""
+    links = (("/", "Approvals"), ("/runs", "Runs"))
+    return '<nav class="tabs">' + "".join(
+        f'<a href="{h}"' + (' aria-current="page"' if h == current else "") + f">{t}</a>" for h, t in links) + "</nav>"
+
+
 def page_html(user: str, main: str, csrf: str) -> str:
     return _shell("Approvals · agentrun inbox", (
-        '<header><h1>Approval inbox</h1><div class="who">Signed in as <b id="user">'
+        f'<header><h1>Approval inbox</h1>{nav("/")}<div class="who">Signed in as <b id="user">'
         f'{esc(user)}</b> <form method="post" action="/logout" class="inline">'
         f'<input type="hidden" name="csrf" value="{esc(csrf)}"><button type="submit" class="link">Sign out</button>'
         '</form></div><p id="live" class="note" role="status">Connecting…</p></header>'
