@@ -18,6 +18,20 @@ def one_line(text: str | None, limit: int) -> str:
     return text_one_line(" ".join((text or "").split()), limit)
 
 
+def lap_doc(record: LapRecord, key: str | None = None, sha256: str | None = None,
+            size: int | None = None) -> dict[str, Any]:
+    """A lap as JSON, as ``agentrun trace -o json`` prints it and the run explorer reads it: the
+    LapRecord (camelCase) plus its object's key, sha256 and stored size (``bytes``)."""
+    doc = record.to_api()
+    if key:
+        doc["key"] = key
+    if sha256:
+        doc["sha256"] = sha256
+    if size is not None:
+        doc["bytes"] = size
+    return doc
+
+
 def _tool(call: ToolCallRecord) -> str:
     extra = []
     if call.http_status is not None:

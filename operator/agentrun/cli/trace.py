@@ -37,25 +37,12 @@ from agentrun.api.status import TERMINAL_PHASES
 from agentrun.checkpoint.errors import CheckpointError, CheckpointNotFound
 from agentrun.checkpoint.locate import open_located, resolve_store
 from agentrun.checkpoint.schema import LapRecord, RunRef
-from agentrun.checkpoint.trace import format_lap, format_trace, one_line
+from agentrun.checkpoint.trace import format_lap, format_trace, lap_doc, one_line
 from agentrun.cli.exitcodes import outcome_code
 from agentrun.cli.kube import CLIError, complete_runs, connect, current_options, get_run, kube_options, load_config
 from agentrun.cli.output import OutputFormat, render, terminal_width
 
 # ------------------------------------------------------------------------------------ pure parts
-
-def lap_doc(record: LapRecord, key: str | None = None, sha256: str | None = None,
-            size: int | None = None) -> dict[str, Any]:
-    """A lap as JSON: the LapRecord (camelCase) plus its key, sha256 and stored size (``bytes``)."""
-    doc = record.to_api()
-    if key:
-        doc["key"] = key
-    if sha256:
-        doc["sha256"] = sha256
-    if size is not None:
-        doc["bytes"] = size
-    return doc
-
 
 #: status.lifecycle's fields about retries in place, as the trace reports them (``retries``)
 RETRY_FIELDS = ("retries", "lastRetryBy", "lastRetryAt", "lastRetryFromPhase", "lastRetryFromLap", "retriedLap",

@@ -20,6 +20,7 @@ from urllib.parse import quote, urlencode
 from agentrun.api.status import Phase
 from agentrun.api.text import one_line
 from agentrun.api.types import human_duration, parse_time
+from agentrun.checkpoint.trace import lap_doc as trace_lap_doc
 from agentrun.inbox.view import _shell, esc, nav
 
 PHASES: tuple[str, ...] = get_args(Phase)
@@ -196,18 +197,10 @@ def explorer_page(title: str, heading: str, user: str, csrf: str, live_url: str,
 # ------------------------------------------------------------------------------------ run page
 
 def lap_doc(record: Any, stored: Any = None) -> dict[str, Any]:
-    """A lap as ``agentrun trace -o json`` prints it: ``LapRecord.to_api()`` plus the stored
-    object's ``key``, ``sha256`` and ``bytes`` (``agentrun.cli.trace.lap_doc``; the inbox may not
-    import the CLI, and a unit test holds the two equal)."""
-    doc: dict[str, Any] = record.to_api()
-    key, sha, size = (getattr(stored, a, None) for a in ("key", "sha256", "size"))
-    if key:
-        doc["key"] = key
-    if sha:
-        doc["sha256"] = sha
-    if size is not None:
-        doc["bytes"] = size
-    return doc
+    """A lap as ``agentrun trace -o json`` prints it (:func:`agentrun.checkpoint.trace.lap_doc`),
+    from its record and stored object."""
+    return trace_lap_doc(record, getattr(stored, "key", None), getattr(stored, "sha256", None),
+                         getattr(stored, "size", None))
 
 
 @dataclass(frozen=True)
