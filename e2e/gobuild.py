@@ -1,5 +1,5 @@
 """The cached Go builds of the e2e components (``e2e/<name>/build.sh``: localkube's siblings
-versitygw and Kueue): run the script, which is a no-op when its cache holds the build, and return
+versitygw, Kueue and Jaeger): run the script, which is a no-op when its cache holds the build, and return
 the path it prints last."""
 
 from __future__ import annotations

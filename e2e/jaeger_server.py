@@ -26,6 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+try:
+    from .gobuild import cached_build
+except ImportError:  # run as a script: e2e/ is on sys.path
+    from gobuild import cached_build  # type: ignore[no-redef]
+
 BUILD_SH = Path(__file__).resolve().parent / "jaeger" / "build.sh"
 
 CONFIG = """
@@ -75,15 +80,7 @@ class JaegerError(RuntimeError):
 
 def build_jaeger() -> str:
     """Build (or reuse the cached) jaeger binary; return its path. ``JAEGER_BIN`` overrides."""
-    if os.environ.get("JAEGER_BIN"):
-        return os.environ["JAEGER_BIN"]
-    t0 = time.time()
-    r = subprocess.run(["bash", str(BUILD_SH)], stdout=subprocess.PIPE, text=True)
-    if r.returncode != 0:
-        raise JaegerError(f"building jaeger failed (exit {r.returncode}); see the output above")
-    if time.time() - t0 > 5:
-        print(f"jaeger built in {time.time() - t0:.0f}s", file=sys.stderr)
-    return r.stdout.strip().splitlines()[-1]
+    return cached_build("jaeger", BUILD_SH, os.environ.get("JAEGER_BIN"))
 
 
 def _free_port() -> int:
