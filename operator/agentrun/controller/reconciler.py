@@ -628,9 +628,13 @@ class Controller:
         return dataclasses.replace(o, agent_current=current, agent_pinned=pinned)
 
     async def _kueue_facts(self, o: d.Observed) -> d.Observed:
-        """Of a run whose active Job Kueue holds: the Workload Kueue made of it (``kueueview.py``)."""
+        """Of a run whose active Job Kueue holds: the Workload Kueue made of it (``kueueview.py``).
+        Looked at only while ``status.kueue`` says a Job is held (a pass with no Kueue hold scans
+        nothing); the pass that sees the Job admitted forgets its Workload."""
         aj = o.status.active_job
-        job = next((j for j in o.jobs if aj is not None and j.name == aj.name), None)
+        if o.status.kueue is None or aj is None:  # held Jobs are in status.kueue from the pass that saw them
+            return o
+        job = next((j for j in o.jobs if j.name == aj.name), None)
         if job is None or job.uid is None or self.workloads is None:
             return o
         if not is_held(job):

@@ -133,6 +133,12 @@ def place(mine: OrderKey, group: Group, waiting: Iterable[tuple[OrderKey, Group]
     when runs skip each other). A run that does not fit reports the first limit it does not fit, with
     its place among the runs before it that wait for that limit."""
     held = list(holding)
+    if not limits.per_group:  # the namespace's limit only: the greedy order below reduces to a count
+        if limits.namespace is None:
+            return None
+        limit, policy = limits.namespace
+        return QueueSlot(position=1 + sum(1 for order, _ in waiting if order < mine), active=len(held),
+                         limit=limit, policy=policy)
 
     def scopes(g: Group) -> list[tuple[str, int, str]]:
         return ([("namespace", *limits.namespace)] if limits.namespace is not None else []) + _scopes(g, limits)
