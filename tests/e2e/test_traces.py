@@ -238,7 +238,8 @@ def test_a_lap_pod_killed_mid_call_shows_its_retry_and_the_journaled_answer_in_t
     k = _tags(killed)
     assert killed["spanID"] == lap_span_id(uid, 1, 1) and _parent(killed) == run_span_id(uid)
     assert trace["processes"][killed["processID"]]["serviceName"] == "agentrun-operator"
-    assert k["otel.status_code"] == "ERROR" and k["agentrun.retry.reason"] and k["error"] is True, k
+    assert k["otel.status_code"] == "ERROR" and k["agentrun.retry.reason"], k
+    assert k["agentrun.lap.span_sent_by"] == "operator", k
     assert killed["duration"] > 0 and killed["startTime"] < laps[(1, 2)]["startTime"]
     retried = laps[(1, 2)]
     assert _tags(retried)["agentrun.lap.outcome"] == "continue" and _parent(retried) == run_span_id(uid)
