@@ -54,7 +54,7 @@ extensions:
     http:
       endpoint: 127.0.0.1:{query_port}
     grpc:
-      endpoint: 127.0.0.1:{query_grpc_port}
+      endpoint: 127.0.0.1:{query_grpc_port}{ui}
   jaeger_storage:
     backends:
       memstore:
@@ -118,14 +118,22 @@ class Jaeger:
             self.proc.wait()
 
 
+UI_ASSETS_ENV = "JAEGER_UI_ASSETS"
+"""Optional: a directory of built Jaeger UI assets (jaeger-ui's ``packages/jaeger-ui/build``) that the
+query server then serves at ``/`` (the binary built from the Go module has none). Only for the docs'
+screenshot (e2e/jaeger/screenshot.py); the tests read the query API and need no UI."""
+
+
 def start_jaeger(base_dir: Path, timeout: float = 60.0) -> Jaeger:
     """Start Jaeger all-in-one on free loopback ports (config and log in ``base_dir``); raises
     ``JaegerError`` when its query API does not answer within ``timeout``."""
     binary = build_jaeger()
     base_dir.mkdir(parents=True, exist_ok=True)
     ports = {"otlp_port": _free_port(), "query_port": _free_port(), "query_grpc_port": _free_port()}
+    assets = os.environ.get(UI_ASSETS_ENV)
+    ui = f"\n    ui:\n      assets_path: {json.dumps(str(Path(assets).resolve()))}" if assets else ""
     config = base_dir / "jaeger.yaml"
-    config.write_text(CONFIG.format(**ports))
+    config.write_text(CONFIG.format(ui=ui, **ports))
     log_path = base_dir / "jaeger.log"
     log = open(log_path, "ab")  # noqa: SIM115 (kept open for the process)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}

@@ -321,3 +321,31 @@ def test_any_template_reaches_the_pod_exactly_and_leaves_the_operators_settings_
         p["containers"][0].pop("env")  # AGENTRUN_SPEC holds the spec as written
     assert {k: v for k, v in pod.items() if k in ppod} == ppod  # nothing of the operator's changed
     assert job["metadata"] == plain["metadata"]
+
+
+def test_the_decision_time_goes_to_the_lap_that_applies_it_for_the_approval_span():
+    """status.approval.decidedAt -> AGENTRUN_APPROVAL_DECIDED_AT -> the lap's ApprovalDecision.decided_at,
+    where its span of the approval wait ends (lap/tracing)."""
+    from datetime import UTC, datetime
+
+    from agentrun.api.contract import Env
+    from agentrun.api.status import AgentRunStatus
+    from agentrun.controller.decide.approvals import approval_env
+    from agentrun.lap.config import parse_decision
+
+    at = datetime(2031, 3, 4, 5, 6, 7, 891011, tzinfo=UTC)
+    status = AgentRunStatus.model_validate({"phase": "Pending", "lap": 1, "approval": {
+        "state": "Approved", "lap": 1, "tool": "pay", "callId": "c1", "decision": "approved",
+        "decidedBy": "alice", "decidedAt": at.isoformat(), "requestedAt": "2031-03-04T05:00:00Z",
+        "owner": "team", "deadline": "2031-03-05T05:00:00Z", "idempotencyKey": "k"}})
+    approval = approval_env(status)
+    assert approval is not None and approval.decided_at == at
+    env = {k: v["value"] for k, v in _env(build_job(RUN, make_spec(), 2, 1, "v1", CFG, approval=approval)).items()
+           if "value" in v}
+    assert env[Env.APPROVAL_DECIDED_AT] == at.isoformat()
+    decision = parse_decision(env)
+    assert decision is not None and decision.decided_at == at and decision.decided_by == "alice"
+    for bad in ("yesterday", "2031-03-04T05:06:07"):  # unparsable or without a zone: ignored, not a failed lap
+        assert parse_decision({**env, Env.APPROVAL_DECIDED_AT: bad}).decided_at is None  # type: ignore[union-attr]
+    assert Env.APPROVAL_DECIDED_AT not in _env(build_job(RUN, make_spec(), 2, 1, "v1", CFG, approval=ApprovalEnv(
+        "approved", "c1")))

@@ -117,3 +117,43 @@ def test_exit_2_with_a_checkpoint_too_large_report_fails_naming_lap_size_and_lim
     assert {c.type: c.reason for c in w.status.conditions}["Failed"] == "CheckpointTooLarge"
     assert "CheckpointTooLarge" in w.reasons() and w.status.total_retries == 0
     assert w.reconcile().actions == [] and w.created == [(1, 1), (2, 1)]  # never retried
+
+
+@pytest.mark.parametrize("exit_code,reason,lost", [
+    (137, None, True),                 # SIGKILL: the runner never ended its lap span
+    (None, "OOMKilled", True),
+    (None, "Evicted", True),           # the pod gone, its exit unknown
+    (None, "DeadlineExceeded", True),
+    (143, None, False),                # SIGTERM: the runner ends and sends its spans, then exits 143
+    (75, None, False),                 # exits of the runner itself send the span
+    (1, None, False),
+])
+def test_a_failed_attempt_that_could_not_send_its_lap_span_gets_one_from_the_operator(exit_code, reason, lost):
+    w = World(make_spec())
+    w.tracing = True
+    w.reconcile()
+    started = w.status.active_job.started_at
+    w.now += timedelta(seconds=30)
+    w.fail_job(exit_code, reason)
+    (retried,) = w.reconcile().of(d.LapRetried)
+    if not lost:
+        assert retried.lost_span is None
+        return
+    span = retried.lost_span
+    assert span is not None and (retried.lap, span.attempt) == (1, 1)
+    assert (span.started_at, span.ended_at) == (started, w.now)
+    assert span.message == w.status.retries[0].last_reason
+
+
+def test_no_lost_lap_span_without_tracing_or_for_a_lost_job_in_place_of_a_killed_one():
+    w = World(make_spec())
+    w.reconcile()
+    w.fail_job(137)
+    (retried,) = w.reconcile().of(d.LapRetried)
+    assert retried.lost_span is None, "tracing off: nothing to send"
+    w = World(make_spec())
+    w.tracing = True
+    w.reconcile()
+    w.jobs.clear()  # the Job (and its pod) disappeared mid-lap
+    (retried,) = w.reconcile().of(d.LapRetried)
+    assert retried.lost_span is not None and retried.reason == "job_missing"

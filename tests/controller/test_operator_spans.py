@@ -11,7 +11,8 @@ from datetime import timedelta
 from controller_world import T0, UID, World, make_spec
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from agentrun.api.contract import run_span_id, run_trace_id
+from agentrun.api.contract import lap_span_id, run_span_id, run_trace_id
+from agentrun.controller.decide.actions import LostLapSpan
 from agentrun.controller.tracing import OperatorSpans, pass_attributes, spans_from_env
 
 
@@ -44,3 +45,32 @@ def test_off_without_an_endpoint_and_no_sdk_import() -> None:
             "print(any(m.startswith('opentelemetry') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
+
+
+def test_a_killed_attempts_lap_span_has_the_attempts_id_under_the_runs_root() -> None:
+    """The span the lap process would have sent (``lap_span_id``): its model spans' parent."""
+    exporter = InMemorySpanExporter()
+    spans = OperatorSpans("http://collector.invalid:4318/v1/traces", exporter=exporter)
+    lost = LostLapSpan(2, T0, T0 + timedelta(seconds=7), "killed by SIGKILL (exit code 137)")
+    spans.lost_lap(UID, "ns", "run", 4, "pod_failed", lost)
+    spans.reconcile(UID, T0, T0, {})  # the next span's id is random again
+    assert spans.close()
+    lap, reconcile = exporter.get_finished_spans()
+    assert lap.name == "lap" and f"{lap.context.span_id:016x}" == lap_span_id(UID, 4, 2)
+    assert f"{lap.context.trace_id:032x}" == run_trace_id(UID)
+    assert lap.parent is not None and f"{lap.parent.span_id:016x}" == run_span_id(UID)
+    assert (lap.start_time, lap.end_time) == (int(T0.timestamp() * 1e9), int((T0 + timedelta(seconds=7)).timestamp() * 1e9))
+    assert lap.status.status_code.name == "ERROR" and "SIGKILL" in (lap.status.description or "")
+    a = dict(lap.attributes or {})
+    assert (a["agentrun.lap"], a["agentrun.attempt"], a["agentrun.retry.reason"]) == (4, 2, "pod_failed")
+    assert f"{reconcile.context.span_id:016x}" != lap_span_id(UID, 4, 2)
+
+
+def test_the_reconciler_and_the_executor_share_one_exporter_per_endpoint() -> None:
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector.invalid:4318"}
+    first = spans_from_env(env)
+    assert first is not None and spans_from_env(env) is first
+    first.close(timeout=0.5)
+    again = spans_from_env(env)
+    assert again is not None and again is not first
+    again.close(timeout=0.5)

@@ -7,8 +7,10 @@ A 5-lap run with a tool call per lap and one approval gives ONE trace in Jaeger,
 Jaeger's own query API: its id is the run's uid, with a span per lap (children of the run's root
 span), a model span per lap with the GenAI attributes, a tool span per call (name, call id,
 idempotency key, from the journal or not) whose context the tool server received as
-``traceparent``, the approval wait naming the decider, and no message content. A lap pod killed
-mid-call shows its retried attempt answering from the journal.
+``traceparent``, the approval wait from the request to the decision naming the decider, and no
+message content. A lap pod killed mid-call shows its killed attempt (the operator's span, with the
+attempt's span id: the parent of the model span it sent) and its retried attempt answering from the
+journal.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from test_operator_e2e import Env, _diagnostics_on_failure, _one_job_per_attempt, _wait, running_env  # noqa: F401
 
-from agentrun.api.contract import run_span_id, run_trace_id
+from agentrun.api.contract import lap_span_id, run_span_id, run_trace_id
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 LAPS_WITH_CALLS = 3
@@ -146,7 +149,12 @@ def test_a_five_lap_run_with_an_approval_is_one_trace_in_jaeger(env, jaeger, rec
     assert _parent(wait) == run_span_id(uid) and w["agentrun.approval.decision"] == "approved"
     assert w["agentrun.approval.lap"] == LAPS_WITH_CALLS + 1 and w["agentrun.approval.decided_by"]
     assert w["agentrun.approval.decided_by"] == st["approval"].get("decidedBy", w["agentrun.approval.decided_by"])
-    assert wait["startTime"] <= lap_spans[-1]["startTime"] + 1_000_000 and wait["duration"] > 0
+    assert wait["duration"] > 0
+    # ... to the decision (status.approval.decidedAt, passed to lap 5), not to the start of lap 5
+    decided = datetime.fromisoformat(st["approval"]["decidedAt"].replace("Z", "+00:00")).timestamp() * 1e6
+    wait_end = wait["startTime"] + wait["duration"]
+    assert abs(wait_end - decided) < 1_000_000, (wait_end, decided)
+    assert wait_end <= lap_spans[-1]["startTime"], "the decision was taken before the lap that applies it"
     tools = by_op["execute_tool note"]
     assert len(tools) == LAPS_WITH_CALLS
     received = {r["headers"]["traceparent"] for r in recorder.requests}
@@ -185,9 +193,11 @@ def _pods(env: Env, run: str) -> list[dict]:
 
 @pytest.mark.timeout(300)
 def test_a_lap_pod_killed_mid_call_shows_its_retry_and_the_journaled_answer_in_the_trace(env, jaeger):
-    """The lap pod is killed (grace period 1 s) while its tool call is held at a gate: the retried
-    attempt is in the same trace, answers the model turn from the journal and sends the call again
-    with the same key."""
+    """The lap pod is killed (grace period 1 s: SIGKILL, as its call is in flight) while its tool call
+    is held at a gate: the killed attempt's ``lap`` span, which it never sent, is sent by the operator
+    with the attempt's span id, so the model span the attempt did send has its parent in the trace;
+    the retried attempt is in the same trace, answers the model turn from the journal and sends the
+    call again with the same key."""
     from e2e_support import ToolGate
 
     gate = ToolGate(env.tool_url)
@@ -216,18 +226,27 @@ def test_a_lap_pod_killed_mid_call_shows_its_retry_and_the_journaled_answer_in_t
     def settled() -> dict[str, Any] | None:
         t = jaeger.trace(trace_id)
         laps = [s for s in (t["spans"] if t else []) if s["operationName"] == "lap"]
-        return t if {(_tags(s)["agentrun.lap"], _tags(s)["agentrun.attempt"]) for s in laps} >= {(1, 2), (2, 1)} else None
+        return t if {(_tags(s)["agentrun.lap"], _tags(s)["agentrun.attempt"]) for s in laps} >= {
+            (1, 1), (1, 2), (2, 1)} else None
 
-    trace = _wait("the retried lap and the next in Jaeger's trace", settled, timeout=60)
+    trace = _wait("the killed attempt, the retried lap and the next in Jaeger's trace", settled, timeout=60)
     spans = trace["spans"]
+    laps_seen = [(_tags(s)["agentrun.lap"], _tags(s)["agentrun.attempt"]) for s in spans if s["operationName"] == "lap"]
+    assert sorted(laps_seen) == [(1, 1), (1, 2), (2, 1)], "one span per attempt, none twice"
     laps = {(_tags(s)["agentrun.lap"], _tags(s)["agentrun.attempt"]): s for s in spans if s["operationName"] == "lap"}
-    assert (1, 1) not in laps, "the killed attempt's span never ended"
+    killed = laps[(1, 1)]  # sent by the operator when it saw the attempt fail
+    k = _tags(killed)
+    assert killed["spanID"] == lap_span_id(uid, 1, 1) and _parent(killed) == run_span_id(uid)
+    assert trace["processes"][killed["processID"]]["serviceName"] == "agentrun-operator"
+    assert k["otel.status_code"] == "ERROR" and k["agentrun.retry.reason"], k
+    assert k["agentrun.lap.span_sent_by"] == "operator", k
+    assert killed["duration"] > 0 and killed["startTime"] < laps[(1, 2)]["startTime"]
     retried = laps[(1, 2)]
     assert _tags(retried)["agentrun.lap.outcome"] == "continue" and _parent(retried) == run_span_id(uid)
     chats = [s for s in spans if s["operationName"].startswith("chat ") and _tags(s).get("agentrun.lap") == 1]
     first = [s for s in chats if _tags(s)["agentrun.from_journal"] is False]
     again = [s for s in chats if _parent(s) == retried["spanID"]]
-    assert len(first) == 1 and _parent(first[0]) not in {s["spanID"] for s in spans}, "attempt 1's model call"
+    assert len(first) == 1 and _parent(first[0]) == killed["spanID"], "attempt 1's model call, under its lap span"
     assert len(again) == 1 and _tags(again[0])["agentrun.from_journal"] is True, "the retry's answer is the journal's"
     assert "gen_ai.usage.input_tokens" not in _tags(again[0])
     [call] = [s for s in spans if s["operationName"] == "execute_tool note" and _parent(s) == retried["spanID"]]

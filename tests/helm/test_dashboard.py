@@ -26,7 +26,7 @@ def exported_series() -> set[str]:
     m = OperatorMetrics(process_metrics=False, clock=lambda: 2e9)
     # make every optional series appear: a running run with budget and checkpoint, a pending approval
     m.observe_run("ns", "a", {"budget": {"maxCostUSD": "1"}}, {
-        "phase": "AwaitingApproval", "lap": 1, "startedAt": "2033-01-01T00:00:00Z",
+        "phase": "AwaitingApproval", "lap": 1, "startedAt": "2033-01-01T00:00:00Z", "traceId": "ab" * 16,
         "lastCheckpointTime": "2033-01-01T00:00:00Z", "cost": {"usd": "0.1"}, "storage": {"bytes": 1, "objects": 1},
         "approval": {"state": "Pending", "owner": "o", "requestedAt": "2033-01-01T00:00:00Z",
                      "deadline": "2033-01-02T00:00:00Z"}})

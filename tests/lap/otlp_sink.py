@@ -16,7 +16,7 @@ def _value(v: Any) -> Any:
 
 class OtlpSink:
     """``spans``: every span received, ``{"name", "trace_id", "span_id", "parent", "attrs", "status",
-    "resource"}`` (ids as hex)."""
+    "resource", "start", "end"}`` (ids as hex, times in Unix nanoseconds)."""
 
     def __init__(self) -> None:
         self.spans: list[dict[str, Any]] = []
@@ -43,6 +43,7 @@ class OtlpSink:
                                     "name": s.name, "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
                                     "parent": s.parent_span_id.hex(), "status": s.status.code,
                                     "status_message": s.status.message,
+                                    "start": s.start_time_unix_nano, "end": s.end_time_unix_nano,
                                     "attrs": {a.key: _value(a.value) for a in s.attributes}, "resource": resource,
                                 })
                 self.send_response(200)

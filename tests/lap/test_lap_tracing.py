@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -30,7 +31,7 @@ from lap_helpers import (
 )
 from otlp_sink import OtlpSink
 
-from agentrun.api.contract import ExitCode, run_span_id, run_trace_id
+from agentrun.api.contract import Env, ExitCode, lap_span_id, run_span_id, run_trace_id
 from agentrun.lap.interfaces import NoTracer
 from agentrun.lap.tracing import capture_content, tracer_from_env, traces_endpoint
 
@@ -97,6 +98,8 @@ def test_a_lap_exports_its_spans_in_the_run_trace_and_sends_traceparent(s3_env: 
     laps = sorted(sink.named("lap"), key=lambda s: s["attrs"]["agentrun.lap"])
     assert [s["attrs"]["agentrun.lap"] for s in laps] == [1, 2]
     assert {s["parent"] for s in laps} == {run_span_id(RUN.uid)}, "a lap span is a child of the run's root span"
+    # the lap span's id is the run's, lap's and attempt's (the operator sends it for an attempt killed before it could)
+    assert [s["span_id"] for s in laps] == [lap_span_id(RUN.uid, 1, 1), lap_span_id(RUN.uid, 2, 1)]
     assert laps[0]["attrs"]["agentrun.lap.outcome"] == "continue" and laps[1]["attrs"]["agentrun.lap.outcome"] == "done"
     assert laps[0]["attrs"]["gen_ai.usage.input_tokens"] == 2000 and laps[0]["attrs"]["agentrun.lap.cost_usd"] > 0
     assert laps[0]["attrs"]["gen_ai.conversation.id"] == RUN.uid and laps[0]["resource"]["service.name"] == "agentrun-lap"
@@ -195,12 +198,18 @@ def test_the_wait_for_an_approval_is_a_span_of_the_run_naming_the_decider(s3_env
         spec = spec_doc([tool("pay", srv.url, sideEffects=True, requiresApproval=True)], [],
                         model={"provider": "openai", "name": "gpt-x", "baseURL": chat.base_url})
         asked = run_lap_process(_traced_env(s3_env, spec, 1, sink.endpoint))
+        decided_at = datetime.now(UTC)  # the operator's status.approval.decidedAt, before the next lap starts
+        time.sleep(0.3)
         decided = {"AGENTRUN_APPROVAL_DECISION": "approved", "AGENTRUN_APPROVAL_CALL_ID": "call_x1",
-                   "AGENTRUN_APPROVAL_BY": "alice@example.com"}
+                   "AGENTRUN_APPROVAL_BY": "alice@example.com", Env.APPROVAL_DECIDED_AT: decided_at.isoformat()}
         resumed = run_lap_process(_traced_env(s3_env, spec, 2, sink.endpoint, **decided))
     assert asked.returncode == 0 and resumed.returncode == 0, asked.stderr + resumed.stderr
     [wait] = sink.named("approval ")
     assert wait["name"] == "approval pay" and wait["parent"] == run_span_id(RUN.uid)
+    # from the request to the decision (not to the start of the lap that applies it)
+    assert wait["end"] == int(decided_at.timestamp() * 1_000_000_000) and wait["start"] < wait["end"]
+    [_, resumed_lap] = sorted(sink.named("lap"), key=lambda s: s["attrs"]["agentrun.lap"])
+    assert resumed_lap["start"] > wait["end"]
     assert wait["trace_id"] == RUN.uid.replace("-", "")
     a = wait["attrs"]
     assert (a["agentrun.approval.decision"], a["agentrun.approval.decided_by"], a["agentrun.approval.lap"]) == (

@@ -411,3 +411,20 @@ def test_checkpoint_bytes_gauges_and_the_per_lap_histogram(m):
     import inspect
 
     assert "checkpoint_bytes" in inspect.signature(metrics.lap_finished).parameters  # what the executor passes
+
+
+def test_run_info_carries_the_trace_id_of_live_traced_runs_only(m):
+    """``agentrun_run_info{namespace,name,trace_id} 1``: the dashboard's link from a run to its trace.
+    Only runs with a well-formed status.traceId (tracing on), only while they live."""
+    trace = "0123456789abcdef0123456789abcdef"
+    m.observe_run("ns1", "traced", SPEC, running_status(traceId=trace))
+    m.observe_run("ns1", "untraced", SPEC, running_status())
+    m.observe_run("ns1", "odd", SPEC, running_status(traceId='x"} 1\nagentrun_evil{a="'))
+    s = scrape(m)
+    assert val(s, "agentrun_run_info", namespace="ns1", name="traced", trace_id=trace) == 1
+    assert names_of(s, "agentrun_run_info") == {"traced"}
+    m.observe_run("ns1", "traced", SPEC, running_status(phase="Succeeded", traceId=trace))
+    assert names_of(scrape(m), "agentrun_run_info") == set()
+    m.observe_run("ns1", "again", SPEC, running_status(traceId=trace))
+    m.forget_run("ns1", "again")
+    assert names_of(scrape(m), "agentrun_run_info") == set()

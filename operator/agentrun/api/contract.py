@@ -98,6 +98,10 @@ class Env(StrEnum):
     """The run's rewinds in place (``status.lifecycle.rewinds``), comma-separated laps in order, e.g.
     ``"4,2"``: where each history of the run starts (:func:`history_of`). Unset or empty: the run was
     never rewound, every object is in history 0 (the layout of every earlier release)."""
+    APPROVAL_DECIDED_AT = "AGENTRUN_APPROVAL_DECIDED_AT"
+    """When resuming from a pause: when the decision was recorded (``status.approval.decidedAt``,
+    RFC 3339), where the lap's span of the approval wait ends (``lap/tracing``). Unset (a Job of an
+    earlier release): the span ends when the lap starts."""
 
 
 TOOL_HEADERS_PREFIX = "AGENTRUN_TOOL_HEADERS_"
@@ -213,6 +217,20 @@ def run_span_id(uid: str) -> str:
     """The span id (16 hex digits) of a run's root span, which its lap spans are children of: the
     first 64 bits of ``sha256("agentrun.dev/run:" + uid)``."""
     value = hashlib.sha256(f"agentrun.dev/run:{uid}".encode()).hexdigest()[:16]
+    return value if int(value, 16) else "0" * 15 + "1"
+
+
+LAP_SPAN_NAME: Final = "lap"
+"""The name of a lap attempt's span (the lap's own, or the operator's for an attempt that did not end by itself)."""
+
+
+def lap_span_id(uid: str, lap: int, attempt: int) -> str:
+    """The span id (16 hex digits) of a lap attempt's span: the first 64 bits of
+    ``sha256("agentrun.dev/lap:<uid>/<lap>/<attempt>")``. The lap process gives its span this id;
+    when the attempt is killed before it exports it (SIGKILL, OOM, its pod gone), the operator
+    sends the span with the same id, so the spans the attempt did export (its model calls) have
+    their parent in the trace."""
+    value = hashlib.sha256(f"agentrun.dev/lap:{uid}/{lap}/{attempt}".encode()).hexdigest()[:16]
     return value if int(value, 16) else "0" * 15 + "1"
 
 

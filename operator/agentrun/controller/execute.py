@@ -38,6 +38,7 @@ from .events import EventBudget
 from .logs import run_logger
 from .memos import SpecMemo, put_bounded
 from .rewinds import survey_rewind
+from .tracing import spans_from_env
 
 try:  # the test-fault switch (docs/chaos.md, "Negative control"): not in the wheel, so absent from the image
     from agentrun import testfault
@@ -119,6 +120,8 @@ class Executor:
         """The last refused status write per run (its message): ONE Warning Event per refusal."""
         self.events = EventBudget()  # the routine Events' rate limit per run (events.py)
         self._agents: dict[tuple[str, str], Any] = {}  # (run uid, digest) -> its pinned ResolvedAgent
+        self.spans = spans_from_env(dict(config.lap_otel_env)) if config.tracing else None
+        """The operator's spans (the reconciler's, ``tracing.spans_from_env``): the lap spans of killed attempts."""
 
     def forget(self, key: Key) -> None:
         self._refusals.pop(key, None)
@@ -417,6 +420,8 @@ class Executor:
                 metrics.lap_finished(ns, name, a.outcome, a.duration_seconds, a.checkpoint_bytes)
             elif isinstance(a, d.LapRetried):
                 metrics.lap_retried(ns, name, a.reason)
+                if a.lost_span is not None and self.spans is not None:  # the attempt did not send its lap span
+                    self.spans.lost_lap(o.uid, ns, name, a.lap, a.reason, a.lost_span)
         for a in decision.of(d.DeleteRun):  # spec.ttlSecondsAfterFinished passed: after its Event
             try:
                 await self.call("DELETE", run_path, body={

@@ -6,6 +6,11 @@ Each run is one trace (``agentrun.api.contract.run_trace_id``). The operator add
 
 * a ``reconcile`` span for each pass that acted (wrote the run's status, created or deleted a Job),
   a child of the run's root span, with the phase before and after and what it did;
+* the ``lap`` span of an attempt that failed without sending its own (killed by SIGKILL or OOM, its
+  pod evicted or gone, ``decide.retries.lap_span_lost``): with the attempt's span id
+  (``agentrun.api.contract.lap_span_id``), so the model and tool spans the attempt did send have
+  their parent in the trace; from the attempt's start to when the operator saw it fail, status error,
+  the retry's reason;
 * the run's **root span** itself (``agentrun.run``, span id ``run_span_id``: the parent of every lap
   span), from the run's creation to its end, sent when the run reaches a terminal phase (again
   after a retry in place: a backend keeps the last).
@@ -24,7 +29,9 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from agentrun.api.contract import run_span_id, run_trace_id, traces_endpoint
+from agentrun.api.contract import LAP_SPAN_NAME, lap_span_id, run_span_id, run_trace_id, traces_endpoint
+
+from .decide.actions import LostLapSpan
 
 log = logging.getLogger("agentrun.controller")
 
@@ -32,7 +39,8 @@ SERVICE_NAME = "agentrun-operator"
 FLUSH_SECONDS = 3.0
 Attributes = Mapping[str, str | int | float | bool | list[str]]
 
-#: (trace id, span id) of the root span being started: the ids the run's laps already use.
+#: (trace id, span id) of the span being started when its ids are not random: the run's root span
+#: (the ids the run's laps already use), a lost lap span (the span id the attempt's spans name as parent).
 _root_ids: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("agentrun_root_ids", default=None)
 
 
@@ -79,6 +87,21 @@ class OperatorSpans:
                                        attributes=dict(attributes), start_time=_nanos(start))
         span.end(end_time=max(_nanos(end), _nanos(start)))
 
+    def lost_lap(self, uid: str, namespace: str, name: str, lap: int, kind: str, lost: LostLapSpan) -> None:
+        """The ``lap`` span of attempt ``lost.attempt`` of ``lap`` (a ``decide.LostLapSpan``), which the
+        attempt did not send: its span id is the attempt's, its parent the run's root span."""
+        token = _root_ids.set((int(run_trace_id(uid), 16), int(lap_span_id(uid, lap, lost.attempt), 16)))
+        try:
+            span = self._tracer.start_span(LAP_SPAN_NAME, context=self._under_root(uid), attributes={
+                "agentrun.run.namespace": namespace, "agentrun.run.name": name, "agentrun.run.uid": uid,
+                "agentrun.lap": lap, "agentrun.attempt": lost.attempt, "agentrun.retry.reason": kind,
+                "error.type": kind, "agentrun.lap.span_sent_by": "operator",
+            }, start_time=_nanos(lost.started_at))
+        finally:
+            _root_ids.reset(token)
+        span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, lost.message[:1000]))
+        span.end(end_time=max(_nanos(lost.ended_at), _nanos(lost.started_at)))
+
     def run(self, uid: str, name: str, start: datetime, end: datetime, attributes: Attributes) -> None:
         """The run's root span (its id: ``run_span_id``), from ``start`` to ``end``."""
         token = _root_ids.set((int(run_trace_id(uid), 16), int(run_span_id(uid), 16)))
@@ -88,6 +111,10 @@ class OperatorSpans:
         finally:
             _root_ids.reset(token)
         span.end(end_time=max(_nanos(end), _nanos(start)))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self, timeout: float = FLUSH_SECONDS) -> bool:
         """Send the spans not sent yet, waiting at most ``timeout`` seconds; True if done in time."""
@@ -119,17 +146,28 @@ def pass_attributes(o: Any, decision: Any) -> dict[str, str | int | float | bool
     return out
 
 
+_shared: dict[str, OperatorSpans] = {}
+_shared_lock = threading.Lock()
+
+
 def spans_from_env(env: Mapping[str, str]) -> OperatorSpans | None:
-    """The operator's spans when ``env`` sets an OTLP endpoint (None: off, or the SDK missing)."""
+    """The operator's spans when ``env`` sets an OTLP endpoint (None: off, or the SDK missing). One
+    per endpoint and process, until closed: the reconciler (its passes, the run's root span) and the
+    executor (the lost lap spans of the retries it performs) send through the same exporter."""
     endpoint = traces_endpoint(env)
     if endpoint is None:
         return None
-    try:
-        return OperatorSpans(endpoint)
-    except ImportError as exc:
-        log.warning("tracing: OTLP endpoint set but the OpenTelemetry SDK is not installed (%s): "
-                    "install agentrun[otel]; the operator sends no spans", exc)
-        return None
+    with _shared_lock:
+        spans = _shared.get(endpoint)
+        if spans is not None and not spans.closed:
+            return spans
+        try:
+            spans = _shared[endpoint] = OperatorSpans(endpoint)
+        except ImportError as exc:
+            log.warning("tracing: OTLP endpoint set but the OpenTelemetry SDK is not installed (%s): "
+                        "install agentrun[otel]; the operator sends no spans", exc)
+            return None
+        return spans
 
 
 def _nanos(when: datetime) -> int:

@@ -6,6 +6,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
 from pydantic import ValidationError
 
@@ -86,8 +87,19 @@ def parse_decision(env: Mapping[str, str]) -> ApprovalDecision | None:
         decision=raw,
         reason=env.get(Env.APPROVAL_REASON) or None,
         decided_by=env.get(Env.APPROVAL_BY) or None,
+        decided_at=_decided_at(env.get(Env.APPROVAL_DECIDED_AT, "")),
         **digests,
     )
+
+
+def _decided_at(raw: str) -> datetime | None:
+    """``AGENTRUN_APPROVAL_DECIDED_AT`` (RFC 3339, with a zone): only where the approval span ends,
+    so a value that does not parse is ignored (the span ends at the lap's start), never a failed lap."""
+    try:
+        when = datetime.fromisoformat(raw.strip()) if raw.strip() else None
+    except ValueError:
+        return None
+    return when if when is not None and when.tzinfo is not None else None
 
 
 def parse_rewinds(env: Mapping[str, str], lap: int) -> tuple[int, ...]:

@@ -329,7 +329,8 @@ def resolve_pending(
         )
     decision = decision.model_copy(update={"call_id": pending.call_id})
     if ctx.attempt == 1:  # the wait, once per decision (a retry of this lap does not record it again)
-        fx.tracer.record(*approval_span(pending, decision), start=pending.requested_at, end=fx.clock())
+        fx.tracer.record(*approval_span(pending, decision), start=pending.requested_at,
+                         end=decision.decided_at or fx.clock())  # to the decision (an older Job: this lap's start)
     toolset = toolset or ToolSet(http=tuple(ctx.spec.agent.tools))
     declared: ToolSpec | McpToolRef | None = ctx.spec.tool(pending.tool) or find_mcp_tool(ctx.spec.agent, pending.tool)
     if decision.decision == "approved" and decision.target_sha256:

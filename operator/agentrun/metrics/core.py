@@ -113,6 +113,7 @@ RECONCILE_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 
 
 #: Longest label value kept for ``owner`` (approval owner); longer values are truncated.
 MAX_OWNER_LABEL_LENGTH = 128
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
 
 _CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
@@ -210,6 +211,9 @@ class RunView:
     resumed_at: float | None = None
     checkpoint_bytes: float | None = None
     checkpoint_max_bytes: float = DEFAULT_MAX_RUN_BYTES
+    trace_id: str | None = None
+    """``status.traceId`` (32 hex digits; set while the operator's tracing is on): the ``trace_id``
+    label of ``agentrun_run_info``, one series per live run (low cardinality: it never changes)."""
 
     @property
     def last_progress_at(self) -> float | None:
@@ -280,7 +284,13 @@ class RunView:
             resumed_at=max(resumed_times) if resumed_times else None,
             checkpoint_bytes=parse_number(_get(status, "storage", "bytes")),
             checkpoint_max_bytes=parse_number(_get(spec, "checkpoint", "maxRunBytes")) or DEFAULT_MAX_RUN_BYTES,
+            trace_id=trace_id_label(status.get("traceId")),
         )
+
+
+def trace_id_label(value: Any) -> str | None:
+    """``status.traceId`` as a label value: 32 lowercase hex digits, else None (no series)."""
+    return value if isinstance(value, str) and _TRACE_ID.fullmatch(value) else None
 
 
 def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
@@ -318,6 +328,9 @@ class RunStateCollector(Collector):
             _gauge("run_checkpoint_max_bytes", "spec.checkpoint.maxRunBytes of the run.", run),
             _gauge("run_budget_usd", "spec.budget.maxCostUSD of the run in USD (absent when unlimited).", run),
             _gauge("run_tokens", "Tokens used by the run so far (status.cost.inputTokens/outputTokens).", [*run, "direction"]),
+            _gauge("run_info", "1 for each non-terminal run whose trace the operator records (status.traceId, "
+                   "while its tracing is on), labelled with the trace id: the dashboard links the run to its trace.",
+                   [*run, "trace_id"]),
             _gauge("approvals_pending", "Approvals waiting for a human decision."),
             _gauge("approval_requested_timestamp_seconds", "Unix time a pending approval was requested.", [*run, "owner"]),
             _gauge("approval_deadline_timestamp_seconds", "Unix time a pending approval times out (onTimeout applies).", [*run, "owner"]),
@@ -360,6 +373,8 @@ class RunStateCollector(Collector):
                 fam["run_budget_usd"].add_metric(key, r.budget_usd)
             fam["run_tokens"].add_metric([*key, "input"], r.input_tokens)
             fam["run_tokens"].add_metric([*key, "output"], r.output_tokens)
+            if r.trace_id is not None:
+                fam["run_info"].add_metric([*key, r.trace_id], 1.0)
             if r.approval_pending:
                 pending += 1
                 akey = [*key, r.approval_owner or "unassigned"]

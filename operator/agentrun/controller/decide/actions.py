@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 from agentrun.api.spec import AgentRunSpec
@@ -149,12 +150,27 @@ class LapFinished:
 
 
 @dataclass(frozen=True)
+class LostLapSpan:
+    """The ``lap`` span of a failed attempt that did not send its own (killed, its pod gone): the
+    operator sends it (``controller/tracing.py``, span id ``api.contract.lap_span_id``)."""
+
+    attempt: int
+    started_at: datetime
+    ended_at: datetime
+    """When the failure was observed (the pod's end is not at hand)."""
+    message: str
+    """``status.retries[].lastReason`` (bounded, secrets redacted)."""
+
+
+@dataclass(frozen=True)
 class LapRetried:
     """Metric: a lap attempt failed and will be retried (or exhausted the attempts, or failed permanently)."""
 
     lap: int
     reason: str
     """A :class:`~agentrun.api.reasons.RetryReason` (the ``reason`` label)."""
+    lost_span: LostLapSpan | None = None
+    """Tracing on and the attempt did not send its ``lap`` span: the operator sends it."""
 
 
 @dataclass(frozen=True)

@@ -386,7 +386,7 @@ def approval_env(status: AgentRunStatus) -> ApprovalEnv | None:
     # bounded again: a status patch may have changed the reason or decider after the decision was recorded
     return ApprovalEnv(decision=decision, call_id=ap.call_id, reason=bounded_reason(ap.reason)[0],
                        decided_by=bounded_decider(ap.decided_by), arguments_sha256=ap.arguments_sha256,
-                       target_sha256=ap.target_sha256 if ap.state == "Approved" else None)
+                       target_sha256=ap.target_sha256 if ap.state == "Approved" else None, decided_at=ap.decided_at)
 
 
 def adoption_mismatch(st: AgentRunStatus, job: ObservedJob) -> str | None:

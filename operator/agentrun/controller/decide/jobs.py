@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -63,6 +64,8 @@ class ApprovalEnv:
     arguments_sha256: str | None = None
     target_sha256: str | None = None
     """Of an approval: ``status.approval.targetSha256``, what the lap checks before sending the call."""
+    decided_at: datetime | None = None
+    """``status.approval.decidedAt``: where the lap's span of the approval wait ends."""
 
 
 def approval_annotation(approval: ApprovalEnv | None) -> str:
@@ -227,6 +230,8 @@ def build_env(
             env.append(_value_env(Env.APPROVAL_ARGUMENTS_SHA256, approval.arguments_sha256))
         if approval.target_sha256:
             env.append(_value_env(Env.APPROVAL_TARGET_SHA256, approval.target_sha256))
+        if approval.decided_at is not None:
+            env.append(_value_env(Env.APPROVAL_DECIDED_AT, approval.decided_at.isoformat()))
     if address_rules is not None:
         env.append(_value_env(Env.ADDRESS_RULES, address_rules.to_env()))
     if rewinds:

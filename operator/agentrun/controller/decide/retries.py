@@ -12,7 +12,7 @@ from agentrun.api.status import AgentRunStatus, LapRetries
 from agentrun.api.text import one_line
 from agentrun.api.types import parse_duration
 
-from .actions import Decision, LapFinished, LapRetried
+from .actions import Decision, LapFinished, LapRetried, LostLapSpan
 from .context import Ctx
 from .observed import ObservedJob
 from .text import cause_text, lap_cause, signal_name
@@ -66,6 +66,24 @@ def classify_failure(job: ObservedJob) -> tuple[RetryReason, str]:
     return kind, f"{head}: {cause}" if cause else head
 
 
+_SENT_ITS_SPAN = frozenset({RetryReason.RETRYABLE_EXIT, RetryReason.CHECKPOINT_MISSING, RetryReason.PERMANENT,
+                            RetryReason.JOB_MISMATCH})
+"""Failures after which the attempt's ``lap`` span is not the operator's to send: the runner exited by
+itself (exit 75, exit 0 without a checkpoint, exit 2), or the Job was not the run's attempt."""
+
+
+def lap_span_lost(kind: RetryReason, job: ObservedJob | None) -> bool:
+    """Whether a failed attempt ended without sending its own ``lap`` span: its pod is gone or its
+    exit is unknown (eviction, lapTimeout, a lost Job), it was OOM-killed, or it was killed by a
+    signal other than SIGTERM (the runner handles SIGTERM: it ends its spans, sends them and exits
+    143). Any other exit code went through the runner's exit, which sends the span."""
+    if kind in _SENT_ITS_SPAN:
+        return False
+    if kind in (RetryReason.OOM_KILLED, RetryReason.JOB_MISSING) or job is None or job.exit_code is None:
+        return True
+    return job.exit_code > 128 and job.exit_code != ExitCode.TERMINATED
+
+
 def record_retry(c: Ctx, lap: int, attempt: int, kind: RetryReason, reason: str,
                  started_at: datetime | None = None) -> Decision | None:
     """Record a failed attempt (status.retries[].lastReason holds ``reason``, cause included; the
@@ -83,7 +101,12 @@ def record_retry(c: Ctx, lap: int, attempt: int, kind: RetryReason, reason: str,
     st.active_job = None
     if started_at is not None:
         c.act(LapFinished(lap, LapOutcome.of_failure(kind), max(0.0, (o.now - started_at).total_seconds())))
-    c.act(LapRetried(lap, kind))
+    lost = None
+    if o.tracing and started_at is not None:  # the attempt's lap span, when the attempt could not send it
+        job = next((j for j in o.jobs if (j.lap, j.attempt) == (lap, attempt)), None)
+        if lap_span_lost(kind, job):
+            lost = LostLapSpan(attempt, started_at, max(o.now, started_at), reason)
+    c.act(LapRetried(lap, kind, lost))
     lc = st.lifecycle
     base = lc.attempts_before_retry if lc is not None and lc.retried_lap == lap else 0
     allowed = c.spec.retry.attempts_per_lap

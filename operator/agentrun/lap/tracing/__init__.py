@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from agentrun.api.contract import Env, OtelEnv, traces_endpoint
+from agentrun.api.contract import Env, OtelEnv, lap_span_id, traces_endpoint
 from agentrun.api.contract import otel_true as _true
 from agentrun.lap.interfaces import NoTracer, Tracer
 
@@ -63,8 +63,10 @@ def tracer_from_env(env: Mapping[str, str], secrets: list[str], log: Callable[..
     pod = env.get("HOSTNAME", "")
     if pod:
         resource["k8s.pod.name"] = pod[:253]
+    uid, lap, attempt = env.get(Env.UID, ""), env.get(Env.LAP, ""), env.get(Env.ATTEMPT, "1")
+    span_id = lap_span_id(uid, int(lap), int(attempt)) if lap.isdigit() and attempt.isdigit() else None
     try:
-        return OtelTracer(env.get(Env.UID, ""), endpoint, secrets, capture_content(env), log, resource=resource)
+        return OtelTracer(uid, endpoint, secrets, capture_content(env), log, resource=resource, lap_span_id=span_id)
     except Exception as e:  # a configuration the SDK refuses: the lap runs untraced
         log(f"tracing off: {type(e).__name__}: {e}"[:300], level="warning")
         return OFF

@@ -7,6 +7,10 @@ and protobuf cost a lap start tens of milliseconds that a lap without tracing do
 * The run's trace: every span is in the trace :func:`~agentrun.api.contract.run_trace_id` of the
   run's uid; the lap's span is a child of the run's root span (:func:`~agentrun.api.contract.run_span_id`),
   so every lap, retry and restart of the run lands in one trace.
+* The lap's span id is :func:`~agentrun.api.contract.lap_span_id` of the run, lap and attempt (not
+  random): an attempt killed before it exports its span (SIGKILL, OOM) still exported its model and
+  tool spans, and the operator sends the attempt's ``lap`` span with that id
+  (``agentrun.controller.tracing``), so they have their parent in the trace.
 * Export: a batch processor (``OTEL_BSP_*`` apply; the delay defaults to one second here) sends
   ended spans in the background; :meth:`OtelTracer.close` sends the rest at exit, waiting at most
   :data:`FLUSH_SECONDS`: an unreachable collector never delays a lap's exit by more, nor fails it.
@@ -17,6 +21,7 @@ and protobuf cost a lap start tens of milliseconds that a lap without tracing do
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -29,13 +34,14 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from agentrun.api.contract import run_span_id, run_trace_id
 from agentrun.lap.interfaces import AttributeValue, TraceSpan
 from agentrun.lap.logs import redact
-from agentrun.lap.tracing.semconv import ERROR_TYPE
+from agentrun.lap.tracing.semconv import ERROR_TYPE, LAP_SPAN
 
 SERVICE_NAME = "agentrun-lap"
 FLUSH_SECONDS = 2.0
@@ -43,6 +49,16 @@ FLUSH_SECONDS = 2.0
 SCHEDULE_DELAY_MS = 1000
 MAX_SDK_LOG_LINES = 3
 _PROPAGATOR = TraceContextTextMapPropagator()
+_fixed_span_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("agentrun_lap_span_id", default=None)
+"""The id of the span being started, when it is not random (the lap's span: ``lap_span_id``)."""
+
+
+class _Ids(RandomIdGenerator):
+    """Random span ids, except the lap span's (:data:`_fixed_span_id` while it is started)."""
+
+    def generate_span_id(self) -> int:
+        fixed = _fixed_span_id.get()
+        return fixed if fixed is not None else super().generate_span_id()
 
 
 class _SdkLogHandler(logging.Handler):
@@ -79,12 +95,15 @@ class OtelTracer:
     def __init__(
         self, uid: str, endpoint: str, secrets: list[str], capture_content: bool, log: Callable[..., None],
         resource: Mapping[str, str] | None = None, exporter: Any = None, schedule_delay_ms: float = SCHEDULE_DELAY_MS,
+        lap_span_id: str | None = None,
     ) -> None:
+        """``lap_span_id``: the id of the lap's span (``api.contract.lap_span_id``; None: random)."""
         self.capture_content = capture_content
+        self._lap_span_id = int(lap_span_id, 16) if lap_span_id else None
         self._secrets = secrets  # the lap logger's list: secrets found later (tool headers) apply too
         attrs: dict[str, str] = {"service.name": SERVICE_NAME, **(resource or {})}
         provider = TracerProvider(resource=Resource(attrs).merge(OTELResourceDetector().detect()),
-                                  shutdown_on_exit=False)
+                                  id_generator=_Ids(), shutdown_on_exit=False)
         provider.add_span_processor(BatchSpanProcessor(exporter or OTLPSpanExporter(endpoint=endpoint),
                                                        schedule_delay_millis=schedule_delay_ms))
         self._provider = provider
@@ -103,10 +122,15 @@ class OtelTracer:
     @contextmanager
     def span(self, name: str, attributes: Mapping[str, AttributeValue]) -> Iterator[TraceSpan]:
         inside = trace.get_current_span().get_span_context().is_valid
-        with self._tracer.start_as_current_span(
-            name, context=None if inside else self._run_context, attributes=self._clean(attributes),
-            record_exception=False, set_status_on_exception=False,
-        ) as span:
+        fixed = self._lap_span_id if not inside and name == LAP_SPAN else None
+        token = _fixed_span_id.set(fixed)
+        try:
+            span = self._tracer.start_span(name, context=None if inside else self._run_context,
+                                           attributes=self._clean(attributes), record_exception=False,
+                                           set_status_on_exception=False)
+        finally:
+            _fixed_span_id.reset(token)
+        with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
             try:
                 yield _Span(span, self._clean)
             except BaseException as e:

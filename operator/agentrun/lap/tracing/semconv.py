@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from agentrun.api.contract import LAP_SPAN_NAME
 from agentrun.api.mcp import McpToolRef
 from agentrun.api.spec import ModelSpec
 from agentrun.checkpoint.schema import ApprovalDecision, LapRecord, Message, PendingApproval, ToolCallRecord
@@ -68,7 +69,7 @@ APPROVAL_BY = "agentrun.approval.decided_by"
 APPROVAL_REQUESTED_LAP = "agentrun.approval.lap"
 """On an approval span: the lap that asked for the approval (the decision is applied by the next)."""
 
-LAP_SPAN = "lap"
+LAP_SPAN = LAP_SPAN_NAME
 MAX_CONTENT_CHARS = 16384
 """At most this many characters of one content attribute (then ``…[truncated]``)."""
 
@@ -181,7 +182,8 @@ def tool_result(record: ToolCallRecord, capture: bool) -> Attributes:
 
 def approval_span(pending: PendingApproval, decision: ApprovalDecision) -> tuple[str, Attributes]:
     """The name and attributes of the wait for an approval (``approval <tool>``), from the request to
-    the start of the lap that applies the decision."""
+    the decision (``status.approval.decidedAt``, passed to the lap that applies it as
+    ``AGENTRUN_APPROVAL_DECIDED_AT``; without it, the start of that lap)."""
     attrs: Attributes = {TOOL_NAME: pending.tool, TOOL_CALL_ID: pending.call_id, IDEMPOTENCY_KEY: pending.idempotency_key,
                          APPROVAL_REQUESTED_LAP: pending.lap, APPROVAL_DECISION: decision.decision}
     if decision.decided_by:
