@@ -86,6 +86,13 @@ SECTIONS: dict[str, tuple[str, bool, list[str], list[str]]] = {
                                "pinning)", True,
                                ["bench_operator_cluster.py", "overhead", "--runs", "200", "--laps", "4"],
                                ["bench_operator_cluster.py", "overhead", "--runs", "5", "--laps", "2"]),
+    "lap_gap": ("the lap gap as the user feels it: checkpoint written -> next lap's first model request, with its "
+                "parts", True,
+                ["bench_lap_gap.py", "--runs", "1,50,200", "--laps", "4", "--lap-nice", "19"],
+                ["bench_lap_gap.py", "--runs", "1,5", "--laps", "2"]),
+    "lap_gap_runc": ("the lap gap on the runc node (the laps in the image; make image first)", True,
+                     ["bench_lap_gap.py", "--node", "runc", "--runs", "1,10", "--laps", "4"],
+                     ["bench_lap_gap.py", "--node", "runc", "--runs", "1", "--laps", "2"]),
     "langgraph": ("checkpoints beside LangGraph", False,
                   ["bench_vs_langgraph.py", "--laps", "500"], ["bench_vs_langgraph.py", "--laps", "50"]),
     "langgraph_big": ("checkpoints beside LangGraph, bigger tool results", False,
@@ -104,8 +111,9 @@ SECTIONS: dict[str, tuple[str, bool, list[str], list[str]]] = {
                     ["bench_test_stress.py"], ["bench_test_stress.py", "--make-args", "PYTEST_ARGS=tests/bench"]),
 }
 TEXT_ONLY = {"checkpoint_store"}  # prints its own table; no JSON figures
-#: Sections measured only when --only names them (a whole `make test`, 30+ min: not part of make bench).
-OPT_IN = {"test_stress"}
+#: Sections measured only when --only names them (a whole `make test`, 30+ min; the runc node, which needs
+#: the image built and runc usable: not part of make bench).
+OPT_IN = {"test_stress", "lap_gap_runc"}
 
 #: section -> why it may be committed with a non-zero exit. Every reason must be repeated, word for
 #: word, in README's "Limitations" (tests/bench/test_figures.py). Any other failed section is
