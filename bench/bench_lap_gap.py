@@ -12,8 +12,11 @@ One gap, lap N -> N + 1 of a run, ends to end and its parts (each boundary one t
 parts add up to the whole):
 
 * **checkpoint written**: the S3 server's own LastModified of ``laps/<N>.json`` when it has
-  sub-second precision, else the lap record's ``timings.finishedAt`` (taken just before the PUT):
-  the JSON says which (``checkpoint_clock``);
+  sub-second precision (versitygw's and moto's have none), else the lap's own record of its
+  successful PUT: the ``ts`` of its ``lap checkpointed`` log line (in the pod's log file that the
+  process kubelet writes; logged after the PUT and the journal's deletion), else the lap record's
+  ``timings.finishedAt`` (taken just before the PUT). The JSON says which (``checkpoint_clock``),
+  and keeps the PUT's own time (``finishedAt`` -> ``lap checkpointed``) per gap as ``checkpoint_write``;
 * **pod exit** -> the watch here sees lap N's container terminated (the kubelet's status update);
 * **Job create** -> the watch sees lap N + 1's Job ``ADDED`` (the operator's decision and request);
 * **pod create** -> the watch sees its pod ``ADDED`` (kube-controller-manager's Job controller);
@@ -172,7 +175,23 @@ class LapGapBench(Bench):
                                          "baseURL": f"{self.model.url}/{self.tag}/{name}/{len(script)}/v1"}
         return doc
 
-    def checkpoints_written(self, prefix: str) -> tuple[dict[str, dict[str, Any]], str]:
+    def checkpoint_logs(self, ns: str) -> dict[tuple[str, int], float]:
+        """(run, lap) -> the ``ts`` of the lap's ``lap checkpointed`` log line (its first attempt
+        that wrote one), from the pods' log files of the process kubelet (``DIR/pods/<ns>_<pod>_<uid>/``)."""
+        out: dict[tuple[str, int], float] = {}
+        for log in sorted((self.cluster.dir / "pods").glob(f"{ns}_*/*.log")):
+            for line in log.read_text(errors="replace").splitlines():
+                if '"lap checkpointed"' not in line:
+                    continue
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    continue
+                if doc.get("msg") == "lap checkpointed" and doc.get("namespace") == ns:
+                    out.setdefault((str(doc["name"]), int(doc["lap"])), parse_time(doc["ts"]))
+        return out
+
+    def checkpoints_written(self, prefix: str) -> tuple[dict[tuple[str, int], float], str]:
         """(run, lap) -> the time its lap record was written, and which clock that is: the S3
         server's LastModified if it has sub-second precision, else the record's finishedAt."""
         from agentrun.checkpoint.codec import inflate
@@ -206,9 +225,17 @@ class LapGapBench(Bench):
         res = self.overhead(runs, laps, timeout)
         d = self.level_detail
         written, clock = self.checkpoints_written(d["prefix"])
+        logged = self.checkpoint_logs(d["ns"])
+        finished = written if clock == "lap-record-finishedAt" else {}
+        if clock == "lap-record-finishedAt" and logged:  # one clock for every gap: a lap not logged has none
+            written, clock = logged, "lap-log-checkpointed"
         arrivals = {(run, lap): t for (tag, run, lap), t in self.model.arrivals.items() if tag == self.tag}
         jobs = {run: v for run, v in d["jobs"].items() if run != WARMUP}
         gaps = lap_gaps(jobs, d["events"], written, arrivals)
+        for g in gaps:  # the PUT (and the journal's deletion) as the lap saw it, beside the gap
+            key = (g["run"], g["lap"])
+            if key in finished and key in logged:
+                g["checkpoint_write"] = logged[key] - finished[key]
         res.update({"variant": variant, "checkpoint_clock": clock, "lap_gaps": gaps,
                     "lap_gaps_expected": sum(max(0, len(v) - 1) for v in jobs.values())})
         return res
