@@ -166,7 +166,7 @@ def main() -> None:
                 "AGENTRUN_S3_REGION": "us-east-1", "AGENTRUN_S3_PATH_STYLE": "true", "AGENTRUN_LOG_FORMAT": "json"}
         CheckpointStore(StoreConfig.from_env(base, snapshot_every=10)).client.create_bucket(Bucket="cold-start")
         for i, case in ((i, case) for i in range(args.runs) for case in cases):
-            run = f"cold-{case}-{i}"
+            run = f"cold-c{cases.index(case)}-{i}"
             spec: dict[str, Any] = {"task": "Say done.", "agent": {"version": "v1", "model": {
                 "provider": "openai", "name": "bench", "baseURL": f"http://127.0.0.1:{port}/{run}/v1"}}}
             if case == "http":
