@@ -26,7 +26,18 @@ server's tools before it asks the model), and prints their figures side by side.
 lap's spans with 200): the lap then imports the OpenTelemetry SDK and its exporter, and sends its
 spans at exit.
 
+``--before DIR`` measures two cases the same way: ``before`` (the ``agentrun`` package of DIR, an
+export of an older commit's ``operator/`` directory, first on ``PYTHONPATH``, compiled first too) and
+``after`` (this checkout): a change's effect within one run, at one load.
+
+``--image REF`` (repeatable) measures the lap in that image of the local image store under runc
+(e2e/runc_node.py ``run_image``: the image's user, a read-only root, the host's network, so the model
+server and S3 here are reachable), and, interleaved, the container alone (``/bin/true`` in the
+same image): its start (the supervisor, the overlay mount, runc) is reported separately, and the
+lap's own part is the difference of the two p50s.
+
     python bench/bench_cold_start.py [--runs 20] [--no-compile] [--json out.json] [--mcp | --tracing]
+    python bench/bench_cold_start.py --before /tmp/old/operator [--image REF ...]
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # e2e (--image)
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
@@ -99,18 +111,33 @@ def main() -> None:
                     help="do not compile the agentrun package to bytecode first (see above)")
     ap.add_argument("--mcp", action="store_true", help="measure an HTTP-only spec and an MCP spec side by side")
     ap.add_argument("--tracing", action="store_true", help="measure tracing off and on side by side")
+    ap.add_argument("--before", help="an older operator/ directory: measure it (before) and this checkout (after)")
+    ap.add_argument("--image", action="append", default=[], help="also measure the lap in this image under runc")
     args = ap.parse_args()
     exe = os.path.join(os.path.dirname(sys.executable), "agentrun")
     agentrun = [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "agentrun.cli.main"]
     if not args.no_compile:
         compileall.compile_dir(os.path.dirname(agentrun_package.__file__), quiet=1)
+        if args.before:
+            compileall.compile_dir(args.before, quiet=1)
     subprocess.run([sys.executable, "-c", "import agentrun.lap.process"], check=True)  # warm the page cache
 
     moto, endpoint = start_moto()
     server = ThreadingHTTPServer(("127.0.0.1", 0), ChatHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
-    cases = ["http", "mcp"] if args.mcp else ["off", "on"] if args.tracing else ["none"]
+    cases = ["http", "mcp"] if args.mcp else ["off", "on"] if args.tracing else ["before", "after"] if args.before \
+        else ["none"]
+    images = {}
+    if args.image:
+        from e2e import image_store
+
+        for ref in args.image:
+            img = image_store.ImageStore().lookup(ref)
+            if img is None:
+                raise SystemExit(f"{ref} is not in the local image store (make image)")
+            images[ref] = img
+            cases += [f"image {ref}", f"container {ref}"]
     first_by: dict[str, list[float]] = {c: [] for c in cases}
     whole_by: dict[str, list[float]] = {c: [] for c in cases}
     cpu_by: dict[str, list[float]] = {c: [] for c in cases}
@@ -139,7 +166,7 @@ def main() -> None:
                 "AGENTRUN_S3_REGION": "us-east-1", "AGENTRUN_S3_PATH_STYLE": "true", "AGENTRUN_LOG_FORMAT": "json"}
         CheckpointStore(StoreConfig.from_env(base, snapshot_every=10)).client.create_bucket(Bucket="cold-start")
         for i, case in ((i, case) for i in range(args.runs) for case in cases):
-            run = f"cold-{case}-{i}"
+            run = f"cold-c{cases.index(case)}-{i}"
             spec: dict[str, Any] = {"task": "Say done.", "agent": {"version": "v1", "model": {
                 "provider": "openai", "name": "bench", "baseURL": f"http://127.0.0.1:{port}/{run}/v1"}}}
             if case == "http":
@@ -148,16 +175,32 @@ def main() -> None:
             elif case == "mcp":
                 spec["agent"]["mcpServers"] = [{"name": "ledger", "url": ledger_url}]
             uid = f"00000000-0000-0000-{cases.index(case):04d}-{i:012d}"
-            env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}, **base,
-                   **({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"} if case == "on" else {}),
-                   "AGENTRUN_NAMESPACE": "bench", "AGENTRUN_NAME": run,
-                   "AGENTRUN_UID": uid, "AGENTRUN_LAP": "1", "AGENTRUN_ATTEMPT": "1",
-                   "AGENTRUN_SPEC": json.dumps(spec), "AGENTRUN_AGENT_VERSION": "v1"}
+            lap_env = {**base, **({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"} if case == "on" else {}),
+                       "AGENTRUN_NAMESPACE": "bench", "AGENTRUN_NAME": run,
+                       "AGENTRUN_UID": uid, "AGENTRUN_LAP": "1", "AGENTRUN_ATTEMPT": "1",
+                       "AGENTRUN_SPEC": json.dumps(spec), "AGENTRUN_AGENT_VERSION": "v1"}
+            env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}, **lap_env}
+            if case == "before":
+                env["PYTHONPATH"] = args.before
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.time()
-            p = subprocess.run([*agentrun, "lap"], env=env, capture_output=True, text=True, check=False)
+            if case.startswith(("image ", "container ")):
+                kind, ref = case.split(" ", 1)
+                creds = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+                argv = ["/bin/true"] if kind == "container" else \
+                    ["env", *(f"{k}={v}" for k, v in {**creds, **lap_env}.items()), "agentrun", "lap"]
+                p = run_in_image(images[ref], argv)
+            else:
+                p = subprocess.run([*agentrun, "lap"], env=env, capture_output=True, text=True, check=False)
             t1 = time.time()
             r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if case.startswith("container "):
+                if p.returncode != 0:
+                    raise SystemExit(f"/bin/true in {case} exited {p.returncode}: {p.stdout[-800:]}")
+                first_by[case].append(t1 - t0)
+                whole_by[case].append(t1 - t0)
+                cpu_by[case].append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+                continue
             if p.returncode != 0 or run not in ARRIVALS:
                 raise SystemExit(f"lap of {run} exited {p.returncode} (model request seen: {run in ARRIVALS}): "
                                  f"{p.stderr[-800:]}")
@@ -174,18 +217,32 @@ def main() -> None:
     compiled = "not compiled first" if args.no_compile else "agentrun compiled to bytecode first"
     for case in cases:
         label = {"none": "", "http": " (spec with one HTTP tool)", "mcp": " (spec with one MCP server)",
-                 "off": " (tracing off)", "on": " (tracing on: OTLP/HTTP export of the lap's spans)"}[case]
+                 "off": " (tracing off)", "on": " (tracing on: OTLP/HTTP export of the lap's spans)",
+                 "before": f" (before: {args.before})", "after": " (after: this checkout)"}.get(
+            case, f" ({case.replace('image ', 'the lap in the image ').replace('container ', '/bin/true alone in ')}, "
+                  "under runc; the supervisor's CPU is the figure's)")
         print(f"lap runner cold start{label}, {args.runs} runs ({os.cpu_count()} CPUs, load "
               f"{os.getloadavg()[0]:.1f}, {compiled}):")
         report(first_by[case], whole_by[case], cpu_by[case])
     if args.json:
-        doc: dict[str, Any] = {"compiled": not args.no_compile}
+        doc: dict[str, Any] = {"compiled": not args.no_compile, "images": args.image}
         for case in cases:
-            prefix = "" if case == "none" else case + "_"
+            prefix = "" if case == "none" else case.replace(" ", ":") + "_"
             doc.update({prefix + "first_request_seconds": first_by[case], prefix + "process_seconds": whole_by[case],
                         prefix + "process_cpu_seconds": cpu_by[case]})
         with open(args.json, "w") as f:
             json.dump(doc, f)
+
+
+def run_in_image(img: Any, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """argv in the image under runc (e2e/runc_node.py ``run_image``), in a fresh work directory."""
+    import tempfile
+    from pathlib import Path
+
+    from e2e import runc_node
+
+    with tempfile.TemporaryDirectory(prefix="bench-cold-runc-") as work:
+        return runc_node.run_image(img, argv, Path(work))
 
 
 def report(first_request: list[float], whole: list[float], cpu: list[float]) -> None:

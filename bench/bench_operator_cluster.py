@@ -129,14 +129,18 @@ def lap_priority(nice: int) -> str:
 
 
 class Bench:
-    def __init__(self, workdir: Path, profile: str | None = None, s3: str = "versitygw") -> None:
+    def __init__(self, workdir: Path, profile: str | None = None, s3: str = "versitygw", node: str = "") -> None:
         self.dir = workdir
         self.profile = profile
         self.lap_nice: int | None = None  # --lap-nice
         self.warmup = True  # --no-warmup: count the first run's one-time costs too
         self.lap_cpus: str | None = None  # --lap-cpus: the lap processes pinned to these CPUs (taskset -c)
         self.operator_cpus: str | None = None  # --operator-cpus: the operator pinned to these
-        self.cluster = start_cluster(workdir / "kube")
+        #: added to the operator's environment (bench_lap_gap.py: a variant's settings, the runc node's lap image)
+        self.operator_extra_env: dict[str, str] = {}
+        #: of the last overhead level: its namespace, the watch's arrival stamps, the Jobs by run and lap
+        self.level_detail: dict[str, Any] = {}
+        self.cluster = start_cluster(workdir / "kube", node=node)
         self.s3_server = s3
         self.s3: S3Server = start_versitygw_s3(workdir / "s3") if s3 == "versitygw" else start_s3(workdir / "s3")
         from kubernetes import client, config
@@ -178,6 +182,7 @@ class Bench:
             # its admission policies (docs/operations.md#admission-policies), the measured setup unchanged
             AGENTRUN_ALLOW_MISSING_POLICIES="true",
         )
+        env.update(self.operator_extra_env)
         if lap_command is not None:
             env["AGENTRUN_LAP_COMMAND"] = json.dumps(lap_command)
         if self.lap_nice is not None:  # the lap pods at a lower CPU priority: a stand-in for other nodes
@@ -388,6 +393,7 @@ class Bench:
                     gaps_pod.append(added - succeeded)
                     pod_done.append(succeeded)
         laps_done = sum(len(v) for v in by_run.values())
+        self.level_detail = {"ns": ns, "events": events, "jobs": by_run, "prefix": f"bench-{ns}"}
         # the scheduler's exact run time of its threads when every thread lived through the level,
         # else utime + stime (10 ms ticks: at 1 run x 10 laps, +-1 ms per lap)
         exact = cpu_between(exact0, exact1)
@@ -445,8 +451,15 @@ class Bench:
                         for cond in (obj.status.conditions or []):
                             if cond.type == "Complete" and cond.status == "True":
                                 events.setdefault((f"job:{key}", "Complete"), now)
-                    elif obj.status.phase == "Succeeded":
-                        events.setdefault((f"pod:{key}", "Succeeded"), now)
+                    else:
+                        if obj.status.phase == "Succeeded":
+                            events.setdefault((f"pod:{key}", "Succeeded"), now)
+                        # the container's own states, as the kubelet reports them (bench_lap_gap.py)
+                        for cs in (obj.status.container_statuses or []):
+                            if cs.state is not None and cs.state.running is not None:
+                                events.setdefault((f"pod:{key}", "Running"), now)
+                            if cs.state is not None and cs.state.terminated is not None:
+                                events.setdefault((f"pod:{key}", "Terminated"), now)
                     if stop.is_set():
                         break
             except Exception:  # noqa: BLE001 - an expired watch restarts from the last version seen

@@ -56,6 +56,11 @@ NICE = 10  # `make bench` runs run_all.py under `nice -n 10` (mk/bench.mk)
 TARGET_P50, TARGET_P99 = 0.100, 1.0
 TARGET_RATIO, TARGET_RSS_MB, TARGET_RESYNC = 50.0, 300.0, 30.0
 TARGET_CPU_PER_LAP, TARGET_RECONCILES_PER_LAP, TARGET_REQUESTS_PER_LAP = 0.010, 2.0, 4.0
+#: The lap gap (issue 34): at 1 run, p50; at 200 runs with the laps deprioritised, p50 and p99.
+TARGET_GAP_1_P50, TARGET_GAP_200_P50, TARGET_GAP_200_P99 = 0.400, 1.0, 3.0
+#: The parts of a lap gap (bench_lap_gap.PARTS), in order, as results.md names them.
+GAP_PARTS = (("pod_exit", "pod exit"), ("job_create", "Job create"), ("pod_create", "pod create"),
+             ("container_start", "container start"), ("startup", "lap start-up"))
 PROFILE_KEEP = ("agentrun/", "kubernetes/", "urllib3/", "ssl", "kopf/", "botocore/", "boto3/", "pydantic",
                 "json/", "http/client", "socket.py", "aiohttp/", "asyncio/threads.py")
 
@@ -86,6 +91,13 @@ SECTIONS: dict[str, tuple[str, bool, list[str], list[str]]] = {
                                "pinning)", True,
                                ["bench_operator_cluster.py", "overhead", "--runs", "200", "--laps", "4"],
                                ["bench_operator_cluster.py", "overhead", "--runs", "5", "--laps", "2"]),
+    "lap_gap": ("the lap gap as the user feels it: checkpoint written -> next lap's first model request, with its "
+                "parts", True,
+                ["bench_lap_gap.py", "--runs", "1,50,200", "--laps", "4", "--lap-nice", "19"],
+                ["bench_lap_gap.py", "--runs", "1,5", "--laps", "2"]),
+    "lap_gap_runc": ("the lap gap on the runc node (the laps in the image; make image first)", True,
+                     ["bench_lap_gap.py", "--node", "runc", "--runs", "1,10", "--laps", "4"],
+                     ["bench_lap_gap.py", "--node", "runc", "--runs", "1", "--laps", "2"]),
     "langgraph": ("checkpoints beside LangGraph", False,
                   ["bench_vs_langgraph.py", "--laps", "500"], ["bench_vs_langgraph.py", "--laps", "50"]),
     "langgraph_big": ("checkpoints beside LangGraph, bigger tool results", False,
@@ -104,8 +116,9 @@ SECTIONS: dict[str, tuple[str, bool, list[str], list[str]]] = {
                     ["bench_test_stress.py"], ["bench_test_stress.py", "--make-args", "PYTEST_ARGS=tests/bench"]),
 }
 TEXT_ONLY = {"checkpoint_store"}  # prints its own table; no JSON figures
-#: Sections measured only when --only names them (a whole `make test`, 30+ min: not part of make bench).
-OPT_IN = {"test_stress"}
+#: Sections measured only when --only names them (a whole `make test`, 30+ min; the runc node, which needs
+#: the image built and runc usable: not part of make bench).
+OPT_IN = {"test_stress", "lap_gap_runc"}
 
 #: section -> why it may be committed with a non-zero exit. Every reason must be repeated, word for
 #: word, in README's "Limitations" (tests/bench/test_figures.py). Any other failed section is
@@ -404,6 +417,19 @@ def render(res: dict[str, Any], analysis: str | None = None) -> str:
         peak = sc["rss_kb_peak"] / 1024
         targets.append([f"operator RSS at {sc['runs']} runs (peak)", "≤ 300 MB", f"{peak:.0f} MB",
                         verdict(peak <= TARGET_RSS_MB)])
+    for name in ("lap_gap", "lap_gap_runc"):
+        for lv in (_data(res, name) or {}).get("levels") or []:
+            gaps = lv["lap_gaps"]
+            if not gaps or name == "lap_gap_runc":
+                continue
+            s = summary([g["total"] for g in gaps])
+            what = f"lap gap (checkpoint -> next model request), {runs_label(lv['runs'])}, {lv['variant']}"
+            if lv["runs"] == 1:
+                targets.append([f"{what}, p50", "≤ 400 ms", fmt_ms(s["p50"]), verdict(s["p50"] <= TARGET_GAP_1_P50)])
+            elif lv["runs"] >= 200:
+                targets.append([f"{what}, laps at nice {(_data(res, name) or {}).get('lap_nice') or 0}, p50 / p99",
+                                "≤ 1 s / ≤ 3 s", f"{fmt_ms(s['p50'])} / {fmt_ms(s['p99'])}",
+                                verdict(s["p50"] <= TARGET_GAP_200_P50 and s["p99"] <= TARGET_GAP_200_P99)])
     md.append("## Targets\n")
     md.append(markdown_table(["figure", "target", "measured", "verdict"], targets) if targets else "(no results)\n")
 
@@ -608,6 +634,7 @@ def render(res: dict[str, Any], analysis: str | None = None) -> str:
         md.append("\nAt 100 concurrent calls the latencies are mostly the queue in front of one uvicorn worker on a "
                   "shared 2-CPU machine (the client runs on it too): the kit's cost per call times the calls ahead. "
                   "The rows *one call at a time* are its own cost per call, without a queue.\n")
+    render_lap_gap(res, md)
     if analysis:
         md.append("\n## Analysis\n")
         md.append(analysis)
@@ -619,6 +646,56 @@ def render(res: dict[str, Any], analysis: str | None = None) -> str:
                   + f"```\n$ {sec['command']}\n"
                   f"{sec['output']}\n{sec['stderr_tail'] + chr(10) if sec['stderr_tail'] else ''}```\n")
     return "\n".join(md)
+
+
+def render_lap_gap(res: dict[str, Any], md: list[str]) -> None:
+    """Section 7: the lap gap and its parts, per node, variant and level."""
+    sections = [(name, _data(res, name)) for name in ("lap_gap", "lap_gap_runc") if _data(res, name)]
+    if not sections:
+        return
+    md.append("\n## 7. The lap gap as the user feels it\n")
+    md.append(
+        "`bench/bench_lap_gap.py`: the overhead benchmark of section 1 (same cluster, S3 server, operator, warm-up run), "
+        "with the laps' model an OpenAI-compatible server in the benchmark process, which stamps each lap's first model "
+        "request at arrival. **Lap gap** = lap N + 1's first model request minus lap N's checkpoint written (the S3 "
+        "server's LastModified when it has sub-second precision, else the lap's own `lap checkpointed` log line, "
+        "written after its PUT and its journal's deletion, else the lap record's `timings.finishedAt`, taken just "
+        "before the PUT: *clock* says which, with the PUT's own time from `finishedAt` to that line). Its parts, each ending at one boundary, so they add up to the gap: "
+        "**pod exit** (-> the benchmark's watch sees lap N's container terminated), **Job create** (-> lap N + 1's Job "
+        "`ADDED`), **pod create** (-> its pod `ADDED`: the Job controller), **container start** (-> its container "
+        "running: the kubelet), **lap start-up** (-> the model request: interpreter, imports, config, S3 client, the "
+        "lap's first reads). The boundaries between the two ends are watch arrivals (Kubernetes timestamps have "
+        "1-second resolution). *Variant*: the operator's settings (`--variant`); `main` is the operator as it is. "
+        "Part columns are p50 / p99 in ms.\n")
+    rows = []
+    for name, data in sections:
+        node = "runc" if name == "lap_gap_runc" else "process"
+        for lv in data.get("levels") or []:
+            gaps = lv["lap_gaps"]
+            tot = summary([g["total"] for g in gaps]) if gaps else None
+            cpu, rec, req = per_lap(lv)
+            pod = lv.get("gap_pod_succeeded_to_next_job") or []
+            job = lv.get("gap_job_complete_to_next_job") or []
+            rows.append([node, lv["variant"], lv["runs"], lv["laps_per_run"], data.get("lap_nice") or 0,
+                         f"{tot['n'] if tot else 0} of {lv['lap_gaps_expected']}",
+                         f"{fmt_ms(tot['p50'])} / {fmt_ms(tot['p99'])}" if tot else "-",
+                         *(f"{summary([g[k] for g in gaps])['p50'] * 1000:.0f} / {summary([g[k] for g in gaps])['p99'] * 1000:.0f}"
+                           if gaps else "-" for k, _ in GAP_PARTS),
+                         fmt_ms(summary(pod)["p50"]) if pod else "-", fmt_ms(summary(job)["p50"]) if job else "-",
+                         f"{cpu * 1000:.1f} ms / {rec:.2f} / " + ("-" if req is None else f"{req:.2f}"),
+                         _gap_clock(lv["checkpoint_clock"], [g["checkpoint_write"] for g in gaps
+                                                             if "checkpoint_write" in g])])
+    md.append(markdown_table(["node", "variant", "runs", "laps", "lap nice", "gaps", "lap gap p50 / p99",
+                              *(f"{t} (ms)" for _, t in GAP_PARTS), "pod Succeeded -> next Job p50",
+                              "Job Complete -> next Job p50", "operator CPU / reconciles / API requests per lap",
+                              "clock (its PUT p50)"], rows))
+
+
+def _gap_clock(clock: str, puts: list[float]) -> str:
+    """How a lap gap's start was taken (bench_lap_gap.checkpoints_written), and the PUT's p50."""
+    name = {"s3-last-modified": "S3 LastModified", "lap-log-checkpointed": "lap's log after its PUT",
+            "lap-record-finishedAt": "record's finishedAt"}.get(clock, clock)
+    return name + (f" (PUT + journal delete {fmt_ms(summary(puts)['p50'])})" if puts else "")
 
 
 def _lease_seconds(sc: dict[str, Any]) -> str:

@@ -8,7 +8,8 @@ unchanged sources only loads the archive), then:
 * the venv holds exactly the pinned packages of tools/image/requirements.txt plus agentrun;
 * the Dockerfile installs the same Debian and Python packages and has the same user/entrypoint;
 * `agentrun --help` (and the lap's and operator's imports) run inside the image under runc, as
-  UID 65532 on a read-only root; the image size is printed and bounded.
+  UID 65532 on a read-only root; the image size is printed and bounded;
+* the modules those imports load are not compiled from source at each start (their .pyc are used).
 
 Needs root, mmdebstrap and buildah (tools/install-image-tools.sh; CI installs them), otherwise
 skipped with that reason; the runc part is skipped only where runc cannot run at all.
@@ -198,3 +199,43 @@ def test_agentrun_runs_in_the_image_under_runc(built, tmp_path):
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["uid"] == 65532 and got["gid"] == 65532, got
     assert got["write_root"] == "Read-only file system", got
+
+
+#: In the image: every module of the venv that the lap and the operator import has a .pyc that Python
+#: uses as it is (hash-based and unchecked, or a timestamp one matching its source), so no process
+#: compiles a module from source (tools/image/build.sh: the layer's normalized mtimes made pip's stale).
+PYC_PROBE = """
+import importlib.util, json, os, sys
+import agentrun.lap.process, agentrun.controller.process, botocore.session
+bad = []
+for m in list(sys.modules.values()):
+    f = getattr(m, "__file__", None) or ""
+    if not f.startswith("/opt/agentrun/") or not f.endswith(".py"):
+        continue
+    try:
+        with open(importlib.util.cache_from_source(f), "rb") as fh:
+            head = fh.read(16)
+    except OSError:
+        bad.append(f + ": no .pyc")
+        continue
+    flags = int.from_bytes(head[4:8], "little")
+    if flags & 1:
+        if flags & 2:
+            bad.append(f + ": checked hash-based .pyc (reads and hashes the source at each import)")
+    elif int.from_bytes(head[8:12], "little") != int(os.stat(f).st_mtime) & 0xFFFFFFFF:
+        bad.append(f + ": stale timestamp .pyc")
+print(json.dumps(bad))
+"""
+
+
+def test_the_image_bytecode_is_used_not_recompiled(built, tmp_path):
+    archive, store = built
+    why = runc_node.unusable_reason()
+    if why:
+        pytest.skip(why)
+    img = store.lookup(OciArchive(archive).ref)
+    assert img is not None, store.refs()
+    r = runc_node.run_image(img, ["python3", "-c", PYC_PROBE], tmp_path / "pyc")
+    assert r.returncode == 0, r.stdout + r.stderr
+    bad = json.loads(r.stdout.strip().splitlines()[-1])
+    assert bad == [], f"{len(bad)} modules compiled from source at each start, e.g. {bad[:5]}"

@@ -156,3 +156,45 @@ print(",".join(f for f in linecache.cache if "agentrun" in f))
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == ""
+
+
+def test_the_lap_start_does_not_build_the_agent_models() -> None:
+    """``api.agent`` (the Agent resource's models) is imported by the store only to read a run's
+    pinned Agent copy, which the lap never does at start."""
+    assert _modules_after("import agentrun.lap.process", "agentrun.api.agent") == []
+    code = """
+from agentrun.checkpoint.store import CheckpointStore
+assert CheckpointStore.get_agent.__name__ == "get_agent"
+"""
+    assert _modules_after(code, "agentrun.api.agent") == []
+
+
+def test_the_lap_entry_keeps_trio_out_and_httpx_still_works() -> None:
+    """After the lap entry's preparation, ``import trio`` fails as if trio were not installed, and
+    httpx (whose httpcore imports trio when it can) makes a client and a request all the same; a
+    process that imported trio before keeps it."""
+    code = """
+import http.server, threading
+from agentrun.lap.entry import prepare_process
+prepare_process()
+try:
+    import trio
+except ImportError:
+    pass
+else:
+    raise AssertionError("trio imported")
+from agentrun.lap.httpx_lite import httpx
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(204); self.end_headers()
+    def log_message(self, *a): pass
+srv = http.server.HTTPServer(("127.0.0.1", 0), H)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+with httpx.Client() as c:
+    assert c.get(f"http://127.0.0.1:{srv.server_address[1]}/").status_code == 204
+"""
+    assert _modules_after(code, "httpx", "httpcore") == ["httpx", "httpcore"]
+    p = subprocess.run([sys.executable, "-c", "import sys\nsys.modules['trio'] = sys\n"
+                        "from agentrun.lap.entry import prepare_process\nprepare_process()\n"
+                        "assert sys.modules['trio'] is sys"], capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == 0, p.stderr

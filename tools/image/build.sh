@@ -20,7 +20,9 @@
 #      dependencies of tools/image/requirements.txt downloaded as wheels only
 #      (`--only-binary :all:`, manylinux x86_64 / pure Python), installed in a chroot of the base
 #      into the virtualenv /opt/agentrun by pip run from its own wheel (pip is not left in the
-#      image), then `pip check`; the kubernetes client's unused asyncio copy (kubernetes/aio) is
+#      image), then `pip check`; the modules compiled to unchecked hash-based .pyc (`compileall
+#      --invalidation-mode unchecked-hash`: the layer's normalized mtimes would make pip's
+#      timestamp-checked ones stale); the kubernetes client's unused asyncio copy (kubernetes/aio) is
 #      removed. Rebuilt when the sources, the requirements or the base change.
 #   3. buildah (vfs storage under $CACHE/image/buildah): base layer + app layer, USER 65532:65532,
 #      ENTRYPOINT ["agentrun"], CMD ["operator"], committed as an oci-archive with gzip layers.
@@ -156,6 +158,14 @@ build_app() {  # $1 base tarball, $2 work dir; writes $2/app.tar
     --root-user-action=ignore --no-index --find-links /tmp/wheels --only-binary :all: --no-deps \
     -r /tmp/wheels/requirements.txt "/tmp/wheels/$(basename "$whl")" >&2
   chroot "$rootfs" env -i PATH=/usr/bin:/bin HOME=/tmp "${pip[@]}" check >&2
+  # pip compiled the modules to timestamp-checked .pyc, which record their source's mtime; the tar
+  # below sets every mtime to the commit's time, so each of those .pyc would be stale in the image
+  # and Python would compile every module it imports from source, in every process (a lap pod's
+  # start: hundreds of ms of CPU), never writing it back (PYTHONDONTWRITEBYTECODE=1, read-only root).
+  # So they are rewritten as unchecked hash-based .pyc (PEP 552): used as they are, with no stat of
+  # the source; the image's files never change. (Debian's own modules keep their mtimes: base layer.)
+  chroot "$rootfs" env -i PATH=/usr/bin:/bin /opt/agentrun/bin/python -m compileall -q -f \
+    --invalidation-mode unchecked-hash /opt/agentrun/lib/python3.11/site-packages >&2
   [ ! -e "$rootfs/opt/agentrun/bin/pip" ] || die "pip ended up in the image venv"
   # The kubernetes client ships a full asyncio copy of itself (kubernetes/aio, ~68 MB of the
   # ~200 MB venv) that nothing here imports (kopf talks to the API with aiohttp): not in the image.

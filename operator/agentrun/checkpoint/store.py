@@ -38,13 +38,12 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from agentrun.api import contract
-from agentrun.api.agent import ResolvedAgent
 from agentrun.api.contract import Env
 from agentrun.api.types import redact_url
 from agentrun.checkpoint.blobstore import BlobStore
@@ -79,6 +78,9 @@ from agentrun.checkpoint.schema import (
     Storage,
     ToolCallRecord,
 )
+
+if TYPE_CHECKING:  # imported where used: a lap pod's start does not build the Agent models
+    from agentrun.api.agent import ResolvedAgent
 
 log = logging.getLogger(__name__)
 
@@ -882,6 +884,8 @@ class CheckpointStore:
     def get_agent(self, run: RunRef, digest: str) -> ResolvedAgent:
         """The resolved copy of that digest, verified (its bytes' sha256, then the digest of its
         content); CheckpointNotFound, CorruptCheckpoint, StoreUnavailable."""
+        from agentrun.api.agent import ResolvedAgent
+
         key = self.agent_key(run, digest)
         blob = self.blobs.get(key)
         verify_sha256(blob.data, blob.metadata.get("sha256"), key)
