@@ -158,3 +158,13 @@ def test_the_home_page_is_the_readme() -> None:
 ])
 def test_links_that_leave_docs_go_to_the_repository(page: str, target: str, want: str | None) -> None:
     assert hooks.outside_link(page, target, "https://github.com/agentrun/agentrun") == want
+
+
+def test_the_lap_loop_picture_names_jobs_as_the_code_does() -> None:
+    """README's picture, docs/concepts.md and the Job names of the code agree (issue 37: they did not)."""
+    from agentrun.controller.decide.jobs import job_name
+
+    template = "<run>-<uid[:5]>-l<lap>-a<attempt>"
+    assert template in (ROOT / "README.md").read_text()
+    assert f"`{template}`" in (DOCS / "concepts.md").read_text()
+    assert job_name("invoices", "c9e4aed9-3b7e-4d0f-a1c2-5e8b7d6f4a21", 3, 1) == "invoices-c9e4a-l3-a1"
