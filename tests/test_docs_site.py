@@ -103,6 +103,7 @@ def test_troubleshooting_covers_every_reason_of_the_code() -> None:
     data = docgen.load_troubleshooting()
     assert docgen.coverage_problems(data) == []
     page = (DOCS / "troubleshooting.md").read_text()
+    assert "## By phase" in page and "`Pending`: no lap has started" in page
     for kind, values in docgen.reason_sets().items():
         for v in values:
             assert f"### `{v}`" in page, (kind, v)
@@ -118,6 +119,8 @@ def test_troubleshooting_coverage_names_a_missing_and_an_invented_reason() -> No
     problems = docgen.coverage_problems(data)
     assert any(gone in p and "0 times" in p for p in problems), problems
     assert any("NoSuchReason" in p and "not in agentrun.api.reasons" in p for p in problems), problems
+    data["symptoms"] = [{"symptom": "x", "reasons": ["NotAReason"]}]
+    assert any("NotAReason" in p for p in docgen.coverage_problems(data))
 
 
 def test_the_metrics_page_lists_every_metric_of_the_registries() -> None:

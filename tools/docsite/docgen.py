@@ -383,6 +383,10 @@ def coverage_problems(data: dict[str, Any]) -> list[str]:
                 problems.append(f"{kind} {v}: listed {listed.count(v)} times in troubleshooting.yaml")
         for v in set(listed) - set(values):
             problems.append(f"{kind} {v}: in troubleshooting.yaml, not in agentrun.api.reasons")
+    for row in data.get("symptoms") or []:
+        for v in row["reasons"]:
+            if v not in sets["reason"]:
+                problems.append(f"symptom {row['symptom']!r} names {v}, not a reason of agentrun.api.reasons")
     for entries in [data.get("conditions") or {}, data.get("schedule") or {}, data.get("retries") or {},
                     *[g["reasons"] for g in data.get("groups") or []]]:
         for name, e in entries.items():
@@ -390,6 +394,21 @@ def coverage_problems(data: dict[str, Any]) -> list[str]:
                 if not str((e or {}).get(field) or "").strip():
                     problems.append(f"{name}: no '{field}' text")
     return problems
+
+
+def _reason_anchors(data: dict[str, Any]) -> dict[str, str]:
+    """The anchor of each reason's heading on the page: its lower-cased name, with ``_N`` for the Nth
+    repeat of a heading (a condition type and a reason may share a name), as the toc extension numbers them."""
+    seen: dict[str, int] = {}
+    for name in data["conditions"]:
+        seen[name.lower()] = seen.get(name.lower(), 0) + 1
+    anchors: dict[str, str] = {}
+    for name in [r for g in data["groups"] for r in g["reasons"]]:
+        slug = name.lower()
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        anchors[name] = slug if n == 0 else f"{slug}_{n}"
+    return anchors
 
 
 def _entry(name: str, e: dict[str, Any], shows: str | None = None) -> list[str]:
@@ -411,6 +430,12 @@ def troubleshooting_page() -> str:
            "# Troubleshooting: my run is stuck", "", " ".join(str(data["intro"]).split()), ""]
     for step in data["first_steps"]:
         out.append(f"- {' '.join(str(step).split())}")
+    out += ["", "## By phase", "", "The reasons that can hold a run in each phase, most likely first:", "",
+            "| phase | reasons |", "|---|---|"]
+    anchors = _reason_anchors(data)
+    for row in data["symptoms"]:
+        links = ", ".join(f"[`{r}`](#{anchors[r]})" for r in row["reasons"])
+        out.append(f"| {row['symptom']} | {links} |")
     out += ["", "## Conditions", "", " ".join(str(data["conditions_intro"]).split()), ""]
     for name, e in data["conditions"].items():
         out += _entry(name, e)
