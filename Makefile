@@ -12,6 +12,7 @@ help:
 	@echo "make lint      - ruff, mypy --strict (api, checkpoint, controller, lap, metrics, cli, inbox, notify), import-linter (run by make test)"
 	@echo "make crds      - regenerate crds/ from the pydantic models"
 	@echo "make bench     - run every benchmark, write bench/results.md and plots (not a test)"
+	@echo "make docs      - the generated docs pages (make docs-gen), then the docs site, mkdocs --strict, into build/site"
 
 # the versions the image pins (tools/image/requirements.txt) where the package index has them, so the
 # tests run what ships; without them (an index that lacks a pin) the newest that fit pyproject.toml

@@ -1,6 +1,7 @@
-"""README.md's quickstart, run as written.
+"""The quickstart (docs/quickstart.md, linked from README.md), run as written; README's own short
+example is a part of it (``test_readme_example_is_part_of_the_quickstart``).
 
-The shell blocks of README.md marked ``<!-- quickstart -->`` are run in order in one bash session
+The shell blocks of docs/quickstart.md marked ``<!-- quickstart -->`` are run in order in one bash session
 (so ``source .localkube/dev.env`` carries over), from the repository root, with two changes a user
 never sees: the state directory is a private temp dir (``LOCALKUBE_DIR``, so this test never
 touches a developer's ``.localkube/``; ``.localkube/`` in a command is read as that dir) and the
@@ -40,6 +41,7 @@ MARK = "<!-- quickstart -->"
 QUICKSTART_BUDGET, SECOND_DEV_BUDGET, DOWN_BUDGET, CLEANUP_BUDGET = 900, 300, 120, 120
 RUN = "invoices-2024-06"
 MCP_EXAMPLE = ROOT / "examples" / "mcp-agent.yaml"
+QUICKSTART = ROOT / "docs" / "quickstart.md"
 
 
 def quickstart_blocks(text: str) -> list[list[str]]:
@@ -63,12 +65,27 @@ def quickstart_blocks(text: str) -> list[list[str]]:
 
 
 def test_quickstart_blocks_are_found():
-    blocks = quickstart_blocks((ROOT / "README.md").read_text())
+    blocks = quickstart_blocks(QUICKSTART.read_text())
     flat = [c for b in blocks for c in b]
     assert flat[0] == "make dev" and flat[-1] == "make dev-down", flat
     assert any(c.startswith("agentrun approve ") for c in flat), flat
     assert any(c.startswith("agentrun trace ") for c in flat), flat
     assert any(c.startswith("agentrun fork ") for c in flat), flat
+
+
+def test_readme_example_is_part_of_the_quickstart():
+    """README's example (the sh block of "Try it on your machine") runs in the quickstart: each of
+    its commands, comments stripped, begins a command the quickstart runs, and `make dev` is the
+    first set-up command README names."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Try it on your machine\n", 1)[1].split("\n## ", 1)[0]
+    assert section.index("`make dev`") < section.index("`make test`"), section
+    (block,) = re.findall(r"```sh\n(.*?)\n```", section, re.S)
+    example = [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+    flat = [c for b in quickstart_blocks(QUICKSTART.read_text()) for c in b]
+    assert len(example) >= 5, example
+    missing = [c for c in example if not any(q == c or q.startswith(c + " ") for q in flat)]
+    assert not missing, f"README's example runs commands the quickstart does not: {missing}"
 
 
 def _script(cmds: list[str]) -> str:
@@ -149,7 +166,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.timeout(QUICKSTART_BUDGET + SECOND_DEV_BUDGET + DOWN_BUDGET + 2 * CLEANUP_BUDGET)
 def test_readme_quickstart_as_written(tmp_path):
     state = tmp_path / "kube"
-    blocks = quickstart_blocks((ROOT / "README.md").read_text())
+    blocks = quickstart_blocks(QUICKSTART.read_text())
     main_cmds = [c for b in blocks[:-1] for c in b]
     down_cmds = blocks[-1]
     assert down_cmds == ["make dev-down"], down_cmds
