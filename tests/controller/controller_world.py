@@ -267,13 +267,23 @@ class World:
         j = self.active()
         self.jobs[j.name] = dataclasses.replace(j, suspended=True)
 
-    def finish_job(self, outcome: str = "continue", exit_code: int = 0, **kw: Any) -> None:
-        """The active Job ends; with exit 0 it wrote the lap's checkpoint first."""
+    def finish_job(self, outcome: str = "continue", exit_code: int = 0, checkpoint: bool = True, **kw: Any) -> None:
+        """The active Job ends (its pod's exit, observe.job_state); with exit 0 it wrote the lap's
+        checkpoint first, unless ``checkpoint`` is False (a pod that exited 0 without one)."""
         j = self.active()
-        if exit_code in (0, 3) and j.lap not in self.store:
+        if checkpoint and exit_code in (0, 3) and j.lap not in self.store:
             self.store[j.lap] = ok_read(record(j.lap, outcome, version=j.agent_version or "v1", attempt=j.attempt, **kw))
         state = "succeeded" if exit_code == 0 else "failed"
         self.jobs[j.name] = dataclasses.replace(j, state=state, exit_code=exit_code)
+
+    def late_fail(self) -> None:
+        """The Job controller marks the oldest Job whose pod exited 0 Failed (its lap timeout passed
+        between the pod's exit and the Job controller's sync), and its pod is gone by then: what
+        observe sees of it is the Failed condition."""
+        done = sorted((j for j in self.jobs.values() if j.state == "succeeded"), key=lambda j: (j.lap, j.attempt))
+        if done:
+            self.jobs[done[0].name] = dataclasses.replace(done[0], state="failed", exit_code=None,
+                                                          reason="DeadlineExceeded: the lap ran longer than spec.lapTimeout")
 
     def fail_job(self, exit_code: int | None = 75, reason: str | None = None, **kw: Any) -> None:
         """The active Job fails; ``kw``: more ObservedJob fields (``termination_message``, ``message``)."""

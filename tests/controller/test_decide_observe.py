@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from agentrun.controller.config import OperatorConfig
 from agentrun.controller.decide.jobs import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID, job_name
-from agentrun.controller.decide.observe import needs_pod_read, observe
+from agentrun.controller.decide.observe import job_state, needs_pod_read, observe, pod_check_due
 
 UID = "0123456789abcdef0123456789abcdef"
 
@@ -28,8 +28,33 @@ def job(lap, attempt, *, cond=None):
 def pod(exit_code=None, waiting=None, message=None):
     state = {"terminated": {"exitCode": exit_code, "message": message}} if exit_code is not None else \
         {"waiting": {"reason": waiting[0], "message": waiting[1]}}
+    phase = "Pending" if exit_code is None else "Succeeded" if exit_code == 0 else "Failed"
     return {"metadata": {"name": "p", "creationTimestamp": "2026-01-01T00:00:00Z"},
-            "status": {"containerStatuses": [{"name": "lap", "state": state}]}}
+            "status": {"phase": phase, "containerStatuses": [{"name": "lap", "state": state}]}}
+
+
+def test_a_job_whose_pod_exited_0_has_succeeded_before_the_job_controller_says_so():
+    """docs/concepts.md "When a lap is over": the pod is the lap. Its exit 0 wins over the Job's
+    conditions, also a Failed one set after it (the lap timeout passing in between); other exits
+    and pods that have not exited leave the Job to its conditions."""
+    assert job_state(job(1, 1), [pod(0)]) == ("succeeded", None)
+    assert job_state(job(1, 1, cond="Failed"), [pod(0)]) == ("succeeded", None)
+    assert job_state(job(1, 1), [pod(75)]) == ("active", None)
+    assert job_state(job(1, 1), [pod(waiting=("ContainerCreating", ""))]) == ("active", None)
+    assert job_state(job(1, 1)) == ("active", None)
+    # a Job whose pod exited has no pod check left (its status says not ready: it is over)
+    now = datetime(2026, 1, 2, tzinfo=UTC)
+    assert pod_check_due(job(1, 1), now, 30.0, [pod(0)]) is None
+    assert pod_check_due(job(1, 1), now, 30.0, []) == 0.0
+    # observed: the current attempt (pods read) and an older Job the Job controller has not marked
+    # yet: both ended, so neither is fenced as a stray (decide deletes active Jobs it does not know)
+    j1, j2 = job(1, 1), job(2, 1)
+    pods = {j1["metadata"]["name"]: [pod(0)], j2["metadata"]["name"]: [pod(0)]}
+    o = observe(run_body(lap=1, activeJob={"name": j2["metadata"]["name"], "lap": 2, "attempt": 1,
+                                           "agentVersion": "v1"}),
+                [j1, j2], lambda name: pods[name], OperatorConfig(checkpoint_uri="s3://b/p"), now)
+    by_lap = {j.lap: j for j in o.jobs}
+    assert by_lap[1].state == "succeeded" and by_lap[2].state == "succeeded" and by_lap[2].exit_code == 0
 
 
 def test_observe_reads_pods_of_the_current_attempt_only():

@@ -39,7 +39,10 @@ REFUSED_REASONS = ("ApprovalInvalid", "ApprovalBindingMismatch", "ApprovalIgnore
 
 EVENTS = st.one_of(
     st.tuples(st.just("finish"), st.sampled_from(["continue", "continue", "done", "failed", "awaiting-approval"])),
-    st.tuples(st.just("exit"), st.sampled_from([75, 3, 2, 137, None])),
+    # 0: the pod exited 0 without writing the lap's checkpoint
+    st.tuples(st.just("exit"), st.sampled_from([75, 3, 2, 137, None, 0])),
+    # the Job controller marks a Job whose pod exited 0 Failed afterwards (docs/concepts.md "When a lap is over")
+    st.tuples(st.just("late-fail"), st.none()),
     st.tuples(st.just("tick"), st.floats(min_value=0.1, max_value=20)),
     st.tuples(st.just("annotate"), st.sampled_from(["true", "false", "bogus"])),
     st.tuples(st.just("decide"), st.sampled_from(sorted(DECISIONS))),
@@ -108,8 +111,12 @@ def test_invariants(events, attempts, on_timeout, fork, queue):
         elif kind == "exit" and live:
             if arg == 3:
                 w.finish_job("continue", exit_code=3)
+            elif arg == 0:
+                w.finish_job("continue", checkpoint=False)
             else:
                 w.fail_job(arg)
+        elif kind == "late-fail":
+            w.late_fail()
         elif kind == "tick":
             w.now += timedelta(seconds=arg)
         elif kind == "annotate":
@@ -134,6 +141,7 @@ def test_invariants(events, attempts, on_timeout, fork, queue):
         elif kind == "restart":
             pass  # nothing is kept in memory: the next reconcile starts from the status
         w.spec = _spec(suspend, version, attempts, on_timeout, fork)
+        ended = {j.name for j in w.jobs.values() if j.state != "active"}
         first_pass = len(w.passes)
         dec = w.reconcile()
         refused = refused and w.refuse_status == 0  # a status patch was refused in this reconcile
@@ -172,6 +180,9 @@ def test_invariants(events, attempts, on_timeout, fork, queue):
         # at most one Job per decision; never twice the same lap attempt over the whole run
         assert len(creates) <= 1
         assert len(w.created) == len(set(w.created)), w.created
+        # a Job that ended (its pod exited, whatever the Job controller marks later) is never fenced
+        for a in dec.of(d.DeleteJob):
+            assert a.name not in ended, (a, ended)
         for c in creates:
             assert c.attempt <= attempts
             assert c.agent_version == version
@@ -198,7 +209,9 @@ def test_invariants(events, attempts, on_timeout, fork, queue):
         assert not [k for k in w.annotations if k.startswith("agentrun.dev/")], w.annotations
         # idempotent: deciding again on the state just produced creates nothing and patches nothing
         asked = len(w.fork_calls)
+        ended = {j.name for j in w.jobs.values() if j.state != "active"}
         again = w.reconcile()
+        assert not [a for a in again.of(d.DeleteJob) if a.name in ended], (again, ended)
         if not (fork == "outage-then-continue" and asked == 1 and len(w.fork_calls) == 2):  # the store came back
             assert again.of(d.CreateJob) == [], (w.status, again)
             assert again.of(d.PatchStatus) == []

@@ -193,13 +193,16 @@ def job_obj(rv: int, name: str = "r-job", *, conditions: list[dict[str, str]] | 
 def pod_obj(rv: int, *, waiting: tuple[str, str] | None = None, exit_code: int | None = None,
             job: str = "r-job") -> dict[str, Any]:
     state: dict[str, Any] = {"running": {}}
+    phase = "Running"
     if waiting:
-        state = {"waiting": {"reason": waiting[0], "message": waiting[1]}}
+        state, phase = {"waiting": {"reason": waiting[0], "message": waiting[1]}}, "Pending"
     if exit_code is not None:
         state = {"terminated": {"exitCode": exit_code, "reason": "Completed"}}
+        phase = "Succeeded" if exit_code == 0 else "Failed"
     return {"metadata": {"namespace": "ns", "name": f"{job}-p", "resourceVersion": str(rv),
                          "labels": {LABEL_RUN_UID: UID, "job-name": job}, "creationTimestamp": "2026-01-01T00:00:00Z"},
-            "status": {"containerStatuses": [{"name": "lap", "state": state}]}}
+            "spec": {"containers": [{"name": "lap", "image": "x", "env": [{"name": "A", "value": "b"}]}]},
+            "status": {"phase": phase, "containerStatuses": [{"name": "lap", "state": state}]}}
 
 
 @pytest.fixture
@@ -241,9 +244,36 @@ def test_a_job_enqueues_its_run_only_when_its_state_changes(cache):
     assert changed == [("ns", "r")] * 2 and c.jobs_of("ns", UID) == []
 
 
-def test_pods_are_not_watched_the_ones_read_replace_the_jobs_and_go_with_it(cache):
-    """Pods come only from the reconciler's reads (Cache.put_pods): a read replaces the Job's
-    cached pods (one gone since is dropped), enqueues nothing, and the Job's deletion drops them."""
+def test_a_lap_pods_exit_0_enqueues_its_run_once_and_the_jobs_complete_after_it_nothing(cache):
+    """The pod watch (exited pods only): a pod's exit 0 while its Job is active ends the lap; the
+    Job controller's Complete a second later is not a second reconcile, nor are the pod's later
+    updates (its finalizer removed). A Job marked first enqueues once, its pod's exit then nothing."""
+    c, changed, _ = cache
+    c.event("runs", "ADDED", run_obj(1))
+    c.event("jobs", "ADDED", job_obj(10))
+    changed.clear()
+    c.event("pods", "ADDED", pod_obj(20, exit_code=0))
+    assert changed == [("ns", "r")] and c.causes["pod exited"] == 1
+    assert c.pods[("ns", "r-job-p")].get("spec") is None  # kept slimmed: status and metadata only
+    c.event("pods", "MODIFIED", pod_obj(21, exit_code=0))
+    c.event("jobs", "MODIFIED", job_obj(11, active=0, conditions=[{"type": "Complete", "status": "True"}]))
+    assert changed == [("ns", "r")]
+    # another Job: the Job controller is first this time
+    c.event("jobs", "ADDED", job_obj(30, "r-job2"))
+    changed.clear()
+    c.event("jobs", "MODIFIED", job_obj(31, "r-job2", active=0, conditions=[{"type": "Complete", "status": "True"}]))
+    c.event("pods", "ADDED", pod_obj(32, exit_code=0, job="r-job2"))
+    assert changed == [("ns", "r")]
+    # a relist of the exited pods drops the ones gone, not the pods the reconciler read
+    c.put_pods("ns", "r-job3", [pod_obj(40, exit_code=75, job="r-job3")])
+    c.replace("pods", "ns", [pod_obj(32, exit_code=0, job="r-job2")])
+    assert set(c.pods) == {("ns", "r-job2-p"), ("ns", "r-job3-p")}
+
+
+def test_pods_read_replace_the_jobs_and_go_with_it(cache):
+    """Pods that have not exited come only from the reconciler's reads (Cache.put_pods): a read
+    replaces the Job's cached pods (one gone since is dropped), enqueues nothing, and the Job's
+    deletion drops them."""
     c, changed, _ = cache
     c.event("runs", "ADDED", run_obj(1))
     c.event("jobs", "ADDED", job_obj(10))

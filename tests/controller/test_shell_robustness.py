@@ -407,4 +407,4 @@ def test_a_failed_start_is_permanent_for_kopf_and_start_is_idempotent(monkeypatc
         return first
 
     informers, _ = asyncio.run(main())
-    assert informers == len(reconciler.TENANCY_KINDS) + 3  # one of each (runs, jobs, agents; pods are not watched), once
+    assert informers == len(reconciler.TENANCY_KINDS) + 4  # one of each (runs, jobs, agents, exited pods), once

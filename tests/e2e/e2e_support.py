@@ -148,10 +148,12 @@ class ToolGate:
 
 
 class JobWatch:
-    """``kubectl get jobs -w`` of a namespace, read in a thread: ``on_event(type, job)`` for each
-    watch event (ADDED, MODIFIED, DELETED) as it comes. ``stop()`` ends it."""
+    """``kubectl get jobs -w`` of a namespace (``resource``: another kind, e.g. pods), read in a
+    thread: ``on_event(type, object)`` for each watch event (ADDED, MODIFIED, DELETED) as it comes.
+    ``stop()`` ends it."""
 
-    def __init__(self, cluster: Any, ns: str, on_event: Callable[[str, dict[str, Any]], None]) -> None:
+    def __init__(self, cluster: Any, ns: str, on_event: Callable[[str, dict[str, Any]], None],
+                 resource: str = "jobs") -> None:
         import json
         import subprocess
         import threading
@@ -159,7 +161,7 @@ class JobWatch:
         self._on_event = on_event
         self._json = json
         self._proc = subprocess.Popen(
-            [cluster.kubectl, "get", "jobs", "-n", ns, "-w", "--output-watch-events", "-o", "json"],
+            [cluster.kubectl, "get", resource, "-n", ns, "-w", "--output-watch-events", "-o", "json"],
             env=cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         threading.Thread(target=self._read, daemon=True).start()
 

@@ -319,7 +319,7 @@ EXPECTED_RUN_NS = {
     "agentschedules.agentrun.dev/status []": {"patch"},
     "agentschedules.agentrun.dev/finalizers []": {"update"},  # blockOwnerDeletion on a schedule's runs
     "jobs.batch []": {"create", "list", "watch", "delete"},
-    "pods []": {"list"},
+    "pods []": {"list", "watch"},  # watch: the lap pods that exited 0 (field selector status.phase=Succeeded)
     "workloads.kueue.x-k8s.io []": {"list"},  # status.kueue (controller/kueueview.py)
     "events []": {"create"},
 }

@@ -11,6 +11,7 @@ gate opens, runs finish, the queued ones are admitted in order, and all five Suc
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -29,27 +30,50 @@ LIMIT = 2
 
 
 class JobSampler:
-    """A watch of the namespace's Jobs: the largest number of runs that had an unfinished lap Job at once."""
+    """Watches of the namespace's Jobs and pods: the largest number of runs that had a lap Job
+    running at once. A lap Job runs from its creation until its pod exits (the run moves on then,
+    docs/concepts.md "When a lap is over") or the Job controller marks it finished, whichever is
+    seen first. The two watches are two streams: a pod's exit may be seen up to
+    :data:`STREAM_SKEW` seconds after the Job that the operator created on it, so a Job's end counts
+    from that much before it was seen (a run admitted beyond the limit overlaps for a whole lap)."""
+
+    STREAM_SKEW = 1.0
 
     def __init__(self, cluster: Any, ns: str) -> None:
-        self.jobs: dict[str, tuple[str, bool]] = {}  # job name -> (run uid, finished)
-        self.most = 0
+        self.started: dict[str, tuple[str, float]] = {}  # job name -> (run uid, first seen)
+        self.ended: dict[str, float] = {}  # job name -> when its pod's exit or its end was first seen
         self.seen = 0
+        self._lock = threading.Lock()
         self._watch = JobWatch(cluster, ns, self._apply)
+        self._pods = JobWatch(cluster, ns, self._pod, resource="pods")
 
     def _apply(self, type_: str, job: dict[str, Any]) -> None:
-        name = job["metadata"]["name"]
-        if type_ == "DELETED":
-            self.jobs.pop(name, None)
-        else:
-            conds = (job.get("status") or {}).get("conditions") or []
-            finished = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conds)
-            self.jobs[name] = (job["metadata"]["labels"][LABEL_RUN_UID], finished)
-        self.seen += 1
-        self.most = max(self.most, len({uid for uid, done in self.jobs.values() if not done}))
+        name, now = job["metadata"]["name"], time.monotonic()
+        conds = (job.get("status") or {}).get("conditions") or []
+        finished = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conds)
+        with self._lock:
+            self.started.setdefault(name, (job["metadata"]["labels"][LABEL_RUN_UID], now))
+            if type_ == "DELETED" or finished:
+                self.ended.setdefault(name, now)
+            self.seen += 1
+
+    def _pod(self, type_: str, pod: dict[str, Any]) -> None:
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            job = ((pod.get("metadata") or {}).get("labels") or {}).get("job-name") or ""
+            with self._lock:
+                self.ended.setdefault(job, time.monotonic())
+
+    @property
+    def most(self) -> int:
+        """The most runs with a lap Job running at one moment."""
+        with self._lock:
+            spans = [(uid, t0, self.ended.get(name, float("inf")) - self.STREAM_SKEW)
+                     for name, (uid, t0) in self.started.items()]
+        return max((len({uid for uid, a, b in spans if a <= t < b}) for _, t, _ in spans), default=0)
 
     def stop(self) -> None:
         self._watch.stop()
+        self._pods.stop()
 
 
 def test_max_active_runs_queues_the_rest_in_priority_order_across_an_operator_kill(cluster, s3, tmp_path):

@@ -69,7 +69,8 @@ def test_rbac_least_privilege(helm, values):
         ("agentruns/status", "operate"),  # how the admission policy agentrun-status-owner knows the operator
         *{("agents", v) for v in ("list", "watch")},  # a run's spec.agentRef, resolved from the watch cache
         *{("jobs", v) for v in ("create", "list", "watch", "delete")},
-        ("pods", "list"),  # read on demand (controller/reconciler.py), not watched
+        # the lap pods that exited 0 watched (controller/cache.py: a lap ends at its pod's exit); others read on demand
+        *{("pods", v) for v in ("list", "watch")},
         ("workloads", "list"),  # the Workload of a lap Job Kueue holds (controller/kueueview.py), not watched
         # schedules (agentrun.schedule, docs/scheduling.md): watched, their status written, their runs created
         *{("agentschedules", v) for v in ("list", "watch")},

@@ -7,10 +7,13 @@ change is applied on the event loop (:class:`Cache`), which is where reconciles 
 sees one consistent state and makes no read request of its own. ``metadata.managedFields`` (never
 read) is dropped before an object reaches the cache (:data:`TRANSFORMS`).
 
-Pods are not watched (a lap pod's watch events were most of the operator's CPU per lap, and a
-reconcile needs a pod only in two rare cases): the reconciler reads the pods of one Job on demand
+Of the lap pods, only those that exited 0 are watched (field selector ``status.phase=Succeeded``:
+about two events per lap, where every pod's start, readiness and exit would be five or more): a
+pod's exit 0 ends its lap (``decide/observe.py`` ``job_state``) about a second before the Job
+controller marks its Job Complete. The reconciler reads other pods of one Job on demand
 (:meth:`Cache.put_pods`) -- a failed Job's, for its exit, and an active Job's that is not ready
-after ``pod_config_grace_seconds``, for a configuration error -- and they are dropped with their Job.
+after ``pod_config_grace_seconds``, for a configuration error. Pods are kept slimmed
+(:func:`slim_pod`) and dropped with their Job.
 
 What enqueues a run (``on_change``):
 
@@ -18,7 +21,8 @@ What enqueues a run (``on_change``):
   writes are put into the cache from their responses (:meth:`Cache.put`), so their watch events
   carry no newer version and are skipped;
 - one of its Jobs appeared, disappeared, or changed *state* (active/succeeded/failed and its
-  reason), not on every status update of the Job;
+  reason), not on every status update of the Job; a lap pod exited 0 while its Job was active
+  (the Job's Complete that follows enqueues nothing: the run saw the lap end already);
 - a Job whose pods the reconciler read because it was not ready (:attr:`Cache.pod_checked`)
   became ready or not ready (a missing Secret created: the lap starts);
 - the Agent it names (``spec.agentRef``) appeared, disappeared or its spec changed (a new
@@ -40,7 +44,7 @@ from agentrun.kube.client import JOBS, PODS
 from agentrun.kube.informer import is_newer, rv_int, strip
 from agentrun.notify.plan import outcome_due
 
-from .decide.observe import job_state
+from .decide.observe import job_state, pod_succeeded
 from .decide.queue import NO_GROUP, Group, OrderKey, order_key, slot_state
 
 GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
@@ -96,8 +100,29 @@ def slim_job(job: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: What of a pod's metadata the controller reads (its Job, its run, its age, resourceVersions).
+POD_METADATA = ("name", "namespace", "uid", "resourceVersion", "labels", "creationTimestamp", "deletionTimestamp")
+#: What of a container's status the controller reads (observe.py: exit, termination message, waiting reason).
+CONTAINER_STATUS = ("name", "state", "lastState")
+
+
+def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """A lap pod as the cache keeps it: its metadata that is read, its phase and reason, and its
+    containers' states (exit code, termination message, waiting reason); not its spec."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    out_status: dict[str, Any] = {k: status[k] for k in ("phase", "reason") if k in status}
+    if "containerStatuses" in status:
+        out_status["containerStatuses"] = [{k: cs[k] for k in CONTAINER_STATUS if k in cs}
+                                           for cs in status.get("containerStatuses") or [] if isinstance(cs, dict)]
+    return {"metadata": {k: meta[k] for k in POD_METADATA if k in meta}, "status": out_status}
+
+
+#: The field selector of the pod watch: the lap pods that exited 0.
+POD_EXITED = "status.phase=Succeeded"
+
 #: What each kind of the cache keeps of an object (its own writes' responses and watch events alike).
-TRANSFORMS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"jobs": slim_job}
+TRANSFORMS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"jobs": slim_job, "pods": slim_pod}
 
 
 class Cache:
@@ -163,8 +188,8 @@ class Cache:
         return [self.pods[k] for k in sorted(self._pods_by_job.get((namespace, job), ())) if k in self.pods]
 
     def put_pods(self, namespace: str, job: str, items: list[dict[str, Any]]) -> None:
-        """The pods of ``job`` as just read from the API server (they are not watched): the cached
-        ones not listed are gone."""
+        """The pods of ``job`` as just read from the API server (only the exited ones are watched):
+        the cached ones not listed are gone."""
         listed = {key_of(strip(o)) for o in items}
         for key in [k for k in self._pods_by_job.get((namespace, job), ()) if k not in listed]:
             self._drop_pod(key)
@@ -243,7 +268,10 @@ class Cache:
         self.unreadable.pop(kind, None)
         store = self._store(kind)
         listed = {key_of(o) for o in items}
-        for key in [k for k in store if (namespace is None or k[0] == namespace) and k not in listed]:
+        # the pod watch lists the pods that exited 0: the pods read on demand are not its to drop
+        watched: Callable[[dict[str, Any]], bool] = (lambda o: pod_succeeded([o])) if kind == "pods" else (lambda o: True)
+        for key in [k for k in store if (namespace is None or k[0] == namespace) and k not in listed
+                    and watched(store[k])]:
             self._apply(kind, "DELETED", store[key], notify=True)
         for obj in items:
             self._apply(kind, "ADDED", obj, notify=True, relist=True)
@@ -365,7 +393,7 @@ class Cache:
             self.pod_checked.discard(key)
             if self.on_job_gone is not None:
                 self.on_job_gone(key)
-            for pod in list(self._pods_by_job.get(key, ())):  # pods are not watched: they go with their Job
+            for pod in list(self._pods_by_job.get(key, ())):  # pods go with their Job
                 self._drop_pod(pod)
         else:
             job = (meta.get("labels") or {}).get("job-name")
@@ -430,11 +458,19 @@ class Cache:
         if kind == "jobs":
             ready = key in self.pod_checked
             if old is None or job_signature(obj, ready) != job_signature(old, ready):
+                if old is not None and job_state(old, self.pods_of(*key))[0] == job_state(obj)[0] == "succeeded":
+                    self.skipped += 1  # Complete after its pod exited 0: the run saw the lap end then
+                    return
                 self.enqueue(owner, "job added" if old is None else "job state")
             else:
                 self.skipped += 1
             return
-        self.skipped += 1  # pods: only the reconciler's own reads, which enqueue nothing
+        job = self.jobs.get((key[0], ((obj.get("metadata") or {}).get("labels") or {}).get("job-name") or ""))
+        if pod_succeeded([obj]) and not (old is not None and pod_succeeded([old])) \
+                and job is not None and job_state(job)[0] == "active":
+            self.enqueue(owner, "pod exited")  # the lap is over (observe.job_state), its Job not marked yet
+            return
+        self.skipped += 1  # a later update of an exited pod, or the reconciler's own reads
 
     def _notify_deleted(self, kind: str, key: Key, old: dict[str, Any]) -> None:
         if kind == "agents":

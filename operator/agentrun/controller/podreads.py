@@ -1,7 +1,7 @@
 """Pod reads of several Jobs of one namespace, gathered into one LIST.
 
-Pods are not watched (``reconciler``): the pod checks of active Jobs that stay not ready read their
-pods on timers. With many runs those timers come due together (the reconciler puts them on a
+Of the pods only those that exited 0 are watched (``cache``): the pod checks of active Jobs that
+stay not ready read their pods on timers. With many runs those timers come due together (the reconciler puts them on a
 5-second grid), and each read was one request. :class:`PodReads` sends the reads asked for
 within ``window`` seconds in one namespace as one request with a set-based label selector
 (``job-name in (a,b,...)``, at most ``max_jobs`` names), then hands each caller its Job's pods.

@@ -9,7 +9,8 @@ are skipped by the cache. Backoffs and deadlines come back as delayed adds; erro
 status writes as rate-limited adds (per-run exponential backoff). A periodic resync re-queues every
 cached run as a safety net. An operator restart resumes every run from its status.
 
-Pods are not watched. A reconcile reads the pods of a failed current Job (its exit code and
+Of the pods, only the lap pods that exited 0 are watched (the lap is over: ``cache.py``). A
+reconcile reads the pods of a failed current Job (its exit code and
 termination message name the cause). A pod stuck on its configuration (a missing Secret) shows as a
 Job that stays active and not ready: a timer per active Job (:class:`PodCheck`) reads its pods once
 ``pod_config_grace_seconds`` have passed since its creation and the Job is still not ready, then
@@ -60,7 +61,7 @@ from agentrun.notify.plan import namespace_outcomes
 from agentrun.notify.sender import from_env as notify_from_env
 
 from . import decide as d
-from .cache import RESOURCES, RUNS, TRANSFORMS, Cache, Key
+from .cache import POD_EXITED, RESOURCES, RUNS, TRANSFORMS, Cache, Key
 from .config import OperatorConfig
 from .decide.kueue import is_held
 from .decide.observe import (
@@ -200,7 +201,7 @@ class Controller:
         # the schedule controller (agentrun.schedule.shell, started by process.py on this client): one
         # AgentSchedule watch per namespace and its 4 workers
         schedule_share = len(watch_ns) + 4
-        kube = self.kube = Client(load_api_client(), WORKERS + 3 * len(watch_ns) + tenancy_watches
+        kube = self.kube = Client(load_api_client(), WORKERS + 4 * len(watch_ns) + tenancy_watches
                                   + admission_watches + schedule_share + 2, metrics.kube_request)
         self.executor = Executor(cfg, kube, self.cache, self._specs)
         self.workloads = WorkloadView(lambda p, q: kube.request("GET", p, query=q), time.monotonic)
@@ -229,10 +230,16 @@ class Controller:
             self.cache.notify_outcomes = self._notify_outcomes  # before the informers fill the cache
             self.notifier.start()
         for ns in watch_ns:
-            for kind, selector in (("runs", None), ("jobs", LABEL_RUN_UID)):  # pods: read on demand
+            for kind, selector in (("runs", None), ("jobs", LABEL_RUN_UID)):
                 self.informers.append(Informer(kube, kind, ns, selector, self.cache, loop, resource=RESOURCES[kind],
                                                transform=TRANSFORMS.get(kind, strip),
                                                watch_seconds=cfg.watch_timeout_seconds))
+            # the lap pods that exited 0 (a lap ends there: cache.py); other pods are read on demand.
+            # Optional: without the RBAC to watch pods (a role older than the operator), a lap ends
+            # at its Job's Complete, as the Job controller marks it
+            self.informers.append(Informer(kube, "pods", ns, LABEL_RUN_UID, self.cache, loop, resource=RESOURCES["pods"],
+                                           transform=TRANSFORMS["pods"], optional=True, field_selector=POD_EXITED,
+                                           watch_seconds=cfg.watch_timeout_seconds))
             # Agents (a run's spec.agentRef): optional, so a cluster without the Agent CRD (a chart
             # upgrade does not upgrade CRDs) or without the RBAC still runs its inline runs
             self.informers.append(Informer(kube, "agents", ns, None, self.cache, loop, resource=RESOURCES["agents"],
@@ -707,7 +714,8 @@ class Controller:
             return
         jkey = (key[0], active)
         job = self.cache.jobs.get(jkey)
-        due = None if job is None else pod_check_due(job, datetime.now(UTC), self.config.pod_config_grace_seconds)
+        due = None if job is None else pod_check_due(job, datetime.now(UTC), self.config.pod_config_grace_seconds,
+                                                      self.cache.pods_of(*jkey))
         if due is None or jkey in self._pod_checks:
             return
         check = self._pod_checks[jkey] = PodCheck(run=key)
@@ -728,7 +736,8 @@ class Controller:
             return
         grace = self.config.pod_config_grace_seconds
         job = self.cache.jobs.get(jkey)
-        due = None if job is None or not self.is_leader else pod_check_due(job, datetime.now(UTC), grace)
+        due = None if job is None or not self.is_leader else pod_check_due(job, datetime.now(UTC), grace,
+                                                                            self.cache.pods_of(*jkey))
         if due is None:
             del self._pod_checks[jkey]
             return

@@ -8,6 +8,7 @@ looks at.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from datetime import datetime
@@ -45,14 +46,28 @@ class JobObserver(Protocol):
     def observed(self, job: dict[str, Any]) -> ObservedJob | None: ...
 
 
-def job_state(job: dict[str, Any]) -> tuple[str, str | None]:
-    """("active" | "succeeded" | "failed", the failed condition's reason)."""
+def job_state(job: dict[str, Any], pods: list[dict[str, Any]] | None = None) -> tuple[str, str | None]:
+    """("active" | "succeeded" | "failed", the failed condition's reason).
+
+    A Job whose pod exited 0 (``pods``: its cached pods, one in phase Succeeded) has succeeded,
+    whatever its conditions say: kube-controller-manager's Job controller marks it Complete about a
+    second later (it batches the pod's update), and the lap need not wait for that. The pod is the
+    lap: a lap Job runs one pod (``backoffLimit: 0``, one completion), so a pod that exited 0 is its
+    last, and a Failed condition set after it (a deadline passing meanwhile) does not undo what the
+    lap wrote. The checkpoint decides the lap's outcome (docs/concepts.md, "When a lap is over")."""
+    if pods and pod_succeeded(pods):
+        return "succeeded", None
     for cond in (job.get("status") or {}).get("conditions") or []:
         if cond.get("status") == "True" and cond.get("type") == "Complete":
             return "succeeded", None
         if cond.get("status") == "True" and cond.get("type") == "Failed":
             return "failed", cond.get("reason")
     return "active", None
+
+
+def pod_succeeded(pods: list[dict[str, Any]]) -> bool:
+    """A pod of the Job exited 0 (phase Succeeded: every container terminated with exit 0)."""
+    return any((p.get("status") or {}).get("phase") == "Succeeded" for p in pods)
 
 
 def spec_error_text(exc: pydantic.ValidationError) -> str:
@@ -140,7 +155,7 @@ def observed_job(job: dict[str, Any], pods: list[dict[str, Any]] | None) -> Obse
         lap, attempt = int(labels[LABEL_LAP]), int(labels[LABEL_ATTEMPT])
     except (KeyError, ValueError):
         return None
-    state, job_reason = job_state(job)
+    state, job_reason = job_state(job, pods)
     exit_code = reason = message = None
     if state != "active" and pods is not None:
         exit_code, reason = pod_exit(pods)
@@ -182,13 +197,14 @@ def needs_pod_read(job: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
     return pod_exit(pods) == (None, None)
 
 
-def pod_check_due(job: dict[str, Any], now: datetime, grace: float) -> float | None:
+def pod_check_due(job: dict[str, Any], now: datetime, grace: float,
+                  pods: list[dict[str, Any]] | None = None) -> float | None:
     """Seconds until the pods of an active Job should be read for a configuration error (0: now),
-    None when they need not be: the Job finished, or its pod is ready. Pods are not watched: a pod
-    that cannot start (a missing Secret: CreateContainerConfigError) shows as a Job that stays
+    None when they need not be: the Job finished (or its pod exited 0: ``pods``), or its pod is
+    ready. Only pods that exited 0 are watched: a pod that cannot start (a missing Secret: CreateContainerConfigError) shows as a Job that stays
     active and not ready; it is looked at once the Job is ``grace`` seconds old (a lap that starts
     within the grace costs no read)."""
-    if job_state(job)[0] != "active" or (job.get("status") or {}).get("ready") \
+    if job_state(job, pods)[0] != "active" or (job.get("status") or {}).get("ready") \
             or (job.get("spec") or {}).get("suspend") is True:  # a suspended Job has no pod (Kueue holds it)
         return None
     # since it started (a Job Kueue held started when it was admitted), else since its creation
@@ -245,6 +261,10 @@ def observe(body: dict[str, Any], jobs: list[dict[str, Any]], pods_of: Callable[
             oj = observed_job(job, pods_of(jname))
         else:
             oj = job_memo.observed(job) if job_memo is not None else observed_job(job, None)
+            if oj is not None and oj.state == "active":  # a Job the Job controller has not marked yet
+                pods = pods_of(oj.name)
+                if pods and pod_succeeded(pods):
+                    oj = dataclasses.replace(oj, state="succeeded")
         if oj is not None:
             observed_jobs.append(oj)
     resolved, store_error = None, None
