@@ -6,6 +6,8 @@ the plots (bench/results-*.png) and README's benchmark table from it.
     python bench/run_all.py --skip-cluster   # no local control plane (sections 2, 4 and 5 only)
     python bench/run_all.py --only langgraph,langgraph_big   # re-measure some sections, keep the rest
     python bench/run_all.py --render         # no measurement: results.md, plots, README from the JSON
+    BENCH_BEFORE_PYTHONPATH=/old/checkout/operator python bench/run_all.py --only lap_gap
+                                             # the lap gap of an older operator and this one, side by side
 
 Each benchmark runs as a subprocess writing JSON; the others still run when one fails. A section
 whose benchmark exits non-zero (a failed check of its own, or a crash) is not a result: it is not
@@ -884,6 +886,9 @@ def main() -> None:
     sections: dict[str, Any] = {}
     for name in names:
         args_ = SECTIONS[name][3 if args.quick else 2]
+        before = os.environ.get("BENCH_BEFORE_PYTHONPATH")
+        if before and name in ("lap_gap", "lap_gap_runc"):  # the operator of another checkout beside this one
+            args_ = [*args_, "--variant", f"before:PYTHONPATH={before}", "--variant", "main"]
         profile = tmp / "operator-profile.txt" if name == "operator_cluster" else None
         sections[name] = measure(name, args_, tmp, run_id, profile)
     u = _uptime()
