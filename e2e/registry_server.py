@@ -16,6 +16,7 @@ same reference, so the pods' ``image`` resolves to exactly what the registry ser
 checked against its digest on the way in).
 
 Usage: python e2e/registry_server.py run DIR     # serve until SIGTERM (prints the address)
+       python e2e/registry_server.py pull REF    # pull REF (plain HTTP) into the runc node's store
 """
 
 from __future__ import annotations
@@ -121,14 +122,7 @@ class Registry:
         """Pull ``ref`` (``HOST/repo:tag`` of this registry) into the runc node's image store."""
         if not ref.startswith(self.host + "/"):
             raise RegistryError(f"{ref} is not in this registry ({self.host})")
-        store = store or image_store.ImageStore()
-        with tempfile.TemporaryDirectory(prefix="pull-", dir=self.dir) as tmp:
-            layout = Path(tmp) / "layout"
-            r = subprocess.run(["skopeo", "copy", "--quiet", "--src-tls-verify=false", f"docker://{ref}",
-                                f"oci:{layout}:{ref}"], capture_output=True, text=True, timeout=600)
-            if r.returncode != 0:
-                raise RegistryError(f"skopeo copy docker://{ref}: {r.stderr.strip()[-1000:]}")
-            return store.load(layout, ref)
+        return pull(ref, store, tmpdir=self.dir)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -138,6 +132,20 @@ class Registry:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def pull(ref: str, store: image_store.ImageStore | None = None, *, tls_verify: bool = False,
+         tmpdir: Path | None = None) -> image_store.Image:
+    """The runc node's image pull: ``skopeo copy docker://REF`` into an OCI layout, then
+    ``ImageStore.load`` of it under the same reference (plain HTTP unless ``tls_verify``)."""
+    store = store or image_store.ImageStore()
+    with tempfile.TemporaryDirectory(prefix="pull-", dir=tmpdir) as tmp:
+        layout = Path(tmp) / "layout"
+        r = subprocess.run(["skopeo", "copy", "--quiet", f"--src-tls-verify={str(tls_verify).lower()}",
+                            f"docker://{ref}", f"oci:{layout}:{ref}"], capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            raise RegistryError(f"skopeo copy docker://{ref}: {r.stderr.strip()[-1000:]}")
+        return store.load(layout, ref)
 
 
 def start_registry(base_dir: Path, timeout: float = 30.0) -> Registry:
@@ -178,10 +186,17 @@ def _main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("run", help="serve until SIGTERM/SIGINT")
     p.add_argument("dir")
+    p = sub.add_parser("pull", help="pull an image (plain HTTP) into the runc node's image store")
+    p.add_argument("ref")
     a = ap.parse_args(argv)
+    if a.cmd == "pull":
+        img = pull(a.ref)
+        print(f"pulled {img.ref} ({img.id[:19]}) into {image_store.ImageStore().root}")
+        return 0
     reg = start_registry(Path(a.dir))
     print(f"registry on {reg.url} (storage {reg.dir / 'data'}); REGISTRY={reg.host}/agentrun", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: reg.stop())
+    # only terminate here: the main thread is in proc.wait() (a second wait would wait for its lock)
+    signal.signal(signal.SIGTERM, lambda *_: reg.proc.terminate())
     try:
         reg.proc.wait()
     except KeyboardInterrupt:
