@@ -37,7 +37,8 @@ if str(ROOT) not in sys.path:
 
 from e2e import image_store, registry_server  # noqa: E402
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
+# the first of the runc modules may build the image (image_ref): as long as test_image_runc allows
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 VERSION = "0.0.0-test"
 CHART = "agentrun-operator"
