@@ -5,6 +5,7 @@
 #
 #   runc, buildah, mmdebstrap  tools/install-image-tools.sh (apt-get, as root or through sudo)
 #   promtool, helm, chromium   tools/install-{promtool,helm,chromium}.sh
+#   skopeo, docker-registry    tools/release/install-tools.sh (apt-get: make release, its local OCI registry)
 #   localkube, versitygw       e2e/localkube/build.sh, e2e/versitygw/build.sh (Go, cached)
 #   kueue                      e2e/kueue/build.sh (Go, cached with its CRDs and webhook manifests)
 #   jaeger                     e2e/jaeger/build.sh (Go, cached; the traces test's OTLP receiver)
@@ -33,6 +34,7 @@ step() {  # step NAME CMD...: quiet when it works, its output's tail when it doe
 have() { for t in "$@"; do command -v "$t" >/dev/null 2>&1 || return 1; done; }
 have runc buildah mmdebstrap || step "runc/buildah/mmdebstrap" bash tools/install-image-tools.sh
 have promtool || step promtool bash tools/install-promtool.sh
+have skopeo docker-registry || step "skopeo/docker-registry" bash tools/release/install-tools.sh
 step helm bash tools/install-helm.sh
 have chromium || have chromium-browser || step chromium bash tools/install-chromium.sh
 if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then export PATH="/usr/local/go/bin:$PATH"; fi

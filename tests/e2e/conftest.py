@@ -13,6 +13,12 @@ with its CRDs and webhooks; stopped (webhooks removed first) before the cluster.
 
 ``jaeger`` (session, started on first use): Jaeger all-in-one, the OTLP receiver of the traces test.
 
+``image_ref`` and ``rcluster`` (session, started on first use): the image of ``make image`` (built or
+reused from the cache by tools/image/build.sh, loaded into the local image store) and a second control
+plane whose process kubelet runs pods of that store under runc (``start_cluster(node="runc")``). Its
+tests (tests/e2e/test_image_runc.py, tests/e2e/test_release.py) are run one after the other and the
+runc cluster is stopped after the last of them, not at the end of the session.
+
 Tests are marked ``@pytest.mark.e2e``. They are skipped only when
 ``AGENTRUN_SKIP_E2E=1``; otherwise a failure to build or start the cluster is
 an error of every test that needs it, never a silent skip.
@@ -20,7 +26,10 @@ an error of every test that needs it, never a silent skip.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -35,6 +44,8 @@ if str(ROOT) not in sys.path:
 from e2e.cluster import Cluster, S3Server, leftover_processes, start_cluster, start_s3  # noqa: E402
 from e2e.jaeger_server import Jaeger, start_jaeger  # noqa: E402
 from e2e.kueue_server import Kueue, start_kueue  # noqa: E402
+
+from e2e import image_store, runc_node  # noqa: E402
 
 SKIP_E2E = os.environ.get("AGENTRUN_SKIP_E2E") == "1"
 
@@ -55,6 +66,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
         elif item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(E2E_TIMEOUT))
+    # the modules of the runc cluster's tests together, where the first of them is: one cluster,
+    # stopped after their last test
+    modules = {i.nodeid.split("::")[0] for i in items if RUNC_CLUSTER in getattr(i, "fixturenames", ())}
+    group = [i for i in items if i.nodeid.split("::")[0] in modules]
+    if group:
+        first = items.index(group[0])
+        rest = [i for i in items if i.nodeid.split("::")[0] not in modules]
+        items[:] = rest[:first] + group + rest[first:]
+        _runc_group.update(i.nodeid for i in group)
+
+
+RUNC_CLUSTER = "rcluster"
+_runc_group: set[str] = set()  # node ids of the tests of the modules using it
+_runc_stop: list = []  # the runc cluster's stop, while it runs
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Stop the runc cluster once the last test using it is torn down (its module fixtures first)."""
+    try:
+        return (yield)
+    finally:
+        if _runc_stop and item.nodeid in _runc_group and (nextitem is None or nextitem.nodeid not in _runc_group):
+            _runc_stop.pop()()
 
 
 @pytest.fixture(scope="session")
@@ -109,6 +144,50 @@ def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         k.stop()
         left = leftover_processes(d)
         assert not left, f"kueue processes left behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def image_ref(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The reference of ``make image``'s image, in the local image store (tests/e2e/test_image_runc.py).
+    Skipped (with the reason) only where runc cannot run at all or the image cannot be built here."""
+    why = runc_node.unusable_reason()
+    if why:
+        pytest.skip(why)
+    missing = [t for t in ("mmdebstrap", "buildah") if not shutil.which(t)]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed: run tools/install-image-tools.sh")
+    r = subprocess.run(["bash", str(ROOT / "tools" / "image" / "build.sh")],
+                       env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True, timeout=3600)
+    assert r.returncode == 0, f"make image failed:\n{r.stdout[-2000:]}\n{r.stderr[-5000:]}"
+    archive = ROOT / "build" / "image" / "agentrun.oci.tar"
+    index = json.loads(subprocess.run(["tar", "-xOf", str(archive), "index.json"], capture_output=True,
+                                      check=True).stdout)
+    ref: str = index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"]
+    img = image_store.ImageStore().lookup(ref)
+    assert img is not None, f"{ref} not in the image store after make image"
+    probe = runc_node.run_image(img, ["/bin/true"], tmp_path_factory.mktemp("probe"), minimal=True)
+    if probe.returncode != 0:
+        pytest.skip(f"runc cannot run a container on this machine at all: {probe.stdout}{probe.stderr}")
+    return ref
+
+
+@pytest.fixture(scope="session")
+def rcluster(image_ref: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A control plane whose kubelet runs the image store's pods under runc; stopped after its last test."""
+    d = tmp_path_factory.mktemp("localkube-runc")
+    c = start_cluster(d, node="runc")
+
+    def stop() -> None:
+        c.stop()
+        mounts = [ln for ln in open("/proc/self/mountinfo") if str(d) in ln]
+        assert not mounts, f"container mounts left behind: {mounts}"
+
+    _runc_stop.append(stop)
+    try:
+        yield c
+    finally:
+        if _runc_stop:
+            _runc_stop.pop()()
 
 
 @pytest.fixture

@@ -16,15 +16,15 @@ reused from the cache by tools/image/build.sh and loaded into the local image st
   the chart's securityContext, with the chart's ServiceAccount token mounted (in-cluster config),
   and drives a run to Succeeded.
 
-Skipped (with the reason) only where runc cannot run at all or the image cannot be built here
-(not root, or mmdebstrap/buildah/runc missing: tools/install-image-tools.sh).
+Fixtures ``image_ref`` and ``rcluster`` (session, shared with tests/e2e/test_release.py):
+tests/e2e/conftest.py. Skipped (with the reason) only where runc cannot run at all or the image cannot
+be built here (not root, or mmdebstrap/buildah/runc missing: tools/install-image-tools.sh).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -38,50 +38,12 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from e2e.cluster import start_cluster  # noqa: E402
-
-from e2e import image_store, runc_node  # noqa: E402
+from e2e import runc_node  # noqa: E402
 
 # a cold image build takes minutes on a loaded box (the per-test default is 600 s)
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
-BUILD = ROOT / "tools" / "image" / "build.sh"
 SA_MOUNT = runc_node.SA_MOUNT
-
-
-@pytest.fixture(scope="module")
-def image_ref(tmp_path_factory) -> str:
-    why = runc_node.unusable_reason()
-    if why:
-        pytest.skip(why)
-    missing = [t for t in ("mmdebstrap", "buildah") if not shutil.which(t)]
-    if missing:
-        pytest.skip(f"{', '.join(missing)} not installed: run tools/install-image-tools.sh")
-    r = subprocess.run(["bash", str(BUILD)], env=dict(os.environ, PYTHON=sys.executable), capture_output=True,
-                       text=True, timeout=3600)
-    assert r.returncode == 0, f"make image failed:\n{r.stdout[-2000:]}\n{r.stderr[-5000:]}"
-    archive = ROOT / "build" / "image" / "agentrun.oci.tar"
-    index = json.loads(subprocess.run(["tar", "-xOf", str(archive), "index.json"], capture_output=True,
-                                      check=True).stdout)
-    ref = index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"]
-    img = image_store.ImageStore().lookup(ref)
-    assert img is not None, f"{ref} not in the image store after make image"
-    probe = runc_node.run_image(img, ["/bin/true"], tmp_path_factory.mktemp("probe"), minimal=True)
-    if probe.returncode != 0:
-        pytest.skip(f"runc cannot run a container on this machine at all: {probe.stdout}{probe.stderr}")
-    return ref
-
-
-@pytest.fixture(scope="module")
-def rcluster(image_ref, tmp_path_factory):
-    d = tmp_path_factory.mktemp("localkube-runc")
-    c = start_cluster(d, node="runc")
-    try:
-        yield c
-    finally:
-        c.stop()
-        mounts = [ln for ln in open("/proc/self/mountinfo") if str(d) in ln]
-        assert not mounts, f"container mounts left behind: {mounts}"
 
 
 def _pod_dir(cluster, ns: str, name: str) -> Path:
