@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,8 +40,10 @@ from pathlib import Path
 
 try:
     from . import proc_kubelet  # type: ignore[no-redef]
+    from .ports import free_port as _free_port
 except ImportError:  # run as a script: e2e/ is on sys.path
     import proc_kubelet  # type: ignore[no-redef]
+    from ports import free_port as _free_port  # type: ignore[no-redef]
 
 E2E_DIR = Path(__file__).resolve().parent
 BUILD_SH = E2E_DIR / "localkube" / "build.sh"
@@ -653,11 +654,6 @@ def operator_env(cluster: Cluster, s3: S3Server, *, namespace: str, prefix: str,
     env.update(settings)
     return env
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_s3(dir: str | os.PathLike, port: int = 0, bucket: str = "agentrun", timeout: float = 120) -> S3Server:

@@ -28,8 +28,10 @@ from typing import Any
 
 try:
     from .gobuild import cached_build
+    from .ports import free_port as _free_port
 except ImportError:  # run as a script: e2e/ is on sys.path
     from gobuild import cached_build  # type: ignore[no-redef]
+    from ports import free_port as _free_port  # type: ignore[no-redef]
 
 BUILD_SH = Path(__file__).resolve().parent / "jaeger" / "build.sh"
 
@@ -82,11 +84,6 @@ def build_jaeger() -> str:
     """Build (or reuse the cached) jaeger binary; return its path. ``JAEGER_BIN`` overrides."""
     return cached_build("jaeger", BUILD_SH, os.environ.get("JAEGER_BIN"))
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,8 +38,10 @@ from typing import Any
 
 try:
     from . import image_store
+    from .ports import free_port as _free_port
 except ImportError:  # run as a script: e2e/ is on sys.path
     import image_store  # type: ignore[no-redef]
+    from ports import free_port as _free_port  # type: ignore[no-redef]
 
 BINARY_ENV = "AGENTRUN_REGISTRY_BIN"  # default: docker-registry on PATH
 
@@ -80,11 +81,6 @@ def unusable_reason() -> str:
     return f"{', '.join(missing)} not installed: run tools/test-deps.sh (apt-get install docker-registry skopeo)" \
         if missing else ""
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -27,8 +26,10 @@ from pathlib import Path
 
 try:
     from .gobuild import cached_build
+    from .ports import free_port as _free_port
 except ImportError:  # run as a script: e2e/ is on sys.path
     from gobuild import cached_build  # type: ignore[no-redef]
+    from ports import free_port as _free_port  # type: ignore[no-redef]
 
 BUILD_SH = Path(__file__).resolve().parent / "versitygw" / "build.sh"
 HEALTH = "/agentrun-health"
@@ -42,11 +43,6 @@ def build_versitygw() -> str:
     """Build (or reuse the cached) versitygw binary; return its path. ``VERSITYGW_BIN`` overrides."""
     return cached_build("versitygw", BUILD_SH, os.environ.get("VERSITYGW_BIN"))
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_versitygw(base_dir: Path, access_key: str, secret_key: str, port: int | None = None,

@@ -182,3 +182,15 @@ class JobWatch:
         self._proc.kill()
         self._proc.wait(10)
 
+
+def note_run(name: str, task: str, tool_url: str) -> dict[str, Any]:
+    """A two-lap AgentRun: lap 1 calls the ``note`` tool at ``tool_url``/note once, lap 2 ends."""
+    return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name},
+            "spec": {"task": task,
+                     "agent": {"version": "v1", "model": {"provider": "scripted", "script": [
+                         {"content": "note", "toolCalls": [{"name": "note", "arguments": {"text": "hi"}}],
+                          "usage": {"inputTokens": 10, "outputTokens": 5}},
+                         {"content": "done", "usage": {"inputTokens": 10, "outputTokens": 5}}]},
+                         "tools": [{"name": "note", "http": {"url": f"{tool_url}/note", "timeout": "20s"}}]},
+                     "budget": {"maxLaps": 5}, "lapTimeout": "120s",
+                     "retry": {"attemptsPerLap": 3, "backoff": {"initial": "1s", "max": "2s", "factor": 2}}}}

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_support import wait_for
+from e2e_support import note_run, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -242,15 +242,7 @@ def test_helm_installed_operator_runs_from_the_image(rcluster, s3, image_ref, tm
         assert cfg["process"]["args"] == ["agentrun", "operator"]
 
         name = "helm-runc"
-        doc = {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name},
-               "spec": {"task": "operator from the image",
-                        "agent": {"version": "v1", "model": {"provider": "scripted", "script": [
-                            {"content": "note", "toolCalls": [{"name": "note", "arguments": {"text": "hi"}}],
-                             "usage": {"inputTokens": 10, "outputTokens": 5}},
-                            {"content": "done", "usage": {"inputTokens": 10, "outputTokens": 5}}]},
-                            "tools": [{"name": "note", "http": {"url": f"{h.tool_url}/note", "timeout": "20s"}}]},
-                        "budget": {"maxLaps": 5}, "lapTimeout": "120s",
-                        "retry": {"attemptsPerLap": 3, "backoff": {"initial": "1s", "max": "2s", "factor": 2}}}}
+        doc = note_run(name, "operator from the image", h.tool_url)
         h.kubectl("apply", "-n", h.ns, "-f", "-", input=yaml.safe_dump(doc))
         st = h.wait_phase(name, "Succeeded", "Failed", "BudgetExceeded", timeout=300)
         assert st["phase"] == "Succeeded", (st, h.diagnostics())

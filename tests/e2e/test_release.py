@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 import yaml
+from e2e_support import note_run
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -148,15 +149,7 @@ def test_helm_install_from_the_registry_runs_under_runc(released, registry, rclu
         print(f"\nhelm install from {chart_ref}: operator leading in {time.monotonic() - t0:.1f}s")
 
         name = "from-registry"
-        doc = {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name},
-               "spec": {"task": "installed from the registry",
-                        "agent": {"version": "v1", "model": {"provider": "scripted", "script": [
-                            {"content": "note", "toolCalls": [{"name": "note", "arguments": {"text": "hi"}}],
-                             "usage": {"inputTokens": 10, "outputTokens": 5}},
-                            {"content": "done", "usage": {"inputTokens": 10, "outputTokens": 5}}]},
-                            "tools": [{"name": "note", "http": {"url": f"{h.tool_url}/note", "timeout": "20s"}}]},
-                        "budget": {"maxLaps": 5}, "lapTimeout": "120s",
-                        "retry": {"attemptsPerLap": 3, "backoff": {"initial": "1s", "max": "2s", "factor": 2}}}}
+        doc = note_run(name, "installed from the registry", h.tool_url)
         h.kubectl("apply", "-n", h.ns, "-f", "-", input=yaml.safe_dump(doc))
         st = h.wait_phase(name, "Succeeded", "Failed", "BudgetExceeded", timeout=300)
         assert st["phase"] == "Succeeded" and st["lap"] == 2, (st, h.diagnostics())

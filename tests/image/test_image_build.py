@@ -177,13 +177,19 @@ def test_dockerfile_follows_the_same_steps(oci):
     assert f"PATH={env['PATH']}" in joined
 
 
-def test_agentrun_runs_in_the_image_under_runc(built, tmp_path):
+def runnable_image(built):
+    """The built image from the local store, where runc can run it (skipped where it cannot)."""
     archive, store = built
     why = runc_node.unusable_reason()
     if why:
         pytest.skip(why)
     img = store.lookup(OciArchive(archive).ref)
     assert img is not None, store.refs()
+    return img
+
+
+def test_agentrun_runs_in_the_image_under_runc(built, tmp_path):
+    img = runnable_image(built)
     probe = runc_node.run_image(img, ["/bin/true"], tmp_path / "probe", minimal=True)
     if probe.returncode != 0:
         pytest.skip(f"runc cannot run a container on this machine at all: {probe.stdout}{probe.stderr}")
@@ -229,12 +235,7 @@ print(json.dumps(bad))
 
 
 def test_the_image_bytecode_is_used_not_recompiled(built, tmp_path):
-    archive, store = built
-    why = runc_node.unusable_reason()
-    if why:
-        pytest.skip(why)
-    img = store.lookup(OciArchive(archive).ref)
-    assert img is not None, store.refs()
+    img = runnable_image(built)
     r = runc_node.run_image(img, ["python3", "-c", PYC_PROBE], tmp_path / "pyc")
     assert r.returncode == 0, r.stdout + r.stderr
     bad = json.loads(r.stdout.strip().splitlines()[-1])
