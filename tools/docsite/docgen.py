@@ -215,6 +215,28 @@ def _date(section: str) -> Callable[[dict[str, Any]], str]:
     return f
 
 
+def _lap_gap_cpu(runs: int) -> Callable[[dict[str, Any]], str]:
+    """The operator's CPU per lap at ``runs`` runs in the lap_gap section (this operator)."""
+    def f(res: dict[str, Any]) -> str:
+        for lv in (_data(res, "lap_gap") or {}).get("levels") or []:
+            if lv["runs"] == runs and lv.get("variant", "main") == "main":
+                return _ms(lv["operator_cpu_per_lap"])
+        return NOT_MEASURED
+    return f
+
+
+def _lap_gap(runs: int, variant: str, q: float, part: str = "total") -> Callable[[dict[str, Any]], str]:
+    """p50 / p99 of the lap gap (checkpoint written -> next lap's first model request), or of one of
+    its parts, at ``runs`` concurrent runs, of the lap_gap section's ``variant`` (``main``: this
+    operator; ``before``: an older checkout's, BENCH_BEFORE_PYTHONPATH)."""
+    def f(res: dict[str, Any]) -> str:
+        for lv in (_data(res, "lap_gap") or {}).get("levels") or []:
+            if lv["runs"] == runs and lv.get("variant", "main") == variant and lv["lap_gaps"]:
+                return _ms(_pct([g[part] for g in lv["lap_gaps"]], q))
+        return NOT_MEASURED
+    return f
+
+
 #: every figure a page may quote, by name: a function of results.json
 FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
     "overhead_runs": _fig_top_runs,
@@ -245,6 +267,16 @@ FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
     "stress_tests": _fig_stress_tests,
     "stress_seconds": _fig_stress_seconds,
     "stress_date": _fig_stress_date,
+    "lap_gap_1_p50": _lap_gap(1, "main", 50),
+    "lap_gap_1_before_p50": _lap_gap(1, "before", 50),
+    "lap_gap_1_job_create": _lap_gap(1, "main", 50, "job_create"),
+    "lap_gap_1_before_job_create": _lap_gap(1, "before", 50, "job_create"),
+    "lap_gap_1_startup": _lap_gap(1, "main", 50, "startup"),
+    "lap_gap_date": _date("lap_gap"),
+    "lap_gap_200_job_create_p50": _lap_gap(200, "main", 50, "job_create"),
+    "lap_gap_200_job_create_p99": _lap_gap(200, "main", 99, "job_create"),
+    "lap_gap_200_before_job_create_p50": _lap_gap(200, "before", 50, "job_create"),
+    "lap_gap_200_cpu": _lap_gap_cpu(200),
     "toolkit_plain_p50": lambda r: _fig_toolkit(r, "plain"),
     "toolkit_kit_p50": lambda r: _fig_toolkit(r, "kit"),
 }
