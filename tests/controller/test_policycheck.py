@@ -18,6 +18,7 @@ from agentrun.api import admission, policy_version, tenancy_admission
 from agentrun.controller.config import OperatorConfig
 from agentrun.controller.policycheck import (
     GROUP_VERSION,
+    MIN_WATCH_SECONDS,
     NOT_SERVED,
     RESOURCES,
     PolicyCheck,
@@ -266,6 +267,8 @@ def test_it_lists_and_watches_each_object_by_name_and_skips_kinds_not_served():
                 ("list", RESOURCES[w.kind], w.name) for w in validating)  # no mutating one asked for
             assert all(check.got[(w.kind, w.name)] is NOT_SERVED for w in check.wants if w.set == "stamping")
             assert check.ready and check.blocking is None
+            # an absent or unchanged object costs one watch per MIN_WATCH_SECONDS, not per watch cache timeout
+            assert check.informers and all(i.watch_seconds == MIN_WATCH_SECONDS for i in check.informers)
         finally:
             task.cancel()
             await api.stop(client)

@@ -257,6 +257,22 @@ class StoredCall:
     def sha256(self) -> str | None:
         return arguments_sha256(self.arguments) if self.arguments is not None else None
 
+    @classmethod
+    def of(cls, record: Any) -> StoredCall:
+        """The pending call a lap record (``checkpoint.schema.LapRecord``) holds, or why it holds none."""
+        pending = record.pending_approval
+        if pending is None:
+            return cls(error=f"lap {record.lap} in the checkpoint store has no pending approval")
+        return cls(arguments=dict(pending.arguments), call_id=pending.call_id, lap=record.lap)
+
+
+def approval_lap(run: Mapping[str, Any]) -> int | None:
+    """The lap whose record holds the run's pending call: status.approval.lap, else status.lap
+    (None: no lap yet)."""
+    st = run.get("status") or {}
+    lap = (st.get("approval") or {}).get("lap") or st.get("lap")
+    return int(lap) if lap else None
+
 
 def binding(run: dict[str, Any], stored: StoredCall) -> tuple[str | None, str | None, list[str]]:
     """(call id, arguments sha256, warnings) of the pending call, for showing and for a decision.

@@ -120,8 +120,8 @@ def unpack_lap(doc: Doc, key: str, *, in_place: bool = False) -> Doc:
     """Restore what ``pack_lap`` replaced by references. A reference that resolves to nothing is
     ``CorruptCheckpoint`` naming the field. ``doc`` is left as it is (the result is a copy) unless
     ``in_place``: then it is restored in place, for a caller that owns it (the store, on the
-    document it just parsed from the stored bytes: a deep copy of it was half the decoding time of
-    a lap record). Restored arguments are copies either way (never shared with the message's)."""
+    document it just parsed from the stored bytes, which nothing else holds: copying it would be
+    work of the order of decoding it). Restored arguments are copies either way (never shared with the message's)."""
     if not _has_refs(doc):
         return doc
     out = doc if in_place else copy.deepcopy(doc)

@@ -102,8 +102,8 @@ _readers: ThreadPoolExecutor | None = None
 
 def _reader_pool() -> ThreadPoolExecutor:
     """The process's pool of resume readers (at most ``_RESUME_READERS`` threads, shared by every
-    store), started on first use and kept: a pool per ``load_state`` started up to ten threads per
-    resume, each start a round trip through the scheduler (milliseconds on a loaded box). Its
+    store), started on first use and kept, so a resume starts no thread (each start is a round
+    trip through the scheduler, slow on a loaded node). Its
     workers only read and decode one object each and never wait on the pool, so concurrent
     resumes queue behind each other instead of deadlocking. Idle workers end at interpreter exit
     (``concurrent.futures`` joins them); a forked child starts its own pool (``_forget_readers``)."""

@@ -30,6 +30,7 @@ from agentrun.api.approval import (
     ANN_DECIDED_BY,
     AWAITING,
     StoredCall,
+    approval_lap,
     approvals_text,
     binding,
     decision_patch,
@@ -176,9 +177,8 @@ def _stored_call(run: dict[str, Any]) -> StoredCall:
     from agentrun.cli.trace import open_store, store_error
 
     meta = run.get("metadata") or {}
-    st = run.get("status") or {}
-    lap = (st.get("approval") or {}).get("lap") or st.get("lap")
-    if not lap:
+    lap = approval_lap(run)
+    if lap is None:
         return StoredCall(error="the run has no lap yet")
     where = resolve_store({}, os.environ, run)
     if not where["uri"]:
@@ -187,17 +187,14 @@ def _stored_call(run: dict[str, Any]) -> StoredCall:
     try:
         store = open_store(where, run)
         ref = RunRef(namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""))
-        record, _ = store.get_lap(ref, int(lap))
+        record, _ = store.get_lap(ref, lap)
     except CLIError as e:
         return StoredCall(error=e.format_message())
     except CheckpointError as e:
         return StoredCall(error=store_error(e, where).format_message())
     except Exception as e:  # credentials, network: say so, show what status has
         return StoredCall(error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    pending = record.pending_approval
-    if pending is None:
-        return StoredCall(error=f"lap {lap} in the checkpoint store has no pending approval")
-    return StoredCall(arguments=dict(pending.arguments), call_id=pending.call_id, lap=record.lap)
+    return StoredCall.of(record)
 
 
 def _whoami() -> str | None:

@@ -1,8 +1,7 @@
 """Which of a run's routine Events are posted: client-go's spam filter, for the lap-cadence ones.
 
-A run of 500 laps posted 500 ``LapCheckpointed`` Events: one API request per lap (a third of the
-operator's per lap) and 500 objects in etcd for the event TTL, which nobody reads past the last
-few. client-go's recorder rate-limits every Event per source and object with a token bucket
+Posted every time, a routine Event (``LapCheckpointed``) is one more API request per lap and one
+more object in etcd per lap for the event TTL, of which nobody reads past the last few. client-go's recorder rate-limits every Event per source and object with a token bucket
 (``EventSourceObjectSpamFilter``: a burst of 25, then one per 5 minutes). This applies that bucket
 to the routine reasons only (``api.reasons.ROUTINE_EVENT_REASONS``); every other Event (a failure,
 a retry, an approval requested or decided, a suspension) is always posted. A suppressed Event is still logged and

@@ -45,7 +45,7 @@ def setup_logging(fmt: str = "json", level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     # neither formatter shows a record's thread, process or source line: not gathered per record
-    # (the logging HOWTO's "Optimization": about a fifth of a line's CPU)
+    # (the logging HOWTO's "Optimization")
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logging._srcfile = None
     root.setLevel(level)

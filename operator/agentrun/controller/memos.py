@@ -26,7 +26,8 @@ class JobMemo:
     object for it. The cache replaces a Job's dict on every watch event and never changes one, so an
     unchanged Job is observed once, not on every pass of every reconcile of its run: a run keeps its
     finished Jobs for the Jobs' TTL (an hour by default), hundreds of them for a run of short laps,
-    and each pass observed them all (bench/bench_reconcile_growth.py). It holds the cached dicts:
+    and observing them all on every pass would make a pass grow with the run's laps
+    (bench/bench_reconcile_growth.py measures it). It holds the cached dicts:
     :meth:`forget` drops a Job the cache dropped (``Cache(on_job_gone=...)``); past ``limit`` Jobs
     it starts again (observing again is only work)."""
 
@@ -56,7 +57,7 @@ class SpecMemo:
     """Per run (by namespace and name): its last parsed spec, reused while its JSON is equal (a spec
     changes rarely, a reconcile parses it once or twice per lap; comparing the dicts costs a few
     microseconds, the parse a few hundred), and the lap's spec JSON made of that parsed spec
-    (:meth:`text`: dumping the spec was a twentieth of a lap's CPU). The parsed specs are shared:
+    (:meth:`text`: made once per parsed spec, not dumped again every lap). The parsed specs are shared:
     nothing changes a parsed spec."""
 
     def __init__(self, limit: int = 100_000) -> None:

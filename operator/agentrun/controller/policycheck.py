@@ -57,6 +57,11 @@ RESOURCES: Final = {
 }
 #: How soon the check runs again while the policies are not in place (or could not be read).
 RECHECK_SECONDS: Final = 10.0
+#: The shortest server-side timeout of a policy's watch (client-go's reflector: 5-10 minutes). Each
+#: object has a watch of its own and each timeout is one more request, present or absent; a deletion
+#: or an edit comes on the open watch whatever its length. A longer watch only delays noticing that
+#: the operator's read access was taken away, which leaves the policies enforced all the same.
+MIN_WATCH_SECONDS: Final = 600
 HINT: Final = ("install this release's admission policies (helm upgrade, or kubectl apply -f crds/; "
                "docs/operations.md#admission-policies)")
 
@@ -179,12 +184,13 @@ class PolicyCheck:
     as soon as the API server tells the watch, not at the next resync.
 
     ``client`` is the operator's one API client; ``on_change`` is called (on the loop) when the
-    verdict changed, so the live runs are queued again."""
+    verdict changed, so the live runs are queued again. Each watch lasts ``watch_seconds``, at least
+    :data:`MIN_WATCH_SECONDS`."""
 
     def __init__(self, sets: tuple[str, ...], allow_missing: bool, client: Client | None,
                  on_change: Callable[[], None] | None = None, watch_seconds: int = WATCH_SECONDS) -> None:
         self.sets, self.allow_missing, self.client, self.on_change = sets, allow_missing, client, on_change
-        self.watch_seconds = watch_seconds
+        self.watch_seconds = max(watch_seconds, MIN_WATCH_SECONDS)
         self._wants: list[Wanted] | None = None
         self.got: dict[tuple[str, str], Any] = {}  # (kind, name) -> object, None (absent), NOT_SERVED
         self.refusals: dict[tuple[str, str], int] = {}  # (kind, name) -> status of a refused first list

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun.api.approval import StoredCall
+from agentrun.api.approval import StoredCall, approval_lap
 from agentrun.checkpoint.trace import one_line
 
 MAX_TEXT = 600  # characters of one message or result shown
@@ -117,22 +117,15 @@ class LapReader:
 
     def read(self, run: dict[str, Any], count: int = 3) -> tuple[StoredCall, list[LapSummary], str | None]:
         """(the pending call, the last ``count`` laps up to the approval's lap, an error message)."""
-        st = run.get("status") or {}
-        lap = (st.get("approval") or {}).get("lap") or st.get("lap")
-        if not lap:
+        lap = approval_lap(run)
+        if lap is None:
             return StoredCall(error="the run has no lap yet"), [], None
         try:
             store, ref = self._store(run)
             laps = []
-            for n in range(max(1, int(lap) - count + 1), int(lap) + 1):
+            for n in range(max(1, lap - count + 1), lap + 1):
                 laps.append(self._lap(store, ref, n))
         except Exception as e:  # store missing, credentials, network, corrupt: say so on the page
             msg = f"checkpoint store not read: {type(e).__name__}: {one_line(str(e), 300)}"
             return StoredCall(error=msg), [], msg
-        last = laps[-1]
-        pending = last.pending_approval
-        if pending is None:
-            stored = StoredCall(error=f"lap {lap} in the checkpoint store has no pending approval")
-        else:
-            stored = StoredCall(arguments=dict(pending.arguments), call_id=pending.call_id, lap=last.lap)
-        return stored, [summarize(r) for r in laps], None
+        return StoredCall.of(laps[-1]), [summarize(r) for r in laps], None

@@ -46,8 +46,8 @@ def _copied(value: Any) -> Any:
 
 def copy_model(model: M) -> M:
     """A deep copy of a pydantic model tree, as ``model_copy(deep=True)`` makes, without
-    ``copy.deepcopy``'s generic machinery (its memo and ``__reduce__`` per value were most of a
-    decision's CPU): models, lists and dicts are copied, immutable leaves shared."""
+    ``copy.deepcopy``'s generic machinery (a memo lookup and ``__reduce__`` per value, for a tree
+    without shared or cyclic parts): models, lists and dicts are copied, immutable leaves shared."""
     new = model.model_copy()  # shallow: a new __dict__, fields set, extras, private attributes
     fields = new.__dict__
     for k, v in fields.items():
