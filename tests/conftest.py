@@ -159,8 +159,9 @@ def versitygw_s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     os.environ.setdefault("AWS_DEFAULT_REGION", S3_REGION)
-    proc, endpoint = start_versitygw(tmp_path_factory.mktemp("versitygw"), os.environ["AWS_ACCESS_KEY_ID"],
-                                     os.environ["AWS_SECRET_ACCESS_KEY"], region=S3_REGION)
+    # the suite's keys, not whatever the environment holds when the first test asks for the server
+    # (a test's monkeypatched key would otherwise become the session server's, refusing the rest)
+    proc, endpoint = start_versitygw(tmp_path_factory.mktemp("versitygw"), "testing", "testing", region=S3_REGION)
     try:
         yield S3Server(endpoint_url=endpoint)
     finally:
