@@ -25,10 +25,6 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
-os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-
 from agentrun.checkpoint.schema import RunRef  # noqa: E402
 from agentrun.checkpoint.store import CheckpointStore, StoreConfig  # noqa: E402
 from agentrun.lap.config import parse_env  # noqa: E402
@@ -47,7 +43,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def bench_credentials() -> None:
+    """Dummy S3 credentials for the benchmark's own S3 server, unless set: in main() and
+    start_moto(), not at import (a test importing a benchmark must not change the session's keys)."""
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+
+
 def start_moto() -> tuple[subprocess.Popen[bytes], str]:
+    bench_credentials()
     port = free_port()
     exe = shutil.which("moto_server")
     cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
@@ -150,6 +155,7 @@ def total_bytes(client: Any, bucket: str) -> tuple[int, int]:
 
 
 def main() -> None:
+    bench_credentials()
     ap = argparse.ArgumentParser()
     ap.add_argument("--laps", type=int, default=500)
     ap.add_argument("--max-tokens", type=int, default=4000)
