@@ -66,11 +66,16 @@ def test_a_killed_attempts_lap_span_has_the_attempts_id_under_the_runs_root() ->
     assert f"{reconcile.context.span_id:016x}" != lap_span_id(UID, 4, 2)
 
 
-def test_the_reconciler_and_the_executor_share_one_exporter_per_endpoint() -> None:
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector.invalid:4318"}
-    first = spans_from_env(env)
-    assert first is not None and spans_from_env(env) is first
-    first.close(timeout=0.5)
-    again = spans_from_env(env)
-    assert again is not None and again is not first
-    again.close(timeout=0.5)
+def test_the_executor_sends_through_the_exporter_it_is_given() -> None:
+    """One exporter per operator process: the reconciler makes it and hands it to the executor."""
+    from agentrun.controller.cache import Cache
+    from agentrun.controller.config import OperatorConfig
+    from agentrun.controller.execute import Executor
+
+    spans = spans_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector.invalid:4318"})
+    assert spans is not None
+    try:
+        ex = Executor(OperatorConfig(), None, Cache(on_change=lambda key: None), spans=spans)  # type: ignore[arg-type]
+        assert ex.spans is spans
+    finally:
+        spans.close(timeout=0.5)

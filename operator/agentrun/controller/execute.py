@@ -38,7 +38,7 @@ from .events import EventBudget
 from .logs import run_logger
 from .memos import SpecMemo, put_bounded
 from .rewinds import survey_rewind
-from .tracing import spans_from_env
+from .tracing import OperatorSpans
 
 try:  # the test-fault switch (docs/chaos.md, "Negative control"): not in the wheel, so absent from the image
     from agentrun import testfault
@@ -112,7 +112,8 @@ class Outcome:
 
 
 class Executor:
-    def __init__(self, config: OperatorConfig, kube: Client, cache: Cache, specs: SpecMemo | None = None) -> None:
+    def __init__(self, config: OperatorConfig, kube: Client, cache: Cache, specs: SpecMemo | None = None,
+                 spans: OperatorSpans | None = None) -> None:
         self.config, self.kube, self.cache = config, kube, cache
         self._stores: dict[tuple[Any, ...], Any] = {}
         self.specs = specs if specs is not None else SpecMemo()  # the controller's parsed specs, their lap JSON
@@ -120,8 +121,8 @@ class Executor:
         """The last refused status write per run (its message): ONE Warning Event per refusal."""
         self.events = EventBudget()  # the routine Events' rate limit per run (events.py)
         self._agents: dict[tuple[str, str], Any] = {}  # (run uid, digest) -> its pinned ResolvedAgent
-        self.spans = spans_from_env(dict(config.lap_otel_env)) if config.tracing else None
-        """The operator's spans (the reconciler's, ``tracing.spans_from_env``): the lap spans of killed attempts."""
+        self.spans = spans
+        """The operator's spans (the reconciler's exporter): the lap spans of killed attempts."""
 
     def forget(self, key: Key) -> None:
         self._refusals.pop(key, None)

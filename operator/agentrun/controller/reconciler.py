@@ -203,9 +203,9 @@ class Controller:
         schedule_share = len(watch_ns) + 4
         kube = self.kube = Client(load_api_client(), WORKERS + 4 * len(watch_ns) + tenancy_watches
                                   + admission_watches + schedule_share + 2, metrics.kube_request)
-        self.executor = Executor(cfg, kube, self.cache, self._specs)
-        self.workloads = WorkloadView(lambda p, q: kube.request("GET", p, query=q), time.monotonic)
         self.spans = spans_from_env(dict(cfg.lap_otel_env)) if cfg.tracing else None
+        self.executor = Executor(cfg, kube, self.cache, self._specs, self.spans)
+        self.workloads = WorkloadView(lambda p, q: kube.request("GET", p, query=q), time.monotonic)
         loop = self._loop = asyncio.get_running_loop()
         self._tasks.append(asyncio.ensure_future(loop.run_in_executor(None, self.executor.warm)))
         # the admission policies: listed and watched (policycheck.py); no lap before the first verdict

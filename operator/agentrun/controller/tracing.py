@@ -112,10 +112,6 @@ class OperatorSpans:
             _root_ids.reset(token)
         span.end(end_time=max(_nanos(end), _nanos(start)))
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def close(self, timeout: float = FLUSH_SECONDS) -> bool:
         """Send the spans not sent yet, waiting at most ``timeout`` seconds; True if done in time."""
         if self._closed:
@@ -146,28 +142,18 @@ def pass_attributes(o: Any, decision: Any) -> dict[str, str | int | float | bool
     return out
 
 
-_shared: dict[str, OperatorSpans] = {}
-_shared_lock = threading.Lock()
-
-
 def spans_from_env(env: Mapping[str, str]) -> OperatorSpans | None:
-    """The operator's spans when ``env`` sets an OTLP endpoint (None: off, or the SDK missing). One
-    per endpoint and process, until closed: the reconciler (its passes, the run's root span) and the
-    executor (the lost lap spans of the retries it performs) send through the same exporter."""
+    """The operator's spans when ``env`` sets an OTLP endpoint (None: off, or the SDK missing). The
+    reconciler makes them and hands them to the executor: one exporter per operator process."""
     endpoint = traces_endpoint(env)
     if endpoint is None:
         return None
-    with _shared_lock:
-        spans = _shared.get(endpoint)
-        if spans is not None and not spans.closed:
-            return spans
-        try:
-            spans = _shared[endpoint] = OperatorSpans(endpoint)
-        except ImportError as exc:
-            log.warning("tracing: OTLP endpoint set but the OpenTelemetry SDK is not installed (%s): "
-                        "install agentrun[otel]; the operator sends no spans", exc)
-            return None
-        return spans
+    try:
+        return OperatorSpans(endpoint)
+    except ImportError as exc:
+        log.warning("tracing: OTLP endpoint set but the OpenTelemetry SDK is not installed (%s): "
+                    "install agentrun[otel]; the operator sends no spans", exc)
+        return None
 
 
 def _nanos(when: datetime) -> int:
