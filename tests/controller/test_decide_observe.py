@@ -42,6 +42,13 @@ def test_a_job_whose_pod_exited_0_has_succeeded_before_the_job_controller_says_s
     assert job_state(job(1, 1), [pod(75)]) == ("active", None)
     assert job_state(job(1, 1), [pod(waiting=("ContainerCreating", ""))]) == ("active", None)
     assert job_state(job(1, 1)) == ("active", None)
+    # a pod the Job does not control (someone else's, with the Job's label) does not end the lap
+    owned = job(1, 1)
+    owned["metadata"]["uid"] = "job-uid"
+    assert job_state(owned, [pod(0)]) == ("active", None)
+    mine = pod(0)
+    mine["metadata"]["ownerReferences"] = [{"kind": "Job", "uid": "job-uid", "controller": True}]
+    assert job_state(owned, [mine]) == ("succeeded", None)
     # a Job whose pod exited has no pod check left (its status says not ready: it is over)
     now = datetime(2026, 1, 2, tzinfo=UTC)
     assert pod_check_due(job(1, 1), now, 30.0, [pod(0)]) is None

@@ -101,7 +101,8 @@ def slim_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 #: What of a pod's metadata the controller reads (its Job, its run, its age, resourceVersions).
-POD_METADATA = ("name", "namespace", "uid", "resourceVersion", "labels", "creationTimestamp", "deletionTimestamp")
+POD_METADATA = ("name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences", "creationTimestamp",
+                "deletionTimestamp")
 #: What of a container's status the controller reads (observe.py: exit, termination message, waiting reason).
 CONTAINER_STATUS = ("name", "state", "lastState")
 
@@ -466,8 +467,8 @@ class Cache:
                 self.skipped += 1
             return
         job = self.jobs.get((key[0], ((obj.get("metadata") or {}).get("labels") or {}).get("job-name") or ""))
-        if pod_succeeded([obj]) and not (old is not None and pod_succeeded([old])) \
-                and job is not None and job_state(job)[0] == "active":
+        if job is not None and pod_succeeded([obj], (job.get("metadata") or {}).get("uid")) \
+                and not (old is not None and pod_succeeded([old])) and job_state(job)[0] == "active":
             self.enqueue(owner, "pod exited")  # the lap is over (observe.job_state), its Job not marked yet
             return
         self.skipped += 1  # a later update of an exited pod, or the reconciler's own reads

@@ -55,7 +55,7 @@ def job_state(job: dict[str, Any], pods: list[dict[str, Any]] | None = None) -> 
     lap: a lap Job runs one pod (``backoffLimit: 0``, one completion), so a pod that exited 0 is its
     last, and a Failed condition set after it (a deadline passing meanwhile) does not undo what the
     lap wrote. The checkpoint decides the lap's outcome (docs/concepts.md, "When a lap is over")."""
-    if pods and pod_succeeded(pods):
+    if pods and pod_succeeded(pods, (job.get("metadata") or {}).get("uid")):
         return "succeeded", None
     for cond in (job.get("status") or {}).get("conditions") or []:
         if cond.get("status") == "True" and cond.get("type") == "Complete":
@@ -65,9 +65,14 @@ def job_state(job: dict[str, Any], pods: list[dict[str, Any]] | None = None) -> 
     return "active", None
 
 
-def pod_succeeded(pods: list[dict[str, Any]]) -> bool:
-    """A pod of the Job exited 0 (phase Succeeded: every container terminated with exit 0)."""
-    return any((p.get("status") or {}).get("phase") == "Succeeded" for p in pods)
+def pod_succeeded(pods: list[dict[str, Any]], job_uid: str | None = None) -> bool:
+    """A pod of the Job exited 0 (phase Succeeded: every container terminated with exit 0). With
+    ``job_uid``, only a pod the Job controls counts (its controller ownerReference names the Job's
+    uid): a pod someone else made with the Job's ``job-name`` label does not end the lap."""
+    return any((p.get("status") or {}).get("phase") == "Succeeded"
+               and (job_uid is None or any(ref.get("controller") and ref.get("uid") == job_uid
+                                           for ref in (p.get("metadata") or {}).get("ownerReferences") or []))
+               for p in pods)
 
 
 def spec_error_text(exc: pydantic.ValidationError) -> str:
@@ -263,7 +268,7 @@ def observe(body: dict[str, Any], jobs: list[dict[str, Any]], pods_of: Callable[
             oj = job_memo.observed(job) if job_memo is not None else observed_job(job, None)
             if oj is not None and oj.state == "active":  # a Job the Job controller has not marked yet
                 pods = pods_of(oj.name)
-                if pods and pod_succeeded(pods):
+                if pods and pod_succeeded(pods, oj.uid):
                     oj = dataclasses.replace(oj, state="succeeded")
         if oj is not None:
             observed_jobs.append(oj)
