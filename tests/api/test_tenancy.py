@@ -18,6 +18,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentrun.api import addresses as addr
 from agentrun.api import tenancy as t
 from agentrun.api import tenancy_admission as ta
 from agentrun.api.spec import AgentRunSpec
@@ -346,31 +347,31 @@ def _addr(a: str):
                                "fe80::1", "64:ff9b::a9fe:a9fe", "::ffff:169.254.169.254", "::169.254.169.254",
                                "2002:a9fe:a9fe::1", "64:ff9b:1::a9fe:a9fe"])
 def test_connect_time_rules_refuse_the_always_denied_addresses_in_every_form(a):
-    msg = t.address_refusal(_addr(a), t.AddressRules())
+    msg = addr.address_refusal(_addr(a), addr.AddressRules())
     assert msg is not None and msg.startswith(f"address {_addr(a)}") and "destinations.alwaysDenied" in msg
 
 
 def test_connect_time_rules_follow_the_policies_denials_and_loopback():
     strict = t.AgentRunPolicySpec.model_validate({"destinations": {"deniedCIDRs": ["10.20.99.0/24"]}})
-    rules = t.AddressRules.of({"strict": strict, "local": ta.LOCAL_POLICY})
-    assert t.address_refusal(_addr("10.20.99.5"), rules) == (
+    rules = addr.AddressRules.of({"strict": strict, "local": ta.LOCAL_POLICY})
+    assert addr.address_refusal(_addr("10.20.99.5"), rules) == (
         "address 10.20.99.5 is in the denied range 10.20.99.0/24 (AgentRunPolicy strict rule destinations.deniedCIDRs)")
-    assert "(the IPv4 address 10.20.99.5)" in (t.address_refusal(_addr("64:ff9b::a14:6305"), rules) or "")
-    assert "destinations.apiServerCIDRs" in (t.address_refusal(_addr("10.96.0.1"), rules) or "")
-    assert t.address_refusal(_addr("127.0.0.1"), rules) == (
+    assert "(the IPv4 address 10.20.99.5)" in (addr.address_refusal(_addr("64:ff9b::a14:6305"), rules) or "")
+    assert "destinations.apiServerCIDRs" in (addr.address_refusal(_addr("10.96.0.1"), rules) or "")
+    assert addr.address_refusal(_addr("127.0.0.1"), rules) == (
         "address 127.0.0.1 is loopback, refused unless allowLoopback is true (AgentRunPolicy strict rule "
         "destinations.allowLoopback)")
-    assert t.address_refusal(_addr("127.0.0.1"), t.AddressRules.of({"local": ta.LOCAL_POLICY})) is None
+    assert addr.address_refusal(_addr("127.0.0.1"), addr.AddressRules.of({"local": ta.LOCAL_POLICY})) is None
     # a name's address is judged by what is denied, not by allowedCIDRs (those judge IP literals in URLs)
-    assert t.address_refusal(_addr("93.184.215.14"), rules) is None
-    assert t.AddressRules.from_env(rules.to_env()) == rules
+    assert addr.address_refusal(_addr("93.184.215.14"), rules) is None
+    assert addr.AddressRules.from_env(rules.to_env()) == rules
 
 
 @pytest.mark.parametrize("text", ["[]", '{"denied": [["not-a-cidr", "r"]]}', '{"denied": [["10.0.0.0/8"]]}',
                                   '{"allowLoopback": "yes"}', "{"])
 def test_address_rules_from_a_bad_env_value_raise(text):
     with pytest.raises(ValueError):
-        t.AddressRules.from_env(text)
+        addr.AddressRules.from_env(text)
 
 
 def test_check_all_hands_the_lap_the_rules_only_when_every_policy_is_readable():

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from lap_helpers import RUN, Crash, FakeModel, FakeTools, MemoryJournal, spec_doc, spec_of, tool
 
+from agentrun.api.addresses import AddressRules
 from agentrun.api.approval import arguments_sha256, call_target, target_sha256
 from agentrun.api.mcp import find_mcp_tool, matches
 from agentrun.api.spec import AgentRunSpec, McpServer
-from agentrun.api.tenancy import AddressRules
 from agentrun.checkpoint.fold import fold
 from agentrun.checkpoint.schema import ApprovalDecision, LapRecord, McpServerTools, McpToolInfo, RunState, Usage
 from agentrun.controller.decide.tools import tools_changed_message

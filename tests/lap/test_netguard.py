@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from lap_helpers import ChatServer, Listener, chat_reply, spec_doc, spec_of, tool
 
+from agentrun.api import addresses as addr
 from agentrun.api import tenancy as t
 from agentrun.api.contract import Env
 from agentrun.checkpoint.schema import Message
@@ -23,7 +24,7 @@ from agentrun.lap.models.openai import OpenAIModel
 from agentrun.lap.netguard import AddressRefused, guarded_client, rules_from_env
 from agentrun.lap.tools.http import HTTPToolRunner
 
-DENY_127_0_0_2 = t.AddressRules(denied=(("127.0.0.2/32", "AgentRunPolicy local rule destinations.deniedCIDRs"),))
+DENY_127_0_0_2 = addr.AddressRules(denied=(("127.0.0.2/32", "AgentRunPolicy local rule destinations.deniedCIDRs"),))
 
 
 @pytest.fixture
@@ -48,7 +49,7 @@ def test_a_tool_call_to_a_denied_address_fails_naming_tool_host_address_and_rule
 
 
 def test_the_same_call_goes_through_when_the_rules_allow_the_address(listener):
-    out = HTTPToolRunner(rules=t.AddressRules()).call(_tool_spec(f"http://127.0.0.2:{listener.port}/q"), {}, "k1")
+    out = HTTPToolRunner(rules=addr.AddressRules()).call(_tool_spec(f"http://127.0.0.2:{listener.port}/q"), {}, "k1")
     assert out.status == "ok" and out.result == "{}" and listener.accepted == 1
 
 
@@ -57,7 +58,7 @@ def test_a_name_is_judged_by_the_address_it_resolves_to():
     refuses it at connect time, whatever the name (a wildcard-DNS name or a rebinding one alike)."""
     lst = Listener("127.0.0.1")
     try:
-        rules = t.AddressRules.of({"strict": t.AgentRunPolicySpec()})
+        rules = addr.AddressRules.of({"strict": t.AgentRunPolicySpec()})
         with pytest.raises(AddressRefused) as e:
             HTTPToolRunner(rules=rules).call(_tool_spec(f"http://localhost:{lst.port}/q"), {}, "k1")
         assert 'connection to host "localhost" refused: address ' in str(e.value)
@@ -106,7 +107,7 @@ def test_a_proxys_address_is_checked(listener, monkeypatch):
 
 
 def test_rules_from_env():
-    assert rules_from_env({}) == t.AddressRules()
+    assert rules_from_env({}) == addr.AddressRules()
     assert rules_from_env({Env.ADDRESS_RULES: DENY_127_0_0_2.to_env()}) == DENY_127_0_0_2
     with pytest.raises(ConfigError, match="^AGENTRUN_ADDRESS_RULES is not valid: "):
         rules_from_env({Env.ADDRESS_RULES: '{"denied": [["nope", "r"]]}'})
@@ -132,10 +133,10 @@ def test_bad_input_doc_quotes_the_connect_time_refusals():
     import ipaddress
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "bad-input.md").read_text()
-    loopback = t.AddressRules(allow_loopback=False, loopback_rule="AgentRunPolicy NAME rule destinations.allowLoopback")
-    for a, rules in [("169.254.169.254", t.AddressRules()), ("::ffff:169.254.169.254", t.AddressRules()),
+    loopback = addr.AddressRules(allow_loopback=False, loopback_rule="AgentRunPolicy NAME rule destinations.allowLoopback")
+    for a, rules in [("169.254.169.254", addr.AddressRules()), ("::ffff:169.254.169.254", addr.AddressRules()),
                      ("127.0.0.1", loopback), ("127.0.0.2", DENY_127_0_0_2)]:
-        why = t.address_refusal(ipaddress.ip_address(a), rules)
+        why = addr.address_refusal(ipaddress.ip_address(a), rules)
         assert f"refused: {why}; no request was sent" in doc, why
 
 

@@ -91,7 +91,7 @@ class Env(StrEnum):
     """Optional: where the runner writes the cause of a failure (default :data:`TERMINATION_MESSAGE_PATH`)."""
     ADDRESS_RULES = "AGENTRUN_ADDRESS_RULES"
     """What the lap checks the address of each model and tool connection against (JSON of
-    ``agentrun.api.tenancy.AddressRules``: the denied ranges of the run's AgentRunPolicies and
+    ``agentrun.api.addresses.AddressRules``: the denied ranges of the run's AgentRunPolicies and
     whether loopback is allowed), made by the operator from the policies it resolved for the run.
     Unset (no policy known): the always-denied ranges only."""
     REWINDS = "AGENTRUN_REWINDS"

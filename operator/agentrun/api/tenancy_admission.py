@@ -21,6 +21,7 @@ from typing import Any, Final
 import yaml
 from pydantic import BaseModel
 
+from . import addresses as a
 from . import tenancy as t
 from .crdgen import GROUP, PLURAL, _Dumper, structural, undocumented_fields
 from .policy_version import stamped
@@ -80,9 +81,9 @@ def _url_message() -> str:
         return _msg(f, val, detail, rule)
 
     ip_branch = (
-        f"{_in_cidrs(h, _list(t.ALWAYS_DENIED_CIDRS))} ? "
-        + m(f"'has address ' + {h} + {_lit(': ' + t.ALWAYS_DENIED_DETAIL)}", "destinations.alwaysDenied")
-        + f" : (!{v}.allowLoopback && {_in_cidrs(h, _list(t.LOOPBACK_CIDRS))}) ? "
+        f"{_in_cidrs(h, _list(a.ALWAYS_DENIED_CIDRS))} ? "
+        + m(f"'has address ' + {h} + {_lit(': ' + a.ALWAYS_DENIED_DETAIL)}", "destinations.alwaysDenied")
+        + f" : (!{v}.allowLoopback && {_in_cidrs(h, _list(a.LOOPBACK_CIDRS))}) ? "
         + m(f"'has loopback address ' + {h} + ', refused unless allowLoopback is true'", "destinations.allowLoopback")
         + f" : {_in_cidrs(h, v + '.apiServerCIDRs')} ? "
         + m(f"'has address ' + {h} + ' of the cluster\\'s API server, always refused'", "destinations.apiServerCIDRs")

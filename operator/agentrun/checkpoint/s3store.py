@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agentrun.api.tenancy import AddressRefusal
+from agentrun.api.addresses import AddressRefusal
 from agentrun.api.types import redact_url
 from agentrun.checkpoint.blobstore import MAX_STORED_BYTES, Blob, BlobInfo, too_large
 from agentrun.checkpoint.errors import CheckpointError, CheckpointNotFound, StoreConfigError, StoreUnavailable

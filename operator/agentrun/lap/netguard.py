@@ -11,12 +11,12 @@ The lap's one HTTP client is httpx (model calls: ``lap/models/openai.py``; tool 
 ``lap/tools/http.py``); :func:`guarded_client` makes it with :class:`GuardedBackend` as the
 network backend of its connection pools (the direct one and any proxy's), so every TCP
 connection it opens goes through :meth:`GuardedBackend.connect_tcp`: resolve, check every
-address against :func:`agentrun.api.tenancy.address_refusal`, connect to a checked address. A
+address against :func:`agentrun.api.addresses.address_refusal`, connect to a checked address. A
 refusal raises :class:`AddressRefused` (permanent: the lap fails with the host, the address and
 the rule named) before any byte is sent. With an HTTP proxy in the environment the connection
 is to the proxy, and its address is what is checked (the proxy resolves the target).
 
-The rules (:class:`agentrun.api.tenancy.AddressRules`) come from the operator, made from the
+The rules (:class:`agentrun.api.addresses.AddressRules`) come from the operator, made from the
 AgentRunPolicies it resolved for the run (``AGENTRUN_ADDRESS_RULES``); without them the
 always-denied ranges still apply.
 
@@ -37,8 +37,8 @@ import socket
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from agentrun.api.addresses import AddressRefusal, AddressRules, IPAddr, address_refusal
 from agentrun.api.contract import Env
-from agentrun.api.tenancy import AddressRefusal, AddressRules, IPAddr, address_refusal
 from agentrun.api.text import one_line
 from agentrun.lap.errors import ConfigError, PermanentLapError
 

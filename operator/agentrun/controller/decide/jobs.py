@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from agentrun.api.addresses import AddressRules
 from agentrun.api.contract import (
     LABEL_ATTEMPT,
     LABEL_LAP,
@@ -30,7 +31,6 @@ from agentrun.api.contract import (
 from agentrun.api.kueue import QUEUE_NAME_LABEL
 from agentrun.api.spec import AgentRunSpec, LapPodTemplate, RunSpecFields
 from agentrun.api.status import StoreLocation
-from agentrun.api.tenancy import AddressRules
 from agentrun.api.types import parse_duration, redact_url
 
 from ..config import OperatorConfig

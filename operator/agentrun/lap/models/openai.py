@@ -29,8 +29,8 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
+from agentrun.api.addresses import AddressRules
 from agentrun.api.spec import ModelSpec
-from agentrun.api.tenancy import AddressRules
 from agentrun.api.types import parse_duration, redact_url
 from agentrun.checkpoint.schema import Message, Usage
 from agentrun.lap.errors import ConfigError, PermanentLapError, RetryableLapError

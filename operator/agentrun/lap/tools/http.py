@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+from agentrun.api.addresses import AddressRules
 from agentrun.api.contract import TOOL_HEADERS_PREFIX, tool_headers_env
 from agentrun.api.spec import ToolSpec
-from agentrun.api.tenancy import AddressRules
 from agentrun.api.types import parse_duration
 from agentrun.lap.errors import ConfigError, RetryableLapError
 from agentrun.lap.interfaces import ToolOutcome

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+from agentrun.api.addresses import AddressRules
 from agentrun.api.contract import (
     IDEMPOTENCY_KEY_HEADER,
     MCP_IDEMPOTENCY_META_KEY,
@@ -43,7 +44,6 @@ from agentrun.api.contract import (
 )
 from agentrun.api.mcp import McpToolRef
 from agentrun.api.spec import McpServer
-from agentrun.api.tenancy import AddressRules
 from agentrun.api.text import escape_controls, truncate
 from agentrun.api.types import parse_duration, redact_url
 from agentrun.checkpoint.schema import McpServerTools, McpToolInfo
