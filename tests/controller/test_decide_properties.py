@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from controller_world import World, fork_read, make_spec
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agentrun.api.approval import (
@@ -78,6 +78,10 @@ def _spec(suspend: bool, version: str, attempts: int, on_timeout: str, fork: str
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# the status write recording lap 2's Job is lost, then the Job controller marks lap 1's Job Failed
+# with its pod gone: lap 1's checkpoint decides it (not a retry of lap 1 that fences lap 2's Job)
+@example(events=[("finish", "continue"), ("refuse-status", None), ("finish", "continue"), ("late-fail", None),
+                 ("tick", 1.0)], attempts=2, on_timeout="reject", fork=None, queue=None)
 @given(
     events=st.lists(EVENTS, max_size=40),
     attempts=st.integers(min_value=1, max_value=4),

@@ -103,12 +103,19 @@ def observe_active(c: Ctx, aj: ActiveJob, job: ObservedJob | None) -> Decision |
         return _read_checkpoint(c, aj, job)
     if job.exit_code == ExitCode.PERMANENT:
         return _failed_permanently(c, aj, job)
+    if job.exit_code is None:
+        # Failed, and how its pod ended is not known (the pod is gone: a deadline passed, it was
+        # evicted or deleted, or the Job controller marked the Job Failed after the pod's exit 0):
+        # the checkpoint decides, as for a Job that is gone.
+        return _read_checkpoint(c, aj, job, failed=True)
     kind, reason = classify_failure(job)
     return record_retry(c, aj.lap, aj.attempt, kind, reason, aj.started_at or c.o.now) or next_step(c)
 
 
-def _read_checkpoint(c: Ctx, aj: ActiveJob, job: ObservedJob | None) -> Decision | None:
-    """The attempt ended as if it checkpointed (or its Job is gone): the checkpoint decides."""
+def _read_checkpoint(c: Ctx, aj: ActiveJob, job: ObservedJob | None, failed: bool = False) -> Decision | None:
+    """The attempt ended as if it checkpointed, its Job is gone, or (``failed``) its Job failed
+    with no known exit of its pod: the checkpoint decides. Without one, a ``failed`` attempt is
+    retried for the Job's own failure."""
     cp = c.o.checkpoint
     if cp is None or cp.lap != aj.lap:
         return Decision([ReadCheckpoint(aj.lap)])
@@ -124,7 +131,9 @@ def _read_checkpoint(c: Ctx, aj: ActiveJob, job: ObservedJob | None) -> Decision
     if cp.kind == "unavailable":  # once per lap attempt (the condition remembers it), not on every requeue
         return store_unavailable(c, "Running", f"lap {aj.lap} attempt {aj.attempt} ended; its checkpoint cannot be "
                                  "read yet (store unavailable, retrying): ", cp.error, aj.lap, aj.attempt)
-    if job is None:  # missing
+    if failed and job is not None:
+        kind, reason = classify_failure(job)
+    elif job is None:  # missing
         kind, reason = RetryReason.JOB_MISSING, "JobMissing: the lap Job disappeared before a checkpoint was written"
     else:
         kind, reason = RetryReason.CHECKPOINT_MISSING, (f"CheckpointMissing: lap Job ended (exit {job.exit_code or 0}) "
