@@ -126,12 +126,8 @@ def test_config_from_env():
     ({}, True),
     ({"AGENTRUN_TENANCY_RECHECK": "false"}, False),
     ({"AGENTRUN_TENANCY_RECHECK": "true"}, True),
-    # the deprecated number of older charts: only an on/off switch, and only when the switch is unset
-    ({"AGENTRUN_TENANCY_RECHECK_SECONDS": "-1"}, False),
-    ({"AGENTRUN_TENANCY_RECHECK_SECONDS": "10"}, True),
-    ({"AGENTRUN_TENANCY_RECHECK_SECONDS": "-1", "AGENTRUN_TENANCY_RECHECK": "true"}, True),
 ])
-def test_the_tenancy_recheck_is_a_switch_and_the_old_period_still_turns_it_off(env, on):
+def test_the_tenancy_recheck_is_a_switch(env, on):
     assert OperatorConfig.from_env(env).tenancy_recheck is on
 
 

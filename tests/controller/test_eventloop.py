@@ -4,7 +4,6 @@ what runs on it is what ``kopf.run(loop=...)`` runs (a coroutine to its end, the
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 
 import pytest
@@ -64,12 +63,6 @@ def test_the_uvloop_loop_runs_the_operator_s_kind_of_work_and_is_closed_after():
 def test_asyncio_leaves_the_loop_to_kopf():
     with eventloop.operator_loop("asyncio") as (loop, what):
         assert loop is None and what == "asyncio"
-
-
-def test_without_uvloop_installed_the_operator_says_so_and_runs_on_asyncio(monkeypatch):
-    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop now raises ImportError
-    with eventloop.operator_loop("uvloop") as (loop, what):
-        assert loop is None and what == "asyncio (uvloop is not installed)"
 
 
 def test_an_unknown_loop_is_refused():

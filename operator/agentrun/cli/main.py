@@ -76,12 +76,9 @@ class LazyGroup(click.Group):
 def _is_network_error(e: BaseException) -> bool:
     import socket
 
-    try:
-        import urllib3.exceptions as u3
-        network: tuple[type[BaseException], ...] = (u3.HTTPError, socket.error, ConnectionError)
-    except ImportError:  # pragma: no cover
-        network = (socket.error, ConnectionError)
-    return isinstance(e, network)
+    import urllib3.exceptions as u3  # the kubernetes client's
+
+    return isinstance(e, (u3.HTTPError, socket.error, ConnectionError))
 
 
 def _kube_options(f: Any) -> Any:

@@ -211,14 +211,10 @@ class Cache:
         """The ``group`` of each run of ``namespace`` that holds a slot."""
         return [group(self.runs[k]) if k in self.runs else NO_GROUP for k in self.holding.get(namespace, ())]
 
-    def awaiting_runs(self) -> list[dict[str, Any]]:
-        """The runs waiting on an approval, by key. The dicts are the cached ones: a change
-        replaces a cached object, never mutates it, so another thread may read them."""
-        return [self.runs[k] for k in sorted(self.awaiting) if k in self.runs]
-
     def notifiable_runs(self) -> list[dict[str, Any]]:
-        """The runs the notifier has something to announce about: waiting on an approval, or an
-        outcome due (same sharing rule as :meth:`awaiting_runs`)."""
+        """The runs the notifier has something to announce about, by key: waiting on an approval,
+        or an outcome due. The dicts are the cached ones: a change replaces a cached object, never
+        mutates it, so another thread may read them."""
         keys = sorted(set(self.awaiting) | set(self.outcomes_due))
         return [self.runs[k] for k in keys if k in self.runs]
 

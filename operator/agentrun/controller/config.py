@@ -98,9 +98,7 @@ class OperatorConfig:
     Event say so. The run keeps waiting: the pod starts once the Secret exists."""
     tenancy_recheck: bool = True
     """AGENTRUN_TENANCY_RECHECK (true/false): re-check a run's AgentRunPolicies before each lap, from
-    watches of the policies, their bindings and the namespaces (docs/security.md). The deprecated
-    AGENTRUN_TENANCY_RECHECK_SECONDS (a re-read period once) is honoured only when this is unset,
-    and only as an on/off switch: negative turns the re-check off, any other number leaves it on."""
+    watches of the policies, their bindings and the namespaces (docs/security.md)."""
     watch_timeout_seconds: int = 120
     """AGENTRUN_WATCH_TIMEOUT_SECONDS (1-1800): server-side timeout of each watch of the watch cache;
     the informer then watches again from where it was. The API server checks RBAC when a watch
@@ -108,7 +106,7 @@ class OperatorConfig:
     keeps an open watch before it notices (and steps down 30 s later). Shorter: one more request
     per watch and period."""
     event_loop: str = "uvloop"
-    """AGENTRUN_EVENT_LOOP: uvloop (less CPU per lap; asyncio where it is not installed) or asyncio."""
+    """AGENTRUN_EVENT_LOOP: uvloop (less CPU per lap) or asyncio."""
     admission_policies: tuple[str, ...] = ("approvals", "stamping", "tenancy")
     """AGENTRUN_ADMISSION_POLICIES (comma-separated: approvals, stamping, tenancy; the chart sets the
     sets it installs; empty: all three): the admission policies checked at start and every resync before any lap
@@ -208,7 +206,6 @@ class OperatorConfig:
         parse("AGENTRUN_RESYNC_SECONDS", float, "resync_seconds")
         parse("AGENTRUN_STORE_RETRY_SECONDS", float, "store_retry_seconds")
         parse("AGENTRUN_POD_CONFIG_GRACE_SECONDS", float, "pod_config_grace_seconds")
-        parse("AGENTRUN_TENANCY_RECHECK_SECONDS", lambda v: float(v) >= 0, "tenancy_recheck")  # deprecated
         parse("AGENTRUN_TENANCY_RECHECK", lambda v: _bool(v, True), "tenancy_recheck")
         parse("AGENTRUN_WATCH_TIMEOUT_SECONDS", watch_seconds, "watch_timeout_seconds")
         parse("AGENTRUN_EVENT_LOOP", event_loop, "event_loop")

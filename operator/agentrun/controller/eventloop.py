@@ -20,15 +20,12 @@ from .config import EVENT_LOOPS
 def operator_loop(kind: str) -> Iterator[tuple[asyncio.AbstractEventLoop | None, str]]:
     """``(loop, what it is)`` for ``kopf.run(loop=...)``: a uvloop loop in an ``asyncio.Runner``
     (closed as ``asyncio.run`` closes its own: async generators, the default executor, the loop),
-    or None (Kopf's ``asyncio.run``) for ``asyncio`` and where uvloop is not installed."""
+    or None (Kopf's ``asyncio.run``) for ``asyncio``."""
     if kind not in EVENT_LOOPS:
         raise ValueError(f"expected one of {', '.join(EVENT_LOOPS)}, got {kind!r}")
     if kind == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            yield None, "asyncio (uvloop is not installed)"
-            return
+        import uvloop
+
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             yield runner.get_loop(), f"uvloop {getattr(uvloop, '__version__', '')}".rstrip()
         return

@@ -210,6 +210,3 @@ class WorkQueue(Generic[K]):
         if pending is None:
             return None
         return pending[0] - asyncio.get_running_loop().time()
-
-    def is_processing(self, key: K) -> bool:
-        return key in self._processing

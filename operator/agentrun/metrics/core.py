@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector
 from agentrun.api.reasons import LapOutcome, RetryReason
 from agentrun.api.status import TERMINAL_PHASES as _TERMINAL_PHASES
 from agentrun.api.status import Phase
+from agentrun.api.types import parse_duration as _parse_duration
 from agentrun.api.types import parse_time
 
 log = logging.getLogger(__name__)
@@ -57,48 +58,14 @@ LAP_OUTCOMES: tuple[str, ...] = tuple(o.value for o in LapOutcome)
 #: :class:`~agentrun.api.reasons.RetryReason` decide produces, and ``other``.
 RETRY_REASONS: tuple[str, ...] = tuple(r.value for r in RetryReason)
 
-#: Free-text reasons of earlier callers (the head of ``status.retries[].lastReason``), mapped to
-#: their label so an old caller never lands in ``other``.
-_LEGACY_RETRY_REASONS: dict[str, str] = {
-    "RetryableError": RetryReason.RETRYABLE_EXIT,
-    "DeadlineExceeded": RetryReason.TIMEOUT,
-    "LapTimeout": RetryReason.TIMEOUT,
-    "OOMKilled": RetryReason.OOM_KILLED,
-    "Evicted": RetryReason.EVICTED,
-    "Preempted": RetryReason.EVICTED,
-    "NodeLost": RetryReason.EVICTED,
-    "PodGone": RetryReason.EVICTED,
-    "Error": RetryReason.POD_FAILED,
-    "Failed": RetryReason.POD_FAILED,
-    "JobMissing": RetryReason.JOB_MISSING,
-    "CheckpointMissing": RetryReason.CHECKPOINT_MISSING,
-    "JobMismatch": RetryReason.JOB_MISMATCH,
-    "Permanent": RetryReason.PERMANENT,
-}
-_LEGACY_OUTCOMES: dict[str, str] = {"error": LapOutcome.RETRYABLE_ERROR, "DeadlineExceeded": LapOutcome.TIMEOUT}
-
-
 def retry_reason_label(reason: object) -> str:
-    """The ``reason`` label of a retry: a :class:`RetryReason` as it is; an earlier caller's text
-    (``RetryableError``, ``DeadlineExceeded: ...``, ``exit code 137``) by its head; else ``other``."""
-    text = str(reason or "").strip()
-    if text in RETRY_REASONS:
-        return text
-    head = text.split(":", 1)[0].strip()
-    if head in _LEGACY_RETRY_REASONS:
-        return str(_LEGACY_RETRY_REASONS[head])
-    if head.startswith("exit code"):
-        return RetryReason.POD_FAILED.value
-    return normalize_label(head, RETRY_REASONS)
+    """The ``reason`` label of a retry: a :class:`RetryReason` as it is, else ``other``."""
+    return normalize_label(reason, RETRY_REASONS)
 
 
 def lap_outcome_label(outcome: object) -> str:
-    """The ``outcome`` label of a lap attempt: a :class:`LapOutcome` as it is; a checkpoint's
-    outcome type (``awaiting-approval``) folded; else ``other``."""
-    text = str(outcome or "").strip()
-    if text in _LEGACY_OUTCOMES:
-        return str(_LEGACY_OUTCOMES[text])
-    return normalize_label(text, LAP_OUTCOMES)
+    """The ``outcome`` label of a lap attempt: a :class:`LapOutcome` as it is, else ``other``."""
+    return normalize_label(outcome, LAP_OUTCOMES)
 
 
 #: Values of the ``result`` label of ``agentrun_reconcile_total`` (as controller-runtime).
@@ -115,23 +82,10 @@ RECONCILE_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 
 MAX_OWNER_LABEL_LENGTH = 128
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 
-_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
-
-
 def normalize_label(value: object, allowed: Iterable[str], default: str = "other") -> str:
-    """Map a free value to one of ``allowed``: CamelCase, dashes and case are folded to
-    snake_case (``LapTimeout`` -> ``lap_timeout``, ``awaiting-approval`` -> ``awaiting_approval``);
-    anything not in ``allowed`` becomes ``default``."""
-    allowed = tuple(allowed)
+    """``value`` when it is one of ``allowed``, else ``default``."""
     text = str(value or "").strip()
-    if text in allowed:
-        return text
-    folded = _CAMEL_BOUNDARY.sub("_", text).replace("-", "_").replace(" ", "_").lower()
-    if folded in allowed:
-        return folded
-    if folded == "lap_timeout" and "timeout" in allowed:
-        return "timeout"
-    return default
+    return text if text in allowed else default
 
 
 def parse_timestamp(value: Any) -> float | None:
@@ -151,21 +105,12 @@ def parse_number(value: Any) -> float | None:
         return None
 
 
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
 def parse_duration(value: Any, default: float) -> float:
     """Seconds of a Go-style duration (``10m``, ``1h30m``); ``default`` if unset or invalid."""
-    if value is None or value == "":
+    try:
+        return _parse_duration(value)
+    except (TypeError, ValueError):
         return default
-    if isinstance(value, (int, float)):
-        return float(value)
-    text = str(value)
-    parts = _DURATION_PART.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        return default
-    return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
 
 
 # Defaults of the spec (agentrun.api.spec), used when a field is absent from the wire form.
@@ -236,9 +181,6 @@ class RunView:
             log.warning("metrics: unknown phase %r of %s/%s, counted as Pending", phase, namespace, name)
             phase = "Pending"
         lap = int(parse_number(status.get("lap")) or 0)
-        last_ckpt = parse_timestamp(status.get("lastCheckpointTime"))
-        if last_ckpt is None:
-            last_ckpt = parse_timestamp(_get(status, "checkpoint", "writtenAt"))
         # retries of the lap now in progress: the active job's lap, else the lap after the last checkpoint
         lap_in_progress = _get(status, "activeJob", "lap") or lap + 1
         current_retries = 0
@@ -265,7 +207,7 @@ class RunView:
             phase=phase,
             lap=lap,
             started_at=parse_timestamp(status.get("startedAt")),
-            last_checkpoint_at=last_ckpt,
+            last_checkpoint_at=parse_timestamp(status.get("lastCheckpointTime")),
             lap_timeout_seconds=parse_duration(spec.get("lapTimeout"), DEFAULT_LAP_TIMEOUT_SECONDS),
             attempts_per_lap=int(
                 parse_number(_get(spec, "retry", "attemptsPerLap")) or DEFAULT_ATTEMPTS_PER_LAP
