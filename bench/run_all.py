@@ -102,6 +102,9 @@ SECTIONS: dict[str, tuple[str, bool, list[str], list[str]]] = {
     "lap_gap_runc": ("the lap gap on the runc node (the laps in the image; make image first)", True,
                      ["bench_lap_gap.py", "--node", "runc", "--runs", "1,10", "--laps", "4"],
                      ["bench_lap_gap.py", "--node", "runc", "--runs", "1", "--laps", "2"]),
+    "invoice_laps": ("the invoice example under make dev, laps 1-8: the operator before the pod-exit change (26a5622) "
+                     "and this one, interleaved on one cluster", True,
+                     ["bench_invoice_laps.py", "--rounds", "3"], ["bench_invoice_laps.py", "--rounds", "1"]),
     "langgraph": ("checkpoints beside LangGraph", False,
                   ["bench_vs_langgraph.py", "--laps", "500"], ["bench_vs_langgraph.py", "--laps", "50"]),
     "langgraph_big": ("checkpoints beside LangGraph, bigger tool results", False,
@@ -639,6 +642,7 @@ def render(res: dict[str, Any], analysis: str | None = None) -> str:
                   "shared 2-CPU machine (the client runs on it too): the kit's cost per call times the calls ahead. "
                   "The rows *one call at a time* are its own cost per call, without a queue.\n")
     render_lap_gap(res, md)
+    render_invoice_laps(res, md)
     if analysis:
         md.append("\n## Analysis\n")
         md.append(analysis)
@@ -693,6 +697,47 @@ def render_lap_gap(res: dict[str, Any], md: list[str]) -> None:
                               *(f"{t} (ms)" for _, t in GAP_PARTS), "pod Succeeded -> next Job p50",
                               "Job Complete -> next Job p50", "operator CPU / reconciles / API requests per lap",
                               "clock (its PUT p50)"], rows))
+
+
+def render_invoice_laps(res: dict[str, Any], md: list[str]) -> None:
+    """Section 8: the invoice example's laps 1-8 under make dev, the old operator beside this one."""
+    data = _data(res, "invoice_laps")
+    if not data:
+        return
+
+    def med(xs: list[float | None]) -> str:
+        vals = sorted(x for x in xs if x is not None)
+        return _secs(percentile(vals, 0.5)) if vals else "-"
+
+    md.append(f"\n## 8. The invoice example under make dev, laps 1-{data['laps']}\n")
+    md.append(
+        "`bench/bench_invoice_laps.py`: `tools/dev.sh up` itself (the local control plane, moto's S3 server, the tool and "
+        "MCP servers, the operator, the inbox, `examples/invoice-run.yaml` with its scripted model applied), then rounds "
+        "that delete the run and run `tools/dev.sh up` again, alternating the operator: *old* is the `operator/` of "
+        f"`{data['before'].get('commit') or data['before']['path']}` first on `PYTHONPATH` (a lap ended at "
+        "its Job's `Complete`), *new* this checkout's (a lap ends at its pod's exit 0); the laps are this checkout's in "
+        "both. Lap N = its Job `ADDED` (the benchmark's watch) -> its `lap checkpointed` log line; gap = that line -> "
+        "lap N + 1's Job `ADDED`, and -> lap N + 1's record `startedAt` (its scripted model answers next). Laps 1-8 = "
+        "Job 1 -> checkpoint 8 (the laps plus the gaps to the next Job); lap 8 requests the approval, so no approval "
+        "wait is in it. Medians over the rounds of each operator.\n")
+    rows = []
+    for v in ("old", "new"):
+        rs = [r for r in data["rounds"] if r["variant"] == v]
+        if not rs:
+            continue
+        gaps = [x for r in rs for x in r["gap_to_job"].values()]
+        calls = [x for r in rs for x in r["gap_to_model_call"].values()]
+        exits = [x for r in rs for x in (r.get("pod_exit_after_checkpoint") or {}).values()]
+        rows.append([v, len(rs), med([r["laps_total"] for r in rs]),
+                     ", ".join(_secs(r["laps_total"]) for r in rs if r["laps_total"] is not None),
+                     med([sum(x for x in r["lap"].values() if x is not None) for r in rs]),
+                     med([sum(x for x in r["gap_to_job"].values() if x is not None) for r in rs]),
+                     med(gaps), med(calls), med(exits), med([r["checkpoint_to_awaiting_approval"] for r in rs])])
+    md.append(markdown_table(["operator", "rounds", "laps 1-8", "per round", "laps' own time (sum)",
+                              "gaps to the next Job (sum)", "checkpoint -> next Job, p50",
+                              "checkpoint -> next lap's model call, p50", "checkpoint -> pod exit seen, p50",
+                              "checkpoint 8 -> AwaitingApproval"], rows))
+    md.append(f"\nLoad: `uptime` {data.get('uptime_before') or '-'} before, {data.get('uptime_after') or '-'} after.\n")
 
 
 def _gap_clock(clock: str, puts: list[float]) -> str:
