@@ -30,6 +30,14 @@ spans at exit.
 export of an older commit's ``operator/`` directory, first on ``PYTHONPATH``, compiled first too) and
 ``after`` (this checkout): a change's effect within one run, at one load.
 
+``--floor`` measures instead what any lap built on the design's packages pays before its own code
+runs, each a fresh interpreter, interleaved: the bare interpreter (``pass``, with this machine's
+``site``), ``import pydantic`` and one validated model, botocore's S3 client made as the store makes it
+(``checkpoint/s3store.py`` ``make_client``: ``checkpoint/s3model.py``'s session and trimmed data, the
+same Config), ``import httpx`` (the lap's model and tool
+client), and the three together. Their sum with the interpreter counted once is a floor of the
+lap's cold start on this box (no config, no S3 request, no model request yet).
+
 ``--image REF`` (repeatable) measures the lap in that image of the local image store under runc
 (e2e/runc_node.py ``run_image``: the image's user, a read-only root, the host's network, so the model
 server and S3 here are reachable), and, interleaved, the container alone (``/bin/true`` in the
@@ -38,6 +46,7 @@ lap's own part is the difference of the two p50s.
 
     python bench/bench_cold_start.py [--runs 20] [--no-compile] [--json out.json] [--mcp | --tracing]
     python bench/bench_cold_start.py --before /tmp/old/operator [--image REF ...]
+    python bench/bench_cold_start.py --floor [--runs 20]
 """
 
 from __future__ import annotations
@@ -57,11 +66,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # e2e (--image)
 
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
-os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
-from bench_lap_run import start_moto  # noqa: E402
+from bench_lap_run import bench_credentials, start_moto  # noqa: E402
 from benchlib import percentile, summary  # noqa: E402
 
 import agentrun as agentrun_package  # noqa: E402
@@ -104,6 +110,7 @@ class ChatHandler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
+    bench_credentials()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--json", help="write the figures here")
@@ -113,7 +120,12 @@ def main() -> None:
     ap.add_argument("--tracing", action="store_true", help="measure tracing off and on side by side")
     ap.add_argument("--before", help="an older operator/ directory: measure it (before) and this checkout (after)")
     ap.add_argument("--image", action="append", default=[], help="also measure the lap in this image under runc")
+    ap.add_argument("--floor", action="store_true",
+                    help="measure the design's packages alone (interpreter, pydantic, botocore's S3 client, httpx)")
     args = ap.parse_args()
+    if args.floor:
+        floor(args.runs, args.json)
+        return
     exe = os.path.join(os.path.dirname(sys.executable), "agentrun")
     agentrun = [exe] if os.access(exe, os.X_OK) else [sys.executable, "-m", "agentrun.cli.main"]
     if not args.no_compile:
@@ -232,6 +244,45 @@ def main() -> None:
                         prefix + "process_cpu_seconds": cpu_by[case]})
         with open(args.json, "w") as f:
             json.dump(doc, f)
+
+
+FLOOR_PROGRAMS = {
+    "interpreter": "pass",
+    "pydantic": ("from pydantic import BaseModel\n"
+                 "class M(BaseModel):\n    task: str\n    laps: int = 1\n"
+                 "M.model_validate({'task': 'x'})"),
+    "botocore S3 client": ("from botocore.config import Config\n"
+                           "from agentrun.checkpoint.s3model import session\n"
+                           "session('http://127.0.0.1:9', 'us-east-1').create_client('s3', "
+                           "endpoint_url='http://127.0.0.1:9', region_name='us-east-1', config=Config("
+                           "s3={'addressing_style': 'path'}, retries={'mode': 'standard', 'max_attempts': 4}, "
+                           "connect_timeout=5, read_timeout=30))"),
+    "httpx": "from agentrun.lap.httpx_lite import httpx",
+}
+
+
+def floor(runs: int, json_path: str | None) -> None:
+    """``--floor``: each program of :data:`FLOOR_PROGRAMS` in a fresh interpreter, interleaved, and
+    all of them in one; prints p50s and the floor (interpreter + each package's increment)."""
+    programs = {**FLOOR_PROGRAMS, "all three": "\n".join(v for k, v in FLOOR_PROGRAMS.items() if k != "interpreter")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "AGENTRUN_"))}
+    times: dict[str, list[float]] = {k: [] for k in programs}
+    for _ in range(runs):
+        for name, code in programs.items():
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], env=env, check=True)
+            times[name].append(time.perf_counter() - t0)
+    p50 = {k: percentile(v, 0.5) for k, v in times.items()}
+    print(f"the design's packages alone, {runs} fresh interpreters each, interleaved "
+          f"({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}):")
+    for name in programs:
+        extra = "" if name == "interpreter" else f"  (+{(p50[name] - p50['interpreter']) * 1000:.0f} ms)"
+        print(f"  {name:20s} p50 {p50[name] * 1000:5.0f} ms{extra}")
+    print(f"  a lap on these packages starts no sooner than {p50['all three'] * 1000:.0f} ms (p50), before any "
+          "of its own code, S3 request or model request")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"floor_seconds": times}, f)
 
 
 def run_in_image(img: Any, argv: list[str]) -> subprocess.CompletedProcess[str]:

@@ -27,11 +27,8 @@ from http.server import ThreadingHTTPServer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
-os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
-from bench_lap_run import ToolHandler, lap_env, spec_doc, start_moto
+from bench_lap_run import ToolHandler, bench_credentials, lap_env, spec_doc, start_moto
 
 from agentrun.checkpoint.store import CheckpointStore, StoreConfig
 from agentrun.lap.config import parse_env
@@ -53,6 +50,7 @@ def fmt(samples: list[float]) -> str:
 
 
 def main() -> None:
+    bench_credentials()
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=7)
     args = ap.parse_args()
