@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pydantic
+import pytest
+from pod_check_objects import GRACE, job_doc
+
+from agentrun.api.spec import AgentRunSpec
 from agentrun.controller.config import OperatorConfig
 from agentrun.controller.decide.jobs import LABEL_ATTEMPT, LABEL_LAP, LABEL_RUN_UID, job_name
-from agentrun.controller.decide.observe import job_state, needs_pod_read, observe, pod_check_due
+from agentrun.controller.decide.observe import job_state, needs_pod_read, observe, pod_check_due, spec_error_text
+from agentrun.controller.decide.observe import job_state as _job_state
+from agentrun.controller.decide.observe import pod_exit as _pod_exit
 
 UID = "0123456789abcdef0123456789abcdef"
 
@@ -98,3 +105,39 @@ def test_an_invalid_spec_is_observed_with_its_error():
     body["spec"] = {"task": 5}
     o = observe(body, [], lambda name: [], OperatorConfig(), datetime(2026, 1, 1, tzinfo=UTC))
     assert o.spec is None and o.spec_error and "spec." in o.spec_error
+
+
+def test_job_state():
+    assert _job_state({"status": {}}) == ("active", None)
+    assert _job_state({"status": {"conditions": [{"type": "FailureTarget", "status": "True"}]}}) == ("active", None)
+    assert _job_state({"status": {"conditions": [{"type": "Complete", "status": "True"}]}}) == ("succeeded", None)
+    assert _job_state({"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]}}) \
+        == ("failed", "DeadlineExceeded")
+
+
+def test_pod_exit():
+    pod = {"metadata": {"creationTimestamp": "2030-01-01T00:00:00Z"},
+           "status": {"containerStatuses": [{"state": {"terminated": {"exitCode": 75, "reason": "Error"}}}]}}
+    assert _pod_exit([pod]) == (75, "Error")
+    evicted = {"metadata": {"creationTimestamp": "2030-01-01T00:00:01Z"}, "status": {"reason": "Evicted"}}
+    assert _pod_exit([pod, evicted]) == (None, "Evicted")
+    assert _pod_exit([]) == (None, None)
+
+
+def test_spec_error_names_the_field():
+    with pytest.raises(pydantic.ValidationError) as err:
+        AgentRunSpec.model_validate({"task": "t", "agent": {"version": "1", "model": {"provider": "nope"}}})
+    assert "spec.agent.model.provider" in spec_error_text(err.value)
+
+
+def test_pod_check_due_waits_for_the_grace_of_an_active_job_that_is_not_ready():
+    now = datetime.now(UTC)
+    assert 19 < (pod_check_due(job_doc(10), now, GRACE) or 0) <= 20
+    assert pod_check_due(job_doc(31), now, GRACE) == 0
+    assert pod_check_due(job_doc(31, ready=1), now, GRACE) is None  # it started
+    done = job_doc(31)
+    done["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
+    assert pod_check_due(done, now, GRACE) is None  # finished: the failed-Job read covers it
+    no_time = job_doc(1)
+    del no_time["metadata"]["creationTimestamp"]
+    assert pod_check_due(no_time, now, GRACE) == 0

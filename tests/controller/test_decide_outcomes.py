@@ -163,3 +163,30 @@ def test_the_refusal_helpers():
     assert job_refusal(422, INVALID, None) == (False, "spec.template.spec.containers[0].image: Required value")
     assert status_refusal(409, "{}") is None and status_refusal(403, "not json") == "HTTP 403"
     assert pruned_field({"a": {"b": 1}}, {"a": {}}) == "status.a.b" and pruned_field({"a": 1}, {"a": 2}) is None
+
+
+def test_status_refusal_tells_a_validation_error_from_a_conflict():
+    stale_test = json.dumps({"kind": "Status", "message": "the server rejected our request due to an error in our "
+                             "request", "reason": "Invalid", "details": {}, "code": 422})
+    assert status_refusal(422, stale_test) is None  # the json-patch test of resourceVersion failed: read again
+    assert status_refusal(409, "{}") is None
+    invalid = json.dumps({"reason": "Invalid", "code": 422, "details": {"name": "r1", "kind": "AgentRun", "causes": [
+        {"reason": "FieldValueTooLong", "message": "Too long: may not be more than 256 bytes",
+         "field": "status.approval.decidedBy"},
+        {"reason": "FieldValueInvalid", "message": "some validation rules were not checked", "field": "<nil>"}]}})
+    assert status_refusal(422, invalid) == "status.approval.decidedBy: Too long: may not be more than 256 bytes"
+    denied = json.dumps({"message": "agentruns.agentrun.dev \"r1\" is forbidden: ValidatingAdmissionPolicy 'p' "
+                         "denied request: no\x1b[2J", "code": 422,
+                         "details": {"name": "r1", "causes": [{"message": "denied"}]}})
+    text = status_refusal(422, denied)
+    assert "ValidatingAdmissionPolicy 'p' denied request" in text and "\x1b" not in text
+    assert status_refusal(403, "not json") == "HTTP 403"
+
+
+def test_pruned_field_finds_what_an_older_crd_dropped():
+    sent = {"phase": "Running", "store": {"uri": "s3://b/p"}, "approval": {"argumentsSha256": "ab"}}
+    assert pruned_field(sent, dict(sent)) is None
+    assert pruned_field(sent, {"phase": "Running", "approval": {"argumentsSha256": "ab"}}) == "status.store"
+    assert pruned_field(sent, {"phase": "Running", "store": {"uri": "s3://b/p"}, "approval": {}}) == \
+        "status.approval.argumentsSha256"
+    assert pruned_field(sent, None) == "status"

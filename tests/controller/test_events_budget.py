@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from controller_world import UID, World, make_spec
-from test_shell_robustness import BODY, FakeKube, executor
+from fake_kube import BODY, FakeKube, executor
 
 from agentrun import metrics
 from agentrun.api.reasons import ROUTINE_EVENT_REASONS, Reason

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from agentrun.kube import client as client_mod
-from agentrun.kube.client import Client
+from agentrun.kube.client import Client, request_labels
 
 
 class ApiClient:
@@ -237,3 +237,35 @@ def test_a_requests_own_headers_go_beside_the_clients_and_may_repeat_but_never_r
 
     asyncio.run(go())
     assert seen == [("Bearer t1", ["alice"], ["a", "b"])] * 2 + [("Bearer t1", [], [])]
+
+
+# ---------------------------------------------------------------------------------- request counter
+
+
+@pytest.mark.parametrize("method,url,labels", [
+    ("GET", "https://h:6443/apis/agentrun.dev/v1alpha1/namespaces/ns/agentruns/r", ("get", "agentruns")),
+    ("GET", "https://h/apis/agentrun.dev/v1alpha1/namespaces/ns/agentruns?labelSelector=x", ("list", "agentruns")),
+    ("GET", "https://h/apis/agentrun.dev/v1alpha1/agentruns?watch=true&resourceVersion=5", ("watch", "agentruns")),
+    ("PATCH", "https://h/apis/agentrun.dev/v1alpha1/namespaces/ns/agentruns/r/status", ("patch", "agentruns/status")),
+    ("POST", "https://h/apis/batch/v1/namespaces/ns/jobs", ("create", "jobs")),
+    ("DELETE", "https://h/apis/batch/v1/namespaces/ns/jobs/j", ("delete", "jobs")),
+    ("GET", "https://h/api/v1/namespaces/ns/pods?labelSelector=job-name%3Dj", ("list", "pods")),
+    ("GET", "https://h/api/v1/pods?watch=true", ("watch", "pods")),
+    ("POST", "https://h/api/v1/namespaces/ns/events", ("create", "events")),
+    ("GET", "https://h/apis/coordination.k8s.io/v1/namespaces/sys/leases/op", ("get", "leases")),
+    ("PUT", "https://h/apis/coordination.k8s.io/v1/namespaces/sys/leases/op", ("update", "leases")),
+    ("GET", "https://h/api/v1/namespaces/ns", ("get", "namespaces")),
+])
+def test_request_labels(method, url, labels):
+    assert request_labels(method, url) == labels
+
+
+def test_the_operator_registry_exports_the_request_counter():
+    from agentrun import metrics
+
+    metrics.kube_request("patch", "agentruns/status", 200)
+    assert metrics.REGISTRY.get_sample_value(
+        "agentrun_kube_requests_total", {"verb": "patch", "resource": "agentruns/status", "code": "200"}) >= 1
+    metrics.kube_request("frob", "secrets", 200)  # outside the bounded sets: "other"
+    assert metrics.REGISTRY.get_sample_value(
+        "agentrun_kube_requests_total", {"verb": "other", "resource": "other", "code": "200"}) >= 1
