@@ -105,6 +105,10 @@ SECTIONS: dict[str, tuple[str, bool, list[str], list[str]]] = {
     "invoice_laps": ("the invoice example under make dev, laps 1-8: the operator before the pod-exit change (26a5622) "
                      "and this one, interleaved on one cluster", True,
                      ["bench_invoice_laps.py", "--rounds", "3"], ["bench_invoice_laps.py", "--rounds", "1"]),
+    "kopf_intake": ("Kopf's event intake (kopf.on.event, its best settings) beside the operator's own informers, "
+                    "one event stream, 200 runs", True,
+                    ["bench_kopf_intake.py", "--kopf-worker-idle", "60"],
+                    ["bench_kopf_intake.py", "--runs", "20", "--laps", "2", "--rounds", "1", "--idle", "2"]),
     "langgraph": ("checkpoints beside LangGraph", False,
                   ["bench_vs_langgraph.py", "--laps", "500"], ["bench_vs_langgraph.py", "--laps", "50"]),
     "langgraph_big": ("checkpoints beside LangGraph, bigger tool results", False,
@@ -643,6 +647,7 @@ def render(res: dict[str, Any], analysis: str | None = None) -> str:
                   "The rows *one call at a time* are its own cost per call, without a queue.\n")
     render_lap_gap(res, md)
     render_invoice_laps(res, md)
+    render_kopf_intake(res, md)
     if analysis:
         md.append("\n## Analysis\n")
         md.append(analysis)
@@ -738,6 +743,34 @@ def render_invoice_laps(res: dict[str, Any], md: list[str]) -> None:
                               "checkpoint -> next lap's model call, p50", "checkpoint -> pod exit seen, p50",
                               "checkpoint 8 -> AwaitingApproval"], rows))
     md.append(f"\nLoad: `uptime` {data.get('uptime_before') or '-'} before, {data.get('uptime_after') or '-'} after.\n")
+
+
+def render_kopf_intake(res: dict[str, Any], md: list[str]) -> None:
+    """Section 9: Kopf's event intake beside the operator's own informers (issue 30)."""
+    data = _data(res, "kopf_intake")
+    if not data:
+        return
+    md.append("\n## 9. Kopf's event intake beside the operator's own informers\n")
+    md.append(
+        f"`bench/bench_kopf_intake.py` (kopf {data.get('kopf') or '?'}): the local control plane, one stream of "
+        "AgentRun, lap Job and lap pod writes (the operator's selectors), watched at once by two processes that hand "
+        "each object to the controller's own `Cache` and work queue: *own*, the three `agentrun.kube` informers, and "
+        "*kopf*, three `@kopf.on.event` handlers in Kopf's best settings for this (standalone, no scanning, no Event "
+        "posting, storages that write nothing, the same server-side selectors, per-object workers kept "
+        f"{data.get('kopf_worker_idle')} s). CPU: the scheduler's run time of each process's threads over the stream. "
+        "Section \"Kopf's event intake, A/B (issue 30)\" of the analysis has the method and the decision.\n")
+    rows = []
+    for i, r in enumerate(data["rounds"], 1):
+        for side in ("own", "kopf"):
+            x = r[side]
+            rows.append([i, side, r["runs"], r["laps"], x["events"], f"{x['cpu_per_event_us']:.0f} µs",
+                         f"{x['cpu_per_lap_ms']:.2f} ms", f"{x['delay_p50_ms']:.1f} / {x['delay_p99_ms']:.0f} ms",
+                         f"{x['rss_mb']:.0f} MB", x["missed_writes"]])
+    md.append(markdown_table(["round", "side", "runs", "laps", "events", "CPU / event", "CPU / lap",
+                              "write -> enqueue p50 / p99", "RSS", "missed writes"], rows))
+    loads = [r.get("load_before") for r in data["rounds"]] + [data["rounds"][-1].get("load_after")]
+    md.append("\nLoad (1 min) at each round's start and the last one's end: "
+              + ", ".join(f"{x[0]:.1f}" for x in loads if x) + ".\n")
 
 
 def _gap_clock(clock: str, puts: list[float]) -> str:

@@ -127,7 +127,7 @@ def test_pages_quote_measured_figures_only_from_results_json(page: str) -> None:
                        f"(tools/docsite/docgen.py FIGURES): {found}")
 
 
-@pytest.mark.parametrize("page", docgen.FIGURE_PAGES)
+@pytest.mark.parametrize("page", docgen.SPAN_PAGES)
 def test_every_span_holds_the_figure_of_results_json(page: str) -> None:
     text = (ROOT / page).read_text()
     spans = docgen.FIG.findall(text)
