@@ -149,9 +149,9 @@ def test_the_rule_finds_a_figure_written_by_hand() -> None:
 
 
 def test_readme_compares_against_the_best_peer_configuration_only() -> None:
-    """README quotes no ratio against LangGraph's default add_messages as a headline: bench/results.json holds
-    LangGraph only in its default mode, so a comparison must point at the evidence page, which names the best
-    mode (DeltaChannel)."""
+    """README quotes no ratio against LangGraph as a headline: a comparison points at the evidence page, which
+    names the best mode (DeltaChannel) that bench/results.json's langgraph sections compare with
+    (tests/bench/test_langgraph_best.py)."""
     readme = (ROOT / "README.md").read_text()
     assert not re.search(r"\d+(\.\d+)?\s?[x×]", docgen.FIG.sub("", readme)), "README states a ratio"
     assert "DeltaChannel" in readme and "docs/evidence.md#checkpoint-bytes-against-langgraph" in readme

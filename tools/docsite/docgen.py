@@ -176,6 +176,28 @@ def _fig_resume_objects(res: dict[str, Any]) -> str:
     return f"{x['agentrun']['resume_objects_read']}" if x else NOT_MEASURED
 
 
+def _lg_best(section: str, what: str) -> Callable[[dict[str, Any]], str]:
+    """The langgraph sections' comparison with LangGraph's best configuration for each figure
+    (bench/run_all.py ``lg_best``): ``fewest_mode`` / ``bytes_ratio`` (the configuration with the fewest
+    bytes, its bytes / agentrun's), ``fastest_mode`` / ``fastest_p50`` (the one with the fastest resume at
+    the last lap, its p50), ``fastest_before_mode`` / ``fastest_before_p50`` (the same at the lap before,
+    agentrun's worst case) and agentrun's there, ``ours_before_p50`` / ``ours_before_objects``."""
+    def f(res: dict[str, Any]) -> str:
+        x = _data(res, section)
+        if not x:
+            return NOT_MEASURED
+        import run_all  # bench/ (on sys.path above): lg_best is the one definition of the comparison
+
+        b = run_all.lg_best(x)
+        return {"fewest_mode": lambda: str(b["fewest"]["name"]), "bytes_ratio": lambda: f"{b['bytes_ratio']:.1f}x",
+                "fastest_mode": lambda: str(b["fastest"]["name"]), "fastest_p50": lambda: _ms(b["theirs_p50"]),
+                "fastest_before_mode": lambda: str(b["fastest_before"]["name"]),
+                "fastest_before_p50": lambda: _ms(b["theirs_before_p50"]),
+                "ours_before_p50": lambda: _ms(b["ours_before_p50"]),
+                "ours_before_objects": lambda: str(x["agentrun"]["resume_before_last_objects_read"])}[what]()
+    return f
+
+
 def _fig_decide(res: dict[str, Any]) -> str:
     dc = _data(res, "decision_compute")
     return f"{statistics.mean(dc['reconcile_seconds']) * 1e3:.2f} ms" if dc else NOT_MEASURED
@@ -277,6 +299,16 @@ FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
     "resume_p50": _fig_resume,
     "resume_objects": _fig_resume_objects,
     "checkpoint_date": _date("langgraph"),
+    "lg_fewest_mode": _lg_best("langgraph", "fewest_mode"),
+    "lg_bytes_ratio": _lg_best("langgraph", "bytes_ratio"),
+    "lg_big_fewest_mode": _lg_best("langgraph_big", "fewest_mode"),
+    "lg_big_bytes_ratio": _lg_best("langgraph_big", "bytes_ratio"),
+    "lg_fastest_mode": _lg_best("langgraph", "fastest_mode"),
+    "lg_fastest_p50": _lg_best("langgraph", "fastest_p50"),
+    "lg_fastest_before_mode": _lg_best("langgraph", "fastest_before_mode"),
+    "lg_fastest_before_p50": _lg_best("langgraph", "fastest_before_p50"),
+    "resume_before_last_p50": _lg_best("langgraph", "ours_before_p50"),
+    "resume_before_last_objects": _lg_best("langgraph", "ours_before_objects"),
     "decide_mean": _fig_decide,
     "stress_tests": _fig_stress_tests,
     "stress_seconds": _fig_stress_seconds,
