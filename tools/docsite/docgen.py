@@ -156,6 +156,11 @@ def _fig_cold_cpu(res: dict[str, Any]) -> str:
     return _ms(statistics.median(cs["process_seconds"])) if cs and cs.get("process_seconds") else NOT_MEASURED
 
 
+def _fig_cold_floor(res: dict[str, Any]) -> str:
+    fl = ((_data(res, "cold_start_floor") or {}).get("floor_seconds") or {}).get("all three")
+    return _ms(_pct(fl, 50)) if fl else NOT_MEASURED
+
+
 def _fig_bytes_per_lap(res: dict[str, Any]) -> str:
     x = _data(res, "langgraph")
     return _bytes(x["agentrun"]["total_bytes"] / x["agentrun"]["laps"]) if x else NOT_MEASURED
@@ -294,6 +299,7 @@ FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
     "cold_start_p99": lambda r: _fig_cold_start(r, 99),
     "cold_start_process": _fig_cold_cpu,
     "cold_start_date": _date("cold_start"),
+    "cold_start_floor_p50": _fig_cold_floor,
     "bytes_per_lap": _fig_bytes_per_lap,
     "laps": _fig_laps,
     "resume_p50": _fig_resume,
