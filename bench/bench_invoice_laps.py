@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -62,13 +61,14 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+
+from benchlib import checkpointed_at, parse_time, stamp_events  # noqa: E402
 
 #: The run of examples/invoice-run.yaml (tools/dev.sh's RUN) and the laps timed: 1..8 end at its
 #: approval request (lap 8's schedule_payment).
@@ -78,36 +78,6 @@ NAMESPACE = "default"
 #: tools/dev.sh's checkpoint prefix: AGENTRUN_CHECKPOINT_URI=s3://<bucket>/dev
 PREFIX = "dev"
 VARIANTS = ("old", "new")
-#: A ``lap checkpointed`` line of the lap runner (agentrun.lap.logs.LapLogger), text (dev.sh sets
-#: AGENTRUN_LOG_FORMAT=text for the operator, which passes it to the laps) or JSON.
-_TEXT_LINE = re.compile(r"^(?P<ts>\S+) INFO lap checkpointed (?P<fields>.*)$")
-
-
-def parse_time(value: str) -> float:
-    """An ISO 8601 time (``Z`` or an offset) as epoch seconds."""
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
-def checkpointed_at(line: str) -> tuple[str, int, float] | None:
-    """(run name, lap, ts) of a ``lap checkpointed`` log line of the lap runner, text or JSON; None
-    for any other line."""
-    line = line.strip()
-    if line.startswith("{"):
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            return None
-        if doc.get("msg") != "lap checkpointed":
-            return None
-        return str(doc["name"]), int(doc["lap"]), parse_time(str(doc["ts"]))
-    m = _TEXT_LINE.match(line)
-    if not m:
-        return None
-    fields = dict(kv.split("=", 1) for kv in m["fields"].split() if "=" in kv)
-    if "name" not in fields or "lap" not in fields:
-        return None
-    return fields["name"], int(fields["lap"]), parse_time(m["ts"])
-
 
 def run_figures(jobs: dict[int, float], checkpoints: dict[int, float], model_calls: dict[int, float],
                 applied: float | None = None, waiting: float | None = None, laps: int = LAPS) -> dict[str, Any]:
@@ -244,57 +214,16 @@ def export_before(commit: str, dest: Path) -> Path:
 
 class Watch:
     """Arrival stamps of this namespace's lap Jobs (``job:<name>`` ADDED), lap pods (``pod:<job>``
-    Terminated) and AgentRuns (``run:<uid>`` ADDED, and each phase), first arrival of each."""
+    Terminated) and AgentRuns (``run:<uid>`` ADDED, and each phase), first arrival of each
+    (``benchlib.stamp_events``)."""
 
     def __init__(self, client: Any) -> None:
-        self.client = client
         self.events: dict[tuple[str, str], float] = {}
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._loop, args=(kind,), daemon=True) for kind in ("job", "pod", "run")]
+        self.threads = [threading.Thread(target=stamp_events, args=(client, NAMESPACE, kind, self.events, self.stop),
+                                         daemon=True) for kind in ("job", "pod", "run")]
         for t in self.threads:
             t.start()
-
-    def _stream(self, kind: str, rv: str | None) -> Any:
-        from kubernetes import watch
-
-        from agentrun.api.contract import LABEL_RUN
-
-        w = watch.Watch()
-        kw = {"resource_version": rv, "timeout_seconds": 30, "_request_timeout": 60}
-        if kind == "job":
-            return w.stream(self.client.BatchV1Api().list_namespaced_job, NAMESPACE, label_selector=LABEL_RUN, **kw)
-        if kind == "pod":
-            return w.stream(self.client.CoreV1Api().list_namespaced_pod, NAMESPACE, label_selector="job-name", **kw)
-        return w.stream(self.client.CustomObjectsApi().list_namespaced_custom_object, "agentrun.dev", "v1alpha1",
-                        NAMESPACE, "agentruns", **kw)
-
-    def _loop(self, kind: str) -> None:
-        rv = None
-        while not self.stop.is_set():
-            try:
-                for ev in self._stream(kind, rv):
-                    now = time.time()
-                    obj = ev["object"]
-                    if kind == "run":
-                        md, phase = obj["metadata"], (obj.get("status") or {}).get("phase")
-                        rv = md["resourceVersion"]
-                        self.events.setdefault((f"run:{md['uid']}", ev["type"]), now)
-                        if phase:
-                            self.events.setdefault((f"run:{md['uid']}", str(phase)), now)
-                        continue
-                    rv = obj.metadata.resource_version
-                    if kind == "job":
-                        self.events.setdefault((f"job:{obj.metadata.name}", ev["type"]), now)
-                    else:
-                        key = (obj.metadata.labels or {}).get("job-name", "")
-                        if any(cs.state is not None and cs.state.terminated is not None
-                               for cs in (obj.status.container_statuses or [])):
-                            self.events.setdefault((f"pod:{key}", "Terminated"), now)
-                    if self.stop.is_set():
-                        break
-            except Exception:  # noqa: BLE001 - an expired watch restarts from a new listing
-                rv = None
-                time.sleep(0.2)
 
 
 class InvoiceBench:

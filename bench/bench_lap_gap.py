@@ -53,7 +53,6 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -63,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_operator_cluster import WARMUP, Bench, lap_priority  # noqa: E402
-from benchlib import autogroup_enabled, summary, wakeup_price_us  # noqa: E402
+from benchlib import autogroup_enabled, checkpointed_at, parse_time, summary, wakeup_price_us  # noqa: E402
 
 #: The parts of a gap, in order; their sum is the gap.
 PARTS = ("pod_exit", "job_create", "pod_create", "container_start", "startup")
@@ -152,13 +151,6 @@ def lap_gaps(jobs: dict[str, dict[int, str]], events: dict[tuple[str, str], floa
     return out
 
 
-def parse_time(value: Any) -> float:
-    """An S3 LastModified (datetime) or an ISO 8601 string as epoch seconds."""
-    if isinstance(value, datetime):
-        return value.timestamp()
-    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-
-
 class LapGapBench(Bench):
     def __init__(self, workdir: Path, s3: str, node: str) -> None:
         super().__init__(workdir, None, s3, node=node)
@@ -181,14 +173,9 @@ class LapGapBench(Bench):
         out: dict[tuple[str, int], float] = {}
         for log in sorted((self.cluster.dir / "pods").glob(f"{ns}_*/*.log")):
             for line in log.read_text(errors="replace").splitlines():
-                if '"lap checkpointed"' not in line:
-                    continue
-                try:
-                    doc = json.loads(line)
-                except ValueError:
-                    continue
-                if doc.get("msg") == "lap checkpointed" and doc.get("namespace") == ns:
-                    out.setdefault((str(doc["name"]), int(doc["lap"])), parse_time(doc["ts"]))
+                seen = checkpointed_at(line) if "lap checkpointed" in line else None
+                if seen is not None:
+                    out.setdefault(seen[:2], seen[2])
         return out
 
     def checkpoints_written(self, prefix: str) -> tuple[dict[tuple[str, int], float], str]:

@@ -78,6 +78,7 @@ from benchlib import (  # noqa: E402
     proc_switches,
     proc_thread_cpu,
     seen_priority,
+    stamp_events,
     summary,
     wakeup_price_us,
 )
@@ -431,40 +432,7 @@ class Bench:
         }
 
     def _watch(self, ns: str, kind: str, events: dict[tuple[str, str], float], stop: threading.Event) -> None:
-        from kubernetes import watch
-
-        api = self.client.BatchV1Api() if kind == "job" else self.client.CoreV1Api()
-        lister = api.list_namespaced_job if kind == "job" else api.list_namespaced_pod
-        selector = "agentrun.dev/run-uid" if kind == "job" else "job-name"
-        rv = None
-        while not stop.is_set():
-            w = watch.Watch()
-            try:
-                for ev in w.stream(lister, ns, label_selector=selector, resource_version=rv, timeout_seconds=30,
-                                   _request_timeout=60):
-                    now = time.time()
-                    obj = ev["object"]
-                    rv = obj.metadata.resource_version
-                    key = obj.metadata.name if kind == "job" else (obj.metadata.labels or {}).get("job-name", "")
-                    events.setdefault((f"{kind}:{key}", ev["type"]), now)
-                    if kind == "job":
-                        for cond in (obj.status.conditions or []):
-                            if cond.type == "Complete" and cond.status == "True":
-                                events.setdefault((f"job:{key}", "Complete"), now)
-                    else:
-                        if obj.status.phase == "Succeeded":
-                            events.setdefault((f"pod:{key}", "Succeeded"), now)
-                        # the container's own states, as the kubelet reports them (bench_lap_gap.py)
-                        for cs in (obj.status.container_statuses or []):
-                            if cs.state is not None and cs.state.running is not None:
-                                events.setdefault((f"pod:{key}", "Running"), now)
-                            if cs.state is not None and cs.state.terminated is not None:
-                                events.setdefault((f"pod:{key}", "Terminated"), now)
-                    if stop.is_set():
-                        break
-            except Exception:  # noqa: BLE001 - an expired watch restarts from the last version seen
-                rv = None
-                time.sleep(0.2)
+        stamp_events(self.client, ns, kind, events, stop)
 
     # ------------------------------------------------------------------ 2. resync and RSS at scale
 

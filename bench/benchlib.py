@@ -3,8 +3,10 @@ Markdown tables, the machine's load. No I/O beyond reading /proc; tested in test
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterable, Sequence
@@ -233,3 +235,92 @@ def folded_profile_top(lines: Iterable[str], n: int = 15, keep: Sequence[str] = 
         return []
     ranked = sorted(incl.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
     return [(100.0 * v / total, k) for k, v in ranked]
+
+
+# ------------------------------------------------------------------ shared by the cluster benchmarks
+
+
+def parse_time(value: Any) -> float:
+    """An S3 LastModified (datetime) or an ISO 8601 string (``Z`` or an offset) as epoch seconds."""
+    from datetime import datetime
+
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+#: A ``lap checkpointed`` line of the lap runner (agentrun.lap.logs.LapLogger) in text form.
+_CHECKPOINTED_TEXT = re.compile(r"^(?P<ts>\S+) INFO lap checkpointed (?P<fields>.*)$")
+
+
+def checkpointed_at(line: str) -> tuple[str, int, float] | None:
+    """(run name, lap, ts) of a ``lap checkpointed`` log line of the lap runner, text or JSON; None
+    for any other line."""
+    line = line.strip()
+    if line.startswith("{"):
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            return None
+        if doc.get("msg") != "lap checkpointed":
+            return None
+        return str(doc["name"]), int(doc["lap"]), parse_time(str(doc["ts"]))
+    m = _CHECKPOINTED_TEXT.match(line)
+    if not m:
+        return None
+    fields = dict(kv.split("=", 1) for kv in m["fields"].split() if "=" in kv)
+    if "name" not in fields or "lap" not in fields:
+        return None
+    return fields["name"], int(fields["lap"]), parse_time(m["ts"])
+
+
+def stamp_events(client: Any, ns: str, kind: str, events: dict[tuple[str, str], float], stop: Any) -> None:
+    """Watch ``kind`` in namespace ``ns`` until ``stop`` (a threading.Event) is set, and stamp the
+    first arrival of each event in ``events``: ``job`` (lap Jobs: ``job:<name>`` by event type and
+    ``Complete``), ``pod`` (lap pods, keyed by their Job: ``pod:<job>`` ``Succeeded``, ``Running``,
+    ``Terminated`` as the kubelet reports its container) or ``run`` (AgentRuns: ``run:<uid>`` by
+    event type and by each phase). An ended watch resumes from the last version seen; an expired one
+    lists again."""
+    from kubernetes import watch
+
+    if kind == "run":
+        api = client.CustomObjectsApi()
+        lister, args, selector = api.list_namespaced_custom_object, ("agentrun.dev", "v1alpha1", ns, "agentruns"), None
+    elif kind == "job":
+        lister, args, selector = client.BatchV1Api().list_namespaced_job, (ns,), "agentrun.dev/run-uid"
+    else:
+        lister, args, selector = client.CoreV1Api().list_namespaced_pod, (ns,), "job-name"
+    rv = None
+    while not stop.is_set():
+        w = watch.Watch()
+        try:
+            for ev in w.stream(lister, *args, label_selector=selector, resource_version=rv, timeout_seconds=30,
+                               _request_timeout=60):
+                now = time.time()
+                obj = ev["object"]
+                if kind == "run":
+                    md, phase = obj["metadata"], (obj.get("status") or {}).get("phase")
+                    rv = md["resourceVersion"]
+                    events.setdefault((f"run:{md['uid']}", ev["type"]), now)
+                    if phase:
+                        events.setdefault((f"run:{md['uid']}", str(phase)), now)
+                elif kind == "job":
+                    rv, key = obj.metadata.resource_version, obj.metadata.name
+                    events.setdefault((f"job:{key}", ev["type"]), now)
+                    if any(c.type == "Complete" and c.status == "True" for c in obj.status.conditions or []):
+                        events.setdefault((f"job:{key}", "Complete"), now)
+                else:
+                    rv, key = obj.metadata.resource_version, (obj.metadata.labels or {}).get("job-name", "")
+                    events.setdefault((f"pod:{key}", ev["type"]), now)
+                    if obj.status.phase == "Succeeded":
+                        events.setdefault((f"pod:{key}", "Succeeded"), now)
+                    for cs in obj.status.container_statuses or []:  # the container's own states
+                        if cs.state is not None and cs.state.running is not None:
+                            events.setdefault((f"pod:{key}", "Running"), now)
+                        if cs.state is not None and cs.state.terminated is not None:
+                            events.setdefault((f"pod:{key}", "Terminated"), now)
+                if stop.is_set():
+                    break
+        except Exception:  # noqa: BLE001 - an expired watch restarts from a new listing
+            rv = None
+            time.sleep(0.2)
